@@ -1,0 +1,1 @@
+from metrale_orch.dodo import *  # noqa: F403

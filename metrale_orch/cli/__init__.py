@@ -1,0 +1,114 @@
+"""The ``metrale-orch`` command line.
+
+``main`` is a one-screen pipeline: parse, find the root, dispatch to a
+sub-command, turn any package error into one clear line and an exit code.
+Each group of sub-commands lives in a private module (``_layout``,
+``_defaults``, ``_build``, ``_cache``, ``_matrix``) exposing
+``register(subparsers)``; a sub-command is a function
+``(args, ctx) -> int``. This package and the doit reporter are the only
+places that print.
+
+Exit codes: 0 ok, 1 failure (a build or check that ran and failed), 2 usage
+or tree error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from metrale_orch.config import Config, find_root, load_config
+from metrale_orch.errors import MetraleError
+
+__all__ = ["Context", "main"]
+
+
+@dataclass(slots=True)
+class Context:
+    """What a sub-command may touch: the root, the environment and two streams."""
+
+    root: Path
+    environ: Mapping[str, str]
+    out: TextIO
+    err: TextIO
+    debug: bool = False
+    _config: Config | None = None
+
+    def config(self) -> Config:
+        """The project's configuration (loaded once; raises ``ConfigError``)."""
+        if self._config is None:
+            self._config = load_config(self.root, self.environ)
+        return self._config
+
+
+def _parser() -> argparse.ArgumentParser:
+    from metrale_orch.cli import _build, _cache, _defaults, _layout, _matrix
+
+    parser = argparse.ArgumentParser(
+        prog="metrale-orch",
+        description="Build orchestrator for GPU kernel trees.",
+    )
+    parser.add_argument(
+        "--root",
+        type=Path,
+        help="project root (the directory holding kernels/); default: $METRALE_ORCH_ROOT, "
+        "else the nearest ancestor of the current directory with dodo.py or kernels/",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in (_layout, _defaults, _build, _cache, _matrix):
+        module.register(sub)
+    return parser
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """Run the CLI; returns the exit code (tests call this directly)."""
+    env = os.environ if environ is None else environ
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+        return int(exc.code or 0)
+    if args.root is not None:
+        root = args.root
+    elif env.get("METRALE_ORCH_ROOT"):
+        root = Path(env["METRALE_ORCH_ROOT"])
+    else:
+        root = find_root(Path.cwd())
+    ctx = Context(root=root, environ=env, out=out, err=err, debug=args.debug)
+    try:
+        code: int = args.run(args, ctx)
+        return code
+    except MetraleError as exc:
+        if args.debug:
+            traceback.print_exc(file=err)
+        print(f"error: {exc}", file=err)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=err)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # a bug: still one line unless --debug
+        if args.debug:
+            traceback.print_exc(file=err)
+        else:
+            print(
+                f"internal error: {type(exc).__name__}: {exc} (run with --debug for a traceback)",
+                file=err,
+            )
+        return 1

@@ -1,0 +1,229 @@
+"""Project configuration: built-in defaults < ``pyproject.toml`` < environment < command line.
+
+``load_config`` is the one function that reads configuration; everything
+else takes a :class:`Config` value. Every setting remembers where it came
+from (``Config.sources``), so ``metrale-orch`` can say why a value is what it
+is. Unknown keys in ``[tool.metrale-orch]`` and malformed values are
+:class:`ConfigError`\\ s naming the file (or variable) and the key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from metrale_orch.errors import MetraleError
+
+__all__ = [
+    "CACHE_MODES",
+    "ENV_VARS",
+    "Config",
+    "ConfigError",
+    "default_local_cache",
+    "find_root",
+    "load_config",
+]
+
+CACHE_MODES = ("read-write", "read-only", "off")
+
+
+class ConfigError(MetraleError):
+    """A configuration value is malformed or unknown; names where and which key."""
+
+    def __init__(self, where: str, key: str, problem: str) -> None:
+        self.where = where
+        self.key = key
+        self.problem = problem
+        super().__init__(f"{where}: {key}: {problem}")
+
+
+def _empty() -> Mapping[str, Any]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    """Resolved settings of one project. Paths are absolute for this process."""
+
+    root: Path
+    build_dir: Path
+    #: Remote cache as an fsspec URL (``s3://bucket/prefix``), or "" for none.
+    cache: str = ""
+    cache_mode: str = "read-write"
+    #: Salt mixed into every action key; changing it disowns every entry.
+    cache_namespace: str = ""
+    #: Deadline in seconds for each remote call.
+    cache_timeout: float = 2.0
+    local_cache: Path
+    storage_options: Mapping[str, Any] = field(default_factory=_empty)
+    log_max_bytes: int = 4 * 1024 * 1024
+    log_backups: int = 3
+    #: key -> "default" | "pyproject" | "env" | "cli"
+    sources: Mapping[str, str] = field(default_factory=_empty)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready view (paths as strings; the local cache is per user, so absolute)."""
+        return {
+            "build_dir": _rel(self.build_dir, self.root),
+            "cache": self.cache,
+            "cache_mode": self.cache_mode,
+            "cache_namespace": self.cache_namespace,
+            "cache_timeout": self.cache_timeout,
+            "local_cache": str(self.local_cache),
+            "storage_options": dict(sorted(self.storage_options.items())),
+            "log_max_bytes": self.log_max_bytes,
+            "log_backups": self.log_backups,
+            "sources": dict(sorted(self.sources.items())),
+        }
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return str(path)
+
+
+# key -> (environment variable or None, parser kind)
+_KEYS: dict[str, tuple[str | None, str]] = {
+    "build_dir": ("METRALE_ORCH_BUILD_DIR", "path"),
+    "cache": ("METRALE_ORCH_CACHE", "str"),
+    "cache_mode": ("METRALE_ORCH_CACHE_MODE", "mode"),
+    "cache_namespace": ("METRALE_ORCH_CACHE_NAMESPACE", "str"),
+    "cache_timeout": ("METRALE_ORCH_CACHE_TIMEOUT", "seconds"),
+    "local_cache": ("METRALE_ORCH_LOCAL_CACHE", "path"),
+    "storage_options": ("METRALE_ORCH_STORAGE_OPTIONS", "table"),
+    "log_max_bytes": (None, "count"),
+    "log_backups": (None, "count"),
+}
+
+#: Environment variables the configuration reads, for documentation.
+ENV_VARS: Mapping[str, str] = MappingProxyType(
+    {env: key for key, (env, _) in _KEYS.items() if env is not None}
+)
+
+
+def default_local_cache(environ: Mapping[str, str]) -> Path:
+    """The per-user cache directory shared by every checkout of this user."""
+    xdg = environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return Path(xdg) / "metrale-orch"
+    home = environ.get("HOME")
+    if home:
+        return Path(home) / ".cache" / "metrale-orch"
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("metrale-orch"))
+
+
+def find_root(start: Path) -> Path:
+    """The nearest ancestor of ``start`` (itself included) holding ``dodo.py`` or ``kernels/``."""
+    start = start.resolve()
+    for cand in (start, *start.parents):
+        if (cand / "dodo.py").is_file() or (cand / "kernels").is_dir():
+            return cand
+    return start
+
+
+def _convert(kind: str, value: Any, where: str, key: str, root: Path, from_text: bool) -> Any:
+    if kind == "str":
+        if not isinstance(value, str):
+            raise ConfigError(where, key, f"must be a string, got {type(value).__name__}")
+        return value
+    if kind == "path":
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(where, key, "must be a non-empty path string")
+        p = Path(os.path.expanduser(value))
+        return p if p.is_absolute() else root / p
+    if kind == "mode":
+        if not isinstance(value, str) or value.strip().lower() not in CACHE_MODES:
+            raise ConfigError(where, key, f"must be one of {', '.join(CACHE_MODES)}, got {value!r}")
+        return value.strip().lower()
+    if kind == "seconds":
+        if from_text:
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError(where, key, f"must be a number of seconds, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise ConfigError(where, key, f"must be a positive number of seconds, got {value!r}")
+        return float(value)
+    if kind == "count":
+        if from_text:
+            try:
+                value = int(value)
+            except ValueError:
+                raise ConfigError(where, key, f"must be an integer, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(where, key, f"must be a non-negative integer, got {value!r}")
+        return value
+    if kind == "table":
+        if from_text:
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(where, key, f"must be a JSON object: {exc}") from None
+        if not isinstance(value, dict):
+            raise ConfigError(where, key, "must be a table (a JSON object in the environment)")
+        return MappingProxyType(dict(value))
+    raise AssertionError(kind)
+
+
+def load_config(
+    root: Path,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Read ``<root>/pyproject.toml`` ``[tool.metrale-orch]``, then the environment, then overrides.
+
+    ``overrides`` are command-line values (already typed, or text). Raises
+    :class:`ConfigError` for an unreadable pyproject, an unknown key or a bad value.
+    """
+    env = os.environ if environ is None else environ
+    root = Path(root)
+    values: dict[str, Any] = {
+        "build_dir": root / "build",
+        "local_cache": default_local_cache(env),
+    }
+    sources: dict[str, str] = {k: "default" for k in _KEYS}
+
+    pyproject = root / "pyproject.toml"
+    if pyproject.is_file():
+        where = "pyproject.toml [tool.metrale-orch]"
+        try:
+            doc = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError("pyproject.toml", "(file)", f"cannot be read: {exc}") from None
+        table = doc.get("tool", {}).get("metrale-orch", {})
+        if not isinstance(table, dict):
+            raise ConfigError(where, "(table)", "must be a table")
+        for key, value in table.items():
+            if key not in _KEYS:
+                known = ", ".join(sorted(_KEYS))
+                raise ConfigError(where, key, f"unknown key (known keys: {known})")
+            values[key] = _convert(_KEYS[key][1], value, where, key, root, from_text=False)
+            sources[key] = "pyproject"
+
+    for key, (var, kind) in _KEYS.items():
+        if var is not None and var in env:
+            values[key] = _convert(kind, env[var], f"environment {var}", key, root, from_text=True)
+            sources[key] = "env"
+
+    for key, value in (overrides or {}).items():
+        if key not in _KEYS:
+            raise ConfigError("command line", key, "unknown setting")
+        if value is None:
+            continue
+        values[key] = _convert(
+            _KEYS[key][1], value, "command line", key, root, from_text=isinstance(value, str)
+            and _KEYS[key][1] in ("seconds", "count", "table"),
+        )
+        sources[key] = "cli"
+
+    return Config(root=root, sources=MappingProxyType(sources), **values)
