@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from metrale_orch.errors import MetraleError
 
@@ -497,29 +497,63 @@ def _toml_key(stem: str) -> str:
 _Kind = str  # "link" | "dir" | "file" | "other"
 _K = TypeVar("_K")
 _V = TypeVar("_V")
+#: A layer's scan: ((name, entry, stem if a source else None), ...), ((subdir, path), ...)
+_Scan = tuple[tuple[tuple[str, "Entry", str | None], ...], tuple[tuple[str, Path], ...]]
+_Layers = tuple[tuple[Layer, ...], bool, tuple[Path, ...]]
+
+
+def _child(parent: Path, name: str) -> Path:
+    """``parent / name`` for a single component, without pathlib's re-parsing when possible."""
+    make = getattr(parent, "_make_child_relpath", None)
+    return make(name) if make is not None else parent / name
+
+
+def _join(rel: str, name: str) -> str:
+    return f"{rel}/{name}" if rel else name
 
 
 class TreeSnapshot:
     """Listings and parsed manifests of one tree, memoised for one resolution pass.
 
-    Results and errors are cached alike, so a pass scans each directory and
-    parses each manifest once. Make a new snapshot for each independent pass.
+    Internally every file is keyed by its root-relative POSIX spelling (the
+    spelling messages use too); ``Path`` objects are made once per file, for
+    the values handed out. Results and errors are cached alike, so a pass
+    scans each directory and parses each manifest once. Make a new snapshot
+    for each independent pass.
     """
 
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root)
         self.kernels = self.root / "kernels"
-        self._lists: dict[Path, tuple[tuple[str, _Kind], ...] | None] = {}
-        self._tomls: dict[Path, dict[str, Any] | LayoutError | None] = {}
+        self._root_s = os.fspath(self.root)
+        self._paths: dict[str, Path] = {"": self.root, "kernels": self.kernels}
+        self._lists: dict[str, tuple[tuple[str, _Kind], ...] | None] = {}
+        self._kinds: dict[str, dict[str, _Kind] | None] = {}
+        self._tomls: dict[str, dict[str, Any] | LayoutError | None] = {}
         self._hw: dict[str, Hardware | LayoutError] = {}
         self._hw_raw: dict[str, Hardware | LayoutError] = {}
-        self._km: dict[Path, KernelManifest | LayoutError | None] = {}
-        self._ksd: dict[Path, Path | LayoutError] = {}
+        self._km: dict[str, KernelManifest | LayoutError | None] = {}
+        self._ksd: dict[str, str | LayoutError] = {}
+        self._scans: dict[tuple[str, int, str, str], _Scan | LayoutError] = {}
+        self._commons: dict[str, _CommonPart | LayoutError] = {}
+        self._models: dict[tuple[str, str], tuple[str, str, tuple[Path, ...]] | LayoutError] = {}
+        self._layers: dict[tuple[str, str, str], _Layers | LayoutError] = {}
+        self._uses: dict[tuple[str, str, str], Path] = {}
 
     # -- paths
 
-    def rel(self, path: Path) -> str:
-        """Root-relative POSIX spelling of a path under the root."""
+    def path(self, rel: str) -> Path:
+        """The Path of a root-relative POSIX spelling, made once per pass."""
+        path = self._paths.get(rel)
+        if path is None:
+            head, _, tail = rel.rpartition("/")
+            path = self._paths[rel] = _child(self.path(head), tail)
+        return path
+
+    def rel(self, path: Path | str) -> str:
+        """Root-relative POSIX spelling of a path under the root (a str is taken as one)."""
+        if isinstance(path, str):
+            return path
         try:
             return path.relative_to(self.root).as_posix()
         except ValueError:
@@ -527,13 +561,14 @@ class TreeSnapshot:
 
     # -- file system, memoised
 
-    def listing(self, directory: Path) -> tuple[tuple[str, _Kind], ...] | None:
+    def listing(self, directory: Path | str) -> tuple[tuple[str, _Kind], ...] | None:
         """Sorted (name, kind) children of a directory, or None when it is not one."""
-        if directory in self._lists:
-            return self._lists[directory]
+        rel = self.rel(directory)
+        if rel in self._lists:
+            return self._lists[rel]
         children: list[tuple[str, _Kind]] = []
         try:
-            with os.scandir(directory) as it:
+            with os.scandir(os.path.join(self._root_s, rel) if rel else self._root_s) as it:
                 for de in it:
                     if de.is_symlink():
                         kind = "link"
@@ -548,27 +583,46 @@ class TreeSnapshot:
             result = None
         else:
             result = tuple(sorted(children))
-        self._lists[directory] = result
+        self._lists[rel] = result
         return result
 
-    def is_dir(self, path: Path) -> bool:
+    def kind(self, rel: str) -> _Kind | None:
+        """The kind of a path as its parent's listing says (None: absent)."""
+        head, _, tail = rel.rpartition("/")
+        kinds = self._kinds.get(head, _MISSING)
+        if kinds is _MISSING:
+            listing = self.listing(head)
+            kinds = self._kinds[head] = None if listing is None else dict(listing)
+        return None if kinds is None else kinds.get(tail)
+
+    def is_dir(self, path: Path | str) -> bool:
         return self.listing(path) is not None
 
-    def toml(self, path: Path) -> dict[str, Any] | None:
+    def is_file(self, rel: str) -> bool:
+        """A regular file, or a symlink to one (as the file system would read it)."""
+        kind = self.kind(rel)
+        return kind == "file" or (kind == "link" and os.path.isfile(self.path(rel)))
+
+    def toml(self, path: Path | str) -> dict[str, Any] | None:
         """The parsed TOML file, None when it is not a file; raises ManifestError when bad."""
-        if path not in self._tomls:
-            try:
-                text = path.read_bytes().decode("utf-8")
-                value: dict[str, Any] | LayoutError | None = tomllib.loads(text)
-            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-                value = None
-            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-                value = ManifestError(path, self.rel(path), None, f"cannot be read as TOML: {exc}")
-            self._tomls[path] = value
-        cached = self._tomls[path]
+        rel = self.rel(path)
+        cached = self._tomls.get(rel, _MISSING)
+        if cached is _MISSING:
+            cached = None
+            if self.is_file(rel):
+                try:
+                    with open(os.path.join(self._root_s, rel), "rb") as fh:
+                        cached = tomllib.loads(fh.read().decode("utf-8"))
+                except FileNotFoundError:
+                    cached = None
+                except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+                    cached = ManifestError(
+                        self.path(rel), rel, None, f"cannot be read as TOML: {exc}"
+                    )
+            self._tomls[rel] = cached
         if isinstance(cached, LayoutError):
             raise cached
-        return cached
+        return cast("dict[str, Any] | None", cached)
 
     # -- manifests
 
@@ -581,9 +635,9 @@ class TreeSnapshot:
         return _cached(self._hw, hw, lambda: self._check_inherits(self.hardware_raw(hw)))
 
     def _load_hardware(self, hw: str) -> Hardware:
-        path = self.kernels / hw / HARDWARE_TOML
-        rel = self.rel(path)
-        doc = self.toml(path)
+        rel = f"kernels/{hw}/{HARDWARE_TOML}"
+        path = self.path(rel)
+        doc = self.toml(rel)
         if doc is None:
             raise UnknownHardware(hw, path, rel)
         kernels_table = doc.get("kernels")
@@ -649,16 +703,17 @@ class TreeSnapshot:
             )
         return hw
 
-    def kernel_manifest(self, directory: Path) -> KernelManifest | None:
+    def kernel_manifest(self, directory: Path | str) -> KernelManifest | None:
         """``<directory>/KERNEL.toml`` parsed and validated, or None when absent."""
-        return _cached(self._km, directory, lambda: self._load_kernel_manifest(directory))
+        rel = self.rel(directory)
+        return _cached(self._km, rel, lambda: self._load_kernel_manifest(rel))
 
-    def _load_kernel_manifest(self, directory: Path) -> KernelManifest | None:
-        path = directory / KERNEL_TOML
-        doc = self.toml(path)
+    def _load_kernel_manifest(self, directory: str) -> KernelManifest | None:
+        rel = _join(directory, KERNEL_TOML)
+        doc = self.toml(rel)
         if doc is None:
             return None
-        rel = self.rel(path)
+        path = self.path(rel)
         uses: tuple[str, ...] = ()
         if "sources" in doc:
             sources = doc["sources"]
@@ -699,24 +754,25 @@ class TreeSnapshot:
             path=path, uses=uses, shadow=MappingProxyType(shadow), doc=MappingProxyType(doc)
         )
 
-    def model_table(self, model_dir: Path) -> tuple[Path, dict[str, Any] | None]:
-        """(MODEL.toml path, its ``[model]`` table or None when the file is absent)."""
-        path = model_dir / MODEL_TOML
-        doc = self.toml(path)
+    def model_table(self, model_dir: Path | str) -> tuple[str, dict[str, Any] | None]:
+        """(MODEL.toml spelling, its ``[model]`` table, or None when the file is absent)."""
+        rel = _join(self.rel(model_dir), MODEL_TOML)
+        doc = self.toml(rel)
         if doc is None:
-            return path, None
+            return rel, None
         table = doc.get("model")
-        return path, table if isinstance(table, dict) else {}
+        return rel, table if isinstance(table, dict) else {}
 
-    def kernel_source_dir(self, model_dir: Path) -> Path:
-        """The source model directory (``[model] kernel_source`` followed, one hop)."""
-        return _cached(self._ksd, model_dir, lambda: self._load_kernel_source_dir(model_dir))
+    def kernel_source_dir(self, model_dir: Path | str) -> str:
+        """The source model directory's spelling (``[model] kernel_source`` followed, one hop)."""
+        rel = self.rel(model_dir)
+        return _cached(self._ksd, rel, lambda: self._load_kernel_source_dir(rel))
 
-    def _load_kernel_source_dir(self, model_dir: Path) -> Path:
-        path, table = self.model_table(model_dir)
+    def _load_kernel_source_dir(self, model_dir: str) -> str:
+        rel, table = self.model_table(model_dir)
         if table is None or "kernel_source" not in table:
             return model_dir
-        rel = self.rel(path)
+        path = self.path(rel)
         value = table["kernel_source"]
         if not isinstance(value, str):
             raise ManifestError(path, rel, "[model] kernel_source", _not_string(value))
@@ -724,37 +780,39 @@ class TreeSnapshot:
             raise ManifestError(
                 path, rel, "[model] kernel_source", "is blank; name a sibling model directory"
             )
-        referent = model_dir.parent / value
+        # The referent is <hw dir>/<value>, not normalised (pathlib drops "." alone).
+        referent_path = self.path(model_dir.rpartition("/")[0]) / value
+        referent = self.rel(referent_path)
         if not self.is_dir(referent):
             raise RedirectError(
-                path, rel, model_dir, referent, f"{self.rel(referent)} is not a directory"
+                path, rel, self.path(model_dir), referent_path, f"{referent} is not a directory"
             )
-        ref_path, ref_table = self.model_table(referent)
+        ref_rel, ref_table = self.model_table(referent)
         if ref_table is None:
             raise RedirectError(
                 path,
                 rel,
-                model_dir,
-                referent,
-                f"{self.rel(referent)} is not a model (it has no {MODEL_TOML})",
+                self.path(model_dir),
+                referent_path,
+                f"{referent} is not a model (it has no {MODEL_TOML})",
             )
         if "kernel_source" in ref_table:
             raise RedirectError(
                 path,
                 rel,
-                model_dir,
-                referent,
-                f"{self.rel(ref_path)} redirects too; a redirect takes one hop only "
+                self.path(model_dir),
+                referent_path,
+                f"{ref_rel} redirects too; a redirect takes one hop only "
                 "(point at the model that owns the sources)",
             )
         return referent
 
-    def supports_quant(self, model_dir: Path, quant: str) -> bool:
+    def supports_quant(self, model_dir: Path | str, quant: str) -> bool:
         """Whether ``[model] supported_quants`` admits ``quant`` (absent list: every quant)."""
-        path, table = self.model_table(model_dir)
+        rel, table = self.model_table(model_dir)
         if table is None or "supported_quants" not in table:
             return True
-        rel = self.rel(path)
+        path = self.path(rel)
         key = "[model] supported_quants"
         quants = table["supported_quants"]
         if not isinstance(quants, list) or not quants:
@@ -768,17 +826,189 @@ class TreeSnapshot:
                 )
         return quant in quants
 
+    def parent_source_dir(self, parent: str, name: str) -> str:
+        """The parent tree's source-model directory for the own source model ``name``."""
+        pmodel = f"kernels/{parent}/{name}"
+        if self.toml(_join(pmodel, MODEL_TOML)) is not None:
+            return self.kernel_source_dir(pmodel)
+        return pmodel
+
+    # -- per-target pieces, each computed once per pass
+
+    def model_dirs(self, hw: str, model: str) -> tuple[str, str, tuple[Path, ...]]:
+        """(model dir, source model dir, MODEL.toml files read); raises UnknownModel etc."""
+        return _cached(self._models, (hw, model), lambda: self._load_model_dirs(hw, model))
+
+    def _load_model_dirs(self, hw: str, model: str) -> tuple[str, str, tuple[Path, ...]]:
+        model_dir = f"kernels/{hw}/{model}"
+        if not self.is_dir(model_dir):
+            target = Target(hardware=hw, model=model, quant="*")
+            raise UnknownModel(target, self.path(model_dir), model_dir)
+        source_dir = self.kernel_source_dir(model_dir)
+        read = {_join(d, MODEL_TOML) for d in (model_dir, source_dir)}
+        return model_dir, source_dir, tuple(self.path(r) for r in sorted(read) if self.is_file(r))
+
+    def target_layers(self, hw: Hardware, source_dir: str, quant: str) -> _Layers:
+        """(layers, whether any layer directory exists, parent MODEL.toml files read).
+
+        Loads the layer manifests in SPEC order: own leaf, parent leaf (following the
+        parent tree's redirect), own common, parent common.
+        """
+        key = (hw.name, source_dir, quant)
+        return _cached(self._layers, key, lambda: self._load_layers(hw, source_dir, quant))
+
+    def _load_layers(self, hw: Hardware, source_dir: str, quant: str) -> _Layers:
+        own_leaf = _join(source_dir, quant)
+        own_leaf_m = self.kernel_manifest(own_leaf)
+        own_common = f"kernels/{hw.name}/{COMMON}"
+        read: list[Path] = []
+        specs: list[tuple[Role, Tier, str, str, KernelManifest | None]]
+        if hw.inherits is None:
+            specs = [
+                (Role.LEAF, Tier.OWN, hw.name, own_leaf, own_leaf_m),
+                (Role.COMMON, Tier.OWN, hw.name, own_common, self.kernel_manifest(own_common)),
+            ]
+        else:
+            parent = hw.inherits
+            name = source_dir.rpartition("/")[2]
+            psource = self.parent_source_dir(parent, name)
+            pmodel = f"kernels/{parent}/{name}"
+            if psource != pmodel or self.is_file(_join(pmodel, MODEL_TOML)):
+                read += [self.path(_join(d, MODEL_TOML)) for d in {pmodel, psource}]
+            parent_leaf = _join(psource, quant)
+            parent_leaf_m = self.kernel_manifest(parent_leaf)
+            own_common_m = self.kernel_manifest(own_common)
+            parent_common = f"kernels/{parent}/{COMMON}"
+            specs = [
+                (Role.LEAF, Tier.OWN, hw.name, own_leaf, own_leaf_m),
+                (Role.LEAF, Tier.PARENT, parent, parent_leaf, parent_leaf_m),
+                (Role.COMMON, Tier.OWN, hw.name, own_common, own_common_m),
+                (
+                    Role.COMMON,
+                    Tier.PARENT,
+                    parent,
+                    parent_common,
+                    self.kernel_manifest(parent_common),
+                ),
+            ]
+        layers = tuple(
+            Layer(role=r, tier=t, hardware=h, dir=self.path(d), manifest=m)
+            for r, t, h, d, m in specs
+        )
+        exists = any(self.is_dir(d) for _, _, _, d, _ in specs)
+        return layers, exists, tuple(sorted(set(read)))
+
+    def layer_scan(self, index: int, layer: Layer, ext: str) -> _Scan:
+        """A layer's entries (directory part, then ``use`` part) and subdirectories, by name.
+
+        Cached per (directory, index): a common directory shared by many targets is
+        scanned once per pass.
+        """
+        rel = self.rel(layer.dir)
+        key = (rel, index, layer.hardware, ext)
+        return _cached(self._scans, key, lambda: self._layer_scan(rel, index, layer, ext))
+
+    def _layer_scan(self, rel: str, index: int, layer: Layer, ext: str) -> _Scan:
+        entries: dict[str, Entry] = {}
+        subdirs: dict[str, Path] = {}
+        listing = self.listing(rel)
+        if listing is not None:
+            for name, kind in listing:
+                if kind == "link":
+                    child = _join(rel, name)
+                    raise SymlinkError(self.path(child), child)
+                if kind == "dir":
+                    subdirs[name] = self.path(_join(rel, name))
+                elif kind == "file" and _is_kernel_file(name, ext):
+                    entries[name] = Entry(
+                        name=name, source=self.path(_join(rel, name)), layer=index, used=False
+                    )
+        if layer.manifest is not None:
+            for use in layer.manifest.uses:
+                source = self._use(layer, use, ext)
+                name = source.name
+                if name in entries:
+                    m = layer.manifest.path
+                    raise UseCollides(
+                        m,
+                        self.rel(m),
+                        use,
+                        name,
+                        entries[name].source,
+                        self.rel(entries[name].source),
+                    )
+                entries[name] = Entry(name=name, source=source, layer=index, used=True)
+        return (
+            tuple(
+                (name, e, stem_of(name) if _ext_of(name) == ext else None)
+                for name, e in sorted(entries.items())
+            ),
+            tuple(sorted(subdirs.items())),
+        )
+
+    def _use(self, layer: Layer, use: str, ext: str) -> Path:
+        """Steps 1-6 of SPEC 1.3 for one ``use`` string; returns the file's path."""
+        assert layer.manifest is not None
+        cache_key = (layer.hardware, use, ext)
+        cached = self._uses.get(cache_key)
+        if cached is not None:
+            return cached
+        manifest = layer.manifest.path
+        mrel = self.rel(manifest)
+        if use.startswith(("/", "\\")) or os.path.isabs(use):
+            raise UseError(manifest, mrel, use, f"must be relative to kernels/{layer.hardware}")
+        parts: list[str] = ["kernels", layer.hardware]
+        for comp in use.split("/"):
+            if comp in ("", "."):
+                continue
+            if comp == "..":
+                if parts and parts[-1] != "..":
+                    parts.pop()
+                else:
+                    parts.append("..")
+            else:
+                parts.append(comp)
+        if len(parts) < 2 or parts[0] != "kernels":
+            raise UseError(manifest, mrel, use, "escapes kernels/ (a use must stay inside it)")
+        prel = "/".join(parts)
+        path = self.path(prel)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            raise UseError(manifest, mrel, use, f"no such file: {prel}") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise SymlinkError(path, prel, manifest)
+        if not stat.S_ISREG(st.st_mode):
+            raise UseError(manifest, mrel, use, f"no such file: {prel} is not a regular file")
+        if not _is_kernel_file(path.name, ext):
+            raise UseError(
+                manifest,
+                mrel,
+                use,
+                f"not a .{ext} source or a header (.{' or .'.join(HEADER_EXTS)}): {prel}",
+            )
+        self._uses[cache_key] = path
+        return path
+
+    def common_part(self, hw: Hardware, layers: tuple[Layer, ...], first: int) -> _CommonPart:
+        """The merged common layers ``layers[first:]`` of ``hw``, merged once per pass."""
+        return _cached(self._commons, hw.name, lambda: _merge_common(self, hw, layers, first))
+
 
 def _cached(cache: dict[_K, _V | LayoutError], key: _K, make: Callable[[], _V]) -> _V:
-    if key not in cache:
+    value = cache.get(key, _MISSING)
+    if value is _MISSING:
         try:
-            cache[key] = make()
+            value = cache[key] = make()
         except LayoutError as exc:
             cache[key] = exc
-    value = cache[key]
+            raise
     if isinstance(value, LayoutError):
         raise value
-    return value
+    return cast("_V", value)
+
+
+_MISSING: Any = object()
 
 
 def _got(value: object) -> str:
@@ -805,7 +1035,8 @@ def hardware(kernels_dir: Path | str, hw: str) -> Hardware:
 def kernel_manifest(directory: Path | str) -> KernelManifest | None:
     """Parse ``<directory>/KERNEL.toml`` if it exists. Raises ManifestError."""
     directory = Path(directory)
-    return _snapshot_for(directory).kernel_manifest(directory)
+    snap = _snapshot_for(directory)
+    return snap.kernel_manifest(snap.rel(directory))
 
 
 def kernel_source_dir(model_dir: Path | str) -> Path:
@@ -814,13 +1045,17 @@ def kernel_source_dir(model_dir: Path | str) -> Path:
     Raises ManifestError, RedirectError.
     """
     model_dir = Path(model_dir)
-    return _snapshot_for(model_dir).kernel_source_dir(model_dir)
+    snap = _snapshot_for(model_dir)
+    rel = snap.rel(model_dir)
+    source = snap.kernel_source_dir(rel)
+    return model_dir if source == rel else snap.path(source)
 
 
 def supports_quant(model_dir: Path | str, quant: str) -> bool:
     """Whether the model's ``supported_quants`` admits ``quant``. Raises ManifestError."""
     model_dir = Path(model_dir)
-    return _snapshot_for(model_dir).supports_quant(model_dir, quant)
+    snap = _snapshot_for(model_dir)
+    return snap.supports_quant(snap.rel(model_dir), quant)
 
 
 def _snapshot_for(path: Path) -> TreeSnapshot:
@@ -844,240 +1079,179 @@ def discover(
     snap = snapshot if snapshot is not None else TreeSnapshot(root)
     if isinstance(target, str):
         target = Target.parse(target)
-    return _Resolver(snap, target).run()
+    return _resolve(snap, target)
 
 
-class _Resolver:
-    def __init__(self, snap: TreeSnapshot, target: Target) -> None:
-        self.snap = snap
-        self.target = target
+def _resolve(snap: TreeSnapshot, target: Target) -> Layout:
+    hw = snap.hardware(target.hardware)
+    model_dir, source_dir, model_manifests = snap.model_dirs(target.hardware, target.model)
+    for mdir in (model_dir,) if source_dir == model_dir else (model_dir, source_dir):
+        if not snap.supports_quant(mdir, target.quant):
+            rel = _join(mdir, MODEL_TOML)
+            raise ManifestError(
+                snap.path(rel),
+                rel,
+                "[model] supported_quants",
+                f"quant {target.quant!r} is not supported (target {target}); there is no "
+                "common-only fallback for an unlisted quant: add it to the list to build it",
+            )
+    layers, exists, parent_manifests = snap.target_layers(hw, source_dir, target.quant)
+    if not exists:
+        raise NoKernelDirectory(
+            target,
+            tuple(layer.dir for layer in layers),
+            tuple(snap.rel(layer.dir) for layer in layers),
+        )
 
-    def run(self) -> Layout:
-        snap, target = self.snap, self.target
-        rel = snap.rel
-        hw = snap.hardware(target.hardware)
-        hw_manifests = [hw.path]
-        if hw.inherits is not None:
-            hw_manifests.append(snap.kernels / hw.inherits / HARDWARE_TOML)
-
-        model_dir = snap.kernels / target.hardware / target.model
-        if not snap.is_dir(model_dir):
-            raise UnknownModel(target, model_dir, rel(model_dir))
-        source_dir = snap.kernel_source_dir(model_dir)
-        model_manifests = {model_dir / MODEL_TOML, source_dir / MODEL_TOML}
-
-        for mdir in dict.fromkeys((model_dir, source_dir)):
-            if not snap.supports_quant(mdir, target.quant):
-                path = mdir / MODEL_TOML
-                raise ManifestError(
-                    path,
-                    rel(path),
-                    "[model] supported_quants",
-                    f"quant {target.quant!r} is not supported (target {target}); there is no "
-                    "common-only fallback for an unlisted quant: add it to the list to build it",
-                )
-
-        # Layer manifests: own leaf, parent leaf, own common, parent common.
-        own_leaf = source_dir / target.quant
-        own_leaf_m = snap.kernel_manifest(own_leaf)
-        layer_specs: list[tuple[Role, Tier, str, Path, KernelManifest | None]] = []
-        if hw.inherits is None:
-            own_common = snap.kernels / hw.name / COMMON
-            layer_specs = [
-                (Role.LEAF, Tier.OWN, hw.name, own_leaf, own_leaf_m),
-                (Role.COMMON, Tier.OWN, hw.name, own_common, snap.kernel_manifest(own_common)),
-            ]
-        else:
-            parent = hw.inherits
-            pmodel = snap.kernels / parent / source_dir.name
-            if (pmodel / MODEL_TOML).is_file():
-                model_manifests.add(pmodel / MODEL_TOML)
-                psource = snap.kernel_source_dir(pmodel)
-                model_manifests.add(psource / MODEL_TOML)
+    ext = hw.source_ext
+    n_leaf = 2 if hw.inherits is not None else 1
+    leaf: dict[str, Entry] = {}
+    leaf_subdirs: dict[str, Path] = {}
+    leaf_stems: dict[str, str] = {}
+    shadows: list[Shadow] = []
+    covered: set[tuple[int, str]] = set()
+    for index in range(n_leaf):
+        entries, subdirs = snap.layer_scan(index, layers[index], ext)
+        for name, entry, stem in entries:
+            present = leaf.get(name)
+            if present is None:
+                leaf[name] = entry
+                if stem is not None:
+                    leaf_stems[name] = stem
             else:
-                psource = pmodel
-            parent_leaf = psource / target.quant
-            parent_leaf_m = snap.kernel_manifest(parent_leaf)
-            own_common = snap.kernels / hw.name / COMMON
-            own_common_m = snap.kernel_manifest(own_common)
-            parent_common = snap.kernels / parent / COMMON
-            parent_common_m = snap.kernel_manifest(parent_common)
-            layer_specs = [
-                (Role.LEAF, Tier.OWN, hw.name, own_leaf, own_leaf_m),
-                (Role.LEAF, Tier.PARENT, parent, parent_leaf, parent_leaf_m),
-                (Role.COMMON, Tier.OWN, hw.name, own_common, own_common_m),
-                (Role.COMMON, Tier.PARENT, parent, parent_common, parent_common_m),
-            ]
-        layers = tuple(
-            Layer(role=r, tier=t, hardware=h, dir=d, manifest=m) for r, t, h, d, m in layer_specs
-        )
-        if not any(snap.is_dir(layer.dir) for layer in layers):
-            raise NoKernelDirectory(
-                target,
-                tuple(layer.dir for layer in layers),
-                tuple(rel(layer.dir) for layer in layers),
-            )
-
-        maps: dict[Role, dict[str, Entry]] = {Role.LEAF: {}, Role.COMMON: {}}
-        subdirs: dict[Role, dict[str, Path]] = {Role.LEAF: {}, Role.COMMON: {}}
-        shadows: list[Shadow] = []
-        covered: set[tuple[int, str]] = set()
-        for index, layer in enumerate(layers):
-            entries, layer_subdirs = self._scan(index, layer, hw.source_ext)
-            role_map = maps[layer.role]
-            for name in sorted(entries):
-                entry = entries[name]
-                present = role_map.get(name)
-                if present is None:
-                    role_map[name] = entry
-                    continue
                 # own over parent, by file name: the earlier layer keeps the name.
-                shadows.append(self._declared(layers, present, entry, name, covered))
-            for name, path in sorted(layer_subdirs.items()):
-                subdirs[layer.role].setdefault(name, path)
+                shadows.append(_declared(snap, layers, present, entry, name, covered))
+        for name, path in subdirs:
+            leaf_subdirs.setdefault(name, path)
 
-        # leaf over common, by stem, sources only.
-        ext = hw.source_ext
-        common_by_stem = {stem_of(n): e for n, e in maps[Role.COMMON].items() if _ext_of(n) == ext}
-        for name in sorted(maps[Role.LEAF]):
-            if _ext_of(name) != ext:
-                continue
-            loser = common_by_stem.get(stem_of(name))
-            if loser is not None:
-                winner = maps[Role.LEAF][name]
-                shadows.append(self._declared(layers, winner, loser, name, covered))
+    # The common layers are the same for every target of this hardware: merged once.
+    common = snap.common_part(hw, layers, n_leaf)
 
-        for index, layer in enumerate(layers):
-            if layer.manifest is None:
-                continue
-            for stem in sorted(layer.manifest.shadow):
-                if (index, stem) not in covered:
-                    raise DeadShadow(layer.manifest.path, rel(layer.manifest.path), stem, target)
+    # leaf over common, by stem, sources only.
+    for name in sorted(leaf_stems):
+        loser = common.by_stem.get(leaf_stems[name])
+        if loser is not None:
+            shadows.append(_declared(snap, layers, leaf[name], loser, name, covered))
 
-        shadows.sort(key=lambda s: (_ROLE_ORDER[s.role], s.name, s.loser))
-        return Layout(
-            target=target,
-            hardware=hw,
-            layers=layers,
-            leaf=MappingProxyType(dict(sorted(maps[Role.LEAF].items()))),
-            common=MappingProxyType(dict(sorted(maps[Role.COMMON].items()))),
-            leaf_subdirs=MappingProxyType(dict(sorted(subdirs[Role.LEAF].items()))),
-            common_subdirs=MappingProxyType(dict(sorted(subdirs[Role.COMMON].items()))),
-            shadows=tuple(shadows),
-            source_model=source_dir.name,
-            model_dir=model_dir,
-            model_manifests=tuple(sorted(p for p in model_manifests if p.is_file())),
-            hardware_manifests=tuple(hw_manifests),
-        )
+    for index in range(n_leaf):
+        manifest = layers[index].manifest
+        if manifest is None:
+            continue
+        for stem in sorted(manifest.shadow):
+            if (index, stem) not in covered:
+                raise DeadShadow(manifest.path, snap.rel(manifest.path), stem, target)
+    if common.dead is not None:
+        path, stem = common.dead
+        raise DeadShadow(path, snap.rel(path), stem, target)
 
-    def _declared(
-        self,
-        layers: tuple[Layer, ...],
-        winner: Entry,
-        loser: Entry,
-        name: str,
-        covered: set[tuple[int, str]],
-    ) -> Shadow:
-        """Check that the winner's layer declares the win; return the Shadow."""
-        rel = self.snap.rel
-        layer = layers[winner.layer]
+    shadows.extend(common.shadows)
+    shadows.sort(key=lambda s: (_ROLE_ORDER[s.role], s.name, s.loser))
+    hw_manifests: tuple[Path, ...] = (hw.path,)
+    if hw.inherits is not None:
+        hw_manifests += (snap.path(f"kernels/{hw.inherits}/{HARDWARE_TOML}"),)
+    return Layout(
+        target=target,
+        hardware=hw,
+        layers=layers,
+        leaf=MappingProxyType(dict(sorted(leaf.items()))),
+        common=common.entries,
+        leaf_subdirs=MappingProxyType(dict(sorted(leaf_subdirs.items()))),
+        common_subdirs=common.subdirs,
+        shadows=tuple(shadows),
+        source_model=source_dir.rpartition("/")[2],
+        model_dir=snap.path(model_dir),
+        model_manifests=tuple(sorted({*model_manifests, *parent_manifests})),
+        hardware_manifests=hw_manifests,
+    )
+
+
+def _declared(
+    snap: TreeSnapshot,
+    layers: tuple[Layer, ...],
+    winner: Entry,
+    loser: Entry,
+    name: str,
+    covered: set[tuple[int, str]],
+) -> Shadow:
+    """Check that the winner's layer declares the win; return the Shadow."""
+    rel = snap.rel
+    layer = layers[winner.layer]
+    if winner.source == loser.source:
         manifest_path = layer.dir / KERNEL_TOML
-        if winner.source == loser.source:
-            raise SelfShadow(
-                winner.source, rel(winner.source), name, manifest_path, rel(manifest_path)
-            )
-        stem = stem_of(winner.name)
-        manifest = layer.manifest
-        if manifest is None or stem not in manifest.shadow:
-            raise UndeclaredShadow(
-                winner=winner.source,
-                loser=loser.source,
-                manifest=manifest_path,
-                stem=stem,
-                role=layer.role,
-                rels=(rel(winner.source), rel(loser.source), rel(manifest_path)),
-                exists=manifest is not None,
-            )
-        covered.add((winner.layer, stem))
-        return Shadow(
-            role=layer.role,
-            name=name,
+        raise SelfShadow(winner.source, rel(winner.source), name, manifest_path, rel(manifest_path))
+    stem = stem_of(winner.name)
+    manifest = layer.manifest
+    if manifest is None or stem not in manifest.shadow:
+        manifest_path = layer.dir / KERNEL_TOML
+        raise UndeclaredShadow(
             winner=winner.source,
             loser=loser.source,
-            reason=manifest.shadow[stem],
+            manifest=manifest_path,
+            stem=stem,
+            role=layer.role,
+            rels=(rel(winner.source), rel(loser.source), rel(manifest_path)),
+            exists=manifest is not None,
         )
+    covered.add((winner.layer, stem))
+    return Shadow(
+        role=layer.role,
+        name=name,
+        winner=winner.source,
+        loser=loser.source,
+        reason=manifest.shadow[stem],
+    )
 
-    def _scan(self, index: int, layer: Layer, ext: str) -> tuple[dict[str, Entry], dict[str, Path]]:
-        """A layer's entries (directory part, then ``use`` part) and subdirectories."""
-        snap = self.snap
-        entries: dict[str, Entry] = {}
-        subdirs: dict[str, Path] = {}
-        listing = snap.listing(layer.dir)
-        if listing is not None:
-            for name, kind in listing:
-                path = layer.dir / name
-                if kind == "link":
-                    raise SymlinkError(path, snap.rel(path))
-                if kind == "dir":
-                    subdirs[name] = path
-                elif kind == "file" and _is_kernel_file(name, ext):
-                    entries[name] = Entry(name=name, source=path, layer=index, used=False)
-        if layer.manifest is not None:
-            for use in layer.manifest.uses:
-                source = self._use(layer, use, ext)
-                name = source.name
-                if name in entries:
-                    m = layer.manifest.path
-                    raise UseCollides(
-                        m,
-                        snap.rel(m),
-                        use,
-                        name,
-                        entries[name].source,
-                        snap.rel(entries[name].source),
-                    )
-                entries[name] = Entry(name=name, source=source, layer=index, used=True)
-        return entries, subdirs
 
-    def _use(self, layer: Layer, use: str, ext: str) -> Path:
-        """Steps 1-6 of SPEC 1.3 for one ``use`` string; returns the file's path."""
-        snap = self.snap
-        assert layer.manifest is not None
-        manifest = layer.manifest.path
-        mrel = snap.rel(manifest)
-        if use.startswith(("/", "\\")) or os.path.isabs(use):
-            raise UseError(manifest, mrel, use, f"must be relative to kernels/{layer.hardware}")
-        parts: list[str] = ["kernels", layer.hardware]
-        for comp in use.split("/"):
-            if comp in ("", "."):
-                continue
-            if comp == "..":
-                if parts and parts[-1] != "..":
-                    parts.pop()
-                else:
-                    parts.append("..")
+@dataclass(frozen=True, slots=True)
+class _CommonPart:
+    """The merged common role of one hardware tree (the same for all its targets)."""
+
+    entries: Mapping[str, Entry]
+    subdirs: Mapping[str, Path]
+    shadows: tuple[Shadow, ...]
+    #: source stem -> the resolved common entry
+    by_stem: Mapping[str, Entry]
+    #: the first dead [shadow] key of a common layer (manifest, stem), if any
+    dead: tuple[Path, str] | None
+
+
+def _merge_common(
+    snap: TreeSnapshot, hw: Hardware, layers: tuple[Layer, ...], first: int
+) -> _CommonPart:
+    ext = hw.source_ext
+    common: dict[str, Entry] = {}
+    subdirs: dict[str, Path] = {}
+    stems: dict[str, str] = {}
+    shadows: list[Shadow] = []
+    covered: set[tuple[int, str]] = set()
+    for index in range(first, len(layers)):
+        entries, subs = snap.layer_scan(index, layers[index], ext)
+        for name, entry, stem in entries:
+            present = common.get(name)
+            if present is None:
+                common[name] = entry
+                if stem is not None:
+                    stems[name] = stem
             else:
-                parts.append(comp)
-        if len(parts) < 2 or parts[0] != "kernels":
-            raise UseError(manifest, mrel, use, "escapes kernels/ (a use must stay inside it)")
-        path = snap.root.joinpath(*parts)
-        prel = "/".join(parts)
-        try:
-            st = os.lstat(path)
-        except OSError:
-            raise UseError(manifest, mrel, use, f"no such file: {prel}") from None
-        if stat.S_ISLNK(st.st_mode):
-            raise SymlinkError(path, prel, manifest)
-        if not stat.S_ISREG(st.st_mode):
-            raise UseError(manifest, mrel, use, f"no such file: {prel} is not a regular file")
-        if not _is_kernel_file(path.name, ext):
-            raise UseError(
-                manifest,
-                mrel,
-                use,
-                f"not a .{ext} source or a header (.{' or .'.join(HEADER_EXTS)}): {prel}",
-            )
-        return path
+                shadows.append(_declared(snap, layers, present, entry, name, covered))
+        for name, path in subs:
+            subdirs.setdefault(name, path)
+    dead: tuple[Path, str] | None = None
+    for index in range(first, len(layers)):
+        manifest = layers[index].manifest
+        if manifest is None or dead is not None:
+            continue
+        for stem in sorted(manifest.shadow):
+            if (index, stem) not in covered:
+                dead = (manifest.path, stem)
+                break
+    return _CommonPart(
+        entries=MappingProxyType(dict(sorted(common.items()))),
+        subdirs=MappingProxyType(dict(sorted(subdirs.items()))),
+        shadows=tuple(shadows),
+        by_stem=MappingProxyType({stems[n]: common[n] for n in sorted(stems)}),
+        dead=dead,
+    )
 
 
 # --------------------------------------------------------------------------- walk
@@ -1086,33 +1260,28 @@ class _Resolver:
 def walk(root: Path | str, snapshot: TreeSnapshot | None = None) -> list[Target]:
     """Every target of the tree, sorted; manifest errors abort (raise LayoutError)."""
     snap = snapshot if snapshot is not None else TreeSnapshot(root)
-    targets: set[Target] = set()
-    for hw_name, kind in snap.listing(snap.kernels) or ():
-        if kind != "dir" and not (kind == "link" and (snap.kernels / hw_name).is_dir()):
-            continue
-        if not (snap.kernels / hw_name / HARDWARE_TOML).is_file():
+    targets: list[Target] = []
+    for hw_name, _kind in snap.listing("kernels") or ():
+        if not snap.is_file(f"kernels/{hw_name}/{HARDWARE_TOML}"):
             continue
         hw = snap.hardware(hw_name)
-        hw_dir = snap.kernels / hw_name
-        for model, mkind in snap.listing(hw_dir) or ():
-            model_dir = hw_dir / model
-            if mkind not in ("dir", "link") or not (model_dir / MODEL_TOML).is_file():
+        hw_dir = f"kernels/{hw_name}"
+        for model, _mkind in snap.listing(hw_dir) or ():
+            model_dir = f"{hw_dir}/{model}"
+            if not snap.is_file(_join(model_dir, MODEL_TOML)):
                 continue
             source_dir = snap.kernel_source_dir(model_dir)
             quants = set(_subdir_names(snap, source_dir))
             if hw.inherits is not None:
-                pmodel = snap.kernels / hw.inherits / source_dir.name
-                psource = (
-                    snap.kernel_source_dir(pmodel) if (pmodel / MODEL_TOML).is_file() else pmodel
-                )
+                psource = snap.parent_source_dir(hw.inherits, source_dir.rpartition("/")[2])
                 quants.update(_subdir_names(snap, psource))
-            targets.update(Target(hardware=hw_name, model=model, quant=q) for q in quants)
+            targets.extend(Target(hardware=hw_name, model=model, quant=q) for q in quants)
     return sorted(targets)
 
 
-def _subdir_names(snap: TreeSnapshot, directory: Path) -> Iterator[str]:
+def _subdir_names(snap: TreeSnapshot, directory: str) -> Iterator[str]:
     for name, kind in snap.listing(directory) or ():
-        if kind == "dir" or (kind == "link" and (directory / name).is_dir()):
+        if kind == "dir" or (kind == "link" and os.path.isdir(snap.path(_join(directory, name)))):
             yield name
 
 
@@ -1127,7 +1296,7 @@ def resolve_all(
     out: list[tuple[Target, Layout | LayoutError]] = []
     for target in walk(snap.root, snap):
         try:
-            out.append((target, discover(snap.root, target, snap)))
+            out.append((target, _resolve(snap, target)))
         except LayoutError as exc:
             out.append((target, exc))
     return out

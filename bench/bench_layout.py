@@ -1,0 +1,90 @@
+"""Resolution speed: ``walk`` + ``discover`` of every target vs the I/O floor.
+
+The floor is the least any resolver must do for the same tree: list every
+directory under ``kernels/`` with ``os.scandir`` and parse every TOML file
+with ``tomllib``. Both are measured in the same run, alternating, and the
+median of each is reported with their ratio (goal: <= 2).
+
+    python bench/bench_layout.py [--tree DIR] [--repeat 7]   # default: a fresh 1000-target tree
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gen_tree import generate
+
+from metrale_orch.layout import LayoutError, resolve_all
+
+
+def floor(root: Path) -> int:
+    """scandir every directory under kernels/ and parse every .toml; returns files seen."""
+    seen = 0
+    stack = [root / "kernels"]
+    while stack:
+        d = stack.pop()
+        with os.scandir(d) as it:
+            for de in it:
+                seen += 1
+                if de.is_dir(follow_symlinks=False):
+                    stack.append(Path(de.path))
+                elif de.name.endswith(".toml"):
+                    with open(de.path, "rb") as fh:
+                        tomllib.load(fh)
+    return seen
+
+
+def resolve(root: Path) -> int:
+    results = resolve_all(root)
+    bad = [t for t, r in results if isinstance(r, LayoutError)]
+    if bad:
+        raise SystemExit(f"{len(bad)} targets failed to resolve, e.g. {bad[0]}")
+    return len(results)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--tree", type=Path, help="an existing project root (default: generate one)")
+    ap.add_argument("--repeat", type=int, default=7)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = a.tree or Path(tmp)
+        if a.tree is None:
+            generate(root)
+        targets = resolve(root)
+        files = floor(root)
+        # CPU time, alternating the two, so a busy machine slows both alike; the minimum
+        # is the least disturbed run of each.
+        t_floor, t_resolve = [], []
+        for _ in range(a.repeat):
+            t0 = time.process_time()
+            floor(root)
+            t1 = time.process_time()
+            resolve(root)
+            t2 = time.process_time()
+            t_floor.append(t1 - t0)
+            t_resolve.append(t2 - t1)
+        inputs = statistics.mean(
+            len(lay.inputs()) for _, lay in resolve_all(root) if not isinstance(lay, LayoutError)
+        )
+        print(f"tree: {targets} targets, {files} directory entries, {inputs:.1f} inputs/target")
+        for label, pick in (("min", min), ("median", statistics.median)):
+            f, r = pick(t_floor), pick(t_resolve)
+            print(
+                f"{label:>6}: floor (scandir + tomllib) {f * 1000:.1f} ms, walk + discover "
+                f"{r * 1000:.1f} ms ({r / targets * 1e6:.0f} us/target), ratio {r / f:.2f}"
+            )
+        print("goal: ratio <= 2")
+
+
+if __name__ == "__main__":
+    main()
