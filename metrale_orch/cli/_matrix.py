@@ -1,9 +1,99 @@
-"""Sub-commands of `metrale-orch` (placeholder: filled in by its owner)."""
+"""``metrale-orch matrix``: print the CI matrix (a GitHub Actions ``strategy.matrix``)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from metrale_orch import matrix as mx
+
+if TYPE_CHECKING:
+    from metrale_orch.cli import Context
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add this module's sub-commands to `sub`."""
+    """Add ``matrix``."""
+    p = sub.add_parser(
+        "matrix",
+        help="print the CI matrix: one row per hardware on its runner class",
+        description=(
+            'Print a GitHub Actions strategy.matrix object ({"include": [rows]}) as one line '
+            "of JSON: one row per hardware tree with its targets, the runs-on labels of its "
+            f"runner class (from {mx.DEFAULT_RUNNERS_FILE}), the build selector "
+            "(build:<hw>/*), the smoke task (smoke:<hw>) and whether its toolchain is "
+            "installed on that runner class. Rows are sorted and stable."
+        ),
+    )
+    p.add_argument(
+        "pattern",
+        nargs="?",
+        metavar="PATTERN",
+        help="fnmatch pattern over hardware names (hopper, h*) or targets (hopper/qwen3/*)",
+    )
+    p.add_argument(
+        "--runners",
+        type=Path,
+        metavar="PATH",
+        help=f"runner map (default: <root>/{mx.DEFAULT_RUNNERS_FILE})",
+    )
+    p.add_argument(
+        "--allow-unmapped",
+        action="store_true",
+        help="leave hardware without a runner out of the matrix (with a warning) "
+        "instead of failing",
+    )
+    p.add_argument(
+        "--shard-size",
+        type=int,
+        metavar="N",
+        help="split each hardware into rows of at most N targets, balanced by module count",
+    )
+    p.add_argument(
+        "--shards",
+        action="append",
+        default=[],
+        metavar="HW=N",
+        help="split hardware HW into N rows (repeatable; overrides --shard-size for HW)",
+    )
+    p.add_argument(
+        "--smoke-rows",
+        action="store_true",
+        help="print instead one smoke-only row per sharded hardware (for a job that runs "
+        "smoke:<hw> after all of its shards)",
+    )
+    p.add_argument("--pretty", action="store_true", help="indent the JSON (for people)")
+    p.set_defaults(run=run_matrix)
+
+
+def run_matrix(args: argparse.Namespace, ctx: Context) -> int:
+    runners_file = args.runners if args.runners is not None else ctx.root / mx.DEFAULT_RUNNERS_FILE
+    runners = mx.load_runners(runners_file, ctx.root)
+    shards = mx.parse_shard_specs(args.shards)
+    if args.shard_size is not None and args.shard_size < 1:
+        raise mx.ShardSpecError(f"--shard-size {args.shard_size}", "N must be at least 1")
+    hardware = mx.scan_tree(ctx.root)
+    plan = mx.plan_smoke_matrix if args.smoke_rows else mx.plan_matrix
+    matrix = plan(
+        hardware,
+        runners,
+        pattern=args.pattern,
+        allow_unmapped=args.allow_unmapped,
+        shard_size=args.shard_size,
+        shards=shards,
+    )
+    if args.allow_unmapped:
+        unmapped = mx.unmapped_hardware(hardware, runners, args.pattern)
+        if unmapped:
+            print(
+                f"warning: {runners.path}: no runner for {', '.join(unmapped)}; "
+                "left out of the matrix",
+                file=ctx.err,
+            )
+    if args.pretty:
+        text = json.dumps(matrix, indent=2, sort_keys=True)
+    else:
+        text = json.dumps(matrix, sort_keys=True, separators=(",", ":"))
+    print(text, file=ctx.out)
+    return 0

