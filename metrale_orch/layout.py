@@ -1084,7 +1084,10 @@ def discover(
 
 def _resolve(snap: TreeSnapshot, target: Target) -> Layout:
     hw = snap.hardware(target.hardware)
-    model_dir, source_dir, model_manifests = snap.model_dirs(target.hardware, target.model)
+    try:
+        model_dir, source_dir, model_manifests = snap.model_dirs(target.hardware, target.model)
+    except UnknownModel as exc:  # cached per model; name this target in the message
+        raise UnknownModel(target, exc.model_dir, snap.rel(exc.model_dir)) from None
     for mdir in (model_dir,) if source_dir == model_dir else (model_dir, source_dir):
         if not snap.supports_quant(mdir, target.quant):
             rel = _join(mdir, MODEL_TOML)
@@ -1331,7 +1334,7 @@ def layout_to_dict(layout: Layout, root: Path | str) -> dict[str, Any]:
     def entries(m: Mapping[str, Entry]) -> dict[str, Any]:
         return {n: [r(e.source), e.layer, e.used] for n, e in sorted(m.items())}
 
-    return {
+    view = {
         "source_model": layout.source_model,
         "layers": [[lay.role.value, lay.tier.value, r(lay.dir)] for lay in layout.layers],
         "leaf": entries(layout.leaf),
@@ -1344,6 +1347,7 @@ def layout_to_dict(layout: Layout, root: Path | str) -> dict[str, Any]:
             [s.role.value, s.name, r(s.winner), r(s.loser), s.reason] for s in layout.shadows
         ],
     }
+    return dict(sorted(view.items()))
 
 
 def dump(root: Path | str) -> dict[str, Any]:

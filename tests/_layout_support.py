@@ -1,0 +1,124 @@
+"""Tiny helpers that build kernel trees for the layout tests (SPEC section 1).
+
+Every helper writes under a repository root (the directory holding ``kernels/``) and
+returns the path it wrote, so a test reads as the tree it builds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+__all__ = [
+    "files",
+    "hw",
+    "kernel_toml",
+    "model",
+    "rel",
+    "symlink",
+    "toml_value",
+    "write",
+]
+
+
+def write(root: Path, relpath: str, text: str | None = None) -> Path:
+    """Write ``root/relpath`` (parents created); the default content names the file."""
+    path = root / relpath
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"// {relpath}\n" if text is None else text)
+    return path
+
+
+def files(root: Path, *relpaths: str) -> list[Path]:
+    """Create each file (content = its own relative path, so no two files are identical)."""
+    return [write(root, r) for r in relpaths]
+
+
+def toml_value(value: object) -> str:
+    """A TOML literal for str/int/bool/list values (JSON strings are valid TOML strings)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | int):
+        return json.dumps(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    raise TypeError(f"no TOML literal for {value!r}")
+
+
+def _table(name: str, values: Mapping[str, object]) -> str:
+    lines = [f"[{name}]"]
+    lines += [f"{json.dumps(k)} = {toml_value(v)}" for k, v in values.items()]
+    return "\n".join(lines) + "\n"
+
+
+def hw(
+    root: Path,
+    name: str,
+    *,
+    vendor: object = None,
+    arch: object = None,
+    inherits: object = None,
+    raw: str | None = None,
+) -> Path:
+    """``kernels/<name>/HARDWARE.toml`` with the given ``[hardware]`` keys (or ``raw`` text)."""
+    if raw is None:
+        keys = {
+            k: v
+            for k, v in (("vendor", vendor), ("arch", arch), ("inherits", inherits))
+            if v is not None
+        }
+        raw = _table("hardware", keys)
+    return write(root, f"kernels/{name}/HARDWARE.toml", raw)
+
+
+def model(
+    root: Path,
+    hw_name: str,
+    name: str,
+    *,
+    kernel_source: object = None,
+    supported_quants: object = None,
+    raw: str | None = None,
+) -> Path:
+    """``kernels/<hw>/<name>/MODEL.toml`` with the given ``[model]`` keys (or ``raw`` text)."""
+    if raw is None:
+        keys = {
+            k: v
+            for k, v in (("kernel_source", kernel_source), ("supported_quants", supported_quants))
+            if v is not None
+        }
+        raw = _table("model", keys)
+    return write(root, f"kernels/{hw_name}/{name}/MODEL.toml", raw)
+
+
+def kernel_toml(
+    root: Path,
+    reldir: str,
+    *,
+    use: Iterable[str] | None = None,
+    shadow: Mapping[str, str] | None = None,
+    raw: str | None = None,
+) -> Path:
+    """``<reldir>/KERNEL.toml`` with ``[sources] use`` and ``[shadow]`` (or ``raw`` text)."""
+    if raw is None:
+        raw = ""
+        if use is not None:
+            raw += _table("sources", {"use": list(use)})
+        if shadow is not None:
+            raw += _table("shadow", dict(shadow))
+    return write(root, f"{reldir}/KERNEL.toml", raw)
+
+
+def symlink(root: Path, relpath: str, target: str) -> Path:
+    """A symlink ``root/relpath`` -> ``target`` (as written, may dangle)."""
+    path = root / relpath
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(target, path)
+    return path
+
+
+def rel(root: Path, path: Path) -> str:
+    """``path`` relative to ``root``, POSIX separators."""
+    return path.relative_to(root).as_posix()

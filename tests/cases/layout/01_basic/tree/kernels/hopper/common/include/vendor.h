@@ -1,0 +1,1 @@
+// kernels/hopper/common/include/vendor.h

@@ -1,0 +1,1 @@
+// kernels/hopper/llama/q/x.cu

@@ -1,0 +1,1 @@
+// kernels/hopper/qwen3/w4a16/gemm.cuh

@@ -1,0 +1,1 @@
+// kernels/notes/m/q/x.cu

@@ -1,0 +1,1 @@
+// kernels/blackwell/common/act.cu

@@ -1,0 +1,1 @@
+// kernels/blackwell/common/bw.cuh

@@ -1,0 +1,1 @@
+// kernels/blackwell/common/cutlass/gemm.h

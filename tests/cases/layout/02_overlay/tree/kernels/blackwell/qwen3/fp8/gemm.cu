@@ -1,0 +1,1 @@
+// kernels/blackwell/qwen3/fp8/gemm.cu

@@ -1,0 +1,1 @@
+// kernels/blackwell/qwen3/w4a16/attn.cu

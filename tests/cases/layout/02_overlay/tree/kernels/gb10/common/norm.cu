@@ -1,0 +1,1 @@
+// kernels/gb10/common/norm.cu

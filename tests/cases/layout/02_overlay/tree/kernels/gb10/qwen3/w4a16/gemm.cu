@@ -1,0 +1,1 @@
+// kernels/gb10/qwen3/w4a16/gemm.cu

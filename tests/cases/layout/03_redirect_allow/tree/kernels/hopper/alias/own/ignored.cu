@@ -1,0 +1,1 @@
+// kernels/hopper/alias/own/ignored.cu

@@ -1,0 +1,1 @@
+// kernels/hopper/base/fp8/gemm.cu

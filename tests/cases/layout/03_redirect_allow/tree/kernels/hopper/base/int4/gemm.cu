@@ -1,0 +1,1 @@
+// kernels/hopper/base/int4/gemm.cu

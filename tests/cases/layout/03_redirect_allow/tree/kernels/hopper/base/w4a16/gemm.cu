@@ -1,0 +1,1 @@
+// kernels/hopper/base/w4a16/gemm.cu

@@ -1,0 +1,1 @@
+// kernels/hopper/strict/bf16/x.cu

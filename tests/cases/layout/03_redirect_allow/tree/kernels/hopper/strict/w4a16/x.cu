@@ -1,0 +1,1 @@
+// kernels/hopper/strict/w4a16/x.cu

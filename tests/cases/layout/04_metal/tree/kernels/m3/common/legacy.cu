@@ -1,0 +1,1 @@
+// kernels/m3/common/legacy.cu

@@ -1,0 +1,1 @@
+// kernels/m3/llama/q4/attn.metal

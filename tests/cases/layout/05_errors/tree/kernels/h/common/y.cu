@@ -1,0 +1,1 @@
+// kernels/h/common/y.cu

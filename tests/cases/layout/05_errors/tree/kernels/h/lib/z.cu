@@ -1,0 +1,1 @@
+// kernels/h/lib/z.cu

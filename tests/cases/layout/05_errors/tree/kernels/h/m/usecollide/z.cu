@@ -1,0 +1,1 @@
+// kernels/h/m/usecollide/z.cu

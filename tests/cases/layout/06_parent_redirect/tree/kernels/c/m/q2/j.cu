@@ -1,0 +1,1 @@
+// kernels/c/m/q2/j.cu

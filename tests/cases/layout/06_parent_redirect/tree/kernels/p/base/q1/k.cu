@@ -1,0 +1,1 @@
+// kernels/p/base/q1/k.cu

@@ -1,0 +1,1 @@
+// kernels/p/m/q9/ignored.cu
