@@ -150,7 +150,9 @@ def _convert(kind: str, value: Any, where: str, key: str, root: Path, from_text:
             try:
                 value = float(value)
             except ValueError:
-                raise ConfigError(where, key, f"must be a number of seconds, got {value!r}") from None
+                raise ConfigError(
+                    where, key, f"must be a number of seconds, got {value!r}"
+                ) from None
         if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
             raise ConfigError(where, key, f"must be a positive number of seconds, got {value!r}")
         return float(value)
@@ -221,8 +223,12 @@ def load_config(
         if value is None:
             continue
         values[key] = _convert(
-            _KEYS[key][1], value, "command line", key, root, from_text=isinstance(value, str)
-            and _KEYS[key][1] in ("seconds", "count", "table"),
+            _KEYS[key][1],
+            value,
+            "command line",
+            key,
+            root,
+            from_text=isinstance(value, str) and _KEYS[key][1] in ("seconds", "count", "table"),
         )
         sources[key] = "cli"
 

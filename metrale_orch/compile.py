@@ -1,0 +1,1053 @@
+"""Build steps of one target: plan it (pure), then stage, compile, cache and install it.
+
+:func:`plan_target` turns a resolved :class:`~metrale_orch.layout.Layout` into a
+:class:`TargetPlan`: the arch, the merged flags (own HARDWARE.toml ``[build]``
+then each KERNEL.toml in ``configs()`` order, exact duplicates dropped keeping
+the first), the modules with their ``[modules]`` renames, each module's
+machine-independent compile argv, the baked defaults, the file dependencies
+and a JSON signature of everything file dependencies cannot see. It reads only
+the already-parsed manifests (``*.doc``).
+
+:func:`build_target` does the work (SPEC 3.2-3.4, 4.1): stage the target, key
+each module, take it from the per-process memo or the cache, otherwise
+compile it (under the cache's key lock) and publish it, then install the
+artefacts atomically, bake ``target_defaults.json``/``.h`` and write
+``manifest.json`` last.
+
+**Action keys.** A module's key hashes (through :func:`metrale_orch.cache.cache_key`):
+the toolchain name and identity, the arch, the argv with the program *name*
+and paths relative to the module's role directory (its cwd), the values of
+the toolchain's environment allow-list, the module's entry and artefact name,
+and the content hash of every file of its *include closure*. The closure is
+found textually: every ``#include "..."``, ``#include <...>`` and
+``__has_include(...)`` line of every file reached, whatever ``#if`` branch it
+sits in (the source is never preprocessed). A quoted name resolves from the
+including file's directory, then from the ``-I`` directories (the role
+directory and relative ``-I`` flags); an angled name from the ``-I``
+directories. Only staged files can resolve; an unresolved name is a system or
+toolkit header (covered by the toolchain identity). A computed include
+(``#include MACRO``) makes the closure every staged file. Closure paths enter
+the key relative to the module's cwd, so the same module in two models or two
+checkouts shares one key, while an unrelated file changes no key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import posixpath
+import re
+import shutil
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Protocol
+
+import xxhash
+
+from metrale_orch import cache as cache_mod
+from metrale_orch._proc import ProcessError, format_argv, run_process
+from metrale_orch.config import Config
+from metrale_orch.defaults import (
+    TargetDefaults,
+    parse_defaults,
+    render_defaults_header,
+    render_defaults_json,
+)
+from metrale_orch.layout import Layout, Target, discover
+from metrale_orch.staging import StagedTarget, StageError, role_dir, stage
+from metrale_orch.toolchains import (
+    BuildError,
+    Toolchain,
+    ToolchainError,
+    ToolchainMissing,
+    compile_argv,
+    find_toolchain,
+    load_toolchains,
+    select_toolchain,
+)
+
+__all__ = [
+    "MANIFEST_NAME",
+    "MANIFEST_SCHEMA",
+    "PLAN_SCHEMA",
+    "ArtefactCache",
+    "BuildConfigError",
+    "BuildError",
+    "CompileError",
+    "Includes",
+    "ModulePlan",
+    "ModuleResult",
+    "StageError",
+    "TargetPlan",
+    "TargetResult",
+    "ToolchainError",
+    "ToolchainMissing",
+    "build_target",
+    "include_dirs",
+    "manifest_dict",
+    "merge_flags",
+    "module_key_parts",
+    "module_names",
+    "out_dir",
+    "parse_includes",
+    "plan_target",
+    "pre_includes",
+    "reset_build_memo",
+    "resolve_closure",
+    "run_compile",
+    "scan_includes",
+    "stage_dir",
+]
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_SCHEMA = 1
+DEFAULTS_JSON = "target_defaults.json"
+DEFAULTS_HEADER = "target_defaults.h"
+#: Version of the plan/key layout defined here; part of every key and signature.
+PLAN_SCHEMA = 1
+#: Seconds one compile may take before it is killed and reported.
+COMPILE_TIMEOUT = 900.0
+_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
+
+_log = logging.getLogger("metrale_orch.build")
+
+
+# ------------------------------------------------------------------------------------ errors
+
+
+class BuildConfigError(BuildError):
+    """A build setting in a manifest is wrong; names the file and the key."""
+
+    exit_code = 2
+
+    def __init__(self, path: str, key: str, problem: str) -> None:
+        self.path = path
+        self.key = key
+        self.problem = problem
+        super().__init__(f"{path}: {key}: {problem}")
+
+
+class CompileError(BuildError):
+    """The compiler failed on one module (or wrote no output)."""
+
+    def __init__(
+        self,
+        *,
+        target: str,
+        module: str,
+        argv: Sequence[str],
+        returncode: int | None,
+        output: str,
+        reason: str = "",
+    ) -> None:
+        self.target = target
+        self.module = module
+        self.argv = tuple(argv)
+        self.returncode = returncode
+        self.output = output
+        self.reason = reason or (
+            f"exited with status {returncode}" if returncode is not None else "did not finish"
+        )
+        text = f"{target}: module {module}: the compiler {self.reason}\n  $ {format_argv(argv)}"
+        if output.strip():
+            text += "\n" + output.rstrip()
+        super().__init__(text)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "module": self.module,
+            "command": format_argv(self.argv),
+            "exit_code": self.returncode,
+            "reason": self.reason,
+            "output": self.output,
+        }
+
+
+# ------------------------------------------------------------------------------------ plan
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModulePlan:
+    """One module of a target: what is compiled, where, into which artefact."""
+
+    stem: str
+    #: The stem after ``[modules]`` renames (the artefact's base name).
+    name: str
+    role: str
+    #: The entry (file) name in its role directory.
+    entry: str
+    source: Path
+    #: Staged path of the source, relative to the stage root (POSIX).
+    staged: str
+    #: The role directory relative to the stage root: the compile's cwd.
+    cwd: str
+    #: ``<name>.<ext>``
+    artefact: str
+    #: The compile argv, machine-independent: program name, cwd-relative paths,
+    #: output = the artefact's file name.
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TargetPlan:
+    """Everything a build of one target needs, decided before any file is touched."""
+
+    target: Target
+    hardware: str
+    arch: str
+    toolchain: Toolchain
+    identity: str
+    flags: tuple[str, ...]
+    modules: tuple[ModulePlan, ...]
+    defaults: TargetDefaults
+    #: Environment allow-list values (name -> value) of the toolchain, sorted.
+    env: Mapping[str, str]
+    #: Files whose content decides the build: inputs, manifests read, toolchain file.
+    file_deps: tuple[Path, ...]
+    #: JSON-ready: what file deps cannot see (layout map, flags, names, toolchain, defaults).
+    signature: Mapping[str, Any]
+
+    @property
+    def toolchain_name(self) -> str:
+        return self.toolchain.name
+
+
+def _rel(path: Path, root: Path) -> str:
+    """``path`` relative to ``root`` as POSIX text (resolving both if needed)."""
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        pass
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def _manifest_docs(layout: Layout) -> dict[Path, Mapping[str, Any]]:
+    return {
+        layer.manifest.path: layer.manifest.doc
+        for layer in layout.layers
+        if layer.manifest is not None
+    }
+
+
+def merge_flags(layout: Layout, flags_key: str, root: Path) -> tuple[str, ...]:
+    """``[build] <flags_key>`` of the own HARDWARE.toml, then of each KERNEL.toml in
+    ``configs()`` order; exact duplicates dropped keeping the first (pure).
+
+    Raises :class:`BuildConfigError` naming the file and key for a ``[build]``
+    that is not a table, a value that is not an array, or a non-string flag.
+    """
+    sources: list[tuple[str, Mapping[str, Any]]] = [
+        (_rel(layout.hardware.path, root), layout.hardware.doc)
+    ]
+    docs = _manifest_docs(layout)
+    sources += [(_rel(p, root), docs.get(p, {})) for p in layout.configs()]
+    seen: set[str] = set()
+    flags: list[str] = []
+    for where, doc in sources:
+        build = doc.get("build")
+        if build is None:
+            continue
+        if not isinstance(build, Mapping):
+            raise BuildConfigError(where, "[build]", "must be a table")
+        value = build.get(flags_key)
+        if value is None:
+            continue
+        if not isinstance(value, list):
+            raise BuildConfigError(
+                where, f"[build] {flags_key}", 'must be an array of strings, e.g. ["-lineinfo"]'
+            )
+        for i, flag in enumerate(value):
+            if not isinstance(flag, str):
+                raise BuildConfigError(
+                    where,
+                    f"[build] {flags_key}[{i}]",
+                    f"must be a string, got {type(flag).__name__} {flag!r}; quote it",
+                )
+            if flag not in seen:
+                seen.add(flag)
+                flags.append(flag)
+    return tuple(flags)
+
+
+def module_names(layout: Layout, root: Path) -> Mapping[str, str]:
+    """stem -> module name: ``[modules] <stem> = "<name>"`` merged across ``configs()``,
+    more specific winning; stems without a rename keep their name (pure).
+
+    Raises :class:`BuildConfigError` for a bad ``[modules]`` table or value, or
+    two modules ending up with one name.
+    """
+    docs = _manifest_docs(layout)
+    renames: dict[str, tuple[str, str]] = {}
+    for path in layout.configs():
+        where = _rel(path, root)
+        table = docs.get(path, {}).get("modules")
+        if table is None:
+            continue
+        if not isinstance(table, Mapping):
+            raise BuildConfigError(where, "[modules]", 'must be a table of stem = "name"')
+        for stem, name in table.items():
+            if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+                raise BuildConfigError(
+                    where,
+                    f"[modules] {stem}",
+                    f"must be a module name (letters, digits, '_', '.', '+', '-'), got {name!r}",
+                )
+            renames[stem] = (name, where)
+    names: dict[str, str] = {}
+    owner: dict[str, tuple[str, str]] = {}
+    for stem, _entry in layout.modules():
+        name, where = renames.get(stem, (stem, ""))
+        if name in owner:
+            other, other_where = owner[name]
+            at, key = (where, stem) if where else (other_where, other)
+            raise BuildConfigError(
+                at,
+                f"[modules] {key}",
+                f"modules {other!r} and {stem!r} would both be named {name!r}; rename one",
+            )
+        owner[name] = (stem, where)
+        names[stem] = name
+    return MappingProxyType(names)
+
+
+def plan_target(
+    root: Path,
+    layout: Layout,
+    toolchains: Mapping[str, Toolchain],
+    *,
+    identity: str,
+    environ: Mapping[str, str] | None = None,
+) -> TargetPlan:
+    """The build plan of ``layout`` (pure given its inputs; reads only ``layout.*.doc``).
+
+    ``identity`` is the selected toolchain's probed identity
+    (:func:`~metrale_orch.toolchains.probe_identity`); ``environ`` supplies the
+    toolchain's environment allow-list values. Raises :class:`ToolchainError`,
+    :class:`BuildConfigError` or ``DefaultsError`` for a wrong setting.
+    """
+    root = Path(root)
+    env_in = environ or {}
+    hw = layout.hardware
+    toolchain = select_toolchain(hw, toolchains)
+    hw_where = _rel(hw.path, root)
+    if not hw.arch:
+        raise BuildConfigError(
+            hw_where, "[hardware] arch", 'is required to build (e.g. arch = "sm_90a")'
+        )
+    arch = hw.arch
+    flags = merge_flags(layout, toolchain.flags_key, root)
+    names = module_names(layout, root)
+    defaults = parse_defaults(hw.name, hw.doc)
+    env = MappingProxyType({k: env_in[k] for k in sorted(toolchain.env_allowlist) if k in env_in})
+    modules: list[ModulePlan] = []
+    for stem, entry in layout.modules():
+        role = layout.role_of(entry)
+        cwd = role_dir(layout, role)
+        name = names[stem]
+        artefact = f"{name}.{toolchain.extension}"
+        argv = compile_argv(
+            toolchain, arch=arch, flags=flags, include=".", source=entry.name, output=artefact
+        )
+        modules.append(
+            ModulePlan(
+                stem=stem,
+                name=name,
+                role=role.value,
+                entry=entry.name,
+                source=entry.source,
+                staged=f"{cwd}/{entry.name}",
+                cwd=cwd,
+                artefact=artefact,
+                argv=argv,
+            )
+        )
+    deps: set[Path] = set(layout.inputs())
+    deps.update(layout.hardware_manifests)
+    deps.update(layout.model_manifests)
+    if toolchain.file is not None:
+        deps.add(toolchain.file)
+    defaults_doc = render_defaults_json(defaults)
+    signature = {
+        "schema": PLAN_SCHEMA,
+        "cache_schema": cache_mod.SCHEMA,
+        "target": str(layout.target),
+        "arch": arch,
+        "toolchain": {
+            "name": toolchain.name,
+            "identity": identity,
+            "argv": list(toolchain.argv),
+            "output": toolchain.output,
+            "extension": toolchain.extension,
+        },
+        "env": dict(env),
+        "flags": list(flags),
+        "layout": {
+            "source_model": layout.source_model,
+            "leaf": {n: _rel(e.source, root) for n, e in layout.leaf.items()},
+            "common": {n: _rel(e.source, root) for n, e in layout.common.items()},
+            "leaf_subdirs": {n: _rel(p, root) for n, p in layout.leaf_subdirs.items()},
+            "common_subdirs": {n: _rel(p, root) for n, p in layout.common_subdirs.items()},
+            "shadows": [_shadow_dict(s, root) for s in layout.shadows],
+        },
+        "modules": [
+            {"stem": m.stem, "name": m.name, "staged": m.staged, "argv": list(m.argv)}
+            for m in modules
+        ],
+        "defaults": defaults_doc,
+    }
+    return TargetPlan(
+        target=layout.target,
+        hardware=hw.name,
+        arch=arch,
+        toolchain=toolchain,
+        identity=identity,
+        flags=flags,
+        modules=tuple(modules),
+        defaults=defaults,
+        env=env,
+        file_deps=tuple(sorted(deps)),
+        signature=MappingProxyType(signature),
+    )
+
+
+def _shadow_dict(shadow: Any, root: Path) -> dict[str, str]:
+    return {
+        "role": shadow.role.value,
+        "name": shadow.name,
+        "winner": _rel(shadow.winner, root),
+        "loser": _rel(shadow.loser, root),
+        "reason": shadow.reason,
+    }
+
+
+def stage_dir(build_dir: Path, target: Target) -> Path:
+    """``<build>/stage/<hw>/<model>/<quant>``."""
+    return Path(build_dir) / "stage" / target.hardware / target.model / target.quant
+
+
+def out_dir(build_dir: Path, target: Target) -> Path:
+    """``<build>/<hw>/<model>/<quant>``: the target's artefacts and manifest."""
+    return Path(build_dir) / target.hardware / target.model / target.quant
+
+
+# ------------------------------------------------------------------------------------ includes
+
+_INCLUDE_RE = re.compile(
+    rb'^[ \t]*#[ \t]*include[ \t]*(?:"(?P<q>[^"\n]+)"|<(?P<a>[^>\n]+)>|(?P<c>[A-Za-z_]))',
+    re.MULTILINE,
+)
+_HAS_INCLUDE_RE = re.compile(
+    rb'__has_include(?:_next)?\s*\(\s*(?:"(?P<q>[^"\n]+)"|<(?P<a>[^>\n]+)>)'
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Includes:
+    """The include names one file mentions (textually, every branch)."""
+
+    quoted: tuple[str, ...] = ()
+    angled: tuple[str, ...] = ()
+    computed: bool = False
+
+
+def parse_includes(data: bytes) -> Includes:
+    """Every include directive of a file, in any ``#if`` branch (pure).
+
+    Directives are matched per line, so a ``//``-commented one is skipped while
+    one inside a ``/* */`` block counts (more, never less).
+    """
+    quoted: list[str] = []
+    angled: list[str] = []
+    computed = False
+    for regex in (_INCLUDE_RE, _HAS_INCLUDE_RE):
+        for m in regex.finditer(data):
+            groups = m.groupdict()
+            if groups.get("q"):
+                quoted.append(groups["q"].decode("utf-8", "replace"))
+            elif groups.get("a"):
+                angled.append(groups["a"].decode("utf-8", "replace"))
+            elif groups.get("c"):
+                computed = True
+    return Includes(
+        quoted=tuple(dict.fromkeys(quoted)), angled=tuple(dict.fromkeys(angled)), computed=computed
+    )
+
+
+def include_dirs(cwd: str, flags: Sequence[str]) -> tuple[str, ...]:
+    """Stage-relative ``-I`` directories of a compile in ``cwd`` (pure).
+
+    The role directory itself (``-I.``) first, then each relative ``-I``
+    / ``--include-path`` flag; absolute ones lie outside the stage and are skipped.
+    """
+    dirs = [cwd]
+    for value in _flag_values(flags, ("-I", "--include-path")):
+        for part in value.split(","):
+            if part and not part.startswith("/"):
+                dirs.append(posixpath.normpath(posixpath.join(cwd, part)))
+    return tuple(dict.fromkeys(dirs))
+
+
+def pre_includes(flags: Sequence[str]) -> tuple[str, ...]:
+    """Files forced in by ``-include`` / ``--pre-include`` flags (pure)."""
+    return tuple(_flag_values(flags, ("-include", "--pre-include")))
+
+
+def _flag_values(flags: Sequence[str], names: tuple[str, ...]) -> Iterator[str]:
+    it = iter(flags)
+    for flag in it:
+        for name in names:
+            if flag == name:
+                nxt = next(it, None)
+                if nxt is not None:
+                    yield nxt
+                break
+            if flag.startswith(name + "="):
+                yield flag[len(name) + 1 :]
+                break
+            if name == "-I" and flag.startswith("-I"):
+                yield flag[2:]
+                break
+
+
+def _inside(path: str) -> bool:
+    return path not in (".", "") and not path.startswith("../") and path != ".."
+
+
+def resolve_closure(
+    roots: Sequence[str],
+    *,
+    staged: Mapping[str, str],
+    includes_of: Mapping[str, Includes],
+    dirs: Sequence[str],
+) -> tuple[str, ...]:
+    """The stage-relative files reachable from ``roots`` (pure; sorted).
+
+    ``staged`` maps every staged path to its hash; ``includes_of`` gives each
+    staged file's include names. A computed include anywhere makes the
+    closure every staged file.
+    """
+    seen: set[str] = set()
+    todo = [r for r in roots if r in staged]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        inc = includes_of.get(path, Includes())
+        if inc.computed:
+            return tuple(sorted(staged))
+        here = posixpath.dirname(path)
+        for name, search in (
+            *((q, (here, *dirs)) for q in inc.quoted),
+            *((a, tuple(dirs)) for a in inc.angled),
+        ):
+            if name.startswith("/"):
+                continue
+            for base in search:
+                cand = posixpath.normpath(posixpath.join(base, name))
+                if _inside(cand) and cand in staged:
+                    if cand not in seen:
+                        todo.append(cand)
+                    break
+    return tuple(sorted(seen))
+
+
+def scan_includes(
+    stage: StagedTarget, memo: dict[str, Includes] | None = None
+) -> dict[str, Includes]:
+    """Parse the include lines of every staged file (reads the stage)."""
+    out: dict[str, Includes] = {}
+    memo = {} if memo is None else memo
+    for rel, digest in stage.hashes.items():
+        got = memo.get(digest)
+        if got is None:
+            try:
+                got = parse_includes((stage.dir / rel).read_bytes())
+            except OSError as exc:
+                raise StageError(
+                    str(stage.dir), rel, f"cannot read the staged file: {exc}"
+                ) from None
+            memo[digest] = got
+        out[rel] = got
+    return out
+
+
+def module_key_parts(
+    plan: TargetPlan,
+    module: ModulePlan,
+    closure: Sequence[str],
+    hashes: Mapping[str, str],
+) -> dict[str, Any]:
+    """The parts hashed into a module's action key (pure; see the module docstring)."""
+    return {
+        "plan_schema": PLAN_SCHEMA,
+        "toolchain": plan.toolchain.name,
+        "identity": plan.identity,
+        "arch": plan.arch,
+        "argv": list(module.argv),
+        "env": dict(plan.env),
+        "module": {"entry": module.entry, "artefact": module.artefact},
+        "inputs": sorted([posixpath.relpath(p, module.cwd), hashes[p]] for p in closure),
+    }
+
+
+# ------------------------------------------------------------------------------------ results
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModuleResult:
+    """How one module was obtained in this run."""
+
+    name: str
+    stem: str
+    source: str
+    artefact: str
+    key: str
+    #: compiled | local | remote | failed
+    outcome: str
+    xxh3: str = ""
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "stem": self.stem,
+            "source": self.source,
+            "artefact": self.artefact,
+            "key": self.key,
+            "outcome": self.outcome,
+            "xxh3": self.xxh3,
+            "seconds": round(self.seconds, 6),
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TargetResult:
+    """The outcome of :func:`build_target`; ``to_dict()`` is what a doit worker returns."""
+
+    target: str
+    modules: tuple[ModuleResult, ...]
+    failures: tuple[CompileError, ...] = ()
+    #: Per-target counts: compiled, local, remote, failed (+ memo: reused in-process).
+    cache_stats: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    seconds: float = 0.0
+    #: Root-relative path of the manifest written, or "" when the build failed.
+    manifest: str = ""
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.failures)
+
+    @property
+    def errors(self) -> tuple[CompileError, ...]:
+        return self.failures
+
+    def failure_text(self) -> str:
+        """Every compiler failure: target, module, command line and output."""
+        return "\n".join(str(f) for f in self.failures)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "failed": self.failed,
+            "modules": [m.to_dict() for m in self.modules],
+            "failures": [f.to_dict() for f in self.failures],
+            "cache_stats": dict(sorted(self.cache_stats.items())),
+            "seconds": round(self.seconds, 6),
+            "manifest": self.manifest,
+            "warnings": list(self.warnings),
+        }
+
+
+# ------------------------------------------------------------------------------------ memo
+
+
+class _Memo:
+    """Per-process: artefacts compiled or fetched by key, and one in-flight owner per key.
+
+    Bounded by bytes (oldest dropped first); the cache is the durable store.
+    """
+
+    def __init__(self, max_bytes: int = 256 * 1024 * 1024) -> None:
+        self._lock = threading.Lock()
+        self._data: OrderedDict[str, Mapping[str, bytes]] = OrderedDict()
+        self._size = 0
+        self._max = max_bytes
+        self._claims: dict[str, threading.Lock] = {}
+
+    @contextlib.contextmanager
+    def claim(self, key: str) -> Iterator[None]:
+        with self._lock:
+            lock = self._claims.setdefault(key, threading.Lock())
+        with lock:
+            yield
+
+    def get(self, key: str) -> Mapping[str, bytes] | None:
+        with self._lock:
+            got = self._data.get(key)
+            if got is not None:
+                self._data.move_to_end(key)
+            return got
+
+    def put(self, key: str, outputs: Mapping[str, bytes]) -> None:
+        size = sum(len(v) for v in outputs.values())
+        with self._lock:
+            if key in self._data or size > self._max:
+                return
+            self._data[key] = outputs
+            self._size += size
+            while self._size > self._max:
+                _, old = self._data.popitem(last=False)
+                self._size -= sum(len(v) for v in old.values())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+            self._claims.clear()
+            self._size = 0
+
+
+_MEMO = _Memo()
+
+
+def reset_build_memo() -> None:
+    """Forget the artefacts this process built or fetched (tests)."""
+    _MEMO.clear()
+
+
+class ArtefactCache(Protocol):
+    """What the build needs of :class:`metrale_orch.cache.Cache`."""
+
+    def get(self, key: str) -> cache_mod.Hit | None: ...
+
+    def put(self, key: str, outputs: Mapping[str, bytes], meta: Mapping[str, Any]) -> None: ...
+
+    def key_lock(
+        self, key: str, timeout: float | None = None
+    ) -> contextlib.AbstractContextManager[None]: ...
+
+
+# ------------------------------------------------------------------------------------ build
+
+
+def build_target(
+    root: Path,
+    target: Target | Layout,
+    *,
+    config: Config,
+    cache: ArtefactCache | None = None,
+    environ: Mapping[str, str],
+    log: logging.Logger | None = None,
+    toolchains: Mapping[str, Toolchain] | None = None,
+) -> TargetResult:
+    """Stage, compile (or restore) and install one target; write its manifest last.
+
+    Compiler failures do not raise: they are logged and returned in
+    ``TargetResult.failures`` (no manifest is written then) while the other
+    modules go on. Raises ``LayoutError`` for a tree error,
+    :class:`ToolchainMissing` when the compiler is not installed,
+    :class:`ToolchainError` / :class:`BuildConfigError` / ``DefaultsError`` for
+    bad settings and :class:`StageError` when the build dir cannot be written.
+    """
+    start = time.perf_counter()
+    root = Path(root)
+    log = log or _log
+    layout = target if isinstance(target, Layout) else discover(root, target)
+    name = str(layout.target)
+    if toolchains is None:
+        toolchains = load_toolchains(root)
+    build_dir = Path(config.build_dir)
+    tc = select_toolchain(layout.hardware, toolchains)
+    found = find_toolchain(tc, environ, state_dir=build_dir / ".state")
+    plan = plan_target(root, layout, toolchains, identity=found.identity, environ=environ)
+    staged = stage(layout, stage_dir(build_dir, layout.target))
+    includes = scan_includes(staged)
+    counts = {"compiled": 0, "local": 0, "remote": 0, "memo": 0, "failed": 0}
+    results: list[ModuleResult] = []
+    failures: list[CompileError] = []
+    outputs: dict[str, bytes] = {}
+    tmp_root = build_dir / ".tmp"
+    for module in plan.modules:
+        t0 = time.perf_counter()
+        dirs = include_dirs(module.cwd, plan.flags)
+        roots = [module.staged] + [
+            posixpath.normpath(posixpath.join(module.cwd, p))
+            for p in pre_includes(plan.flags)
+            if not p.startswith("/")
+        ]
+        closure = resolve_closure(roots, staged=staged.hashes, includes_of=includes, dirs=dirs)
+        key = cache_mod.cache_key(
+            config.cache_namespace, module_key_parts(plan, module, closure, staged.hashes)
+        )
+        source_rel = _rel(module.source, root)
+        try:
+            data, outcome = _obtain(
+                plan, module, key, staged, found.program, cache, environ, tmp_root, log
+            )
+        except CompileError as exc:
+            failures.append(exc)
+            counts["failed"] += 1
+            log.error("%s", exc)
+            results.append(
+                ModuleResult(
+                    name=module.name,
+                    stem=module.stem,
+                    source=source_rel,
+                    artefact=module.artefact,
+                    key=key,
+                    outcome="failed",
+                    seconds=time.perf_counter() - t0,
+                )
+            )
+            continue
+        counts[outcome] += 1
+        outputs[module.artefact] = data
+        results.append(
+            ModuleResult(
+                name=module.name,
+                stem=module.stem,
+                source=source_rel,
+                artefact=module.artefact,
+                key=key,
+                outcome="local" if outcome == "memo" else outcome,
+                xxh3=xxhash.xxh3_128_hexdigest(data),
+                seconds=time.perf_counter() - t0,
+            )
+        )
+    manifest_rel = _install(
+        root, plan, layout, results, outputs, failed=bool(failures), build_dir=build_dir
+    )
+    log.info(
+        "%s: %d module(s): %s%s",
+        name,
+        len(results),
+        ", ".join(f"{k} {v}" for k, v in counts.items() if v),
+        " (FAILED)" if failures else "",
+    )
+    return TargetResult(
+        target=name,
+        modules=tuple(results),
+        failures=tuple(failures),
+        cache_stats=MappingProxyType(counts),
+        seconds=time.perf_counter() - start,
+        manifest=manifest_rel,
+    )
+
+
+def _obtain(
+    plan: TargetPlan,
+    module: ModulePlan,
+    key: str,
+    staged: StagedTarget,
+    program: Path,
+    cache: ArtefactCache | None,
+    environ: Mapping[str, str],
+    tmp_root: Path,
+    log: logging.Logger,
+) -> tuple[bytes, str]:
+    """The artefact bytes of ``module`` and how they were obtained (memo|local|remote|compiled)."""
+    with _MEMO.claim(key):
+        got = _MEMO.get(key)
+        if got is not None and module.artefact in got:
+            return got[module.artefact], "memo"
+        lock = cache.key_lock(key) if cache is not None else contextlib.nullcontext()
+        with lock:
+            hit = cache.get(key) if cache is not None else None
+            if hit is not None and module.artefact in hit.outputs:
+                data = bytes(hit.outputs[module.artefact])
+                _MEMO.put(key, {module.artefact: data})
+                log.info("%s: %s from the %s cache (%s)", plan.target, module.name, hit.tier, key)
+                return data, hit.tier
+            data, seconds, _argv = run_compile(
+                plan, module, staged, program, environ, tmp_root, log
+            )
+            if cache is not None:
+                cache.put(
+                    key,
+                    {module.artefact: data},
+                    {
+                        "command": list(module.argv),
+                        "toolchain": {"name": plan.toolchain.name, "identity": plan.identity},
+                        "producer": f"metrale-orch {plan.target} {module.name}",
+                        "compile_seconds": round(seconds, 6),
+                    },
+                )
+            _MEMO.put(key, {module.artefact: data})
+            return data, "compiled"
+
+
+def run_compile(
+    plan: TargetPlan,
+    module: ModulePlan,
+    staged: StagedTarget,
+    program: Path,
+    environ: Mapping[str, str],
+    tmp_root: Path,
+    log: logging.Logger,
+) -> tuple[bytes, float, tuple[str, ...]]:
+    """Compile one module in its staged role directory into a temporary directory.
+
+    Returns (artefact bytes, seconds, the argv run). Raises :class:`CompileError`.
+    """
+    target = str(plan.target)
+    try:
+        tmp_root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{module.name}.", dir=tmp_root))
+    except OSError as exc:
+        raise StageError(
+            target, str(tmp_root), f"cannot create a temporary directory: {exc}"
+        ) from None
+    try:
+        out = tmp / module.artefact
+        argv = compile_argv(
+            plan.toolchain,
+            program=str(program),
+            arch=plan.arch,
+            flags=plan.flags,
+            include=".",
+            source=module.entry,
+            output=str(out),
+        )
+        log.info(
+            "%s: compile %s: (cd %s &&) %s", target, module.name, module.cwd, format_argv(argv)
+        )
+        try:
+            done = run_process(
+                argv, cwd=staged.dir / module.cwd, env=environ, timeout=COMPILE_TIMEOUT
+            )
+        except ProcessError as exc:
+            raise CompileError(
+                target=target,
+                module=module.name,
+                argv=argv,
+                returncode=exc.returncode,
+                output=exc.output,
+                reason=exc.reason,
+            ) from None
+        text = (done.stdout + done.stderr).strip()
+        if text:
+            log.info("%s: %s: compiler output:\n%s", target, module.name, text)
+        try:
+            data = out.read_bytes()
+        except OSError:
+            data = b""
+        if not data:
+            raise CompileError(
+                target=target,
+                module=module.name,
+                argv=argv,
+                returncode=done.returncode,
+                output=text,
+                reason=f"exited 0 but wrote no {module.artefact}",
+            )
+        return data, done.seconds, argv
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------ install
+
+
+def _write_atomic(path: Path, data: bytes) -> bool:
+    """Write ``data`` to ``path`` via a temporary file + rename; False if already identical."""
+    try:
+        if path.is_file() and path.stat().st_size == len(data) and path.read_bytes() == data:
+            return False
+    except OSError:
+        pass
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        # No fsync: the rename makes a process interruption safe, which is what the
+        # build promises (a power loss may need `doit forget` + rebuild).
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    return True
+
+
+def manifest_dict(
+    root: Path, plan: TargetPlan, layout: Layout, results: Sequence[ModuleResult]
+) -> dict[str, Any]:
+    """The ``manifest.json`` document of SPEC 4.1 (pure)."""
+    return {
+        "schema": MANIFEST_SCHEMA,
+        "target": str(plan.target),
+        "arch": plan.arch,
+        "toolchain": {"name": plan.toolchain.name, "identity": plan.identity},
+        "flags": list(plan.flags),
+        "modules": [
+            {
+                "name": r.name,
+                "stem": r.stem,
+                "source": r.source,
+                "artefact": r.artefact,
+                "xxh3": r.xxh3,
+                "key": r.key,
+                "outcome": r.outcome,
+            }
+            for r in results
+        ],
+        "shadows": [_shadow_dict(s, root) for s in layout.shadows],
+        "defaults": render_defaults_json(plan.defaults),
+    }
+
+
+def _install(
+    root: Path,
+    plan: TargetPlan,
+    layout: Layout,
+    results: Sequence[ModuleResult],
+    outputs: Mapping[str, bytes],
+    *,
+    failed: bool,
+    build_dir: Path,
+) -> str:
+    """Install artefacts, defaults and (unless failed) the manifest; remove stale files.
+
+    Order keeps every manifest on disk truthful: the old manifest goes first
+    when anything changes, the new one is written last.
+    """
+    target = str(plan.target)
+    dest = out_dir(build_dir, plan.target)
+    manifest_path = dest / MANIFEST_NAME
+    new_manifest = b""
+    if not failed:
+        doc = manifest_dict(root, plan, layout, results)
+        new_manifest = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+        old = manifest_path.read_bytes() if manifest_path.is_file() else None
+        if old is not None and old != new_manifest:
+            manifest_path.unlink()
+        for artefact, data in sorted(outputs.items()):
+            _write_atomic(dest / artefact, data)
+        defaults_json = json.dumps(render_defaults_json(plan.defaults), indent=2, sort_keys=True)
+        _write_atomic(dest / DEFAULTS_JSON, (defaults_json + "\n").encode())
+        _write_atomic(dest / DEFAULTS_HEADER, render_defaults_header(plan.defaults).encode())
+        if not failed:
+            _write_atomic(manifest_path, new_manifest)
+        keep = {*outputs, DEFAULTS_JSON, DEFAULTS_HEADER}
+        if not failed:
+            keep.add(MANIFEST_NAME)
+        for child in dest.iterdir():
+            if child.name not in keep and (child.is_file() or child.is_symlink()):
+                child.unlink()
+    except OSError as exc:
+        raise StageError(target, str(dest), f"cannot install the artefacts: {exc}") from None
+    return "" if failed else _rel(manifest_path, root)

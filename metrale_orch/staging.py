@@ -1,0 +1,200 @@
+"""Staging: copy exactly what a target's layout reaches into its own directory.
+
+A target is staged under ``<build>/stage/<hw>/<model>/<quant>/`` with one
+directory per role, preserving the tree's depth relation (SPEC 3.2)::
+
+    common/                      the merged common role (entries + subdirectories)
+    <source model>/<quant>/      the merged leaf role
+
+so ``#include "../../common/x.cuh"`` in a leaf resolves to the staged common.
+Every entry is copied under its entry name into its role directory; role
+subdirectories are copied recursively. Nothing outside the layout is visible:
+staging removes every file and directory that no longer belongs. Staging is
+idempotent: a file whose bytes are already right is not rewritten (its mtime
+stays), and each write is atomic (temporary name + ``os.replace``).
+
+Pure: :func:`plan_stage`, :func:`role_dir`. I/O: :func:`stage`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from types import MappingProxyType
+
+import xxhash
+
+from metrale_orch.layout import Layout, Role
+from metrale_orch.toolchains import BuildError
+
+__all__ = ["StageError", "StagedTarget", "plan_stage", "role_dir", "stage"]
+
+COMMON_DIR = "common"
+
+
+class StageError(BuildError):
+    """A target cannot be staged (colliding staged paths, unwritable build dir)."""
+
+    def __init__(self, target: str, path: str, problem: str) -> None:
+        self.target = target
+        self.path = path
+        self.problem = problem
+        super().__init__(f"{target}: staging {path}: {problem}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StagedTarget:
+    """A staged target: where it is and what it holds."""
+
+    dir: Path
+    #: staged relative POSIX path -> source file in the tree (sorted).
+    files: Mapping[str, Path]
+    #: staged relative POSIX path -> xxh3-128 hex of its bytes (sorted).
+    hashes: Mapping[str, str]
+    #: staged paths written by this call (new or changed bytes), sorted.
+    written: tuple[str, ...]
+    #: staged paths (files and directories) removed by this call, sorted.
+    removed: tuple[str, ...]
+
+
+def role_dir(layout: Layout, role: Role) -> str:
+    """The staged directory of ``role`` relative to the stage root (POSIX)."""
+    if role is Role.COMMON:
+        return COMMON_DIR
+    return f"{layout.source_model}/{layout.target.quant}"
+
+
+def plan_stage(layout: Layout) -> Mapping[str, Path]:
+    """Staged relative path -> source path for every file the target may read.
+
+    Raises :class:`StageError` when two files would land on one path or a file
+    on a directory of another (e.g. a source model named ``common``).
+    """
+    target = str(layout.target)
+    if layout.source_model == COMMON_DIR:
+        raise StageError(
+            target,
+            f"{COMMON_DIR}/{layout.target.quant}",
+            f"a source model named {COMMON_DIR!r} would share the staged common directory; "
+            "rename the model directory",
+        )
+    plan: dict[str, Path] = {}
+    inputs = layout.inputs()
+    for role, entries, subdirs in (
+        (Role.COMMON, layout.common, layout.common_subdirs),
+        (Role.LEAF, layout.leaf, layout.leaf_subdirs),
+    ):
+        base = role_dir(layout, role)
+        for name, entry in entries.items():
+            _add(plan, f"{base}/{name}", entry.source, target)
+        for name, top in subdirs.items():
+            for path in inputs:
+                if path.is_relative_to(top):
+                    rel = path.relative_to(top).as_posix()
+                    _add(plan, f"{base}/{name}/{rel}", path, target)
+    dirs = {str(p) for rel in plan for p in PurePosixPath(rel).parents}
+    clash = sorted(dirs.intersection(plan))
+    if clash:
+        raise StageError(target, clash[0], "is both a file and a directory of the stage")
+    return MappingProxyType(dict(sorted(plan.items())))
+
+
+def _add(plan: dict[str, Path], rel: str, source: Path, target: str) -> None:
+    if rel in plan and plan[rel] != source:
+        raise StageError(target, rel, f"both {plan[rel]} and {source} would be staged here")
+    plan[rel] = source
+
+
+def stage(layout: Layout, stage_dir: Path) -> StagedTarget:
+    """Make ``stage_dir`` hold exactly :func:`plan_stage`'s files with their current bytes.
+
+    Raises :class:`StageError` when a source cannot be read or the stage
+    cannot be written.
+    """
+    target = str(layout.target)
+    plan = plan_stage(layout)
+    stage_dir = Path(stage_dir)
+    written: list[str] = []
+    hashes: dict[str, str] = {}
+    try:
+        stage_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StageError(target, str(stage_dir), str(exc)) from None
+    removed = _remove_stale(stage_dir, plan, target)
+    for rel, source in plan.items():
+        try:
+            data = source.read_bytes()
+        except OSError as exc:
+            raise StageError(target, rel, f"cannot read {source}: {exc}") from None
+        hashes[rel] = xxhash.xxh3_128_hexdigest(data)
+        dest = stage_dir / rel
+        if _same_bytes(dest, data):
+            continue
+        try:
+            _write_atomic(dest, data)
+        except OSError as exc:
+            raise StageError(target, rel, f"cannot write {dest}: {exc}") from None
+        written.append(rel)
+    return StagedTarget(
+        dir=stage_dir,
+        files=plan,
+        hashes=MappingProxyType(hashes),
+        written=tuple(written),
+        removed=tuple(sorted(removed)),
+    )
+
+
+def _same_bytes(dest: Path, data: bytes) -> bool:
+    try:
+        if dest.is_symlink() or not dest.is_file() or dest.stat().st_size != len(data):
+            return False
+        return dest.read_bytes() == data
+    except OSError:
+        return False
+
+
+def _write_atomic(dest: Path, data: bytes) -> None:
+    if dest.is_dir() and not dest.is_symlink():
+        shutil.rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.stage-tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, dest)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def _remove_stale(stage_dir: Path, plan: Mapping[str, Path], target: str) -> list[str]:
+    """Remove every file or directory under ``stage_dir`` that the plan does not hold."""
+    keep_dirs = {str(p) for rel in plan for p in PurePosixPath(rel).parents} - {"."}
+    removed: list[str] = []
+    try:
+        for dirpath, dirnames, filenames in os.walk(stage_dir, topdown=True):
+            base = Path(dirpath)
+            rel_base = base.relative_to(stage_dir).as_posix()
+            prefix = "" if rel_base == "." else rel_base + "/"
+            for name in list(dirnames):
+                rel = prefix + name
+                path = base / name
+                if path.is_symlink():
+                    path.unlink()
+                    removed.append(rel)
+                    dirnames.remove(name)
+                elif rel not in keep_dirs:
+                    shutil.rmtree(path)
+                    removed.append(rel)
+                    dirnames.remove(name)
+            for name in filenames:
+                rel = prefix + name
+                if rel not in plan:
+                    (base / name).unlink()
+                    removed.append(rel)
+    except OSError as exc:
+        raise StageError(target, str(stage_dir), f"cannot remove stale files: {exc}") from None
+    return removed

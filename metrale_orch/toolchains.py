@@ -1,0 +1,705 @@
+"""Toolchains: which compiler builds a hardware tree, how to find it, how to call it.
+
+A toolchain is one ``[toolchain]`` table in a TOML file. The package ships
+working definitions (``nvcc`` for NVIDIA, ``metal`` for Apple, ``hip`` for AMD)
+as package data; a project may add or replace toolchains with
+``<root>/toolchains/*.toml`` (a file whose ``name`` equals a built-in replaces
+it; ``extends = "<name>"`` starts from another toolchain's fields). A hardware
+picks its toolchain by vendor, or by ``[build] toolchain = "<name>"`` in its
+HARDWARE.toml.
+
+Pure: :func:`parse_toolchain`, :func:`select_toolchain`, :func:`compile_argv`.
+I/O: :func:`load_toolchains` (reads the files), :func:`find_program`,
+:func:`probe_identity` (runs the compiler once per process and remembers the
+answer on disk keyed by the program's real path, size and mtime).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import shutil
+import sysconfig
+import threading
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from metrale_orch._proc import ProcessError, run_process
+from metrale_orch.errors import MetraleError
+from metrale_orch.layout import Hardware
+
+__all__ = [
+    "OUTPUT_KINDS",
+    "BuildError",
+    "FoundToolchain",
+    "Toolchain",
+    "ToolchainError",
+    "ToolchainMissing",
+    "builtin_toolchains",
+    "compile_argv",
+    "find_program",
+    "find_toolchain",
+    "load_toolchains",
+    "parse_toolchain",
+    "probe_identity",
+    "reset_identity_memo",
+    "select_toolchain",
+]
+
+#: Output kind -> (default flag, default extension). Other kinds need ``output_flag``.
+OUTPUT_KINDS: Mapping[str, tuple[str, str]] = MappingProxyType(
+    {
+        "ptx": ("--ptx", "ptx"),
+        "cubin": ("--cubin", "cubin"),
+        "fatbin": ("--fatbin", "fatbin"),
+        "air": ("-c", "air"),
+        "hsaco": ("--genco", "hsaco"),
+    }
+)
+
+#: Placeholders a template token may use. ``{flags}`` and ``{arch_flags}`` must
+#: stand alone as a token (they expand to zero or more tokens).
+_PLACEHOLDERS = (
+    "program",
+    "output_kind_flag",
+    "arch",
+    "virtual_arch",
+    "arch_flags",
+    "flags",
+    "include",
+    "source",
+    "output",
+)
+_LIST_PLACEHOLDERS = ("{flags}", "{arch_flags}")
+
+_STR_KEYS = (
+    "name",
+    "program",
+    "extends",
+    "install_hint",
+    "host_compiler",
+    "host_compiler_env",
+    "output",
+    "output_flag",
+    "extension",
+    "flags_key",
+)
+_LIST_KEYS = (
+    "vendors",
+    "version_args",
+    "host_compiler_version_args",
+    "argv",
+    "env_allowlist",
+    "home_env",
+    "pip_dirs",
+)
+
+#: Seconds a version probe may take.
+PROBE_TIMEOUT = 60.0
+_IDENTITY_FILE = "toolchain-identity.json"
+_IDENTITY_FILE_MAX_ENTRIES = 32
+
+
+class BuildError(MetraleError):
+    """Base of every error of the build steps (toolchains, staging, compiling)."""
+
+    exit_code = 1
+
+
+class ToolchainError(BuildError):
+    """A toolchain definition or selection is wrong; names the file and the key."""
+
+    exit_code = 2
+
+    def __init__(self, where: str, key: str, problem: str) -> None:
+        self.where = where
+        self.key = key
+        self.problem = problem
+        super().__init__(f"{where}: {key}: {problem}" if key else f"{where}: {problem}")
+
+
+class ToolchainMissing(BuildError):
+    """The selected toolchain's program is not installed; says what to install."""
+
+    exit_code = 1
+
+    def __init__(self, toolchain: str, program: str, hint: str, *, detail: str = "") -> None:
+        self.toolchain = toolchain
+        self.program = program
+        self.hint = hint
+        self.detail = detail
+        what = detail or f"`{program}` was not found"
+        super().__init__(f"toolchain {toolchain!r} is not installed: {what}; install {hint}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Toolchain:
+    """One compiler definition (a ``[toolchain]`` table)."""
+
+    name: str
+    program: str
+    vendors: tuple[str, ...] = ()
+    version_args: tuple[str, ...] = ("--version",)
+    #: Host compiler the program calls (its version is part of the identity), "" for none.
+    host_compiler: str = ""
+    #: Environment variable naming another host compiler (e.g. NVCC_CCBIN).
+    host_compiler_env: str = ""
+    host_compiler_version_args: tuple[str, ...] = ("--version",)
+    #: Output kind: ptx | cubin | fatbin (NVIDIA), air (Metal), hsaco (HIP), ...
+    output: str = "ptx"
+    output_flag: str = "--ptx"
+    extension: str = "ptx"
+    #: Argument template; see ``_PLACEHOLDERS``.
+    argv: tuple[str, ...]
+    #: ``[build]`` key holding extra flags in HARDWARE.toml / KERNEL.toml.
+    flags_key: str = "extra_nvcc_flags"
+    #: Environment variables that change the compiler's output (part of every key).
+    env_allowlist: tuple[str, ...] = ()
+    #: Variables naming install prefixes searched as ``$VAR/bin`` after PATH.
+    home_env: tuple[str, ...] = ()
+    #: Directories under site-packages searched last (pip-installed compilers).
+    pip_dirs: tuple[str, ...] = ()
+    install_hint: str = ""
+    #: The project file that defined it; None for a built-in.
+    file: Path | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready view (``file`` as given; callers relativise it)."""
+        return {
+            "name": self.name,
+            "program": self.program,
+            "vendors": list(self.vendors),
+            "version_args": list(self.version_args),
+            "host_compiler": self.host_compiler,
+            "host_compiler_env": self.host_compiler_env,
+            "host_compiler_version_args": list(self.host_compiler_version_args),
+            "output": self.output,
+            "output_flag": self.output_flag,
+            "extension": self.extension,
+            "argv": list(self.argv),
+            "flags_key": self.flags_key,
+            "env_allowlist": list(self.env_allowlist),
+            "home_env": list(self.home_env),
+            "pip_dirs": list(self.pip_dirs),
+            "install_hint": self.install_hint,
+            "file": None if self.file is None else self.file.as_posix(),
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FoundToolchain:
+    """A toolchain whose program was found and probed."""
+
+    toolchain: Toolchain
+    program: Path
+    identity: str
+
+
+# ---------------------------------------------------------------- parsing (pure)
+
+
+def parse_toolchain(
+    table: Mapping[str, Any],
+    where: str,
+    *,
+    base: Mapping[str, Any] | None = None,
+    file: Path | None = None,
+) -> Toolchain:
+    """Validate one ``[toolchain]`` table (over ``base``'s fields) into a Toolchain.
+
+    Raises :class:`ToolchainError` naming ``where`` and the key for an unknown
+    key, a wrong type, an unknown output kind or a bad template.
+    """
+    fields: dict[str, Any] = dict(base or {})
+    fields.pop("vendors", None)  # never inherited: a variant is picked explicitly
+    for key, value in table.items():
+        if key in _STR_KEYS:
+            if not isinstance(value, str):
+                raise ToolchainError(where, key, f"must be a string, got {type(value).__name__}")
+        elif key in _LIST_KEYS:
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ToolchainError(where, key, "must be an array of strings")
+        else:
+            known = ", ".join(sorted((*_STR_KEYS, *_LIST_KEYS)))
+            raise ToolchainError(where, key, f"unknown key (known keys: {known})")
+        fields[key] = value
+    for key in ("name", "program", "argv"):
+        if not fields.get(key):
+            raise ToolchainError(where, key, "is required (or `extends` a toolchain that has it)")
+    name = fields["name"]
+    if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise ToolchainError(where, "name", f"{name!r} must be letters, digits, '-', '_', '.'")
+    output = fields.get("output", "ptx")
+    default_flag, default_ext = OUTPUT_KINDS.get(output, ("", output))
+    # A changed output kind brings its own flag and extension unless given here.
+    if "output_flag" in table:
+        output_flag = str(table["output_flag"])
+    elif "output" in table or "output_flag" not in fields:
+        if output not in OUTPUT_KINDS:
+            kinds = ", ".join(OUTPUT_KINDS)
+            raise ToolchainError(
+                where,
+                "output",
+                f"unknown output kind {output!r} (known: {kinds}); or set output_flag",
+            )
+        output_flag = default_flag
+    else:
+        output_flag = str(fields["output_flag"])
+    if "extension" in table:
+        extension = str(table["extension"])
+    elif "output" in table or "extension" not in fields:
+        extension = default_ext
+    else:
+        extension = str(fields["extension"])
+    if not extension or "/" in extension or extension.startswith("."):
+        raise ToolchainError(where, "extension", f"{extension!r} is not a file extension")
+    argv = tuple(fields["argv"])
+    _check_template(argv, where)
+    return Toolchain(
+        name=name,
+        program=fields["program"],
+        vendors=tuple(fields.get("vendors", ())),
+        version_args=tuple(fields.get("version_args", ("--version",))),
+        host_compiler=fields.get("host_compiler", ""),
+        host_compiler_env=fields.get("host_compiler_env", ""),
+        host_compiler_version_args=tuple(fields.get("host_compiler_version_args", ("--version",))),
+        output=output,
+        output_flag=output_flag,
+        extension=extension,
+        argv=argv,
+        flags_key=fields.get("flags_key", "extra_nvcc_flags"),
+        env_allowlist=tuple(sorted(set(fields.get("env_allowlist", ())))),
+        home_env=tuple(fields.get("home_env", ())),
+        pip_dirs=tuple(fields.get("pip_dirs", ())),
+        install_hint=fields.get("install_hint", "") or f"`{fields['program']}`",
+        file=file,
+    )
+
+
+def _check_template(argv: tuple[str, ...], where: str) -> None:
+    for i, token in enumerate(argv):
+        if token in _LIST_PLACEHOLDERS:
+            continue
+        for inner in _LIST_PLACEHOLDERS:
+            if inner in token:
+                raise ToolchainError(where, f"argv[{i}]", f"{inner} must be a token of its own")
+        try:
+            token.format_map({p: "" for p in _PLACEHOLDERS})
+        except (KeyError, ValueError, IndexError) as exc:
+            known = ", ".join("{" + p + "}" for p in _PLACEHOLDERS)
+            raise ToolchainError(
+                where, f"argv[{i}]", f"bad placeholder in {token!r} ({exc}); known: {known}"
+            ) from None
+    for needed in ("{source}", "{output}"):
+        if not any(needed in t for t in argv):
+            raise ToolchainError(where, "argv", f"the template must contain {needed}")
+
+
+def _table_of(doc: Mapping[str, Any], where: str) -> dict[str, Any]:
+    table = doc.get("toolchain")
+    if not isinstance(table, dict):
+        raise ToolchainError(where, "[toolchain]", "the file must hold a [toolchain] table")
+    extra = sorted(k for k in doc if k != "toolchain")
+    if extra:
+        raise ToolchainError(where, extra[0], "unknown table (only [toolchain] is read)")
+    return table
+
+
+def _read_toml(path: Path, where: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ToolchainError(where, "", f"cannot be read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ToolchainError(where, "", f"is not valid TOML: {exc}") from None
+
+
+def _builtin_tables() -> dict[str, dict[str, Any]]:
+    """Fresh (shallow) copies of the package's toolchain tables, parsed once per process."""
+    return {name: dict(table) for name, table in _read_builtin_tables().items()}
+
+
+@functools.cache
+def _read_builtin_tables() -> Mapping[str, Mapping[str, Any]]:
+    tables: dict[str, dict[str, Any]] = {}
+    folder = resources.files("metrale_orch").joinpath("toolchains")
+    for item in sorted(folder.iterdir(), key=lambda t: t.name):
+        if not item.name.endswith(".toml"):
+            continue
+        where = f"metrale_orch/toolchains/{item.name}"
+        table = _table_of(tomllib.loads(item.read_text(encoding="utf-8")), where)
+        tables[str(table["name"])] = table
+    return MappingProxyType(tables)
+
+
+def builtin_toolchains() -> Mapping[str, Toolchain]:
+    """The toolchains shipped with the package (nvcc, metal, hip), by name."""
+    return MappingProxyType(
+        {
+            name: parse_toolchain(t, f"metrale_orch/toolchains/{name}.toml")
+            for name, t in sorted(_builtin_tables().items())
+        }
+    )
+
+
+def load_toolchains(root: Path) -> Mapping[str, Toolchain]:
+    """Built-in toolchains overlaid by ``<root>/toolchains/*.toml``, by name (sorted).
+
+    Raises :class:`ToolchainError` naming the file and key of a bad definition,
+    a duplicate name, or an ``extends`` of an unknown toolchain or in a cycle.
+    """
+    builtins = _builtin_tables()
+    project: dict[str, tuple[dict[str, Any], Path, str]] = {}
+    folder = Path(root) / "toolchains"
+    files = sorted(folder.glob("*.toml")) if folder.is_dir() else []
+    for path in files:
+        where = f"toolchains/{path.name}"
+        table = _table_of(_read_toml(path, where), where)
+        name = table.get("name", table.get("extends"))
+        if not isinstance(name, str) or not name:
+            raise ToolchainError(where, "name", "is required")
+        if name in project:
+            other = project[name][2]
+            raise ToolchainError(where, "name", f"toolchain {name!r} is also defined in {other}")
+        project[name] = (table, path, where)
+
+    resolved: dict[str, Toolchain] = {}
+    fields_of: dict[str, dict[str, Any]] = {}
+
+    def resolve(name: str, chain: tuple[str, ...]) -> dict[str, Any]:
+        if name in fields_of:
+            return fields_of[name]
+        table, path, where = project[name]
+        base: dict[str, Any] = {}
+        extends = table.get("extends")
+        if extends is not None:
+            if not isinstance(extends, str):
+                raise ToolchainError(where, "extends", "must be a string")
+            if extends == name:
+                if extends not in builtins:
+                    raise ToolchainError(where, "extends", f"no built-in toolchain {extends!r}")
+                base = dict(builtins[extends])
+            elif extends in chain:
+                cycle = " -> ".join((*chain, extends))
+                raise ToolchainError(where, "extends", f"cycle: {cycle}")
+            elif extends in project:
+                base = dict(resolve(extends, (*chain, extends)))
+            elif extends in builtins:
+                base = dict(builtins[extends])
+            else:
+                known = ", ".join(sorted({*builtins, *project}))
+                raise ToolchainError(where, "extends", f"unknown toolchain {extends!r} ({known})")
+        own = {k: v for k, v in table.items() if k != "extends"}
+        own.setdefault("name", name)
+        tc = parse_toolchain(own, where, base=base, file=path)
+        resolved[name] = tc
+        merged = {**{k: v for k, v in base.items() if k != "vendors"}, **own}
+        fields_of[name] = merged
+        return merged
+
+    for name in sorted(project):
+        resolve(name, (name,))
+    result: dict[str, Toolchain] = {}
+    for name, table in builtins.items():
+        result[name] = parse_toolchain(table, f"metrale_orch/toolchains/{name}.toml")
+    result.update(resolved)
+    return MappingProxyType(dict(sorted(result.items())))
+
+
+def select_toolchain(hardware: Hardware, toolchains: Mapping[str, Toolchain]) -> Toolchain:
+    """The toolchain of ``hardware`` (a ``layout.Hardware``).
+
+    ``[build] toolchain = "<name>"`` of its HARDWARE.toml wins; otherwise the
+    toolchain whose ``vendors`` lists the hardware's vendor (a project file's
+    claim beats a built-in's). Raises :class:`ToolchainError` for an unknown
+    name, no toolchain for the vendor, or two project toolchains claiming it.
+    """
+    where = f"kernels/{hardware.name}/HARDWARE.toml"
+    build = hardware.doc.get("build")
+    if isinstance(build, dict) and "toolchain" in build:
+        name = build["toolchain"]
+        if not isinstance(name, str):
+            raise ToolchainError(where, "[build] toolchain", "must be a string")
+        if name not in toolchains:
+            known = ", ".join(sorted(toolchains))
+            raise ToolchainError(
+                where,
+                "[build] toolchain",
+                f"no toolchain named {name!r} (known: {known}); add toolchains/{name}.toml",
+            )
+        return toolchains[name]
+    vendor = hardware.vendor
+    claims = [tc for tc in toolchains.values() if vendor in tc.vendors]
+    project = [tc for tc in claims if tc.file is not None]
+    chosen = project or claims
+    if not chosen:
+        raise ToolchainError(
+            where,
+            "[hardware] vendor",
+            f"no toolchain builds vendor {vendor!r}; add a toolchains/<name>.toml with "
+            f'vendors = ["{vendor}"], or set [build] toolchain',
+        )
+    if len(chosen) > 1:
+        names = ", ".join(f"{tc.name} ({tc.file})" for tc in chosen)
+        raise ToolchainError(
+            where,
+            "[hardware] vendor",
+            f"several toolchains claim vendor {vendor!r}: {names}; set [build] toolchain",
+        )
+    return chosen[0]
+
+
+def compile_argv(
+    toolchain: Toolchain,
+    *,
+    program: str | None = None,
+    arch: str,
+    flags: Sequence[str],
+    include: str,
+    source: str,
+    output: str,
+) -> tuple[str, ...]:
+    """The compiler's argv from the toolchain's template (pure).
+
+    ``program`` defaults to the toolchain's program *name* (the
+    machine-independent form used in keys and manifests).
+    """
+    virtual = "compute_" + arch.removeprefix("sm_") if arch.startswith("sm_") else arch
+    if toolchain.output == "fatbin":
+        arch_flags: tuple[str, ...] = (f"-gencode=arch={virtual},code={arch}",)
+    else:
+        arch_flags = (f"-arch={arch}",)
+    values = {
+        "program": program or toolchain.program,
+        "output_kind_flag": toolchain.output_flag,
+        "arch": arch,
+        "virtual_arch": virtual,
+        "include": include,
+        "source": source,
+        "output": output,
+    }
+    out: list[str] = []
+    for token in toolchain.argv:
+        if token == "{flags}":
+            out.extend(flags)
+        elif token == "{arch_flags}":
+            out.extend(arch_flags)
+        else:
+            rendered = token.format_map(values)
+            if rendered:
+                out.append(rendered)
+    return tuple(out)
+
+
+# ---------------------------------------------------------------- discovery (I/O)
+
+
+def _site_dirs() -> list[Path]:
+    seen: list[Path] = []
+    for key in ("purelib", "platlib"):
+        p = Path(sysconfig.get_paths()[key])
+        if p not in seen:
+            seen.append(p)
+    return seen
+
+
+def _executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def find_program(
+    toolchain: Toolchain,
+    environ: Mapping[str, str],
+    *,
+    site_dirs: Iterable[Path] | None = None,
+) -> Path | None:
+    """Where the toolchain's program is, or None.
+
+    Order: ``PATH`` (from ``environ``), then ``$VAR/bin`` for each of the
+    toolchain's ``home_env`` variables, then each ``pip_dirs`` entry under the
+    running Python's site-packages (``site_dirs`` overrides them for tests).
+    """
+    program = toolchain.program
+    if os.sep in program:
+        p = Path(program)
+        return p if _executable(p) else None
+    found = shutil.which(program, path=environ.get("PATH", os.defpath))
+    if found:
+        return Path(found)
+    for var in toolchain.home_env:
+        home = environ.get(var)
+        if home:
+            cand = Path(home) / "bin" / program
+            if _executable(cand):
+                return cand
+    for site in _site_dirs() if site_dirs is None else site_dirs:
+        for rel in toolchain.pip_dirs:
+            cand = Path(site) / rel / program
+            if _executable(cand):
+                return cand
+    return None
+
+
+_IDENTITY_MEMO: dict[str, str] = {}
+_IDENTITY_LOCK = threading.Lock()
+
+
+def reset_identity_memo() -> None:
+    """Forget the identities probed by this process (tests)."""
+    with _IDENTITY_LOCK:
+        _IDENTITY_MEMO.clear()
+
+
+def _fingerprint(path: Path) -> list[Any]:
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    return [real, st.st_size, st.st_mtime_ns]
+
+
+def _host_compiler(toolchain: Toolchain, environ: Mapping[str, str]) -> Path | None:
+    name = (environ.get(toolchain.host_compiler_env) if toolchain.host_compiler_env else None) or (
+        toolchain.host_compiler
+    )
+    if not name:
+        return None
+    if os.sep in name:
+        path = Path(name)
+        if path.is_dir():  # nvcc's -ccbin / NVCC_CCBIN may name the compiler's directory
+            path = path / (toolchain.host_compiler or "gcc")
+        return path if _executable(path) else None
+    found = shutil.which(name, path=environ.get("PATH", os.defpath))
+    return Path(found) if found else None
+
+
+def _version_text(output: str) -> str:
+    lines = [ln.strip() for ln in output.splitlines()]
+    kept = [ln for ln in lines if ln and "copyright" not in ln.lower()]
+    return "; ".join(kept)
+
+
+def probe_identity(
+    toolchain: Toolchain,
+    program: Path,
+    environ: Mapping[str, str],
+    *,
+    state_dir: Path | None = None,
+) -> str:
+    """The compiler's identity: its version output plus the host compiler's version.
+
+    Memoised per process and, when ``state_dir`` is given, remembered in
+    ``<state_dir>/toolchain-identity.json`` keyed by the real path, size and
+    mtime of the program and the host compiler, so each doit invocation
+    stays cheap. Raises :class:`ToolchainMissing` when the host compiler is
+    absent and :class:`ToolchainError` when the version probe fails.
+    """
+    host = None
+    if toolchain.host_compiler or toolchain.host_compiler_env:
+        host = _host_compiler(toolchain, environ)
+        if host is None:
+            name = (
+                environ.get(toolchain.host_compiler_env, "") if toolchain.host_compiler_env else ""
+            ) or toolchain.host_compiler
+            raise ToolchainMissing(
+                toolchain.name,
+                toolchain.program,
+                f"a host C++ compiler ({name}) on PATH",
+                detail=f"its host compiler `{name}` was not found",
+            )
+    try:
+        stamp = [
+            toolchain.name,
+            list(toolchain.version_args),
+            _fingerprint(program),
+            None if host is None else _fingerprint(host),
+            list(toolchain.host_compiler_version_args),
+        ]
+    except OSError as exc:
+        raise ToolchainMissing(
+            toolchain.name, toolchain.program, toolchain.install_hint, detail=str(exc)
+        ) from None
+    memo_key = json.dumps(stamp, sort_keys=True)
+    with _IDENTITY_LOCK:
+        if memo_key in _IDENTITY_MEMO:
+            return _IDENTITY_MEMO[memo_key]
+    state_file = None if state_dir is None else Path(state_dir) / _IDENTITY_FILE
+    known = _read_identity_file(state_file)
+    identity = known.get(memo_key)
+    if not isinstance(identity, str):
+        identity = _run_probe(toolchain, program, host, environ)
+        if state_file is not None:
+            _write_identity_file(state_file, {**known, memo_key: identity})
+    with _IDENTITY_LOCK:
+        _IDENTITY_MEMO[memo_key] = identity
+    return identity
+
+
+def _run_probe(
+    toolchain: Toolchain, program: Path, host: Path | None, environ: Mapping[str, str]
+) -> str:
+    try:
+        done = run_process(
+            [str(program), *toolchain.version_args], env=environ, timeout=PROBE_TIMEOUT
+        )
+        identity = _version_text(done.stdout + done.stderr)
+        if host is not None:
+            hdone = run_process(
+                [str(host), *toolchain.host_compiler_version_args],
+                env=environ,
+                timeout=PROBE_TIMEOUT,
+            )
+            first = (hdone.stdout + hdone.stderr).strip().splitlines()
+            identity += " | host: " + (first[0].strip() if first else host.name)
+    except ProcessError as exc:
+        raise ToolchainError(
+            f"toolchain {toolchain.name!r}", "version_args", f"the version probe failed: {exc}"
+        ) from None
+    if not identity.strip():
+        raise ToolchainError(
+            f"toolchain {toolchain.name!r}", "version_args", "the version probe printed nothing"
+        )
+    return identity
+
+
+def _read_identity_file(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_identity_file(path: Path, data: Mapping[str, Any]) -> None:
+    items = sorted(data.items())[-_IDENTITY_FILE_MAX_ENTRIES:]
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(dict(items), indent=1, sort_keys=True), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        # Only a speed-up: a read-only build dir costs one probe per process.
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def find_toolchain(
+    toolchain: Toolchain,
+    environ: Mapping[str, str],
+    *,
+    state_dir: Path | None = None,
+    site_dirs: Iterable[Path] | None = None,
+) -> FoundToolchain:
+    """Find and probe ``toolchain``; raises :class:`ToolchainMissing` saying what to install."""
+    program = find_program(toolchain, environ, site_dirs=site_dirs)
+    if program is None:
+        raise ToolchainMissing(toolchain.name, toolchain.program, toolchain.install_hint)
+    identity = probe_identity(toolchain, program, environ, state_dir=state_dir)
+    return FoundToolchain(toolchain=toolchain, program=program, identity=identity)

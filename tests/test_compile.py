@@ -1,0 +1,486 @@
+"""Planning and building one target (SPEC 3.3, 3.4 key side, 4.1) with a recording fake nvcc."""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from metrale_orch.compile import (
+    BuildConfigError,
+    CompileError,
+    Includes,
+    TargetResult,
+    build_target,
+    include_dirs,
+    parse_includes,
+    plan_target,
+    reset_build_memo,
+    resolve_closure,
+)
+from metrale_orch.layout import Target, discover
+from metrale_orch.toolchains import (
+    ToolchainMissing,
+    builtin_toolchains,
+    find_program,
+    reset_identity_memo,
+)
+from tests._build_support import (
+    compiles,
+    fake_toolchain_env,
+    make_cache,
+    make_config,
+    small_tree,
+    write,
+)
+
+T = Target(hardware="hw1", model="m1", quant="q1")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_process_state() -> None:
+    reset_build_memo()
+    reset_identity_memo()
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    log = tmp_path / "fake-nvcc.log"
+    return fake_toolchain_env(tmp_path / "fakebin", log), log
+
+
+def _plan(root: Path, target: Target = T, environ: dict[str, str] | None = None) -> Any:
+    return plan_target(
+        root, discover(root, target), builtin_toolchains(), identity="fake 1.0", environ=environ
+    )
+
+
+def _build(
+    root: Path, env: dict[str, str], cache_dir: Path, target: Target = T, **kw: Any
+) -> TargetResult:
+    config = make_config(root, cache_dir)
+    cache = kw.pop("cache", make_cache(config))
+    return build_target(root, target, config=config, cache=cache, environ=env, **kw)
+
+
+def _keys(result: TargetResult) -> dict[str, str]:
+    return {m.name: m.key for m in result.modules}
+
+
+# ------------------------------------------------------------------------------------ plan
+
+
+def test_flags_merge_in_configs_order_dropping_duplicates(tmp_path: Path) -> None:
+    small_tree(tmp_path)
+    assert _plan(tmp_path).flags == ("-DA=1", "-DX", "-DB=1", "-DC=1")
+
+
+def test_flags_of_an_inheriting_tree(tmp_path: Path) -> None:
+    small_tree(
+        tmp_path,
+        {
+            "kernels/hw2/HARDWARE.toml": (
+                '[hardware]\narch = "sm_100a"\ninherits = "hw1"\n'
+                '[build]\nextra_nvcc_flags = ["-DH2"]\n'
+            ),
+            "kernels/hw2/common/KERNEL.toml": '[build]\nextra_nvcc_flags = ["-DC2", "-DH2"]\n',
+            "kernels/hw2/m1/MODEL.toml": "[model]\n",
+        },
+    )
+    plan = _plan(tmp_path, Target(hardware="hw2", model="m1", quant="q1"))
+    # Own HARDWARE.toml only (not hw1's), then parent common, own common, parent leaf.
+    assert plan.flags == ("-DH2", "-DB=1", "-DA=1", "-DC2", "-DC=1")
+    assert plan.arch == "sm_100a"
+
+
+@pytest.mark.parametrize(
+    ("rel", "text", "key"),
+    [
+        ("kernels/hw1/m1/q1/KERNEL.toml", '[build]\nextra_nvcc_flags = ["-DA", 3]\n',
+         "[build] extra_nvcc_flags[1]"),
+        ("kernels/hw1/common/KERNEL.toml", '[build]\nextra_nvcc_flags = "-DA"\n',
+         "[build] extra_nvcc_flags"),
+        ("kernels/hw1/common/KERNEL.toml", 'build = 1\n', "[build]"),
+        ("kernels/hw1/common/KERNEL.toml", '[modules]\nadd = "a/b"\n', "[modules] add"),
+        ("kernels/hw1/common/KERNEL.toml", '[modules]\nadd = "leaf"\n', "[modules] add"),
+    ],
+)  # fmt: skip
+def test_bad_build_settings_name_file_and_key(
+    tmp_path: Path, rel: str, text: str, key: str
+) -> None:
+    small_tree(tmp_path, {rel: text})
+    with pytest.raises(BuildConfigError) as err:
+        _plan(tmp_path)
+    assert err.value.path == rel
+    assert err.value.key == key
+    assert rel in str(err.value)
+
+
+def test_missing_arch_is_a_build_error(tmp_path: Path) -> None:
+    small_tree(tmp_path, {"kernels/hw1/HARDWARE.toml": '[hardware]\nvendor = "nvidia"\n'})
+    with pytest.raises(BuildConfigError, match=r"HARDWARE.toml: \[hardware\] arch: is required"):
+        _plan(tmp_path)
+
+
+def test_renames_more_specific_wins(tmp_path: Path) -> None:
+    small_tree(tmp_path)
+    names = {m.stem: m.name for m in _plan(tmp_path).modules}
+    assert names == {"add": "vector_add", "leaf": "leaf", "scale": "scale_q1"}
+    write(
+        tmp_path,
+        "kernels/hw1/m1/q1/KERNEL.toml",
+        '[modules]\nadd = "add_q1"\n',
+    )
+    names = {m.stem: (m.name, m.artefact) for m in _plan(tmp_path).modules}
+    assert names["add"] == ("add_q1", "add_q1.ptx")
+    assert names["scale"] == ("scale", "scale.ptx")
+
+
+def test_argv_is_relative_and_machine_independent(tmp_path: Path) -> None:
+    small_tree(tmp_path)
+    mods = {m.stem: m for m in _plan(tmp_path).modules}
+    assert mods["add"].argv == (
+        "nvcc", "--ptx", "-arch=sm_90a", "-O3", "--Werror", "all-warnings",
+        "-DA=1", "-DX", "-DB=1", "-DC=1", "-I.", "add.cu", "-o", "vector_add.ptx",
+    )  # fmt: skip
+    assert (mods["add"].cwd, mods["add"].staged, mods["add"].role) == (
+        "common", "common/add.cu", "common",
+    )  # fmt: skip
+    assert (mods["leaf"].cwd, mods["leaf"].staged, mods["leaf"].role) == (
+        "m1/q1", "m1/q1/leaf.cu", "leaf",
+    )  # fmt: skip
+
+
+def test_file_deps_and_signature(tmp_path: Path) -> None:
+    small_tree(tmp_path, {"kernels/hw1/common/vendor/v.h": "// v\n"})
+    plan = _plan(tmp_path, environ={"NVCC_PREPEND_FLAGS": "-G", "UNRELATED": "x"})
+    rels = [p.relative_to(tmp_path).as_posix() for p in plan.file_deps]
+    assert rels == sorted(rels)
+    assert set(rels) == {
+        "kernels/hw1/HARDWARE.toml", "kernels/hw1/m1/MODEL.toml",
+        "kernels/hw1/common/KERNEL.toml", "kernels/hw1/m1/q1/KERNEL.toml",
+        "kernels/hw1/common/add.cu", "kernels/hw1/common/scale.cu",
+        "kernels/hw1/common/util.cuh", "kernels/hw1/common/deep.cuh",
+        "kernels/hw1/common/unrelated.cuh", "kernels/hw1/common/vendor/v.h",
+        "kernels/hw1/m1/q1/leaf.cu",
+    }  # fmt: skip
+    text = json.dumps(dict(plan.signature), sort_keys=True)
+    assert str(tmp_path) not in text
+    sig = json.loads(text)
+    assert sig["toolchain"]["identity"] == "fake 1.0"
+    assert sig["env"] == {"NVCC_PREPEND_FLAGS": "-G"}
+    assert sig["layout"]["common"]["add.cu"] == "kernels/hw1/common/add.cu"
+    assert sig["defaults"]["lm_head_batchm_max"] == 12
+    assert [m["name"] for m in sig["modules"]] == ["vector_add", "leaf", "scale_q1"]
+
+
+# ------------------------------------------------------------------------------------ includes
+
+
+def test_parse_includes_reads_every_branch() -> None:
+    src = b"""#include "a.cuh"
+#if 0
+#  include "b.cuh"
+#else
+  #include <c.h>
+#endif
+// #include "d.cuh"
+#if __has_include("e.cuh")
+#endif
+"""
+    inc = parse_includes(src)
+    # A line comment is not an include; every preprocessor branch is.
+    assert inc.quoted == ("a.cuh", "b.cuh", "e.cuh")
+    assert inc.angled == ("c.h",)
+    assert not inc.computed
+    assert parse_includes(b"#include HEADER_NAME\n").computed
+
+
+def test_resolve_closure_order_and_bounds() -> None:
+    staged = dict.fromkeys(
+        ["common/a.cu", "common/a.cuh", "common/sub/b.cuh", "m/q/a.cuh", "m/q/x.cu", "other.cuh"],
+        "h",
+    )
+    includes = {
+        "m/q/x.cu": Includes(
+            quoted=("a.cuh", "../../common/sub/b.cuh", "../../../escape.cuh", "cuda_fp16.h"),
+            angled=("a.cuh",),
+        ),
+        "common/sub/b.cuh": Includes(quoted=("../a.cuh",)),
+    }
+    # Quoted: the including file's dir first (m/q/a.cuh), then -I; angled: -I only.
+    dirs = include_dirs("m/q", ["-I../../common", "-I/abs/ignored"])
+    assert dirs == ("m/q", "common")
+    closure = resolve_closure(["m/q/x.cu"], staged=staged, includes_of=includes, dirs=dirs)
+    assert closure == ("common/a.cuh", "common/sub/b.cuh", "m/q/a.cuh", "m/q/x.cu")
+    # A computed include anywhere makes the closure every staged file.
+    includes["common/a.cuh"] = Includes(computed=True)
+    closure = resolve_closure(["m/q/x.cu"], staged=staged, includes_of=includes, dirs=dirs)
+    assert closure == tuple(sorted(staged))
+
+
+_NAMES = ["x.cu", "a.cuh", "b.cuh", "sub/c.cuh", "../a.cuh", "missing.cuh"]
+_FILES = ["x.cu", "a.cuh", "b.cuh", "sub/c.cuh"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    graph=st.dictionaries(
+        st.sampled_from(_FILES), st.lists(st.sampled_from(_NAMES), max_size=4), max_size=4
+    )
+)
+def test_closure_laws(graph: dict[str, list[str]]) -> None:
+    staged = dict.fromkeys(_FILES, "h")
+    includes = {f: Includes(quoted=tuple(names)) for f, names in graph.items()}
+    closure = resolve_closure(["x.cu"], staged=staged, includes_of=includes, dirs=("",))
+    assert "x.cu" in closure
+    # Closed: every include of a member that names a staged file leads into the closure.
+    for member in closure:
+        for name in includes.get(member, Includes()).quoted:
+            here = posixpath.normpath(posixpath.join(posixpath.dirname(member), name))
+            if here in staged:
+                assert here in closure
+    # An added file nobody names changes nothing.
+    more = resolve_closure(
+        ["x.cu"], staged={**staged, "new.cuh": "h"}, includes_of=includes, dirs=("",)
+    )
+    assert more == closure
+
+
+# ------------------------------------------------------------------------------------ build
+
+
+def test_build_installs_artefacts_defaults_and_manifest(
+    tmp_path: Path, fake: tuple[dict[str, str], Path]
+) -> None:
+    env, log = fake
+    root = small_tree(tmp_path / "repo")
+    result = _build(root, env, tmp_path / "cache")
+    assert not result.failed
+    assert [m.outcome for m in result.modules] == ["compiled"] * 3
+    assert len(compiles(log)) == 3
+    # Each compile ran in its role dir of the stage with relative paths.
+    cwds = {
+        Path(c["cwd"]).relative_to(root / "build/stage/hw1/m1/q1").as_posix() for c in compiles(log)
+    }
+    assert cwds == {"common", "m1/q1"}
+    out = root / "build/hw1/m1/q1"
+    assert sorted(p.name for p in out.iterdir()) == [
+        "leaf.ptx", "manifest.json", "scale_q1.ptx", "target_defaults.h",
+        "target_defaults.json", "vector_add.ptx",
+    ]  # fmt: skip
+    text = (out / "manifest.json").read_text()
+    manifest = json.loads(text)
+    assert text == json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+    assert manifest["schema"] == 1
+    assert manifest["target"] == "hw1/m1/q1"
+    assert manifest["arch"] == "sm_90a"
+    assert manifest["toolchain"]["name"] == "nvcc"
+    assert "release 99.0" in manifest["toolchain"]["identity"]
+    assert manifest["flags"] == ["-DA=1", "-DX", "-DB=1", "-DC=1"]
+    assert manifest["defaults"]["sm_count"] == 100
+    assert str(tmp_path) not in text
+    for mod in manifest["modules"]:
+        data = (out / mod["artefact"]).read_bytes()
+        assert mod["xxh3"] == xxhash.xxh3_128_hexdigest(data)
+        assert mod["outcome"] == "compiled"
+        assert (root / mod["source"]).is_file()
+    assert {m["name"]: m["source"] for m in manifest["modules"]}["leaf"] == (
+        "kernels/hw1/m1/q1/leaf.cu"
+    )
+    assert "#define METRALE_TARGET_SM_COUNT 100" in (out / "target_defaults.h").read_text()
+    assert json.loads((out / "target_defaults.json").read_text())["lm_head_batchm_max"] == 12
+    assert result.manifest == "build/hw1/m1/q1/manifest.json"
+    assert json.loads(json.dumps(result.to_dict()))["modules"][0]["outcome"] == "compiled"
+
+
+def test_second_build_hits_the_local_cache(
+    tmp_path: Path, fake: tuple[dict[str, str], Path]
+) -> None:
+    env, log = fake
+    root = small_tree(tmp_path / "repo")
+    first = _build(root, env, tmp_path / "cache")
+    shutil.rmtree(root / "build")
+    reset_build_memo()
+    second = _build(root, env, tmp_path / "cache")
+    assert [m.outcome for m in second.modules] == ["local"] * 3
+    assert _keys(first) == _keys(second)
+    assert len(compiles(log)) == 3
+    manifest = json.loads((root / "build/hw1/m1/q1/manifest.json").read_text())
+    assert {m["outcome"] for m in manifest["modules"]} == {"local"}
+
+
+def test_keys_are_shared_across_checkout_directories(
+    tmp_path: Path, fake: tuple[dict[str, str], Path]
+) -> None:
+    env, log = fake
+    a = small_tree(tmp_path / "a")
+    b = small_tree(tmp_path / "elsewhere/b")
+    first = _build(a, env, tmp_path / "cache")
+    reset_build_memo()
+    second = _build(b, env, tmp_path / "cache")
+    assert _keys(first) == _keys(second)
+    assert [m.outcome for m in second.modules] == ["local"] * 3
+    assert len(compiles(log)) == 3
+    assert (a / "build/hw1/m1/q1/leaf.ptx").read_bytes() == (
+        b / "build/hw1/m1/q1/leaf.ptx"
+    ).read_bytes()
+
+
+def test_header_under_if0_changes_exactly_its_includers_keys(
+    tmp_path: Path, fake: tuple[dict[str, str], Path]
+) -> None:
+    env, _ = fake
+    root = small_tree(tmp_path / "repo")
+    before = _keys(_build(root, env, tmp_path / "cache"))
+    write(root, "kernels/hw1/common/unrelated.cuh", "// unrelated v2\n")
+    assert _keys(_build(root, env, tmp_path / "cache")) == before
+    write(root, "kernels/hw1/common/deep.cuh", "// deep v2\n")
+    after = _keys(_build(root, env, tmp_path / "cache"))
+    changed = {name for name in before if before[name] != after[name]}
+    # add.cu and leaf.cu include util.cuh, which includes deep.cuh under #if 0.
+    assert changed == {"vector_add", "leaf"}
+
+
+def test_key_covers_flags_env_allowlist_and_identity(
+    tmp_path: Path, fake: tuple[dict[str, str], Path]
+) -> None:
+    env, _ = fake
+    root = small_tree(tmp_path / "repo")
+    base = _keys(_build(root, env, tmp_path / "cache"))
+    assert _keys(_build(root, {**env, "UNRELATED_VAR": "1"}, tmp_path / "cache")) == base
+    prepended = _keys(_build(root, {**env, "NVCC_PREPEND_FLAGS": "-G"}, tmp_path / "cache"))
+    assert all(prepended[n] != base[n] for n in base)
+    write(root, "kernels/hw1/m1/q1/KERNEL.toml", '[modules]\nscale = "scale_q1"\n')
+    noflags = _keys(_build(root, env, tmp_path / "cache"))
+    assert all(noflags[n] != base[n] for n in base)
+
+
+def test_compiler_failure_is_reported_and_others_continue(
+    tmp_path: Path, fake: tuple[dict[str, str], Path]
+) -> None:
+    env, log = fake
+    root = small_tree(tmp_path / "repo")
+    assert not _build(root, env, tmp_path / "cache").failed
+    write(root, "kernels/hw1/m1/q1/leaf.cu", "#error nope\n")
+    result = _build(root, env, tmp_path / "cache")
+    assert result.failed
+    assert {m.name: m.outcome for m in result.modules} == {
+        "vector_add": "local", "leaf": "failed", "scale_q1": "local",
+    }  # fmt: skip
+    (failure,) = result.failures
+    assert isinstance(failure, CompileError)
+    assert (failure.target, failure.module, failure.returncode) == ("hw1/m1/q1", "leaf", 1)
+    assert "leaf.cu" in failure.argv and "--ptx" in failure.argv
+    assert "the fake compiler was told to fail" in failure.output
+    text = result.failure_text()
+    assert "hw1/m1/q1: module leaf" in text and "nvcc --ptx" in text and "told to fail" in text
+    # No manifest for a failed target (and the stale one is gone); no stale artefact.
+    out = root / "build/hw1/m1/q1"
+    assert not (out / "manifest.json").exists()
+    assert not (out / "leaf.ptx").exists()
+    assert (out / "vector_add.ptx").exists()
+    assert result.to_dict()["failures"][0]["exit_code"] == 1
+    assert len(compiles(log)) == 4
+
+
+def test_compiler_writing_nothing_is_a_failure(
+    tmp_path: Path, fake: tuple[dict[str, str], Path]
+) -> None:
+    env, _ = fake
+    root = small_tree(tmp_path / "repo", {"kernels/hw1/common/scale.cu": "// FAKE_NO_OUTPUT\n"})
+    result = _build(root, env, tmp_path / "cache")
+    (failure,) = result.failures
+    assert failure.module == "scale_q1"
+    assert "wrote no scale_q1.ptx" in str(failure)
+
+
+def test_stale_artefacts_removed_and_no_temporaries_left(
+    tmp_path: Path, fake: tuple[dict[str, str], Path]
+) -> None:
+    env, _ = fake
+    root = small_tree(tmp_path / "repo")
+    _build(root, env, tmp_path / "cache")
+    write(root, "kernels/hw1/m1/q1/KERNEL.toml", '[modules]\nscale = "scaled"\n')
+    (root / "kernels/hw1/common/add.cu").unlink()
+    _build(root, env, tmp_path / "cache")
+    out = root / "build/hw1/m1/q1"
+    assert sorted(p.name for p in out.iterdir()) == [
+        "leaf.ptx", "manifest.json", "scaled.ptx", "target_defaults.h", "target_defaults.json",
+    ]  # fmt: skip
+    assert not list((root / "build/.tmp").iterdir())
+    assert not (root / "build/stage/hw1/m1/q1/common/add.cu").exists()
+
+
+def test_unchanged_rebuild_rewrites_nothing(
+    tmp_path: Path, fake: tuple[dict[str, str], Path]
+) -> None:
+    env, _ = fake
+    root = small_tree(tmp_path / "repo")
+    _build(root, env, tmp_path / "cache")
+    out = root / "build/hw1/m1/q1"
+    stamps = {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != "manifest.json"}
+    reset_build_memo()
+    _build(root, env, tmp_path / "cache")
+    assert {
+        p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != "manifest.json"
+    } == stamps
+
+
+def test_identical_modules_compile_once_per_process(
+    tmp_path: Path, fake: tuple[dict[str, str], Path]
+) -> None:
+    env, log = fake
+    root = small_tree(
+        tmp_path / "repo",
+        {"kernels/hw1/m1/q2/only.cu": "// q2\n", "kernels/hw1/m1/q3/only.cu": "// q3\n"},
+    )
+    config = make_config(root, tmp_path / "cache", cache_mode="off")
+    results = [
+        build_target(root, Target(hardware="hw1", model="m1", quant=q), config=config,
+                     cache=None, environ=env)
+        for q in ("q2", "q3")
+    ]  # fmt: skip
+    # Same flags and bytes: the common modules compile for q2 only; q3 reuses them.
+    assert {m.name: m.outcome for m in results[1].modules} == {
+        "vector_add": "local", "only": "compiled", "scale": "local",
+    }  # fmt: skip
+    assert results[1].cache_stats["memo"] == 2
+    assert len(compiles(log)) == 4
+
+
+def test_missing_toolchain_raises_with_install_hint(tmp_path: Path) -> None:
+    if find_program(builtin_toolchains()["nvcc"], {"PATH": str(tmp_path)}) is not None:
+        pytest.skip("this Python has nvcc from pip (metrale-orch[cuda]); it cannot be missing")
+    root = small_tree(tmp_path / "repo")
+    with pytest.raises(ToolchainMissing, match="pip install 'metrale-orch\\[cuda\\]'"):
+        _build(root, {"PATH": str(tmp_path / "nothing")}, tmp_path / "cache")
+
+
+def test_process_door_reports_argv_exit_code_and_tail(tmp_path: Path) -> None:
+    import sys
+
+    from metrale_orch._proc import ProcessError, run_process
+
+    script = "import sys; print('out'); sys.stderr.write('x' * 5000 + 'END'); sys.exit(7)"
+    with pytest.raises(ProcessError) as err:
+        run_process([sys.executable, "-c", script], cwd=tmp_path, env={}, timeout=30)
+    assert err.value.returncode == 7
+    assert err.value.argv[1:] == ("-c", script)
+    assert err.value.output.startswith("out\n")
+    assert err.value.tail.endswith("END") and len(err.value.tail) < len(err.value.output)
+    assert "exited with status 7" in str(err.value)
+    with pytest.raises(ProcessError, match="program not found") as missing:
+        run_process([str(tmp_path / "no-such-program")], env={})
+    assert missing.value.returncode is None
+    with pytest.raises(ProcessError, match=r"timed out after 0\.2 s"):
+        run_process([sys.executable, "-c", "import time; time.sleep(5)"], timeout=0.2)
+    done = run_process([sys.executable, "-c", "print('hi')"], cwd=tmp_path, env={})
+    assert (done.returncode, done.stdout) == (0, "hi\n")

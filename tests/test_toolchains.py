@@ -1,0 +1,248 @@
+"""Toolchains: definitions, overrides, selection, discovery, identity probing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from metrale_orch.layout import Hardware
+from metrale_orch.toolchains import (
+    ToolchainError,
+    ToolchainMissing,
+    builtin_toolchains,
+    compile_argv,
+    find_program,
+    find_toolchain,
+    load_toolchains,
+    probe_identity,
+    reset_identity_memo,
+    select_toolchain,
+)
+from tests._build_support import fake_toolchain_env, write
+
+
+def _hw(name: str = "h", vendor: str = "nvidia", doc: dict[str, object] | None = None) -> Hardware:
+    return Hardware(
+        name=name,
+        vendor=vendor,
+        arch="sm_90a",
+        inherits=None,
+        source_ext="metal" if vendor in ("apple", "metal") else "cu",
+        path=Path(f"kernels/{name}/HARDWARE.toml"),
+        doc=doc or {},
+    )
+
+
+@pytest.fixture(autouse=True)
+def _fresh_memo() -> None:
+    reset_identity_memo()
+
+
+def test_builtins_cover_every_vendor_family() -> None:
+    tcs = builtin_toolchains()
+    assert set(tcs) == {"hip", "metal", "nvcc"}
+    assert select_toolchain(_hw(vendor="nvidia"), tcs).name == "nvcc"
+    assert select_toolchain(_hw(vendor="cuda"), tcs).name == "nvcc"
+    assert select_toolchain(_hw(vendor="apple"), tcs).name == "metal"
+    assert select_toolchain(_hw(vendor="rocm"), tcs).name == "hip"
+    nvcc = tcs["nvcc"]
+    assert (nvcc.output, nvcc.extension, nvcc.flags_key) == ("ptx", "ptx", "extra_nvcc_flags")
+    assert tcs["metal"].flags_key == "extra_metal_flags"
+    assert "NVCC_PREPEND_FLAGS" in nvcc.env_allowlist
+    assert nvcc.file is None
+
+
+def test_nvcc_argv_shape_per_output_kind(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "toolchains/cubin.toml",
+        '[toolchain]\nname = "c"\nextends = "nvcc"\noutput = "cubin"\n',
+    )
+    write(
+        tmp_path,
+        "toolchains/fat.toml",
+        '[toolchain]\nname = "f"\nextends = "nvcc"\noutput = "fatbin"\n',
+    )
+    tcs = load_toolchains(tmp_path)
+    flags = ["-DA", "-lineinfo"]
+    common = {"arch": "sm_90a", "include": ".", "source": "x.cu"}
+    assert compile_argv(tcs["nvcc"], output="x.ptx", flags=flags, **common) == (
+        "nvcc", "--ptx", "-arch=sm_90a", "-O3", "--Werror", "all-warnings",
+        "-DA", "-lineinfo", "-I.", "x.cu", "-o", "x.ptx",
+    )  # fmt: skip
+    cubin = compile_argv(tcs["c"], output="x.cubin", flags=flags, **common)
+    assert cubin[:3] == ("nvcc", "--cubin", "-arch=sm_90a")
+    assert tcs["c"].extension == "cubin"
+    fat = compile_argv(tcs["f"], program="/opt/nvcc", output="x.fatbin", flags=flags, **common)
+    assert fat[:3] == ("/opt/nvcc", "--fatbin", "-gencode=arch=compute_90a,code=sm_90a")
+    assert not any(a.startswith("-arch") for a in fat)
+
+
+def test_project_file_overrides_and_extends(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "toolchains/nvcc.toml",
+        '[toolchain]\nextends = "nvcc"\nvendors = ["nvidia"]\nenv_allowlist = ["X_FLAGS"]\n',
+    )
+    write(tmp_path, "toolchains/variant.toml", '[toolchain]\nname = "v"\nextends = "nvcc"\n')
+    tcs = load_toolchains(tmp_path)
+    assert tcs["nvcc"].env_allowlist == ("X_FLAGS",)
+    assert tcs["nvcc"].file == tmp_path / "toolchains/nvcc.toml"
+    assert tcs["nvcc"].vendors == ("nvidia",)
+    # A variant does not inherit vendors: it is picked by [build] toolchain only.
+    assert tcs["v"].vendors == ()
+    assert tcs["v"].env_allowlist == ("X_FLAGS",)
+    assert select_toolchain(_hw(vendor="nvidia"), tcs).name == "nvcc"
+    picked = select_toolchain(_hw(doc={"build": {"toolchain": "v"}}), tcs)
+    assert picked.name == "v"
+
+
+_OK = '[toolchain]\nname = "x"\nprogram = "p"\nargv = ["{source}", "{output}"]\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        (_OK + "bogus = 1\n", "bogus"),
+        ('[toolchain]\nname = "x"\nprogram = 3\nargv = ["{source}", "{output}"]\n', "program"),
+        ('[toolchain]\nname = "x"\nprogram = "p"\nargv = ["{source}"]\n', "argv"),
+        (_OK.replace('["{source}"', '["{nope}", "{source}"'), "argv[0]"),
+        ('[toolchain]\nname = "x"\nextends = "nvcc"\noutput = "elf"\n', "output"),
+        ('[toolchain]\nname = "x"\nextends = "missing"\n', "extends"),
+        ('[toolchain]\nname = "x"\nprogram = "p"\n', "argv"),
+        ('[toolchian]\nname = "x"\n', "[toolchain]"),
+    ],
+)  # fmt: skip
+def test_bad_toolchain_file_names_file_and_key(tmp_path: Path, text: str, key: str) -> None:
+    write(tmp_path, "toolchains/bad.toml", text)
+    with pytest.raises(ToolchainError) as err:
+        load_toolchains(tmp_path)
+    assert err.value.where == "toolchains/bad.toml"
+    assert err.value.key == key
+    assert "toolchains/bad.toml" in str(err.value)
+
+
+def test_bad_toml_and_cycles(tmp_path: Path) -> None:
+    write(tmp_path, "toolchains/a.toml", "[toolchain\n")
+    with pytest.raises(ToolchainError, match=r"toolchains/a.toml: is not valid TOML"):
+        load_toolchains(tmp_path)
+    write(tmp_path, "toolchains/a.toml", '[toolchain]\nname = "a"\nextends = "b"\n')
+    write(tmp_path, "toolchains/b.toml", '[toolchain]\nname = "b"\nextends = "a"\n')
+    with pytest.raises(ToolchainError, match="cycle"):
+        load_toolchains(tmp_path)
+
+
+def test_selection_errors_name_hardware_file(tmp_path: Path) -> None:
+    tcs = builtin_toolchains()
+    with pytest.raises(ToolchainError) as err:
+        select_toolchain(_hw(name="hx", doc={"build": {"toolchain": "nope"}}), tcs)
+    assert "kernels/hx/HARDWARE.toml" in str(err.value)
+    assert err.value.key == "[build] toolchain"
+    assert "toolchains/nope.toml" in str(err.value)
+    with pytest.raises(ToolchainError, match="no toolchain builds vendor 'scale'"):
+        select_toolchain(_hw(vendor="scale"), tcs)
+    write(
+        tmp_path,
+        "toolchains/a.toml",
+        '[toolchain]\nname = "a"\nextends = "nvcc"\nvendors = ["nvidia"]\n',
+    )
+    write(
+        tmp_path,
+        "toolchains/b.toml",
+        '[toolchain]\nname = "b"\nextends = "nvcc"\nvendors = ["nvidia"]\n',
+    )
+    with pytest.raises(ToolchainError, match="several toolchains claim vendor 'nvidia'"):
+        select_toolchain(_hw(), load_toolchains(tmp_path))
+
+
+def _exe(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\necho fake\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_find_program_path_then_cuda_home_then_pip(tmp_path: Path) -> None:
+    nvcc = builtin_toolchains()["nvcc"]
+    on_path = _exe(tmp_path / "path/nvcc")
+    home = _exe(tmp_path / "cuda/bin/nvcc")
+    site = tmp_path / "venv/lib/python3.11/site-packages"
+    pip = _exe(site / "nvidia/cu13/bin/nvcc")
+    env = {"PATH": str(on_path.parent), "CUDA_HOME": str(tmp_path / "cuda")}
+    assert find_program(nvcc, env, site_dirs=[site]) == on_path
+    env["PATH"] = str(tmp_path / "empty")
+    assert find_program(nvcc, env, site_dirs=[site]) == home
+    del env["CUDA_HOME"]
+    assert find_program(nvcc, env, site_dirs=[site]) == pip
+    pip.unlink()
+    old = _exe(site / "nvidia/cuda_nvcc/bin/nvcc")
+    assert find_program(nvcc, env, site_dirs=[site]) == old
+    old.chmod(0o644)  # not executable: not a find
+    assert find_program(nvcc, env, site_dirs=[site]) is None
+
+
+def test_missing_toolchain_says_what_to_install(tmp_path: Path) -> None:
+    tcs = builtin_toolchains()
+    env = {"PATH": str(tmp_path)}
+    with pytest.raises(ToolchainMissing) as err:
+        find_toolchain(tcs["nvcc"], env, site_dirs=[])
+    text = str(err.value)
+    assert "toolchain 'nvcc' is not installed" in text
+    assert "CUDA toolkit" in text
+    assert "pip install 'metrale-orch[cuda]'" in text
+    with pytest.raises(ToolchainMissing, match="Xcode command line tools"):
+        find_toolchain(tcs["metal"], env, site_dirs=[])
+    with pytest.raises(ToolchainMissing, match="ROCm"):
+        find_toolchain(tcs["hip"], env, site_dirs=[])
+
+
+def test_missing_host_compiler(tmp_path: Path) -> None:
+    env = fake_toolchain_env(tmp_path / "bin")
+    (tmp_path / "bin/gcc").unlink()
+    with pytest.raises(ToolchainMissing, match="host compiler `gcc` was not found"):
+        find_toolchain(builtin_toolchains()["nvcc"], env, site_dirs=[])
+
+
+def test_probe_identity_memo_and_disk_cache(tmp_path: Path) -> None:
+    env = fake_toolchain_env(tmp_path / "bin")
+    nvcc = builtin_toolchains()["nvcc"]
+    program = tmp_path / "bin/nvcc"
+    state = tmp_path / "state"
+    ident = probe_identity(nvcc, program, env, state_dir=state)
+    assert "Cuda compilation tools, release 99.0" in ident
+    assert "host: gcc (Fake) 12.2.0" in ident
+    assert "Copyright" not in ident
+    saved = json.loads((state / "toolchain-identity.json").read_text())
+    assert list(saved.values()) == [ident]
+    # A changed answer is not seen while the program's stamp is unchanged (memo, then disk) ...
+    env["FAKE_NVCC_VERSION"] = "-changed"
+    assert probe_identity(nvcc, program, env, state_dir=state) == ident
+    reset_identity_memo()
+    assert probe_identity(nvcc, program, env, state_dir=state) == ident
+    # ... and is seen once the program itself changes (new size/mtime).
+    program.write_text(program.read_text() + "\n# v2\n")
+    reset_identity_memo()
+    assert probe_identity(nvcc, program, env, state_dir=state).endswith(
+        "-changed | host: gcc (Fake) 12.2.0"
+    )
+
+
+def test_probe_failure_is_a_toolchain_error(tmp_path: Path) -> None:
+    env = fake_toolchain_env(tmp_path / "bin")
+    bad = _exe(tmp_path / "bin/nvcc")
+    bad.write_text("#!/bin/sh\necho broken >&2\nexit 3\n")
+    with pytest.raises(ToolchainError, match=r"version probe failed.*exited with status 3"):
+        probe_identity(builtin_toolchains()["nvcc"], bad, env)
+
+
+def test_host_compiler_from_nvcc_ccbin_file_or_directory(tmp_path: Path) -> None:
+    env = fake_toolchain_env(tmp_path / "bin")
+    nvcc = builtin_toolchains()["nvcc"]
+    other = _exe(tmp_path / "gcc13/gcc")
+    other.write_text("#!/bin/sh\necho 'gcc (Other) 13.1.0'\n")
+    for ccbin in (str(other), str(other.parent)):
+        reset_identity_memo()
+        ident = probe_identity(nvcc, tmp_path / "bin/nvcc", {**env, "NVCC_CCBIN": ccbin})
+        assert ident.endswith("host: gcc (Other) 13.1.0")
