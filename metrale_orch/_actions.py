@@ -1,0 +1,279 @@
+"""The actions of the doit tasks: module-level functions with string arguments.
+
+doit runs these in its own process (``-n 1``) or in worker processes
+(``-n N -P process``); everything they need is re-derived from their string
+arguments, so a task pickles under fork, spawn and forkserver alike. They are
+the doit-side wrapper of the build steps: the one broad ``except`` for package
+errors (turned into a one-line ``TaskFailed``), the per-process build log and
+cache, and a small JSON-ready value per task that the reporter aggregates.
+
+Per-process state (:data:`_PROCESS`): the build log handler and the opened
+cache, so a remote tier's circuit breaker and connections live once per
+worker rather than once per target. It is explicit and resettable
+(:func:`reset_process_state`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from doit.exceptions import TaskFailed
+
+from metrale_orch.errors import MetraleError
+
+__all__ = [
+    "LOG_NAME",
+    "BuildFailed",
+    "build_action",
+    "check_action",
+    "clean_action",
+    "configure_build_log",
+    "error_action",
+    "install_sigterm_handler",
+    "reset_process_state",
+    "skip_action",
+]
+
+#: File name of the shared rotating build log under the build directory.
+LOG_NAME = "metrale-orch.log"
+
+_log = logging.getLogger("metrale_orch.build")
+
+#: Per-process state; see the module docstring.
+_PROCESS: dict[str, Any] = {}
+
+
+class BuildFailed(TaskFailed):  # type: ignore[misc]
+    """A ``TaskFailed`` that also carries the task's values (cache statistics, outcome).
+
+    doit saves no values for a failed task; the reporter reads them from here.
+    """
+
+    def __init__(self, msg: str, values: dict[str, Any] | None = None) -> None:
+        super().__init__(msg)
+        self.values = dict(values or {})
+
+
+def reset_process_state() -> None:
+    """Forget this process's cache and log set-up (tests)."""
+    _PROCESS.clear()
+
+
+# ------------------------------------------------------------------------------ signals
+
+
+def _sigterm(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def install_sigterm_handler() -> bool:
+    """Make SIGTERM behave like Ctrl-C in this process; returns whether it was installed.
+
+    doit writes its dependency database only when a run ends; on
+    ``KeyboardInterrupt`` its runner still ends the run normally (its
+    ``finally`` saves every finished task), whereas the default SIGTERM action
+    kills the process and loses all of them. Only the main thread can set a
+    handler; elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if signal.getsignal(signal.SIGTERM) is _sigterm:
+        return True
+    signal.signal(signal.SIGTERM, _sigterm)
+    return True
+
+
+# ------------------------------------------------------------------------------ logging
+
+
+def configure_build_log(build_dir: Path, *, max_bytes: int, backups: int) -> logging.Logger:
+    """Attach the shared rotating build log to the package logger (idempotent per process).
+
+    Every process (doit's and each worker) configures the same file with the
+    same rotation settings, as concurrent-log-handler requires.
+    """
+    from concurrent_log_handler import ConcurrentRotatingFileHandler
+
+    pkg = logging.getLogger("metrale_orch")
+    path = (build_dir / LOG_NAME).resolve()
+    for handler in pkg.handlers:
+        if isinstance(handler, ConcurrentRotatingFileHandler) and Path(handler.baseFilename) == (
+            path
+        ):
+            return pkg
+    build_dir.mkdir(parents=True, exist_ok=True)
+    handler = ConcurrentRotatingFileHandler(
+        str(path), mode="a", maxBytes=max_bytes, backupCount=backups, encoding="utf-8"
+    )
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
+    )
+    pkg.addHandler(handler)
+    if pkg.level == logging.NOTSET or pkg.level > logging.INFO:
+        pkg.setLevel(logging.INFO)
+    return pkg
+
+
+# ------------------------------------------------------------------------------ actions
+
+
+def _config(root: str) -> Any:
+    from metrale_orch.config import load_config
+
+    return load_config(Path(root), os.environ)
+
+
+def _cache(config: Any) -> Any:
+    key = ("cache", str(config.root), config.cache, config.cache_mode, str(config.local_cache))
+    got = _PROCESS.get("cache")
+    if got is not None and got[0] == key:
+        return got[1]
+    from metrale_orch.cache import CacheSettings, open_cache
+
+    cache = open_cache(CacheSettings.from_config(config))
+    _PROCESS["cache"] = (key, cache)
+    return cache
+
+
+def _stats_dict(stats: Any) -> dict[str, Any]:
+    if stats is None:
+        return {}
+    to_dict = getattr(stats, "to_dict", None)
+    if callable(to_dict):
+        return dict(to_dict())
+    return dict(stats) if isinstance(stats, dict) else {}
+
+
+def _cache_delta(cache: Any, before: dict[str, Any]) -> dict[str, Any]:
+    """This task's share of the process cache's cumulative statistics."""
+    now = _stats_dict(getattr(cache, "stats", None))
+    delta: dict[str, Any] = {}
+    for key, value in now.items():
+        old = before.get(key, 0)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            if isinstance(old, int | float) and not isinstance(old, bool):
+                delta[key] = value - old
+            else:
+                delta[key] = value
+        elif isinstance(value, list):
+            old_list = old if isinstance(old, list) else []
+            delta[key] = value[len(old_list) :]
+    return delta
+
+
+def _cache_warnings(cache: Any) -> list[str]:
+    get = getattr(cache, "warnings", None)
+    return [str(w) for w in get()] if callable(get) else []
+
+
+def summarise_result(result: Any) -> dict[str, Any]:
+    """The small JSON value a build task saves and the reporter aggregates (pure).
+
+    ``outcome``: ``built`` (at least one module compiled), ``cached`` (every
+    module restored from a cache), ``failed``.
+    """
+    data: dict[str, Any] = result.to_dict() if hasattr(result, "to_dict") else {}
+    outcomes = [str(m.get("outcome", "")) for m in data.get("modules", []) or []]
+    failed = bool(getattr(result, "failed", False))
+    if failed:
+        outcome = "failed"
+    elif outcomes and all(o in ("local", "remote") for o in outcomes):
+        outcome = "cached"
+    else:
+        outcome = "built"
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[o or "unknown"] = counts.get(o or "unknown", 0) + 1
+    return {"outcome": outcome, "modules": dict(sorted(counts.items()))}
+
+
+def build_action(root: str, target: str) -> dict[str, Any] | TaskFailed:
+    """Build one target (doit action). Package errors become one-line failures."""
+    from metrale_orch.compile import build_target
+    from metrale_orch.layout import Target
+
+    cache = None
+    before: dict[str, Any] = {}
+    try:
+        config = _config(root)
+        log = configure_build_log(
+            config.build_dir, max_bytes=config.log_max_bytes, backups=config.log_backups
+        )
+        cache = _cache(config)
+        before = _stats_dict(getattr(cache, "stats", None))
+        result = build_target(
+            Path(root),
+            Target.parse(target),
+            config=config,
+            cache=cache,
+            environ=os.environ,
+            log=log.getChild("build"),
+        )
+    except MetraleError as exc:
+        _log.error("build:%s: %s", target, exc)
+        failed: dict[str, Any] = {"outcome": "failed"}
+        if cache is not None:
+            failed["cache"] = _cache_delta(cache, before)
+        return BuildFailed(f"build:{target}: {exc}", failed)
+    values = summarise_result(result)
+    flush = getattr(cache, "flush", None)
+    if callable(flush):
+        flush()  # uploads finish before doit may end this worker
+    values["cache"] = _cache_delta(cache, before)
+    warnings = [*(getattr(result, "warnings", ()) or ()), *_cache_warnings(cache)]
+    if warnings:
+        values["warnings"] = sorted({str(w) for w in warnings})
+    if getattr(result, "failed", False):
+        return BuildFailed(_failure_text(target, result), values)
+    return values
+
+
+def _failure_text(target: str, result: Any) -> str:
+    describe = getattr(result, "failure_text", None)
+    if callable(describe):
+        return str(describe())
+    errors = getattr(result, "errors", None)
+    if errors:
+        return f"build:{target}: " + "\n".join(str(e) for e in errors)
+    return f"build:{target}: failed (see the build log)"
+
+
+def skip_action(target: str, reason: str, explicit: bool) -> dict[str, Any] | TaskFailed:
+    """A target whose toolchain is missing: skipped when selected broadly, failed when named."""
+    if explicit:
+        return BuildFailed(f"build:{target}: {reason}", {"outcome": "failed", "skipped": reason})
+    return {"outcome": "skipped", "skipped": reason}
+
+
+def error_action(target: str, message: str) -> TaskFailed:
+    """A target that does not resolve: fail with the resolver's one-line message."""
+    return BuildFailed(f"build:{target}: {message}", {"outcome": "failed"})
+
+
+def clean_action(root: str, target: str) -> None:
+    """Remove a target's outputs (its artefact directory and its stage)."""
+    from metrale_orch.config import load_config
+
+    config = load_config(Path(root), os.environ)
+    for directory in _output_dirs(config.build_dir, target):
+        if directory.is_dir():
+            shutil.rmtree(directory)
+
+
+def _output_dirs(build_dir: Path, target: str) -> list[Path]:
+    parts = target.split("/")
+    return [build_dir.joinpath(*parts), build_dir.joinpath("stage", *parts)]
+
+
+def check_action(root: str) -> bool:
+    """Validate the whole tree (``metrale-orch check``); its report is the task's output."""
+    from metrale_orch.cli import main
+
+    return main(["--root", root, "check"]) == 0

@@ -1,0 +1,187 @@
+"""Content-based up-to-date checks for doit: an xxh3 file checker and the signature check.
+
+:class:`ContentChecker` is what ``DOIT_CONFIG["check_file_uptodate"]`` names.
+A file dependency's saved state is ``[mtime_ns, size, xxh3_64 hex]``:
+
+- same mtime and size: unchanged, no read;
+- other size: changed, no read;
+- same size, other mtime: the bytes decide. Same bytes count as unchanged
+  **and the saved state is refreshed** with the new mtime, so a fresh checkout
+  (every mtime new, every byte the same) costs one hashing pass, then no-ops.
+  doit's own md5 checker re-hashes such files on every run, forever, because
+  doit saves file states only when a task runs.
+
+doit calls ``check_modified(path, stat, state)`` without saying for which task,
+so the refresh needs the task: :class:`SignatureCheck` (an ``uptodate`` entry
+of every build task, evaluated by doit just before the task's file
+dependencies) binds the checker to the task being checked. A refresh is
+written only when the state doit handed over is, by identity, the one stored
+in that task's record, so a stale binding can never write into another task.
+
+Within one doit invocation each path is stat-ed and hashed at most once across
+all tasks (a build's inputs do not change while it runs; if one does, the
+memoised older state is what gets saved, which errs towards rebuilding).
+
+The invariant: a saved state ``(m, s, h)`` means "the task last succeeded with
+content ``h``"; a refresh only ever pairs ``h`` with a newer ``(m, s)`` whose
+bytes hash to ``h``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import xxhash
+from doit.dependency import FileChangedChecker, UptodateCalculator
+
+__all__ = ["SIGNATURE_KEY", "ContentChecker", "SignatureCheck", "file_digest", "signature_parts"]
+
+#: Key of the per-part signature digests in a task's saved values.
+SIGNATURE_KEY = "signature"
+
+_BLOCK = 1 << 20
+
+
+def file_digest(path: str) -> str:
+    """xxh3-64 hex digest of a file's bytes (raises ``OSError``)."""
+    h = xxhash.xxh3_64()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_BLOCK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def signature_parts(signature: Mapping[str, Any]) -> dict[str, str]:
+    """One short digest per top-level part of a plan's signature (pure).
+
+    Each part is encoded as canonical JSON (sorted keys, no spaces; values that
+    JSON cannot hold are encoded by ``str``), so equal signatures give equal
+    digests in every process and checkout.
+    """
+    out: dict[str, str] = {}
+    for key in sorted(signature):
+        text = json.dumps(
+            signature[key], sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=True
+        )
+        out[str(key)] = xxhash.xxh3_64_hexdigest(text.encode("utf-8"))
+    return out
+
+
+class ContentChecker(FileChangedChecker):  # type: ignore[misc]
+    """doit file checker on (mtime_ns, size, xxh3); see the module docstring."""
+
+    CheckerError = OSError
+
+    def __init__(self) -> None:
+        self._stats: dict[str, os.stat_result | OSError] = {}
+        self._digests: dict[str, tuple[int, int, str]] = {}
+        self._dep: Any = None
+        self._task: str | None = None
+        #: Number of saved states refreshed in this invocation (for tests/benchmarks).
+        self.refreshed = 0
+        #: Number of files hashed in this invocation.
+        self.hashed = 0
+
+    # -- doit's interface ---------------------------------------------------------------------
+
+    def exists(self, file_path: str) -> bool:
+        return os.path.exists(file_path)
+
+    def info(self, file_path: str) -> os.stat_result:
+        got = self._stats.get(file_path)
+        if got is None:
+            try:
+                got = os.stat(file_path)
+            except OSError as exc:
+                got = exc
+            self._stats[file_path] = got
+        if isinstance(got, OSError):
+            raise got
+        return got
+
+    def check_modified(self, file_path: str, file_stat: os.stat_result, state: Any) -> bool:
+        if not isinstance(state, list | tuple) or len(state) != 3:
+            return True
+        mtime_ns, size, digest = state
+        if file_stat.st_size != size:
+            return True
+        if file_stat.st_mtime_ns == mtime_ns:
+            return False
+        try:
+            current = self._digest(file_path, file_stat)
+        except OSError:
+            return True
+        if current != digest:
+            return True
+        self._refresh(file_path, state, [file_stat.st_mtime_ns, size, digest])
+        return False
+
+    def get_state(self, dep: str, current_state: Any) -> list[Any] | None:
+        st = self.info(dep)
+        if (
+            isinstance(current_state, list | tuple)
+            and len(current_state) == 3
+            and current_state[0] == st.st_mtime_ns
+            and current_state[1] == st.st_size
+        ):
+            return None
+        return [st.st_mtime_ns, st.st_size, self._digest(dep, st)]
+
+    # -- binding (see SignatureCheck) -----------------------------------------------------------
+
+    def bind(self, dep_manager: Any, task_name: str) -> None:
+        """Say which task's file dependencies doit is about to check."""
+        self._dep = dep_manager
+        self._task = task_name
+
+    def _refresh(self, file_path: str, old: Any, new: list[Any]) -> None:
+        dep, task = self._dep, self._task
+        if dep is None or task is None:
+            return
+        # Only when doit handed us the very state stored for the bound task.
+        if dep._get(task, file_path) is not old:
+            return
+        dep._set(task, file_path, new)
+        self.refreshed += 1
+
+    def _digest(self, file_path: str, st: os.stat_result) -> str:
+        memo = self._digests.get(file_path)
+        if memo is not None and memo[0] == st.st_mtime_ns and memo[1] == st.st_size:
+            return memo[2]
+        digest = file_digest(file_path)
+        self.hashed += 1
+        self._digests[file_path] = (st.st_mtime_ns, st.st_size, digest)
+        return digest
+
+
+class SignatureCheck(UptodateCalculator):  # type: ignore[misc]
+    """``uptodate`` entry: is the plan's signature the one of the last successful run?
+
+    Like ``doit.tools.config_changed``, but saves one digest per signature part
+    (so ``metrale-orch why`` can name the parts that changed), and binds the
+    :class:`ContentChecker` to the task doit checks next. Not pickled: doit drops
+    ``uptodate`` when it sends tasks to process workers.
+    """
+
+    def __init__(self, parts: Mapping[str, str]) -> None:
+        super().__init__()
+        self.parts = dict(sorted(parts.items()))
+        self._dep_manager: Any = None
+
+    def setup(self, dep_manager: Any, tasks_dict: Any) -> None:
+        super().setup(dep_manager, tasks_dict)
+        self._dep_manager = dep_manager
+
+    def __call__(self, task: Any, values: Mapping[str, Any]) -> bool:
+        checker = getattr(self._dep_manager, "checker", None)
+        if isinstance(checker, ContentChecker):
+            checker.bind(self._dep_manager, task.name)
+        task.value_savers.append(self.saved_values)
+        return bool(values.get(SIGNATURE_KEY) == self.parts)
+
+    def saved_values(self) -> dict[str, Any]:
+        """What the task saves on success (doit calls this via ``value_savers``)."""
+        return {SIGNATURE_KEY: dict(self.parts)}

@@ -1,0 +1,124 @@
+"""doit task dictionaries for the build, as pure functions of values.
+
+Every function here is pure: it takes targets, plans, messages and paths, and
+returns the dicts doit's loader turns into tasks. The actions they name are
+module-level functions of :mod:`metrale_orch._actions` with string arguments
+only, so ``doit -n N -P process`` can pickle every task.
+
+Three kinds of ``build:<hw>/<model>/<quant>`` sub-task:
+
+- **build**: ``file_dep`` = exactly the plan's file dependencies (root-relative
+  POSIX), ``uptodate`` = a :class:`~metrale_orch._checker.SignatureCheck` over the
+  plan's signature, ``targets`` = the target's ``manifest.json`` (a deleted
+  build directory rebuilds), ``clean`` removes the target's outputs.
+- **skip**: the target's toolchain is not installed. The action succeeds with
+  ``{"skipped": reason}`` when the target was selected broadly (``doit build``,
+  ``doit 'build:hopper/*'``, the default tasks, a task dependency) and fails with
+  the reason when it was named exactly on the command line
+  (``doit build:hopper/m/q``); see :func:`explicit_targets`.
+- **error**: the target does not resolve (tree error) or cannot be planned; the
+  action fails with the one-line message. Other targets are unaffected.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from metrale_orch import _actions
+from metrale_orch._checker import SignatureCheck, signature_parts
+
+__all__ = [
+    "BUILD",
+    "KIND",
+    "explicit_targets",
+    "plan_build_task",
+    "plan_error_task",
+    "plan_skip_task",
+    "rel_posix",
+]
+
+#: Base name of the build tasks.
+BUILD = "build"
+
+#: Key in a task's ``meta`` saying which kind of build sub-task it is (build, skip, error).
+KIND = "metrale_orch"
+
+
+def rel_posix(path: Path | str, root: Path) -> str:
+    """``path`` relative to ``root`` as POSIX text when it lies under ``root``, else as given.
+
+    String work only (this runs once per edge on every doit invocation).
+    """
+    text = os.fspath(path)
+    if os.sep != "/":
+        text = text.replace(os.sep, "/")
+    if not text.startswith("/"):
+        return text
+    prefix = root.as_posix().rstrip("/") + "/"
+    return text[len(prefix) :] if text.startswith(prefix) else text
+
+
+def explicit_targets(argv: Sequence[str], base: str = BUILD) -> frozenset[str]:
+    """Targets named exactly (``build:<target>``, no ``*``) among command-line words (pure).
+
+    A group (``build``), a wildcard (``build:hopper/*``) or the default tasks
+    select broadly; only a full sub-task name is an explicit selection.
+    """
+    prefix = base + ":"
+    return frozenset(
+        word[len(prefix) :]
+        for word in argv
+        if word.startswith(prefix) and "*" not in word and len(word) > len(prefix)
+    )
+
+
+def plan_build_task(
+    *,
+    root: Path,
+    target: str,
+    file_deps: Iterable[Path | str],
+    signature: Mapping[str, Any],
+    manifest: Path,
+    doc: str = "",
+) -> dict[str, Any]:
+    """The task dict of a target that can be built (pure)."""
+    return {
+        "name": target,
+        "doc": doc or f"build {target}",
+        "actions": [(_actions.build_action, [str(root), target])],
+        "file_dep": sorted({rel_posix(p, root) for p in file_deps}),
+        "uptodate": [SignatureCheck(signature_parts(signature))],
+        "targets": [rel_posix(manifest, root)],
+        "clean": [(_actions.clean_action, [str(root), target])],
+        "verbosity": 0,
+        "meta": {KIND: "build"},
+    }
+
+
+def plan_skip_task(*, root: Path, target: str, reason: str, explicit: bool) -> dict[str, Any]:
+    """The task dict of a target whose toolchain is missing (pure)."""
+    return {
+        "name": target,
+        "doc": f"build {target} (skipped: {reason})",
+        "actions": [(_actions.skip_action, [target, reason, explicit])],
+        "uptodate": [False],
+        "clean": [(_actions.clean_action, [str(root), target])],
+        "verbosity": 0,
+        "meta": {KIND: "skip"},
+    }
+
+
+def plan_error_task(*, root: Path, target: str, message: str) -> dict[str, Any]:
+    """The task dict of a target that does not resolve or plan (pure)."""
+    return {
+        "name": target,
+        "doc": f"build {target} (error)",
+        "actions": [(_actions.error_action, [target, message])],
+        "uptodate": [False],
+        "clean": [(_actions.clean_action, [str(root), target])],
+        "verbosity": 0,
+        "meta": {KIND: "error"},
+    }

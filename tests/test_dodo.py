@@ -1,0 +1,448 @@
+"""The doit integration: real ``python -m doit`` runs in temporary projects.
+
+Real nvcc builds the main scenario (parallel process workers, no-op, fresh
+checkout, a second checkout served from the shared local cache). A recording
+fake compiler drives the precision scenarios (which targets run, which modules
+compile) so they stay fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import xxhash
+from doit.dependency import Dependency, SqliteDB
+
+from metrale_orch._checker import ContentChecker, SignatureCheck, file_digest, signature_parts
+from metrale_orch._tasks import explicit_targets, plan_build_task, rel_posix
+from tests._dodo_support import (
+    DoitRun,
+    doit,
+    fake_compiles,
+    make_project,
+    project_env,
+    started_targets,
+    use_fake_compiler,
+)
+
+NVIDIA = ("gb10/qwen/w4", "gb10/qwen/w8", "hopper/qwen/w4", "hopper/qwen/w8")
+HAS_NVCC = shutil.which("nvcc") is not None and shutil.which("gcc") is not None
+
+
+def summary(run: DoitRun) -> str:
+    lines = [ln for ln in run.out.splitlines() if ln.startswith("build: ")]
+    assert lines, run.text
+    return lines[-1]
+
+
+def counts(run: DoitRun) -> dict[str, int]:
+    """{'built': n, 'from cache': n, 'up to date': n, 'skipped': n, 'failed': n}."""
+    text = summary(run).removeprefix("build: ").split(" in ")[0]
+    out = {}
+    for part in text.split(", "):
+        n, label = part.split(" ", 1)
+        out[label] = int(n)
+    return out
+
+
+def touch_all(root: Path, delta: int = 1000) -> int:
+    """Give every input a new mtime, same bytes (a fresh checkout); returns the count."""
+    n = 0
+    for path in (root / "kernels").rglob("*"):
+        if path.is_file():
+            st = path.stat()
+            os.utime(path, ns=(st.st_atime_ns + delta * 10**9, st.st_mtime_ns + delta * 10**9))
+            n += 1
+    return n
+
+
+def saved_states(root: Path) -> dict[str, dict[str, list[object]]]:
+    """task -> {dep: state} from the project's .doit.db (plain sqlite, read-only)."""
+    con = sqlite3.connect(root / ".doit.db")
+    try:
+        rows = con.execute("select task_id, task_data from doit").fetchall()
+    finally:
+        con.close()
+    out = {}
+    for task_id, data in rows:
+        doc = json.loads(data)
+        out[task_id] = {k: v for k, v in doc.items() if k.startswith("kernels/")}
+    return out
+
+
+def check_artefacts(build: Path) -> int:
+    """Every manifest names artefacts that exist with its hashes; no temp file anywhere."""
+    n = 0
+    for manifest in build.glob("*/*/*/manifest.json"):
+        doc = json.loads(manifest.read_text())
+        for mod in doc["modules"]:
+            data = (manifest.parent / mod["artefact"]).read_bytes()
+            assert xxhash.xxh3_128_hexdigest(data) == mod["xxh3"], manifest
+        n += 1
+    for path in build.rglob("*"):
+        if path.is_file() and path.parent.name != ".state" and path.name.startswith("."):
+            assert not path.name.endswith(".tmp"), path
+    return n
+
+
+# ------------------------------------------------------------------------------ pure parts
+
+
+def test_explicit_targets_only_full_names() -> None:
+    argv = ["-n", "2", "build:hopper/*", "build", "build:gb10/qwen/w4", "smoke:hopper", "build:"]
+    assert explicit_targets(argv) == frozenset({"gb10/qwen/w4"})
+
+
+def test_rel_posix_strips_only_the_root() -> None:
+    root = Path("/r/p")
+    assert rel_posix("/r/p/kernels/a.cu", root) == "kernels/a.cu"
+    assert rel_posix("/r/px/a.cu", root) == "/r/px/a.cu"
+    assert rel_posix("kernels/a.cu", root) == "kernels/a.cu"
+
+
+def test_signature_parts_digest_each_part_canonically() -> None:
+    a = signature_parts({"flags": ["-O3"], "layout": {"b": 1, "a": 2}})
+    b = signature_parts({"layout": {"a": 2, "b": 1}, "flags": ["-O3"]})
+    assert a == b and sorted(a) == ["flags", "layout"]
+    c = signature_parts({"flags": ["-O2"], "layout": {"b": 1, "a": 2}})
+    assert c["flags"] != a["flags"] and c["layout"] == a["layout"]
+
+
+def test_build_task_dict_is_exactly_the_plan(tmp_path: Path) -> None:
+    task = plan_build_task(
+        root=tmp_path,
+        target="hopper/qwen/w4",
+        file_deps=[
+            tmp_path / "kernels/b.cu",
+            tmp_path / "kernels/a.cuh",
+            tmp_path / "kernels/b.cu",
+        ],
+        signature={"flags": []},
+        manifest=tmp_path / "build/hopper/qwen/w4/manifest.json",
+    )
+    assert task["file_dep"] == ["kernels/a.cuh", "kernels/b.cu"]
+    assert task["targets"] == ["build/hopper/qwen/w4/manifest.json"]
+    (utd,) = task["uptodate"]
+    assert isinstance(utd, SignatureCheck)
+    import pickle
+
+    # What a process worker receives: everything but uptodate (doit drops it) pickles.
+    pickle.dumps({k: v for k, v in task.items() if k != "uptodate"})
+
+
+def _dep(db: Path) -> Dependency:
+    return Dependency(SqliteDB, str(db), checker_cls=ContentChecker)
+
+
+def test_checker_refreshes_same_bytes_once(tmp_path: Path) -> None:
+    """New mtime + same bytes: unchanged, state refreshed, so the next run reads nothing."""
+    from doit.task import Task
+
+    src = tmp_path / "a.cu"
+    src.write_text("x")
+    db = tmp_path / "db"
+
+    def make_task() -> Task:
+        return Task("t", [], file_dep=[str(src)], uptodate=[SignatureCheck({"p": "1"})])
+
+    dep = _dep(db)
+    task = make_task()
+    assert dep.get_status(task, {"t": task}).status == "run"
+    task.save_extra_values()
+    dep.save_success(task)
+    dep.close()
+
+    st = src.stat()
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 5 * 10**9))
+    dep = _dep(db)
+    task = make_task()
+    assert dep.get_status(task, {"t": task}).status == "up-to-date"
+    assert (dep.checker.hashed, dep.checker.refreshed) == (1, 1)
+    dep.close()
+
+    dep = _dep(db)
+    task = make_task()
+    assert dep.get_status(task, {"t": task}).status == "up-to-date"
+    assert (dep.checker.hashed, dep.checker.refreshed) == (0, 0)
+    dep.close()
+
+    src.write_text("y")  # same size, new bytes
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 9 * 10**9))
+    dep = _dep(db)
+    task = make_task()
+    assert dep.get_status(task, {"t": task}).status == "run"
+    dep.close()
+
+
+def test_checker_never_refreshes_another_tasks_record(tmp_path: Path) -> None:
+    """A stale binding (task A) must not write while B's deps are checked."""
+    from doit.task import Task
+
+    src = tmp_path / "a.cu"
+    src.write_text("x")
+    dep = _dep(tmp_path / "db")
+    a = Task("a", [], file_dep=[str(src)], uptodate=[SignatureCheck({})])
+    b = Task("b", [], file_dep=[str(src)])  # no SignatureCheck: no binding of its own
+    for t in (a, b):
+        dep.get_status(t, {t.name: t})
+        t.save_extra_values()
+        dep.save_success(t)
+    dep.close()
+    st = src.stat()
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    dep = _dep(tmp_path / "db")
+    a = Task("a", [], file_dep=[str(src)], uptodate=[SignatureCheck({})])
+    b = Task("b", [], file_dep=[str(src)])
+    assert dep.get_status(a, {"a": a}).status == "up-to-date"
+    assert dep.get_status(b, {"b": b}).status == "up-to-date"
+    assert dep.checker.refreshed == 1  # a's only
+    assert dep._get("b", str(src))[0] == st.st_mtime_ns
+    dep.close()
+
+
+def test_file_digest_is_xxh3(tmp_path: Path) -> None:
+    p = tmp_path / "f"
+    p.write_bytes(b"abc" * 1000)
+    assert file_digest(str(p)) == xxhash.xxh3_64_hexdigest(b"abc" * 1000)
+
+
+# ------------------------------------------------------------------------------ real nvcc
+
+
+@pytest.mark.nvcc
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_NVCC, reason="nvcc and gcc are needed on PATH")
+def test_real_nvcc_parallel_build_noop_fresh_checkout_and_second_checkout(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "one")
+    env = project_env(tmp_path)
+
+    first = doit(root, ["-n", "2", "-P", "process", "build"], env)
+    assert first.returncode == 0, first.text
+    assert counts(first) == {
+        "built": 4, "from cache": 0, "up to date": 0, "skipped": 1, "failed": 0
+    }  # fmt: skip
+    assert "skipped 1 target(s): toolchain 'metal' is not installed" in first.out
+    assert started_targets(first) == sorted(NVIDIA)
+    assert check_artefacts(root / "build") == 4
+    ptx = (root / "build/gb10/qwen/w4/scale.ptx").read_text()
+    assert ".target sm_121f" in ptx and ".entry scale_k" in ptx
+    log = (root / "build/metrale-orch.log").read_text()
+    assert "nvcc" in log
+    stats = json.loads((root / "build/cache-stats.json").read_text())
+    assert stats["misses"] >= 7 and stats["puts"] >= 7
+
+    noop = doit(root, [], env)
+    assert noop.returncode == 0, noop.text
+    assert counts(noop)["up to date"] == 4 and started_targets(noop) == []
+
+    # A fresh checkout: every mtime new, same bytes. One pass refreshes, then no-ops.
+    assert touch_all(root) > 10
+    fresh = doit(root, ["build"], env)
+    assert fresh.returncode == 0, fresh.text
+    assert counts(fresh)["up to date"] == 4 and started_targets(fresh) == []
+    for task, states in saved_states(root).items():
+        for rel, state in states.items():
+            assert state[0] == (root / rel).stat().st_mtime_ns, (task, rel)
+
+    # A second checkout elsewhere shares the local cache: nothing compiles.
+    two = tmp_path / "two"
+    shutil.copytree(root / "kernels", two / "kernels")
+    shutil.copy(root / "dodo.py", two / "dodo.py")
+    second = doit(two, ["build"], env)
+    assert second.returncode == 0, second.text
+    assert counts(second)["from cache"] == 4 and counts(second)["built"] == 0
+    for manifest in (two / "build").glob("*/*/*/manifest.json"):
+        outcomes = {m["outcome"] for m in json.loads(manifest.read_text())["modules"]}
+        assert outcomes == {"local"}, manifest
+    assert check_artefacts(two / "build") == 4
+    assert (two / "build/hopper/qwen/w4/scale.ptx").read_bytes() == (
+        root / "build/hopper/qwen/w4/scale.ptx"
+    ).read_bytes()
+
+
+# ------------------------------------------------------------------------------ fake compiler
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    root = make_project(tmp_path / "proj")
+    use_fake_compiler(root, tmp_path / "bin")
+    return root, project_env(tmp_path, fake_bin=tmp_path / "bin")
+
+
+def run_ok(root: Path, env: dict[str, str], *args: str) -> DoitRun:
+    run = doit(root, list(args) or ["build"], env)
+    assert run.returncode == 0, run.text
+    return run
+
+
+def test_rebuild_precision(fake: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    root, env = fake
+    k = root / "kernels"
+    first = run_ok(root, env)
+    assert started_targets(first) == sorted(NVIDIA)
+    # add.cu is shared by both models of each arch: compiled once per arch.
+    assert fake_compiles(tmp_path) == [
+        "sm_121f add.cu", "sm_121f extra.cu", "sm_121f mul.cu", "sm_121f scale.cu",
+        "sm_90a add.cu", "sm_90a mul.cu", "sm_90a scale.cu",
+    ]  # fmt: skip
+
+    def step(expect_targets: list[str], expect_compiles: list[str]) -> DoitRun:
+        run = run_ok(root, env)
+        assert started_targets(run) == sorted(expect_targets), run.text
+        assert fake_compiles(tmp_path) == sorted(expect_compiles), run.text
+        return run
+
+    # Touch without change: nothing.
+    touch_all(root, 5)
+    step([], [])
+    # A leaf: its target and the overlay inheriting that leaf.
+    (k / "hopper/qwen/w4/scale.cu").write_text(
+        (k / "hopper/qwen/w4/scale.cu").read_text() + "// edit\n"
+    )
+    step(["hopper/qwen/w4", "gb10/qwen/w4"], ["sm_90a scale.cu", "sm_121f scale.cu"])
+    # A common header: every target reading it; only modules including it compile.
+    (k / "hopper/common/util.cuh").write_text("#pragma once\n#define UTIL_SCALE 3.0f\n")
+    step(
+        list(NVIDIA),
+        ["sm_90a add.cu", "sm_90a scale.cu", "sm_121f add.cu", "sm_121f scale.cu"],
+    )
+    # An overlay's own common file: that overlay only.
+    (k / "gb10/common/extra.cu").write_text((k / "gb10/common/extra.cu").read_text() + "//\n")
+    step(["gb10/qwen/w4", "gb10/qwen/w8"], ["sm_121f extra.cu"])
+    # Add a file: the targets whose layout gains it.
+    (k / "hopper/qwen/w8/new.cu").write_text('extern "C" __global__ void new_k() {}\n')
+    step(["hopper/qwen/w8", "gb10/qwen/w8"], ["sm_90a new.cu", "sm_121f new.cu"])
+    # Remove it again: same targets, nothing to compile (the cache has the rest).
+    (k / "hopper/qwen/w8/new.cu").unlink()
+    step(["hopper/qwen/w8", "gb10/qwen/w8"], [])
+    # A flag of one hardware: its targets, every module recompiled once.
+    hw = k / "gb10/HARDWARE.toml"
+    hw.write_text(hw.read_text() + '\n[build]\nextra_nvcc_flags = ["-DGB=1"]\n')
+    step(
+        ["gb10/qwen/w4", "gb10/qwen/w8"],
+        ["sm_121f add.cu", "sm_121f extra.cu", "sm_121f mul.cu", "sm_121f scale.cu"],
+    )
+    # A [defaults] value: re-baked, nothing recompiled. gb10 reads hopper's manifest too.
+    hw = k / "hopper/HARDWARE.toml"
+    hw.write_text(hw.read_text().replace("lm_head_batchm_max = 8", "lm_head_batchm_max = 4"))
+    step(list(NVIDIA), [])
+    baked = json.loads((root / "build/hopper/qwen/w8/target_defaults.json").read_text())
+    assert "4" in json.dumps(baked)
+    assert "lm_head_batchm_max = 4" not in (root / "build/gb10/qwen/w8/manifest.json").read_text()
+
+
+def test_tree_error_fails_only_its_targets_then_shadow_declared(
+    fake: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    root, env = fake
+    k = root / "kernels"
+    run_ok(root, env)
+    fake_compiles(tmp_path)
+    # An undeclared leaf-over-common shadow breaks hopper/qwen/w8 and gb10/qwen/w8.
+    (k / "hopper/qwen/w8/add.cu").write_text('extern "C" __global__ void add_leaf() {}\n')
+    bad = doit(root, ["build"], env)
+    # 2, not 1: doit counts the group `build` as an error (UnmetDependency) then.
+    assert bad.returncode == 2, bad.text
+    assert "UnmetDependency" not in bad.text
+    failed = sorted(ln for ln in bad.out.splitlines() if ln.startswith("FAILED "))
+    assert [ln.split(":", 2)[1] for ln in failed] == ["gb10/qwen/w8", "hopper/qwen/w8"]
+    assert all("shadow" in ln for ln in failed), failed
+    assert "Traceback" not in bad.text
+    assert counts(bad) == {
+        "built": 0, "from cache": 0, "up to date": 2, "skipped": 1, "failed": 2
+    }  # fmt: skip
+    listing = doit(root, ["list", "--all", "--status"], env)
+    assert listing.returncode == 0, listing.text
+    for target in NVIDIA:
+        assert f"build:{target}" in listing.out
+    # Declaring it rebuilds exactly those two, compiling the leaf add.cu per arch.
+    (k / "hopper/qwen/w8/KERNEL.toml").write_text('[shadow]\nadd = "leaf variant"\n')
+    good = run_ok(root, env)
+    assert started_targets(good) == ["gb10/qwen/w8", "hopper/qwen/w8"]
+    assert fake_compiles(tmp_path) == ["sm_121f add.cu", "sm_90a add.cu"]
+    manifest = json.loads((root / "build/hopper/qwen/w8/manifest.json").read_text())
+    assert manifest["shadows"] and manifest["shadows"][0]["reason"] == "leaf variant"
+
+
+def test_missing_toolchain_broad_skips_explicit_fails(fake: tuple[Path, dict[str, str]]) -> None:
+    root, env = fake
+    broad = doit(root, ["build:apple/*"], env)
+    assert broad.returncode == 0, broad.text
+    assert counts(broad)["skipped"] == 1
+    assert "toolchain 'metal' is not installed" in broad.out
+    explicit = doit(root, ["build:apple/llama/f16"], env)
+    assert explicit.returncode == 1, explicit.text
+    assert "FAILED build:apple/llama/f16: toolchain 'metal' is not installed" in explicit.out
+    assert "install" in explicit.out and "Traceback" not in explicit.text
+
+
+def test_compile_error_fails_its_target_others_build(
+    fake: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    root, env = fake
+    (root / "kernels/hopper/qwen/w8/mul.cu").write_text("#error broken\n")
+    run = doit(root, ["-n", "2", "-P", "process", "build:hopper/*"], env)
+    assert run.returncode == 1, run.text
+    assert started_targets(run) == ["hopper/qwen/w4", "hopper/qwen/w8"]
+    assert "FAILED build:hopper/qwen/w8" in run.out and "forced failure" in run.out
+    assert (root / "build/hopper/qwen/w4/manifest.json").is_file()
+    assert not (root / "build/hopper/qwen/w8/manifest.json").exists()
+    assert counts(run)["failed"] == 1 and counts(run)["built"] == 1
+
+
+def test_parallel_process_workers_clean_and_forget(
+    fake: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    root, env = fake
+    run = run_ok(root, env, "-n", "2", "-P", "process", "build")
+    assert started_targets(run) == sorted(NVIDIA)
+    assert check_artefacts(root / "build") == 4
+    assert len(fake_compiles(tmp_path)) >= 7
+    noop = run_ok(root, env, "-n", "2", "-P", "process", "build")
+    assert started_targets(noop) == []
+
+    cleaned = run_ok(root, env, "clean", "build:hopper/qwen/w4")
+    assert not (root / "build/hopper/qwen/w4").exists(), cleaned.text
+    assert (root / "build/hopper/qwen/w8/manifest.json").is_file()
+    again = run_ok(root, env)
+    assert started_targets(again) == ["hopper/qwen/w4"]
+    assert fake_compiles(tmp_path) == []  # restored from the local cache
+
+    run_ok(root, env, "forget", "build:gb10/qwen/w8")
+    after = run_ok(root, env)
+    assert started_targets(after) == ["gb10/qwen/w8"]
+
+
+def test_sigterm_keeps_finished_targets(fake: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    root, env = fake
+    env = {**env, "FAKECC_DELAY": "0.4"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "doit", "build"],
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    first = root / "build/gb10/qwen/w4/manifest.json"  # the first build task in order
+    from tests._dodo_support import terminate_after
+
+    terminate_after(proc, first)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0, out + err
+    assert first.is_file()
+    check_artefacts(root / "build")
+    done = sorted(str(p.parent.relative_to(root / "build")) for p in
+                  (root / "build").glob("*/*/*/manifest.json"))  # fmt: skip
+    assert 1 <= len(done) < 4, out
+    # Finished work was saved: the next run builds only what was missing.
+    rest = run_ok(root, env)
+    assert started_targets(rest) == sorted(set(NVIDIA) - set(done))
