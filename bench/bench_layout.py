@@ -2,8 +2,11 @@
 
 The floor is the least any resolver must do for the same tree: list every
 directory under ``kernels/`` with ``os.scandir`` and parse every TOML file
-with ``tomllib``. Both are measured in the same run, alternating, and the
-median of each is reported with their ratio (goal: <= 2).
+with ``tomllib``, on plain ``str`` paths (making ``Path`` objects is not I/O).
+That is the same TOML files the resolver parses and the same directories it
+lists, give or take the few role subdirectories (``common/vendor``) that only
+``Layout.inputs()`` reads. Both are measured in the same run, alternating, in
+CPU time; the min and the median of each are reported with their ratio (goal: <= 2).
 
     python bench/bench_layout.py [--tree DIR] [--repeat 7]   # default: a fresh 1000-target tree
 """
@@ -29,14 +32,14 @@ from metrale_orch.layout import LayoutError, resolve_all
 def floor(root: Path) -> int:
     """scandir every directory under kernels/ and parse every .toml; returns files seen."""
     seen = 0
-    stack = [root / "kernels"]
+    stack = [os.path.join(root, "kernels")]
     while stack:
         d = stack.pop()
         with os.scandir(d) as it:
             for de in it:
                 seen += 1
                 if de.is_dir(follow_symlinks=False):
-                    stack.append(Path(de.path))
+                    stack.append(de.path)
                 elif de.name.endswith(".toml"):
                     with open(de.path, "rb") as fh:
                         tomllib.load(fh)

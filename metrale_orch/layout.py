@@ -279,6 +279,145 @@ class Layout:
         return tuple(sorted(files))
 
 
+# One pass makes tens of thousands of these frozen values, and a frozen dataclass's
+# __init__ sets each field through object.__setattr__ (about four times the cost of
+# the rest of making one). So the hot paths build each value as a "shell": a plain
+# class with the very same slots, filled by ordinary attribute stores, whose class is
+# then switched to the value class. The result is an ordinary instance of the value
+# class (same type, fields, equality, hash and repr; none of them has __post_init__).
+# CPython refuses the switch (TypeError) unless both layouts are identical, so a field
+# added to a value class without its shell fails loudly, never silently.
+
+
+class _EntryShell:
+    __slots__ = ("layer", "name", "source", "used")
+
+
+class _LayerShell:
+    __slots__ = ("dir", "hardware", "manifest", "role", "tier")
+
+
+class _ShadowShell:
+    __slots__ = ("loser", "name", "reason", "role", "winner")
+
+
+class _ManifestShell:
+    __slots__ = ("doc", "path", "shadow", "uses")
+
+
+class _TargetShell:
+    __slots__ = ("hardware", "model", "quant")
+
+
+class _LayoutShell:
+    __slots__ = (
+        "common",
+        "common_subdirs",
+        "hardware",
+        "hardware_manifests",
+        "layers",
+        "leaf",
+        "leaf_subdirs",
+        "model_dir",
+        "model_manifests",
+        "shadows",
+        "source_model",
+        "target",
+    )
+
+
+def _make_entry(name: str, source: Path, layer: int, used: bool) -> Entry:
+    """``Entry(name=name, source=source, layer=layer, used=used)``, fast."""
+    value: Any = _EntryShell()
+    value.name = name
+    value.source = source
+    value.layer = layer
+    value.used = used
+    value.__class__ = Entry
+    return cast("Entry", value)
+
+
+def _make_layer(
+    role: Role, tier: Tier, hardware: str, directory: Path, manifest: KernelManifest | None
+) -> Layer:
+    """``Layer(role=..., tier=..., hardware=..., dir=..., manifest=...)``, fast."""
+    value: Any = _LayerShell()
+    value.role = role
+    value.tier = tier
+    value.hardware = hardware
+    value.dir = directory
+    value.manifest = manifest
+    value.__class__ = Layer
+    return cast("Layer", value)
+
+
+def _make_shadow(role: Role, name: str, winner: Path, loser: Path, reason: str) -> Shadow:
+    """``Shadow(role=..., name=..., winner=..., loser=..., reason=...)``, fast."""
+    value: Any = _ShadowShell()
+    value.role = role
+    value.name = name
+    value.winner = winner
+    value.loser = loser
+    value.reason = reason
+    value.__class__ = Shadow
+    return cast("Shadow", value)
+
+
+def _make_manifest(
+    path: Path, uses: tuple[str, ...], shadow: Mapping[str, str], doc: Mapping[str, Any]
+) -> KernelManifest:
+    """``KernelManifest(path=..., uses=..., shadow=..., doc=...)``, fast."""
+    value: Any = _ManifestShell()
+    value.path = path
+    value.uses = uses
+    value.shadow = shadow
+    value.doc = doc
+    value.__class__ = KernelManifest
+    return cast("KernelManifest", value)
+
+
+def _make_target(hardware: str, model: str, quant: str) -> Target:
+    """``Target(hardware=..., model=..., quant=...)``, fast."""
+    value: Any = _TargetShell()
+    value.hardware = hardware
+    value.model = model
+    value.quant = quant
+    value.__class__ = Target
+    return cast("Target", value)
+
+
+def _make_layout(
+    target: Target,
+    hardware: Hardware,
+    layers: tuple[Layer, ...],
+    leaf: Mapping[str, Entry],
+    common: Mapping[str, Entry],
+    leaf_subdirs: Mapping[str, Path],
+    common_subdirs: Mapping[str, Path],
+    shadows: tuple[Shadow, ...],
+    source_model: str,
+    model_dir: Path,
+    model_manifests: tuple[Path, ...],
+    hardware_manifests: tuple[Path, ...],
+) -> Layout:
+    """``Layout(...)`` with every field given, fast."""
+    value: Any = _LayoutShell()
+    value.target = target
+    value.hardware = hardware
+    value.layers = layers
+    value.leaf = leaf
+    value.common = common
+    value.leaf_subdirs = leaf_subdirs
+    value.common_subdirs = common_subdirs
+    value.shadows = shadows
+    value.source_model = source_model
+    value.model_dir = model_dir
+    value.model_manifests = model_manifests
+    value.hardware_manifests = hardware_manifests
+    value.__class__ = Layout
+    return cast("Layout", value)
+
+
 def _files_under(top: Path) -> Iterator[Path]:
     for dirpath, _dirnames, filenames in os.walk(top):
         base = Path(dirpath)
@@ -497,9 +636,16 @@ def _toml_key(stem: str) -> str:
 _Kind = str  # "link" | "dir" | "file" | "other"
 _K = TypeVar("_K")
 _V = TypeVar("_V")
-#: A layer's scan: ((name, entry, stem if a source else None), ...), ((subdir, path), ...)
-_Scan = tuple[tuple[tuple[str, "Entry", str | None], ...], tuple[tuple[str, Path], ...]]
-_Layers = tuple[tuple[Layer, ...], bool, tuple[Path, ...]]
+#: A directory's part of a layer, per source extension: (first symlink child or None,
+#: kernel files (name -> Path, in name order), sources (stem -> name), subdirectories
+#: (name -> Path, in name order)). A source's name is its stem plus the one source
+#: extension, so stem and name determine each other.
+_DirPart = tuple[str | None, dict[str, Path], dict[str, str], dict[str, Path]]
+#: A layer's scan: entries (name -> Entry, in name order), sources (stem -> name),
+#: subdirectories (name -> Path, in name order); shared read-only by its targets.
+_Scan = tuple[dict[str, "Entry"], dict[str, str], dict[str, Path]]
+#: (layers, whether any layer directory exists, layer directory spellings)
+_Layers = tuple[tuple[Layer, ...], bool, tuple[str, ...]]
 
 
 def _child(parent: Path, name: str) -> Path:
@@ -526,9 +672,17 @@ class TreeSnapshot:
         self.root = Path(root)
         self.kernels = self.root / "kernels"
         self._root_s = os.fspath(self.root)
+        # os.path.join(root, rel) without its generality (rel is one str, rarely absolute).
+        self._prefix = self._root_s if self._root_s.endswith("/") else self._root_s + "/"
         self._paths: dict[str, Path] = {"": self.root, "kernels": self.kernels}
         self._lists: dict[str, tuple[tuple[str, _Kind], ...] | None] = {}
         self._kinds: dict[str, dict[str, _Kind] | None] = {}
+        self._dir_parts: dict[tuple[str, str], _DirPart | None] = {}
+        self._allowed: dict[str, frozenset[str] | LayoutError | None] = {}
+        self._parents: dict[tuple[str, str], tuple[str, tuple[Path, ...]] | LayoutError] = {}
+        self._common_layers: dict[str, tuple[Layer, ...]] = {}
+        self._read: dict[tuple[str, str], tuple[Path, ...]] = {}
+        self._hw_read: dict[str, tuple[Path, ...]] = {}
         self._tomls: dict[str, dict[str, Any] | LayoutError | None] = {}
         self._hw: dict[str, Hardware | LayoutError] = {}
         self._hw_raw: dict[str, Hardware | LayoutError] = {}
@@ -538,7 +692,8 @@ class TreeSnapshot:
         self._commons: dict[str, _CommonPart | LayoutError] = {}
         self._models: dict[tuple[str, str], tuple[str, str, tuple[Path, ...]] | LayoutError] = {}
         self._layers: dict[tuple[str, str, str], _Layers | LayoutError] = {}
-        self._uses: dict[tuple[str, str, str], Path] = {}
+        self._shadow_keys: dict[str, tuple[str, ...]] = {}
+        self._uses: dict[tuple[str, str, str], tuple[Path, str, str | None]] = {}
 
     # -- paths
 
@@ -559,44 +714,54 @@ class TreeSnapshot:
         except ValueError:
             return path.as_posix()
 
+    def _fs(self, rel: str) -> str:
+        """``os.path.join(root, rel)`` for a non-empty spelling."""
+        return rel if rel[0] == "/" else self._prefix + rel
+
     # -- file system, memoised
 
     def listing(self, directory: Path | str) -> tuple[tuple[str, _Kind], ...] | None:
         """Sorted (name, kind) children of a directory, or None when it is not one."""
         rel = self.rel(directory)
-        if rel in self._lists:
-            return self._lists[rel]
-        children: list[tuple[str, _Kind]] = []
+        result = self._lists.get(rel, _MISSING)
+        if result is _MISSING:
+            kinds = self._kinds_of(rel)
+            result = self._lists[rel] = None if kinds is None else tuple(sorted(kinds.items()))
+        return cast("tuple[tuple[str, _Kind], ...] | None", result)
+
+    def _kinds_of(self, rel: str) -> dict[str, _Kind] | None:
+        """name -> kind of a directory's children (listing order), or None: not a directory."""
+        kinds = self._kinds.get(rel, _MISSING)
+        if kinds is _MISSING:
+            kinds = self._kinds[rel] = self._scandir(rel)
+        return cast("dict[str, _Kind] | None", kinds)
+
+    def _scandir(self, rel: str) -> dict[str, _Kind] | None:
+        kinds: dict[str, _Kind] = {}
         try:
-            with os.scandir(os.path.join(self._root_s, rel) if rel else self._root_s) as it:
+            with os.scandir(self._fs(rel) if rel else self._root_s) as it:
                 for de in it:
-                    if de.is_symlink():
-                        kind = "link"
+                    # Without following links, a symlink is neither a file nor a directory.
+                    if de.is_file(follow_symlinks=False):
+                        kinds[de.name] = "file"
                     elif de.is_dir(follow_symlinks=False):
-                        kind = "dir"
-                    elif de.is_file(follow_symlinks=False):
-                        kind = "file"
+                        kinds[de.name] = "dir"
+                    elif de.is_symlink():
+                        kinds[de.name] = "link"
                     else:
-                        kind = "other"
-                    children.append((de.name, kind))
+                        kinds[de.name] = "other"
         except (FileNotFoundError, NotADirectoryError):
-            result = None
-        else:
-            result = tuple(sorted(children))
-        self._lists[rel] = result
-        return result
+            return None
+        return kinds
 
     def kind(self, rel: str) -> _Kind | None:
         """The kind of a path as its parent's listing says (None: absent)."""
         head, _, tail = rel.rpartition("/")
-        kinds = self._kinds.get(head, _MISSING)
-        if kinds is _MISSING:
-            listing = self.listing(head)
-            kinds = self._kinds[head] = None if listing is None else dict(listing)
+        kinds = self._kinds_of(head)
         return None if kinds is None else kinds.get(tail)
 
     def is_dir(self, path: Path | str) -> bool:
-        return self.listing(path) is not None
+        return self._kinds_of(self.rel(path)) is not None
 
     def is_file(self, rel: str) -> bool:
         """A regular file, or a symlink to one (as the file system would read it)."""
@@ -611,7 +776,7 @@ class TreeSnapshot:
             cached = None
             if self.is_file(rel):
                 try:
-                    with open(os.path.join(self._root_s, rel), "rb") as fh:
+                    with open(self._fs(rel), "rb") as fh:
                         cached = tomllib.loads(fh.read().decode("utf-8"))
                 except FileNotFoundError:
                     cached = None
@@ -706,7 +871,16 @@ class TreeSnapshot:
     def kernel_manifest(self, directory: Path | str) -> KernelManifest | None:
         """``<directory>/KERNEL.toml`` parsed and validated, or None when absent."""
         rel = self.rel(directory)
-        return _cached(self._km, rel, lambda: self._load_kernel_manifest(rel))
+        manifest = self._km.get(rel, _MISSING)
+        if manifest is _MISSING:
+            try:
+                manifest = self._km[rel] = self._load_kernel_manifest(rel)
+            except LayoutError as exc:
+                self._km[rel] = exc
+                raise
+        elif isinstance(manifest, LayoutError):
+            raise manifest
+        return cast("KernelManifest | None", manifest)
 
     def _load_kernel_manifest(self, directory: str) -> KernelManifest | None:
         rel = _join(directory, KERNEL_TOML)
@@ -719,7 +893,7 @@ class TreeSnapshot:
             sources = doc["sources"]
             if not isinstance(sources, dict):
                 raise ManifestError(path, rel, "[sources]", "must be a table")
-            extra = sorted(k for k in sources if k != "use")
+            extra = sorted(k for k in sources if k != "use") if sources.keys() - {"use"} else ()
             if extra:
                 raise ManifestError(
                     path, rel, f"[sources] {extra[0]}", "unknown key ([sources] holds only `use`)"
@@ -740,19 +914,22 @@ class TreeSnapshot:
             if not isinstance(table, dict):
                 raise ManifestError(path, rel, "[shadow]", 'must be a table of stem = "reason"')
             for stem, reason in table.items():
-                key = f"[shadow] {_toml_key(stem)}"
                 if not isinstance(reason, str):
                     raise ManifestError(
-                        path, rel, key, f"the reason must be a string, {_got(reason)}"
+                        path,
+                        rel,
+                        f"[shadow] {_toml_key(stem)}",
+                        f"the reason must be a string, {_got(reason)}",
                     )
                 if not reason.strip():
                     raise ManifestError(
-                        path, rel, key, "the reason is blank; say why the file replaces another"
+                        path,
+                        rel,
+                        f"[shadow] {_toml_key(stem)}",
+                        "the reason is blank; say why the file replaces another",
                     )
-                shadow[stem] = reason
-        return KernelManifest(
-            path=path, uses=uses, shadow=MappingProxyType(shadow), doc=MappingProxyType(doc)
-        )
+            shadow = dict(table)
+        return _make_manifest(path, uses, MappingProxyType(shadow), MappingProxyType(doc))
 
     def model_table(self, model_dir: Path | str) -> tuple[str, dict[str, Any] | None]:
         """(MODEL.toml spelling, its ``[model]`` table, or None when the file is absent)."""
@@ -809,9 +986,22 @@ class TreeSnapshot:
 
     def supports_quant(self, model_dir: Path | str, quant: str) -> bool:
         """Whether ``[model] supported_quants`` admits ``quant`` (absent list: every quant)."""
+        rel = self.rel(model_dir)
+        allowed = self._allowed.get(rel, _MISSING)
+        if allowed is _MISSING:
+            try:
+                allowed = self._allowed[rel] = self._load_allowed(rel)
+            except LayoutError as exc:
+                self._allowed[rel] = exc
+                raise
+        if isinstance(allowed, LayoutError):
+            raise allowed
+        return allowed is None or quant in allowed
+
+    def _load_allowed(self, model_dir: str) -> frozenset[str] | None:
         rel, table = self.model_table(model_dir)
         if table is None or "supported_quants" not in table:
-            return True
+            return None
         path = self.path(rel)
         key = "[model] supported_quants"
         quants = table["supported_quants"]
@@ -824,7 +1014,7 @@ class TreeSnapshot:
                 raise ManifestError(
                     path, rel, f"{key}[{i}]", f"must be a non-blank string, {_got(q)}"
                 )
-        return quant in quants
+        return frozenset(quants)
 
     def parent_source_dir(self, parent: str, name: str) -> str:
         """The parent tree's source-model directory for the own source model ``name``."""
@@ -832,6 +1022,20 @@ class TreeSnapshot:
         if self.toml(_join(pmodel, MODEL_TOML)) is not None:
             return self.kernel_source_dir(pmodel)
         return pmodel
+
+    def _parent_leaf_source(self, parent: str, name: str) -> tuple[str, tuple[Path, ...]]:
+        """(parent source-model dir, the parent MODEL.toml files that took), once per pass."""
+        return _cached(
+            self._parents, (parent, name), lambda: self._load_parent_leaf_source(parent, name)
+        )
+
+    def _load_parent_leaf_source(self, parent: str, name: str) -> tuple[str, tuple[Path, ...]]:
+        psource = self.parent_source_dir(parent, name)
+        pmodel = f"kernels/{parent}/{name}"
+        read: tuple[Path, ...] = ()
+        if psource != pmodel or self.is_file(_join(pmodel, MODEL_TOML)):
+            read = tuple(sorted({self.path(_join(d, MODEL_TOML)) for d in (pmodel, psource)}))
+        return psource, read
 
     # -- per-target pieces, each computed once per pass
 
@@ -849,113 +1053,192 @@ class TreeSnapshot:
         return model_dir, source_dir, tuple(self.path(r) for r in sorted(read) if self.is_file(r))
 
     def target_layers(self, hw: Hardware, source_dir: str, quant: str) -> _Layers:
-        """(layers, whether any layer directory exists, parent MODEL.toml files read).
+        """(layers, whether any layer directory exists, the layer directories' spellings).
 
         Loads the layer manifests in SPEC order: own leaf, parent leaf (following the
         parent tree's redirect), own common, parent common.
         """
         key = (hw.name, source_dir, quant)
-        return _cached(self._layers, key, lambda: self._load_layers(hw, source_dir, quant))
+        layers = self._layers.get(key)
+        if layers is None:
+            return _cached(self._layers, key, lambda: self._load_layers(hw, source_dir, quant))
+        if isinstance(layers, LayoutError):
+            raise layers
+        return layers
 
     def _load_layers(self, hw: Hardware, source_dir: str, quant: str) -> _Layers:
         own_leaf = _join(source_dir, quant)
         own_leaf_m = self.kernel_manifest(own_leaf)
         own_common = f"kernels/{hw.name}/{COMMON}"
-        read: list[Path] = []
-        specs: list[tuple[Role, Tier, str, str, KernelManifest | None]]
+        leaf = _make_layer(Role.LEAF, Tier.OWN, hw.name, self.path(own_leaf), own_leaf_m)
+        layers: tuple[Layer, ...]
+        rels: tuple[str, ...]
         if hw.inherits is None:
-            specs = [
-                (Role.LEAF, Tier.OWN, hw.name, own_leaf, own_leaf_m),
-                (Role.COMMON, Tier.OWN, hw.name, own_common, self.kernel_manifest(own_common)),
-            ]
+            own_common_m = self.kernel_manifest(own_common)
+            rels = (own_leaf, own_common)
+            layers = (leaf, *self._common_layers_of(hw, rels[1:], (own_common_m,)))
         else:
             parent = hw.inherits
-            name = source_dir.rpartition("/")[2]
-            psource = self.parent_source_dir(parent, name)
-            pmodel = f"kernels/{parent}/{name}"
-            if psource != pmodel or self.is_file(_join(pmodel, MODEL_TOML)):
-                read += [self.path(_join(d, MODEL_TOML)) for d in {pmodel, psource}]
+            psource, _read = self._parent_leaf_source(parent, source_dir.rpartition("/")[2])
             parent_leaf = _join(psource, quant)
             parent_leaf_m = self.kernel_manifest(parent_leaf)
             own_common_m = self.kernel_manifest(own_common)
             parent_common = f"kernels/{parent}/{COMMON}"
-            specs = [
-                (Role.LEAF, Tier.OWN, hw.name, own_leaf, own_leaf_m),
-                (Role.LEAF, Tier.PARENT, parent, parent_leaf, parent_leaf_m),
-                (Role.COMMON, Tier.OWN, hw.name, own_common, own_common_m),
-                (
-                    Role.COMMON,
-                    Tier.PARENT,
-                    parent,
-                    parent_common,
-                    self.kernel_manifest(parent_common),
-                ),
-            ]
-        layers = tuple(
-            Layer(role=r, tier=t, hardware=h, dir=self.path(d), manifest=m)
-            for r, t, h, d, m in specs
-        )
-        exists = any(self.is_dir(d) for _, _, _, d, _ in specs)
-        return layers, exists, tuple(sorted(set(read)))
+            parent_common_m = self.kernel_manifest(parent_common)
+            rels = (own_leaf, parent_leaf, own_common, parent_common)
+            pleaf = _make_layer(
+                Role.LEAF, Tier.PARENT, parent, self.path(parent_leaf), parent_leaf_m
+            )
+            layers = (
+                leaf,
+                pleaf,
+                *self._common_layers_of(hw, rels[2:], (own_common_m, parent_common_m)),
+            )
+        kinds_of = self._kinds_of
+        exists = any(kinds_of(d) is not None for d in rels)
+        return layers, exists, rels
 
-    def layer_scan(self, index: int, layer: Layer, ext: str) -> _Scan:
-        """A layer's entries (directory part, then ``use`` part) and subdirectories, by name.
+    def _common_layers_of(
+        self, hw: Hardware, rels: tuple[str, ...], manifests: tuple[KernelManifest | None, ...]
+    ) -> tuple[Layer, ...]:
+        """The common layers of ``hw`` (the same for all its targets): made once per pass."""
+        layers = self._common_layers.get(hw.name)
+        if layers is None:
+            tiers = ((Tier.OWN, hw.name), (Tier.PARENT, hw.inherits or ""))
+            layers = self._common_layers[hw.name] = tuple(
+                Layer(
+                    role=Role.COMMON,
+                    tier=tiers[i][0],
+                    hardware=tiers[i][1],
+                    dir=self.path(rels[i]),
+                    manifest=manifests[i],
+                )
+                for i in range(len(rels))
+            )
+        return layers
+
+    def model_manifests(self, hw: Hardware, model: str, source_dir: str) -> tuple[Path, ...]:
+        """MODEL.toml files a resolved target of ``hw/model`` read, sorted; once per pass."""
+        key = (hw.name, model)
+        read = self._read.get(key)
+        if read is None:
+            files = set(self.model_dirs(hw.name, model)[2])
+            if hw.inherits is not None:
+                name = source_dir.rpartition("/")[2]
+                files.update(self._parent_leaf_source(hw.inherits, name)[1])
+            read = self._read[key] = tuple(sorted(files))
+        return read
+
+    def hardware_manifests(self, hw: Hardware) -> tuple[Path, ...]:
+        """HARDWARE.toml files a target of ``hw`` read (own, parent); once per pass."""
+        read = self._hw_read.get(hw.name)
+        if read is None:
+            read = (hw.path,)
+            if hw.inherits is not None:
+                read += (self.path(f"kernels/{hw.inherits}/{HARDWARE_TOML}"),)
+            self._hw_read[hw.name] = read
+        return read
+
+    def layer_scan(self, rel: str, index: int, layer: Layer, ext: str) -> _Scan:
+        """A layer's entries (directory part, then ``use`` part), sources and subdirectories.
 
         Cached per (directory, index): a common directory shared by many targets is
         scanned once per pass.
         """
-        rel = self.rel(layer.dir)
         key = (rel, index, layer.hardware, ext)
-        return _cached(self._scans, key, lambda: self._layer_scan(rel, index, layer, ext))
+        scan = self._scans.get(key)
+        if scan is None:
+            try:
+                scan = self._scans[key] = self._layer_scan(rel, index, layer, ext)
+            except LayoutError as exc:
+                self._scans[key] = exc
+                raise
+        elif isinstance(scan, LayoutError):
+            raise scan
+        return scan
+
+    def _dir_part(self, rel: str, ext: str) -> _DirPart | None:
+        """A directory's children sorted into kernel files and subdirectories, once per pass."""
+        key = (rel, ext)
+        cached = self._dir_parts.get(key, _MISSING)
+        if cached is not _MISSING:
+            return cast("_DirPart | None", cached)
+        part: _DirPart | None = None
+        kinds = self._kinds_of(rel)
+        if kinds is not None:
+            base = self.path(rel)
+            make: Callable[[str], Path] = getattr(base, "_make_child_relpath", base.joinpath)
+            link: str | None = None
+            files: dict[str, Path] = {}
+            stems: dict[str, str] = {}
+            subdirs: dict[str, Path] = {}
+            for name in sorted(kinds):
+                kind = kinds[name]
+                if kind == "file":
+                    dot = name.rfind(".")
+                    if dot >= 0:
+                        name_ext = name[dot + 1 :]
+                        if name_ext == ext:
+                            files[name] = make(name)
+                            stems[name[:dot]] = name
+                        elif name_ext in HEADER_EXTS:
+                            files[name] = make(name)
+                elif kind == "dir":
+                    subdirs[name] = make(name)
+                elif kind == "link" and link is None:
+                    link = name
+            part = (link, files, stems, subdirs)
+        self._dir_parts[key] = part
+        return part
 
     def _layer_scan(self, rel: str, index: int, layer: Layer, ext: str) -> _Scan:
-        entries: dict[str, Entry] = {}
-        subdirs: dict[str, Path] = {}
-        listing = self.listing(rel)
-        if listing is not None:
-            for name, kind in listing:
-                if kind == "link":
-                    child = _join(rel, name)
-                    raise SymlinkError(self.path(child), child)
-                if kind == "dir":
-                    subdirs[name] = self.path(_join(rel, name))
-                elif kind == "file" and _is_kernel_file(name, ext):
-                    entries[name] = Entry(
-                        name=name, source=self.path(_join(rel, name)), layer=index, used=False
-                    )
-        if layer.manifest is not None:
-            for use in layer.manifest.uses:
-                source = self._use(layer, use, ext)
-                name = source.name
-                if name in entries:
-                    m = layer.manifest.path
-                    raise UseCollides(
-                        m,
-                        self.rel(m),
-                        use,
-                        name,
-                        entries[name].source,
-                        self.rel(entries[name].source),
-                    )
-                entries[name] = Entry(name=name, source=source, layer=index, used=True)
-        return (
-            tuple(
-                (name, e, stem_of(name) if _ext_of(name) == ext else None)
-                for name, e in sorted(entries.items())
-            ),
-            tuple(sorted(subdirs.items())),
-        )
+        part = self._dir_part(rel, ext)
+        files: dict[str, Path]
+        stems: dict[str, str]
+        subdirs: dict[str, Path]
+        if part is None:
+            files, stems, subdirs = {}, {}, {}
+        else:
+            link, files, stems, subdirs = part
+            if link is not None:
+                child = _join(rel, link)
+                raise SymlinkError(self.path(child), child)
+        manifest = layer.manifest
+        if manifest is None or not manifest.uses:
+            entries = {name: _make_entry(name, path, index, False) for name, path in files.items()}
+            return entries, stems, subdirs
+        used: dict[str, Path] = {}
+        stems = dict(stems)
+        for use in manifest.uses:
+            source, name, stem = self._use(layer, use, ext)
+            present = files.get(name) or used.get(name)
+            if present is not None:
+                m = manifest.path
+                raise UseCollides(m, self.rel(m), use, name, present, self.rel(present))
+            used[name] = source
+            if stem is not None:
+                stems[stem] = name
+        # Both parts keyed in name order: fix the order first, then fill in the entries.
+        entries = cast("dict[str, Entry]", dict.fromkeys(sorted([*files, *used])))
+        for name, path in files.items():
+            entries[name] = _make_entry(name, path, index, False)
+        for name, path in used.items():
+            entries[name] = _make_entry(name, path, index, True)
+        return entries, stems, subdirs
 
-    def _use(self, layer: Layer, use: str, ext: str) -> Path:
-        """Steps 1-6 of SPEC 1.3 for one ``use`` string; returns the file's path."""
+    def _use(self, layer: Layer, use: str, ext: str) -> tuple[Path, str, str | None]:
+        """Steps 1-6 of SPEC 1.3 for one ``use`` string.
+
+        Returns the file's path, its name, and its stem when it is a source (else None).
+        """
         assert layer.manifest is not None
         cache_key = (layer.hardware, use, ext)
         cached = self._uses.get(cache_key)
         if cached is not None:
             return cached
         manifest = layer.manifest.path
-        mrel = self.rel(manifest)
         if use.startswith(("/", "\\")) or os.path.isabs(use):
+            mrel = self.rel(manifest)
             raise UseError(manifest, mrel, use, f"must be relative to kernels/{layer.hardware}")
         parts: list[str] = ["kernels", layer.hardware]
         for comp in use.split("/"):
@@ -969,30 +1252,54 @@ class TreeSnapshot:
             else:
                 parts.append(comp)
         if len(parts) < 2 or parts[0] != "kernels":
+            mrel = self.rel(manifest)
             raise UseError(manifest, mrel, use, "escapes kernels/ (a use must stay inside it)")
         prel = "/".join(parts)
         path = self.path(prel)
         try:
             st = os.lstat(path)
         except OSError:
-            raise UseError(manifest, mrel, use, f"no such file: {prel}") from None
+            raise UseError(manifest, self.rel(manifest), use, f"no such file: {prel}") from None
         if stat.S_ISLNK(st.st_mode):
             raise SymlinkError(path, prel, manifest)
         if not stat.S_ISREG(st.st_mode):
-            raise UseError(manifest, mrel, use, f"no such file: {prel} is not a regular file")
-        if not _is_kernel_file(path.name, ext):
+            raise UseError(
+                manifest, self.rel(manifest), use, f"no such file: {prel} is not a regular file"
+            )
+        name = path.name
+        if not _is_kernel_file(name, ext):
             raise UseError(
                 manifest,
-                mrel,
+                self.rel(manifest),
                 use,
                 f"not a .{ext} source or a header (.{' or .'.join(HEADER_EXTS)}): {prel}",
             )
-        self._uses[cache_key] = path
-        return path
+        found = self._uses[cache_key] = (
+            path,
+            name,
+            stem_of(name) if _ext_of(name) == ext else None,
+        )
+        return found
 
-    def common_part(self, hw: Hardware, layers: tuple[Layer, ...], first: int) -> _CommonPart:
+    def common_part(
+        self, hw: Hardware, layers: tuple[Layer, ...], rels: tuple[str, ...], first: int
+    ) -> _CommonPart:
         """The merged common layers ``layers[first:]`` of ``hw``, merged once per pass."""
-        return _cached(self._commons, hw.name, lambda: _merge_common(self, hw, layers, first))
+        part = self._commons.get(hw.name)
+        if part is None:
+            return _cached(
+                self._commons, hw.name, lambda: _merge_common(self, hw, layers, rels, first)
+            )
+        if isinstance(part, LayoutError):
+            raise part
+        return part
+
+    def shadow_keys(self, directory: str, manifest: KernelManifest) -> tuple[str, ...]:
+        """The ``[shadow]`` keys of ``directory``'s manifest, sorted, once per pass."""
+        keys = self._shadow_keys.get(directory)
+        if keys is None:
+            keys = self._shadow_keys[directory] = tuple(sorted(manifest.shadow))
+        return keys
 
 
 def _cached(cache: dict[_K, _V | LayoutError], key: _K, make: Callable[[], _V]) -> _V:
@@ -1085,20 +1392,21 @@ def discover(
 def _resolve(snap: TreeSnapshot, target: Target) -> Layout:
     hw = snap.hardware(target.hardware)
     try:
-        model_dir, source_dir, model_manifests = snap.model_dirs(target.hardware, target.model)
+        model_dir, source_dir, _read = snap.model_dirs(target.hardware, target.model)
     except UnknownModel as exc:  # cached per model; name this target in the message
         raise UnknownModel(target, exc.model_dir, snap.rel(exc.model_dir)) from None
+    quant = target.quant
     for mdir in (model_dir,) if source_dir == model_dir else (model_dir, source_dir):
-        if not snap.supports_quant(mdir, target.quant):
+        if not snap.supports_quant(mdir, quant):
             rel = _join(mdir, MODEL_TOML)
             raise ManifestError(
                 snap.path(rel),
                 rel,
                 "[model] supported_quants",
-                f"quant {target.quant!r} is not supported (target {target}); there is no "
+                f"quant {quant!r} is not supported (target {target}); there is no "
                 "common-only fallback for an unlisted quant: add it to the list to build it",
             )
-    layers, exists, parent_manifests = snap.target_layers(hw, source_dir, target.quant)
+    layers, exists, rels = snap.target_layers(hw, source_dir, quant)
     if not exists:
         raise NoKernelDirectory(
             target,
@@ -1107,65 +1415,79 @@ def _resolve(snap: TreeSnapshot, target: Target) -> Layout:
         )
 
     ext = hw.source_ext
-    n_leaf = 2 if hw.inherits is not None else 1
-    leaf: dict[str, Entry] = {}
-    leaf_subdirs: dict[str, Path] = {}
-    leaf_stems: dict[str, str] = {}
     shadows: list[Shadow] = []
     covered: set[tuple[int, str]] = set()
-    for index in range(n_leaf):
-        entries, subdirs = snap.layer_scan(index, layers[index], ext)
-        for name, entry, stem in entries:
-            present = leaf.get(name)
-            if present is None:
-                leaf[name] = entry
-                if stem is not None:
-                    leaf_stems[name] = stem
+    leaf, leaf_stems, leaf_subdirs = snap.layer_scan(rels[0], 0, layers[0], ext)
+    n_leaf = 1
+    if hw.inherits is not None:
+        n_leaf = 2
+        # own over parent, by file name: the earlier layer keeps the name.
+        pentries, pstems, psubdirs = snap.layer_scan(rels[1], 1, layers[1], ext)
+        if pentries:
+            if leaf:
+                merged = dict(leaf)
+                added = False
+                for name, entry in pentries.items():
+                    present = merged.get(name)
+                    if present is None:
+                        merged[name] = entry
+                        added = True
+                    else:
+                        shadows.append(_declared(snap, layers, present, entry, name, covered))
+                leaf = dict(sorted(merged.items())) if added else merged
             else:
-                # own over parent, by file name: the earlier layer keeps the name.
-                shadows.append(_declared(snap, layers, present, entry, name, covered))
-        for name, path in subdirs:
-            leaf_subdirs.setdefault(name, path)
+                leaf = pentries
+        if pstems:
+            leaf_stems = {**pstems, **leaf_stems} if leaf_stems else pstems
+        if psubdirs:
+            leaf_subdirs = (
+                dict(sorted({**psubdirs, **leaf_subdirs}.items())) if leaf_subdirs else psubdirs
+            )
 
     # The common layers are the same for every target of this hardware: merged once.
-    common = snap.common_part(hw, layers, n_leaf)
+    common = snap.common_part(hw, layers, rels, n_leaf)
 
-    # leaf over common, by stem, sources only.
-    for name in sorted(leaf_stems):
-        loser = common.by_stem.get(leaf_stems[name])
-        if loser is not None:
+    # leaf over common, by stem, sources only; in the order of the leaf names.
+    won = leaf_stems.keys() & common.by_stem.keys()
+    if won:
+        by_stem = common.by_stem
+        for name in sorted([leaf_stems[stem] for stem in won]):
+            loser = by_stem[stem_of(name)]
             shadows.append(_declared(snap, layers, leaf[name], loser, name, covered))
 
     for index in range(n_leaf):
         manifest = layers[index].manifest
-        if manifest is None:
+        if manifest is None or not manifest.shadow:
             continue
-        for stem in sorted(manifest.shadow):
+        for stem in snap.shadow_keys(rels[index], manifest):
             if (index, stem) not in covered:
                 raise DeadShadow(manifest.path, snap.rel(manifest.path), stem, target)
     if common.dead is not None:
         path, stem = common.dead
         raise DeadShadow(path, snap.rel(path), stem, target)
 
-    shadows.extend(common.shadows)
-    shadows.sort(key=lambda s: (_ROLE_ORDER[s.role], s.name, s.loser))
-    hw_manifests: tuple[Path, ...] = (hw.path,)
-    if hw.inherits is not None:
-        hw_manifests += (snap.path(f"kernels/{hw.inherits}/{HARDWARE_TOML}"),)
-    return Layout(
-        target=target,
-        hardware=hw,
-        layers=layers,
-        leaf=MappingProxyType(dict(sorted(leaf.items()))),
-        common=common.entries,
-        leaf_subdirs=MappingProxyType(dict(sorted(leaf_subdirs.items()))),
-        common_subdirs=common.subdirs,
-        shadows=tuple(shadows),
-        source_model=source_dir.rpartition("/")[2],
-        model_dir=snap.path(model_dir),
-        model_manifests=tuple(sorted({*model_manifests, *parent_manifests})),
-        hardware_manifests=hw_manifests,
+    if common.shadows:
+        shadows.extend(common.shadows)
+    if len(shadows) > 1:
+        shadows.sort(key=_shadow_order)
+    return _make_layout(
+        target,
+        hw,
+        layers,
+        MappingProxyType(leaf),
+        common.entries,
+        MappingProxyType(leaf_subdirs),
+        common.subdirs,
+        tuple(shadows),
+        source_dir.rpartition("/")[2],
+        snap.path(model_dir),
+        snap.model_manifests(hw, target.model, source_dir),
+        snap.hardware_manifests(hw),
     )
+
+
+def _shadow_order(s: Shadow) -> tuple[int, str, Path]:
+    return _ROLE_ORDER[s.role], s.name, s.loser
 
 
 def _declared(
@@ -1196,13 +1518,7 @@ def _declared(
             exists=manifest is not None,
         )
     covered.add((winner.layer, stem))
-    return Shadow(
-        role=layer.role,
-        name=name,
-        winner=winner.source,
-        loser=loser.source,
-        reason=manifest.shadow[stem],
-    )
+    return _make_shadow(layer.role, name, winner.source, loser.source, manifest.shadow[stem])
 
 
 @dataclass(frozen=True, slots=True)
@@ -1219,7 +1535,7 @@ class _CommonPart:
 
 
 def _merge_common(
-    snap: TreeSnapshot, hw: Hardware, layers: tuple[Layer, ...], first: int
+    snap: TreeSnapshot, hw: Hardware, layers: tuple[Layer, ...], rels: tuple[str, ...], first: int
 ) -> _CommonPart:
     ext = hw.source_ext
     common: dict[str, Entry] = {}
@@ -1228,16 +1544,16 @@ def _merge_common(
     shadows: list[Shadow] = []
     covered: set[tuple[int, str]] = set()
     for index in range(first, len(layers)):
-        entries, subs = snap.layer_scan(index, layers[index], ext)
-        for name, entry, stem in entries:
+        entries, layer_stems, subs = snap.layer_scan(rels[index], index, layers[index], ext)
+        for name, entry in entries.items():
             present = common.get(name)
             if present is None:
                 common[name] = entry
-                if stem is not None:
-                    stems[name] = stem
             else:
                 shadows.append(_declared(snap, layers, present, entry, name, covered))
-        for name, path in subs:
+        for stem, name in layer_stems.items():
+            stems.setdefault(name, stem)
+        for name, path in subs.items():
             subdirs.setdefault(name, path)
     dead: tuple[Path, str] | None = None
     for index in range(first, len(layers)):
@@ -1263,23 +1579,25 @@ def _merge_common(
 def walk(root: Path | str, snapshot: TreeSnapshot | None = None) -> list[Target]:
     """Every target of the tree, sorted; manifest errors abort (raise LayoutError)."""
     snap = snapshot if snapshot is not None else TreeSnapshot(root)
+    # Listings are in name order, so the targets come out sorted by (hw, model, quant).
     targets: list[Target] = []
-    for hw_name, _kind in snap.listing("kernels") or ():
-        if not snap.is_file(f"kernels/{hw_name}/{HARDWARE_TOML}"):
+    for hw_name, kind in snap.listing("kernels") or ():
+        # A file or a special file has no children: it holds no HARDWARE.toml.
+        if kind in ("file", "other") or not snap.is_file(f"kernels/{hw_name}/{HARDWARE_TOML}"):
             continue
         hw = snap.hardware(hw_name)
         hw_dir = f"kernels/{hw_name}"
-        for model, _mkind in snap.listing(hw_dir) or ():
+        for model, mkind in snap.listing(hw_dir) or ():
             model_dir = f"{hw_dir}/{model}"
-            if not snap.is_file(_join(model_dir, MODEL_TOML)):
+            if mkind in ("file", "other") or not snap.is_file(_join(model_dir, MODEL_TOML)):
                 continue
             source_dir = snap.kernel_source_dir(model_dir)
             quants = set(_subdir_names(snap, source_dir))
             if hw.inherits is not None:
                 psource = snap.parent_source_dir(hw.inherits, source_dir.rpartition("/")[2])
                 quants.update(_subdir_names(snap, psource))
-            targets.extend(Target(hardware=hw_name, model=model, quant=q) for q in quants)
-    return sorted(targets)
+            targets.extend(_make_target(hw_name, model, q) for q in sorted(quants))
+    return targets
 
 
 def _subdir_names(snap: TreeSnapshot, directory: str) -> Iterator[str]:
