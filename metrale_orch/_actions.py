@@ -152,19 +152,26 @@ def _stats_dict(stats: Any) -> dict[str, Any]:
 
 
 def _cache_delta(cache: Any, before: dict[str, Any]) -> dict[str, Any]:
-    """This task's share of the process cache's cumulative statistics."""
+    """This task's share of the process cache's cumulative statistics, zeros left out.
+
+    The value is saved with the task in doit's database and read back on every
+    run, so it stays small (``CacheStats.from_dict`` reads a missing counter as 0).
+    """
     now = _stats_dict(getattr(cache, "stats", None))
     delta: dict[str, Any] = {}
     for key, value in now.items():
         old = before.get(key, 0)
         if isinstance(value, int | float) and not isinstance(value, bool):
             if isinstance(old, int | float) and not isinstance(old, bool):
-                delta[key] = value - old
+                change = value - old
             else:
-                delta[key] = value
+                change = value
+            if change:
+                delta[key] = change
         elif isinstance(value, list):
             old_list = old if isinstance(old, list) else []
-            delta[key] = value[len(old_list) :]
+            if value[len(old_list) :]:
+                delta[key] = value[len(old_list) :]
     return delta
 
 

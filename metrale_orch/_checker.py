@@ -29,6 +29,7 @@ bytes hash to ``h``.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from collections.abc import Mapping
@@ -76,7 +77,8 @@ class ContentChecker(FileChangedChecker):  # type: ignore[misc]
     CheckerError = OSError
 
     def __init__(self) -> None:
-        self._stats: dict[str, os.stat_result | OSError] = {}
+        self._stats: dict[str, os.stat_result] = {}
+        self._failed: dict[str, OSError] = {}
         self._digests: dict[str, tuple[int, int, str]] = {}
         self._dep: Any = None
         self._task: str | None = None
@@ -91,21 +93,30 @@ class ContentChecker(FileChangedChecker):  # type: ignore[misc]
         return os.path.exists(file_path)
 
     def info(self, file_path: str) -> os.stat_result:
-        got = self._stats.get(file_path)
-        if got is None:
-            try:
-                got = os.stat(file_path)
-            except OSError as exc:
-                got = exc
-            self._stats[file_path] = got
-        if isinstance(got, OSError):
-            raise got
-        return got
+        # doit calls this once per edge (~45 000 at 1000 targets): the hit path is one lookup.
+        try:
+            return self._stats[file_path]
+        except KeyError:
+            pass
+        failed = self._failed.get(file_path)
+        if failed is not None:
+            raise failed
+        try:
+            st = os.stat(file_path)
+        except OSError as exc:
+            self._failed[file_path] = exc
+            raise
+        self._stats[file_path] = st
+        return st
 
     def check_modified(self, file_path: str, file_stat: os.stat_result, state: Any) -> bool:
-        if not isinstance(state, list | tuple) or len(state) != 3:
+        if state.__class__ is list and len(state) == 3:
+            # What doit hands over (a JSON list): the common case, tested without isinstance.
+            mtime_ns, size, digest = state
+        elif isinstance(state, tuple) and len(state) == 3:
+            mtime_ns, size, digest = state
+        else:
             return True
-        mtime_ns, size, digest = state
         if file_stat.st_size != size:
             return True
         if file_stat.st_mtime_ns == mtime_ns:
@@ -165,6 +176,15 @@ class SignatureCheck(UptodateCalculator):  # type: ignore[misc]
     :class:`ContentChecker` to the task doit checks next. Not pickled: doit drops
     ``uptodate`` when it sends tasks to process workers.
     """
+
+    #: What doit's ``inspect.signature`` call (per task, per run) would work out from
+    #: ``__call__``, given up front: ``inspect`` honours ``__signature__`` first.
+    __signature__ = inspect.Signature(
+        [
+            inspect.Parameter("task", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+            inspect.Parameter("values", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        ]
+    )
 
     def __init__(self, parts: Mapping[str, str]) -> None:
         super().__init__()

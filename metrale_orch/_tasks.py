@@ -33,6 +33,7 @@ from metrale_orch._checker import SignatureCheck, signature_parts
 __all__ = [
     "BUILD",
     "KIND",
+    "build_task",
     "explicit_targets",
     "plan_build_task",
     "plan_error_task",
@@ -85,13 +86,37 @@ def plan_build_task(
     doc: str = "",
 ) -> dict[str, Any]:
     """The task dict of a target that can be built (pure)."""
+    return build_task(
+        root=root,
+        target=target,
+        file_dep=sorted({rel_posix(p, root) for p in file_deps}),
+        parts=signature_parts(signature),
+        manifest=rel_posix(manifest, root),
+        doc=doc,
+    )
+
+
+def build_task(
+    *,
+    root: Path,
+    target: str,
+    file_dep: list[str],
+    parts: Mapping[str, str],
+    manifest: str,
+    doc: str = "",
+) -> dict[str, Any]:
+    """:func:`plan_build_task` from its finished parts (pure): ``file_dep`` as doit
+    will hold it (root-relative, unique, sorted; taken as is), the signature's
+    per-part digests (:func:`~metrale_orch._checker.signature_parts`) and the
+    root-relative manifest path. What the task cache rebuilds tasks with.
+    """
     return {
         "name": target,
         "doc": doc or f"build {target}",
         "actions": [(_actions.build_action, [str(root), target])],
-        "file_dep": sorted({rel_posix(p, root) for p in file_deps}),
-        "uptodate": [SignatureCheck(signature_parts(signature))],
-        "targets": [rel_posix(manifest, root)],
+        "file_dep": file_dep,
+        "uptodate": [SignatureCheck(parts)],
+        "targets": [manifest],
         "clean": [(_actions.clean_action, [str(root), target])],
         "verbosity": 0,
         "meta": {KIND: "build"},

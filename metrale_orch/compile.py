@@ -61,7 +61,7 @@ from metrale_orch.defaults import (
     render_defaults_header,
     render_defaults_json,
 )
-from metrale_orch.layout import Layout, Target, discover
+from metrale_orch.layout import Hardware, Layout, Target, discover
 from metrale_orch.staging import StagedTarget, StageError, role_dir, stage
 from metrale_orch.toolchains import (
     BuildError,
@@ -85,6 +85,7 @@ __all__ = [
     "Includes",
     "ModulePlan",
     "ModuleResult",
+    "PlanMemo",
     "StageError",
     "TargetPlan",
     "TargetResult",
@@ -211,18 +212,21 @@ class TargetPlan:
     defaults: TargetDefaults
     #: Environment allow-list values (name -> value) of the toolchain, sorted.
     env: Mapping[str, str]
-    #: Files whose content decides the build: inputs, manifests read, toolchain file.
+    #: Files whose content decides the build: inputs, manifests read, toolchain file;
+    #: ordered by their root-relative spelling.
     file_deps: tuple[Path, ...]
     #: JSON-ready: what file deps cannot see (layout map, flags, names, toolchain, defaults).
     signature: Mapping[str, Any]
+    #: ``file_deps`` as doit's ``file_dep`` spells them: root-relative POSIX text for a
+    #: file under the root (else the path as given), unique, sorted.
+    file_dep_rels: tuple[str, ...] = ()
 
     @property
     def toolchain_name(self) -> str:
         return self.toolchain.name
 
 
-def _rel(path: Path, root: Path) -> str:
-    """``path`` relative to ``root`` as POSIX text (resolving both if needed)."""
+def _rel_slow(path: Path, root: Path) -> str:
     try:
         return path.relative_to(root).as_posix()
     except ValueError:
@@ -233,12 +237,104 @@ def _rel(path: Path, root: Path) -> str:
         return path.as_posix()
 
 
-def _manifest_docs(layout: Layout) -> dict[Path, Mapping[str, Any]]:
-    return {
-        layer.manifest.path: layer.manifest.doc
-        for layer in layout.layers
+class _RootRel:
+    """Root-relative spellings of paths under one root, by string work (no ``Path`` math).
+
+    ``__call__`` is :func:`_rel`; :meth:`dep` is ``metrale_orch._tasks.rel_posix``
+    (what doit's ``file_dep`` holds). Both equal their slow definitions.
+    """
+
+    __slots__ = ("_dep_prefix", "_n", "_prefix", "root")
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        text = os.fspath(root)
+        self._prefix = text if text.endswith(os.sep) else text + os.sep
+        self._n = len(self._prefix)
+        self._dep_prefix = root.as_posix().rstrip("/") + "/"
+
+    def __call__(self, path: Path) -> str:
+        text = os.fspath(path)
+        if text.startswith(self._prefix) and len(text) > self._n:
+            text = text[self._n :]
+            return text if os.sep == "/" else text.replace(os.sep, "/")
+        return _rel_slow(path, self.root)
+
+    def dep(self, path: Path) -> str:
+        text = os.fspath(path)
+        if os.sep != "/":
+            text = text.replace(os.sep, "/")
+        if text.startswith("/") and text.startswith(self._dep_prefix):
+            return text[len(self._dep_prefix) :]
+        return text
+
+
+def _rel(path: Path, root: Path) -> str:
+    """``path`` relative to ``root`` as POSIX text (resolving both if needed)."""
+    text = os.fspath(path)
+    prefix = os.fspath(root)
+    if not prefix.endswith(os.sep):
+        prefix += os.sep
+    if text.startswith(prefix) and len(text) > len(prefix):
+        text = text[len(prefix) :]
+        return text if os.sep == "/" else text.replace(os.sep, "/")
+    return _rel_slow(path, root)
+
+
+class PlanMemo:
+    """What the plans of one resolution pass share, so each is computed once.
+
+    Root-relative spellings, compile argvs (a module of one entry name, arch,
+    flags and toolchain recurs across models and quants) and each hardware's
+    parsed and rendered defaults. Plans made with a memo equal those made
+    without. Use one memo per tree snapshot (manifests are told apart by the
+    identity of their parsed documents, which the memo keeps alive); not
+    thread-safe.
+    """
+
+    __slots__ = ("_argvs", "_defaults", "_keep", "rel", "root")
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.rel = _RootRel(self.root)
+        self._argvs: dict[tuple[Any, ...], tuple[str, ...]] = {}
+        self._defaults: dict[tuple[str, int], tuple[TargetDefaults, dict[str, Any]]] = {}
+        #: Objects whose id() keys an entry above, kept alive so no id is reused.
+        self._keep: dict[int, object] = {}
+
+    def argv(
+        self, toolchain: Toolchain, arch: str, flags: tuple[str, ...], source: str, output: str
+    ) -> tuple[str, ...]:
+        """:func:`~metrale_orch.toolchains.compile_argv` with the program name, memoised."""
+        key = (id(toolchain), arch, flags, source, output)
+        got = self._argvs.get(key)
+        if got is None:
+            got = compile_argv(
+                toolchain, arch=arch, flags=flags, include=".", source=source, output=output
+            )
+            self._keep[id(toolchain)] = toolchain
+            self._argvs[key] = got
+        return got
+
+    def defaults(self, hw: Hardware) -> tuple[TargetDefaults, dict[str, Any]]:
+        """The hardware's parsed defaults and a fresh copy of their JSON rendering."""
+        key = (hw.name, id(hw.doc))
+        got = self._defaults.get(key)
+        if got is None:
+            parsed = parse_defaults(hw.name, hw.doc)
+            got = (parsed, dict(render_defaults_json(parsed)))
+            self._keep[id(hw.doc)] = hw.doc
+            self._defaults[key] = got
+        return got[0], dict(got[1])
+
+
+def _config_docs(layout: Layout) -> list[tuple[Path, Mapping[str, Any]]]:
+    """(path, parsed doc) of ``configs()``, least specific first."""
+    return [
+        (layer.manifest.path, layer.manifest.doc)
+        for layer in reversed(layout.layers)
         if layer.manifest is not None
-    }
+    ]
 
 
 def merge_flags(layout: Layout, flags_key: str, root: Path) -> tuple[str, ...]:
@@ -248,30 +344,36 @@ def merge_flags(layout: Layout, flags_key: str, root: Path) -> tuple[str, ...]:
     Raises :class:`BuildConfigError` naming the file and key for a ``[build]``
     that is not a table, a value that is not an array, or a non-string flag.
     """
-    sources: list[tuple[str, Mapping[str, Any]]] = [
-        (_rel(layout.hardware.path, root), layout.hardware.doc)
-    ]
-    docs = _manifest_docs(layout)
-    sources += [(_rel(p, root), docs.get(p, {})) for p in layout.configs()]
+    return _merge_flags(layout, _config_docs(layout), flags_key, _RootRel(Path(root)))
+
+
+def _merge_flags(
+    layout: Layout,
+    config_docs: Sequence[tuple[Path, Mapping[str, Any]]],
+    flags_key: str,
+    rel: _RootRel,
+) -> tuple[str, ...]:
     seen: set[str] = set()
     flags: list[str] = []
-    for where, doc in sources:
+    for path, doc in ((layout.hardware.path, layout.hardware.doc), *config_docs):
         build = doc.get("build")
         if build is None:
             continue
         if not isinstance(build, Mapping):
-            raise BuildConfigError(where, "[build]", "must be a table")
+            raise BuildConfigError(rel(path), "[build]", "must be a table")
         value = build.get(flags_key)
         if value is None:
             continue
         if not isinstance(value, list):
             raise BuildConfigError(
-                where, f"[build] {flags_key}", 'must be an array of strings, e.g. ["-lineinfo"]'
+                rel(path),
+                f"[build] {flags_key}",
+                'must be an array of strings, e.g. ["-lineinfo"]',
             )
         for i, flag in enumerate(value):
             if not isinstance(flag, str):
                 raise BuildConfigError(
-                    where,
+                    rel(path),
                     f"[build] {flags_key}[{i}]",
                     f"must be a string, got {type(flag).__name__} {flag!r}; quote it",
                 )
@@ -288,13 +390,20 @@ def module_names(layout: Layout, root: Path) -> Mapping[str, str]:
     Raises :class:`BuildConfigError` for a bad ``[modules]`` table or value, or
     two modules ending up with one name.
     """
-    docs = _manifest_docs(layout)
+    return _module_names(_config_docs(layout), layout.modules(), _RootRel(Path(root)))
+
+
+def _module_names(
+    config_docs: Sequence[tuple[Path, Mapping[str, Any]]],
+    modules: Sequence[tuple[str, Any]],
+    rel: _RootRel,
+) -> Mapping[str, str]:
     renames: dict[str, tuple[str, str]] = {}
-    for path in layout.configs():
-        where = _rel(path, root)
-        table = docs.get(path, {}).get("modules")
+    for path, doc in config_docs:
+        table = doc.get("modules")
         if table is None:
             continue
+        where = rel(path)
         if not isinstance(table, Mapping):
             raise BuildConfigError(where, "[modules]", 'must be a table of stem = "name"')
         for stem, name in table.items():
@@ -305,9 +414,13 @@ def module_names(layout: Layout, root: Path) -> Mapping[str, str]:
                     f"must be a module name (letters, digits, '_', '.', '+', '-'), got {name!r}",
                 )
             renames[stem] = (name, where)
-    names: dict[str, str] = {}
+    if not renames:
+        names = {stem: stem for stem, _entry in modules}
+        if len(names) == len(modules):
+            return MappingProxyType(names)
+    names = {}
     owner: dict[str, tuple[str, str]] = {}
-    for stem, _entry in layout.modules():
+    for stem, _entry in modules:
         name, where = renames.get(stem, (stem, ""))
         if name in owner:
             other, other_where = owner[name]
@@ -329,37 +442,42 @@ def plan_target(
     *,
     identity: str,
     environ: Mapping[str, str] | None = None,
+    memo: PlanMemo | None = None,
 ) -> TargetPlan:
     """The build plan of ``layout`` (pure given its inputs; reads only ``layout.*.doc``).
 
     ``identity`` is the selected toolchain's probed identity
     (:func:`~metrale_orch.toolchains.probe_identity`); ``environ`` supplies the
-    toolchain's environment allow-list values. Raises :class:`ToolchainError`,
-    :class:`BuildConfigError` or ``DefaultsError`` for a wrong setting.
+    toolchain's environment allow-list values; ``memo`` shares work between
+    the plans of one resolution pass (see :class:`PlanMemo`). Raises
+    :class:`ToolchainError`, :class:`BuildConfigError` or ``DefaultsError`` for
+    a wrong setting.
     """
     root = Path(root)
+    if memo is None or memo.root != root:
+        memo = PlanMemo(root)
+    rel = memo.rel
     env_in = environ or {}
     hw = layout.hardware
     toolchain = select_toolchain(hw, toolchains)
-    hw_where = _rel(hw.path, root)
     if not hw.arch:
         raise BuildConfigError(
-            hw_where, "[hardware] arch", 'is required to build (e.g. arch = "sm_90a")'
+            rel(hw.path), "[hardware] arch", 'is required to build (e.g. arch = "sm_90a")'
         )
     arch = hw.arch
-    flags = merge_flags(layout, toolchain.flags_key, root)
-    names = module_names(layout, root)
-    defaults = parse_defaults(hw.name, hw.doc)
+    config_docs = _config_docs(layout)
+    flags = _merge_flags(layout, config_docs, toolchain.flags_key, rel)
+    layout_modules = layout.modules()
+    names = _module_names(config_docs, layout_modules, rel)
+    defaults, defaults_doc = memo.defaults(hw)
     env = MappingProxyType({k: env_in[k] for k in sorted(toolchain.env_allowlist) if k in env_in})
+    ext = toolchain.extension
     modules: list[ModulePlan] = []
-    for stem, entry in layout.modules():
+    for stem, entry in layout_modules:
         role = layout.role_of(entry)
         cwd = role_dir(layout, role)
         name = names[stem]
-        artefact = f"{name}.{toolchain.extension}"
-        argv = compile_argv(
-            toolchain, arch=arch, flags=flags, include=".", source=entry.name, output=artefact
-        )
+        artefact = f"{name}.{ext}"
         modules.append(
             ModulePlan(
                 stem=stem,
@@ -370,7 +488,7 @@ def plan_target(
                 staged=f"{cwd}/{entry.name}",
                 cwd=cwd,
                 artefact=artefact,
-                argv=argv,
+                argv=memo.argv(toolchain, arch, flags, entry.name, artefact),
             )
         )
     deps: set[Path] = set(layout.inputs())
@@ -378,7 +496,8 @@ def plan_target(
     deps.update(layout.model_manifests)
     if toolchain.file is not None:
         deps.add(toolchain.file)
-    defaults_doc = render_defaults_json(defaults)
+    dep_of = rel.dep
+    keyed = sorted([(dep_of(p), p) for p in deps])
     signature = {
         "schema": PLAN_SCHEMA,
         "cache_schema": cache_mod.SCHEMA,
@@ -389,17 +508,17 @@ def plan_target(
             "identity": identity,
             "argv": list(toolchain.argv),
             "output": toolchain.output,
-            "extension": toolchain.extension,
+            "extension": ext,
         },
         "env": dict(env),
         "flags": list(flags),
         "layout": {
             "source_model": layout.source_model,
-            "leaf": {n: _rel(e.source, root) for n, e in layout.leaf.items()},
-            "common": {n: _rel(e.source, root) for n, e in layout.common.items()},
-            "leaf_subdirs": {n: _rel(p, root) for n, p in layout.leaf_subdirs.items()},
-            "common_subdirs": {n: _rel(p, root) for n, p in layout.common_subdirs.items()},
-            "shadows": [_shadow_dict(s, root) for s in layout.shadows],
+            "leaf": {n: rel(e.source) for n, e in layout.leaf.items()},
+            "common": {n: rel(e.source) for n, e in layout.common.items()},
+            "leaf_subdirs": {n: rel(p) for n, p in layout.leaf_subdirs.items()},
+            "common_subdirs": {n: rel(p) for n, p in layout.common_subdirs.items()},
+            "shadows": [_shadow_dict(s, rel) for s in layout.shadows],
         },
         "modules": [
             {"stem": m.stem, "name": m.name, "staged": m.staged, "argv": list(m.argv)}
@@ -417,17 +536,19 @@ def plan_target(
         modules=tuple(modules),
         defaults=defaults,
         env=env,
-        file_deps=tuple(sorted(deps)),
+        file_deps=tuple(p for _, p in keyed),
         signature=MappingProxyType(signature),
+        file_dep_rels=tuple(dict.fromkeys(r for r, _ in keyed)),
     )
 
 
-def _shadow_dict(shadow: Any, root: Path) -> dict[str, str]:
+def _shadow_dict(shadow: Any, root: Path | _RootRel) -> dict[str, str]:
+    rel = root if isinstance(root, _RootRel) else _RootRel(Path(root))
     return {
         "role": shadow.role.value,
         "name": shadow.name,
-        "winner": _rel(shadow.winner, root),
-        "loser": _rel(shadow.loser, root),
+        "winner": rel(shadow.winner),
+        "loser": rel(shadow.loser),
         "reason": shadow.reason,
     }
 

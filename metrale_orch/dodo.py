@@ -3,7 +3,7 @@
     from metrale_orch.dodo import *  # noqa: F403
 
 Tasks (generated on every doit invocation from the tree, see
-:func:`load_build_tasks`):
+:func:`resolve_build_specs`):
 
 - ``build:<hw>/<model>/<quant>`` per walked target (the group ``build`` is the
   default task): ``doit``, ``doit build``, ``doit 'build:hopper/*'``,
@@ -27,11 +27,22 @@ build:metal/m/q``). doit expands wildcards before any task sees the selection,
 so the task loader reads the command line (``sys.argv``) to tell the two
 apart; callers driving doit through its API get the broad behaviour.
 
+No-op speed: generating the tasks (resolving every target, planning it) costs
+several times doit's own up-to-date checks, so ``task_build`` goes through a
+task cache (:func:`cached_build_specs`, ``metrale_orch._taskcache``,
+``<build_dir>/.state/build-tasks.*.cache``): while the tree's shape, its TOML
+files, the configuration, the toolchains, the relevant environment and this
+package are unchanged, the task dicts come from the cache, equal to what
+generation would give. Deleting the files only costs one regeneration.
+``task_build`` also keeps the cyclic garbage collector out of generation and
+freezes what it loaded (``gc.freeze``) so doit's later collections skip it.
+
 Nothing here runs at import time: the config below only names classes.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -44,6 +55,7 @@ from metrale_orch._checker import ContentChecker
 from metrale_orch._reporter import BuildReporter
 from metrale_orch._tasks import (
     BUILD,
+    build_task,
     explicit_targets,
     plan_build_task,
     plan_error_task,
@@ -93,9 +105,22 @@ def resolve_build_specs(
     """Every ``build`` sub-task of the tree at ``root`` (reads the tree, probes compilers).
 
     Never raises for a tree, config or toolchain problem: those become failing
-    (or, for a missing toolchain, skipping) sub-tasks.
+    (or, for a missing toolchain, skipping) sub-tasks. Always generates (with
+    plans and layouts); :func:`cached_build_specs` is the no-op fast path.
     """
-    from metrale_orch.compile import plan_target
+    return _generate(root, environ, argv)[0]
+
+
+def _generate(
+    root: Path,
+    environ: Mapping[str, str],
+    argv: Sequence[str],
+    *,
+    config: Any = None,
+    toolchains: Any = None,
+) -> tuple[list[BuildSpec], bool]:
+    """The specs, and whether they may be cached (no tree-wide error, no failed probe)."""
+    from metrale_orch.compile import PlanMemo, plan_target
     from metrale_orch.config import load_config
     from metrale_orch.errors import MetraleError
     from metrale_orch.layout import LayoutError, resolve_all
@@ -111,14 +136,18 @@ def resolve_build_specs(
         return BuildSpec(target=name, kind="error", message=message, task=task, resolved=resolved)
 
     try:
-        config = load_config(root, environ)
-        toolchains = load_toolchains(root)
+        if config is None:
+            config = load_config(root, environ)
+        if toolchains is None:
+            toolchains = load_toolchains(root)
         resolved = resolve_all(root)
     except MetraleError as exc:
-        return [error(TREE_TASK, str(exc))]
+        return [error(TREE_TASK, str(exc))], False
 
     explicit = explicit_targets(argv)
+    memo = PlanMemo(root)
     found: dict[str, Any] = {}
+    cacheable = True
     specs: list[BuildSpec] = []
     for target, layout in resolved:
         name = str(target)
@@ -134,6 +163,10 @@ def resolve_build_specs(
                     )
                 except ToolchainMissing as missing:
                     found[toolchain.name] = missing
+                except MetraleError as exc:
+                    # A failed version probe may pass next time: never cached.
+                    found[toolchain.name] = exc
+                    cacheable = False
             tool = found[toolchain.name]
             if isinstance(tool, ToolchainMissing):
                 reason = str(tool)
@@ -144,7 +177,11 @@ def resolve_build_specs(
                     BuildSpec(target=name, kind="skip", message=reason, task=task, resolved=layout)
                 )
                 continue
-            plan = plan_target(root, layout, toolchains, identity=tool.identity, environ=environ)
+            if isinstance(tool, MetraleError):
+                raise tool
+            plan = plan_target(
+                root, layout, toolchains, identity=tool.identity, environ=environ, memo=memo
+            )
         except MetraleError as exc:
             specs.append(error(name, str(exc), layout))
             continue
@@ -152,7 +189,7 @@ def resolve_build_specs(
         task = plan_build_task(
             root=root,
             target=name,
-            file_deps=plan.file_deps,
+            file_deps=plan.file_dep_rels,
             signature=plan.signature,
             manifest=out_dir / "manifest.json",
         )
@@ -161,7 +198,190 @@ def resolve_build_specs(
                 target=name, kind="build", plan=plan, layout=layout, task=task, resolved=layout
             )
         )
-    return specs
+    return specs, cacheable
+
+
+def cached_build_specs(
+    root: Path, environ: Mapping[str, str], argv: Sequence[str] = ()
+) -> tuple[list[BuildSpec], str]:
+    """:func:`resolve_build_specs` through the task cache (``metrale_orch._taskcache``).
+
+    Returns the specs and how they were obtained: ``"hit"`` (the specs carry no
+    ``plan``/``layout``/``resolved``), or the reason of a miss (generated, and
+    cached when possible). The task dicts are the same either way.
+    """
+    specs, _smoke, how = _cached_tasks(root, environ, argv)
+    return specs, how
+
+
+def _cached_tasks(
+    root: Path, environ: Mapping[str, str], argv: Sequence[str]
+) -> tuple[list[BuildSpec], list[dict[str, Any]] | None, str]:
+    """The specs, the ``smoke`` task dicts when known (None: call
+    :func:`smoke_task_dicts`), and how the specs were obtained."""
+    import metrale_orch
+    from metrale_orch import _taskcache
+    from metrale_orch.config import load_config
+    from metrale_orch.errors import MetraleError
+    from metrale_orch.toolchains import load_toolchains
+
+    try:
+        config = load_config(root, environ)
+        toolchains = load_toolchains(root)
+    except MetraleError:
+        specs = resolve_build_specs(root, environ, argv)
+        return specs, None, "not cached: configuration error"
+    key = generation_key(root, environ, config, toolchains)
+    path = _taskcache.cache_path(config.build_dir / ".state", key)
+    found = _taskcache.lookup(path, key)
+    if found.specs is not None:
+        explicit = explicit_targets(argv)
+        specs = [_from_cached(root, c, explicit) for c in found.specs]
+        return specs, _replay(found.extra), found.reason
+    package = Path(metrale_orch.__file__).parent
+    scanned = _taskcache.scan(root / "kernels", _taskcache.package_files(package))
+    specs, cacheable = _generate(root, environ, argv, config=config, toolchains=toolchains)
+    smoke = None
+    if scanned is not None and cacheable:
+        smoke = smoke_task_dicts(root, environ, specs)
+        recorded = _record(smoke)
+        _taskcache.store(
+            path,
+            key,
+            scanned,
+            [_to_cached(s) for s in specs],
+            None if recorded is None else [recorded],
+        )
+    return specs, smoke, found.reason
+
+
+#: Marks a module-level function in a recorded task dict: (_FUNCTION, module, name).
+_FUNCTION = "\0function"
+
+
+def _record(value: Any) -> Any:
+    """``value`` (task dicts) as data the task cache can store, or None when it holds
+    anything but plain data and module-level functions (then it is not cached)."""
+    import importlib
+    import types
+
+    class Unrecordable(Exception):
+        pass
+
+    def walk(v: Any) -> Any:
+        if v is None or isinstance(v, str | int | float | bool):
+            return v
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        if isinstance(v, tuple):
+            return tuple(walk(x) for x in v)
+        if isinstance(v, dict) and all(isinstance(k, str) for k in v):
+            return {k: walk(x) for k, x in v.items()}
+        if isinstance(v, types.FunctionType):
+            name, where = str(v.__qualname__), str(v.__module__)
+            if "." not in name and getattr(importlib.import_module(where), name, None) is v:
+                return (_FUNCTION, where, name)
+        raise Unrecordable
+
+    try:
+        return walk(value)
+    except Unrecordable:
+        return None
+
+
+def _replay(extra: Any) -> list[dict[str, Any]] | None:
+    """The task dicts :func:`_record` recorded (in ``[recorded]``), else None."""
+    import importlib
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        if isinstance(v, tuple):
+            if len(v) == 3 and v[0] == _FUNCTION:
+                return getattr(importlib.import_module(v[1]), v[2])
+            return tuple(walk(x) for x in v)
+        if isinstance(v, dict):
+            return {k: walk(x) for k, x in v.items()}
+        return v
+
+    if not isinstance(extra, list) or len(extra) != 1 or not isinstance(extra[0], list):
+        return None
+    try:
+        return list(walk(extra[0]))
+    except (ImportError, AttributeError):
+        return None
+
+
+def generation_key(
+    root: Path, environ: Mapping[str, str], config: Any, toolchains: Mapping[str, Any]
+) -> str:
+    """Digest of what task generation depends on besides the watched files (I/O: finds
+    each toolchain's program): versions, root, configuration, toolchain definitions
+    and programs, and the environment variables any of them reads."""
+    import json
+
+    import doit
+    import xxhash
+
+    import metrale_orch
+    from metrale_orch import _taskcache
+    from metrale_orch.toolchains import toolchain_stamp
+
+    names = {"PATH", "HOME", "XDG_CACHE_HOME"}
+    names.update(k for k in environ if k.startswith("METRALE_"))
+    for tc in toolchains.values():
+        names.update(tc.home_env)
+        names.update(tc.env_allowlist)
+        if tc.host_compiler_env:
+            names.add(tc.host_compiler_env)
+    doc = {
+        "schema": _taskcache.SCHEMA,
+        "python": [sys.version, sys.executable],
+        "doit": str(doit.__version__),
+        "package": metrale_orch.__version__,
+        "root": os.fspath(root),
+        "build_dir": os.fspath(config.build_dir),
+        "config": config.to_dict(),
+        "env": {name: environ.get(name) for name in sorted(names)},
+        "toolchains": {name: tc.to_dict() for name, tc in sorted(toolchains.items())},
+        "programs": {name: toolchain_stamp(tc, environ) for name, tc in sorted(toolchains.items())},
+    }
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
+    return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogateescape"))
+
+
+def _to_cached(spec: BuildSpec) -> Any:
+    from metrale_orch._taskcache import CachedSpec
+
+    if spec.kind != "build":
+        return CachedSpec(target=spec.target, kind=spec.kind, message=spec.message)
+    (check,) = spec.task["uptodate"]
+    return CachedSpec(
+        target=spec.target,
+        kind="build",
+        file_dep=tuple(spec.task["file_dep"]),
+        parts=dict(check.parts),
+        manifest=spec.task["targets"][0],
+    )
+
+
+def _from_cached(root: Path, cached: Any, explicit: frozenset[str]) -> BuildSpec:
+    name = cached.target
+    if cached.kind == "build":
+        task = build_task(
+            root=root,
+            target=name,
+            file_dep=list(cached.file_dep),
+            parts=cached.parts,
+            manifest=cached.manifest,
+        )
+    elif cached.kind == "skip":
+        task = plan_skip_task(
+            root=root, target=name, reason=cached.message, explicit=name in explicit
+        )
+    else:
+        task = plan_error_task(root=root, target=name, message=cached.message)
+    return BuildSpec(target=name, kind=cached.kind, message=cached.message, task=task)
 
 
 def load_build_tasks(
@@ -211,12 +431,25 @@ def task_build() -> Iterator[dict[str, Any]]:
     """Build kernel targets: build:<hw>/<model>/<quant> (wildcards: 'build:hopper/*')."""
     install_sigterm_handler()
     root = Path.cwd()
-    specs = resolve_build_specs(root, os.environ, sys.argv[1:])
-    yield {"name": None, "doc": "build every target (skipping those without a toolchain)"}
-    for spec in specs:
-        yield dict(spec.task)
-    # HOOK(smoke): smoke:<hw> tasks (see smoke_task_dicts).
-    yield from smoke_task_dicts(root, os.environ, specs)
+    # Loading allocates much and frees little: no cyclic-GC passes until the tasks are
+    # made (doit turns each yielded dict into a Task before asking for the next).
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        specs, smoke, _how = _cached_tasks(root, os.environ, sys.argv[1:])
+        yield {"name": None, "doc": "build every target (skipping those without a toolchain)"}
+        for spec in specs:
+            yield dict(spec.task)
+        # HOOK(smoke): smoke:<hw> tasks (see smoke_task_dicts), replayed from the task
+        # cache on a hit (the same dicts: plain data and the same action functions).
+        yield from smoke if smoke is not None else smoke_task_dicts(root, os.environ, specs)
+    finally:
+        if enabled:
+            gc.enable()
+    # The tasks (and this package) live until doit exits: moving them out of the
+    # collector's sight keeps each later full collection from walking them all
+    # again (a no-op run otherwise spends ~15 % of its time there).
+    gc.freeze()
 
 
 def task_check() -> dict[str, Any]:

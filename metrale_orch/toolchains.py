@@ -29,11 +29,13 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from metrale_orch._proc import ProcessError, run_process
 from metrale_orch.errors import MetraleError
-from metrale_orch.layout import Hardware
+
+if TYPE_CHECKING:  # only for annotations: the build's no-op path skips importing the resolver
+    from metrale_orch.layout import Hardware
 
 __all__ = [
     "OUTPUT_KINDS",
@@ -51,6 +53,7 @@ __all__ = [
     "probe_identity",
     "reset_identity_memo",
     "select_toolchain",
+    "toolchain_stamp",
 ]
 
 #: Output kind -> (default flag, default extension). Other kinds need ``output_flag``.
@@ -688,6 +691,36 @@ def _write_identity_file(path: Path, data: Mapping[str, Any]) -> None:
         # Only a speed-up: a read-only build dir costs one probe per process.
         with contextlib.suppress(OSError):
             tmp.unlink()
+
+
+def toolchain_stamp(
+    toolchain: Toolchain,
+    environ: Mapping[str, str],
+    *,
+    site_dirs: Iterable[Path] | None = None,
+) -> list[Any]:
+    """What :func:`find_toolchain` would find, cheaply: no version probe is run.
+
+    The program found (or ``["missing"]``) with the fingerprints (real path,
+    size, mtime) of it and of its host compiler: the inputs of
+    :func:`probe_identity`'s remembered identity. Equal stamps mean
+    :func:`find_toolchain` answers as before (JSON-ready; for the task cache).
+    """
+    program = find_program(toolchain, environ, site_dirs=site_dirs)
+    if program is None:
+        return ["missing"]
+    host = None
+    if toolchain.host_compiler or toolchain.host_compiler_env:
+        host = _host_compiler(toolchain, environ)
+    try:
+        return [
+            "found",
+            str(program),
+            _fingerprint(program),
+            None if host is None else _fingerprint(host),
+        ]
+    except OSError as exc:
+        return ["error", str(exc)]
 
 
 def find_toolchain(

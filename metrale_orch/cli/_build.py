@@ -1,6 +1,7 @@
 """``metrale-orch status``, ``why`` and ``rdeps``: the build's state, read without building.
 
-All three generate the same tasks ``doit`` would (``metrale_orch.dodo``) and
+All three generate the same tasks ``doit`` would (``metrale_orch.dodo``; ``status``
+and ``why`` through its task cache, ``rdeps`` resolving afresh for the plans) and
 read doit's dependency database (``<root>/.doit.db``, sqlite3) through doit's
 own ``Dependency`` API with the same content checker, so their answer is the
 one ``doit build`` would act on. They never write the database.
@@ -114,10 +115,11 @@ def _statuses(
 ) -> tuple[list[TargetStatus], list[Any]]:
     from doit.task import dict_to_task
 
-    from metrale_orch.dodo import resolve_build_specs
+    from metrale_orch.dodo import cached_build_specs
 
     root = root.resolve()
-    specs = resolve_build_specs(root, environ)
+    # The same task dicts `doit` would use, through its task cache (fast on a large tree).
+    specs, _how = cached_build_specs(root, environ)
     if pattern is not None:
         pat = _strip(pattern)
         chosen = [s for s in specs if fnmatch.fnmatchcase(s.target, pat)]

@@ -1,0 +1,99 @@
+"""Planning many targets fast: ``PlanMemo`` and the string-based root-relative spellings.
+
+The fast paths must give exactly what the plain definitions give: plans made
+with one shared memo equal plans made one by one, and the root-relative
+spellings equal ``Path.relative_to`` (``compile._rel``) and
+``_tasks.rel_posix`` (doit's ``file_dep``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from metrale_orch._tasks import rel_posix
+from metrale_orch.compile import PlanMemo, _rel, _rel_slow, _RootRel, plan_target
+from metrale_orch.layout import Layout, resolve_all
+from metrale_orch.toolchains import load_toolchains
+from tests._dodo_support import make_project
+
+REPO = Path(__file__).resolve().parent.parent
+
+_SEGMENT = st.sampled_from(["a", "b", "kernels", "x-y", "a.b", "ab", "a b", "é"])
+
+
+@given(
+    root=st.lists(_SEGMENT, min_size=0, max_size=3),
+    rest=st.lists(_SEGMENT, min_size=0, max_size=4),
+    absolute=st.booleans(),
+    inside=st.booleans(),
+)
+def test_root_rel_equals_the_slow_definitions(
+    root: list[str], rest: list[str], absolute: bool, inside: bool
+) -> None:
+    base = PurePosixPath("/" if absolute else ".").joinpath(*root)
+    root_path = Path(base)
+    path = Path(base.joinpath(*rest)) if inside else Path("/elsewhere").joinpath(*rest)
+    fast = _RootRel(root_path)
+    assert fast(path) == _rel_slow(path, root_path) == _rel(path, root_path)
+    assert fast.dep(path) == rel_posix(path, root_path)
+
+
+@pytest.mark.parametrize(
+    ("path", "root", "rel", "dep"),
+    [
+        ("/r/p/kernels/a.cu", "/r/p", "kernels/a.cu", "kernels/a.cu"),
+        ("/r/px/a.cu", "/r/p", "/r/px/a.cu", "/r/px/a.cu"),
+        ("/kernels/a.cu", "/", "kernels/a.cu", "kernels/a.cu"),
+        ("p/kernels/a.cu", "p", "kernels/a.cu", "p/kernels/a.cu"),
+    ],
+)
+def test_root_rel_examples(path: str, root: str, rel: str, dep: str) -> None:
+    fast = _RootRel(Path(root))
+    assert (fast(Path(path)), fast.dep(Path(path))) == (rel, dep)
+
+
+def _layouts(root: Path) -> list[Layout]:
+    return [lay for _t, lay in resolve_all(root) if isinstance(lay, Layout)]
+
+
+@pytest.mark.parametrize("tree", ["sample", "project"])
+def test_memo_plans_equal_plain_plans(tree: str, tmp_path: Path) -> None:
+    root = REPO if tree == "sample" else make_project(tmp_path / "proj")
+    toolchains = load_toolchains(root)
+    memo = PlanMemo(root)
+    layouts = _layouts(root)
+    planned = 0
+    for layout in layouts:
+        if layout.hardware.vendor not in ("nvidia", "cuda"):
+            continue
+        env = {"NVCC_PREPEND_FLAGS": "-G"}
+        shared = plan_target(root, layout, toolchains, identity="id", environ=env, memo=memo)
+        alone = plan_target(root, layout, toolchains, identity="id", environ=env)
+        assert shared == alone
+        assert dict(shared.signature) == dict(alone.signature)
+        rels = [rel_posix(p, root) for p in shared.file_deps]
+        assert rels == sorted(rels) and list(shared.file_dep_rels) == sorted(set(rels))
+        assert set(shared.file_deps) == {
+            *layout.inputs(),
+            *layout.hardware_manifests,
+            *layout.model_manifests,
+            *([] if shared.toolchain.file is None else [shared.toolchain.file]),
+        }
+        planned += 1
+    assert planned >= 4
+
+
+def test_memo_hands_out_copies_of_shared_defaults(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "proj")
+    toolchains = load_toolchains(root)
+    memo = PlanMemo(root)
+    w4, w8 = [lay for lay in _layouts(root) if str(lay.target).startswith("hopper/")]
+    a = plan_target(root, w4, toolchains, identity="id", memo=memo)
+    b = plan_target(root, w8, toolchains, identity="id", memo=memo)
+    assert a.signature["defaults"] == b.signature["defaults"]
+    assert a.signature["defaults"] is not b.signature["defaults"]
+    assert a.modules[0].argv is b.modules[0].argv  # add.cu: one argv for both targets

@@ -1,0 +1,485 @@
+"""The build-task cache (``metrale_orch._taskcache`` through ``dodo.cached_build_specs``).
+
+Every test compares the cached answer with a fresh generation, or proves a
+change makes the next lookup miss. Most run in-process against the project of
+``tests._dodo_support`` with its recording fake compiler; ``RACY_NS`` is set to
+0 where a test needs stats to be trusted right after writing files (the real
+2 s window is exercised by the doit runs of ``tests/test_dodo.py`` and below).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from metrale_orch import _taskcache
+from metrale_orch._checker import SignatureCheck
+from metrale_orch.dodo import (
+    TREE_TASK,
+    BuildSpec,
+    _cached_tasks,
+    _record,
+    _replay,
+    cached_build_specs,
+    resolve_build_specs,
+    smoke_task_dicts,
+)
+from metrale_orch.toolchains import reset_identity_memo
+from tests._dodo_support import doit, make_project, project_env, use_fake_compiler
+
+STATE = Path("build/.state")
+
+
+def entries(root: Path) -> list[Path]:
+    """The task cache files of the project."""
+    return sorted((root / STATE).glob(_taskcache.CACHE_GLOB))
+
+
+def cache_file(root: Path, env: dict[str, str]) -> Path:
+    return _taskcache.cache_path(root / STATE, _key(root, env))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_identity_memo() -> Iterator[None]:
+    reset_identity_memo()
+    yield
+    reset_identity_memo()
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    root = make_project(tmp_path / "proj")
+    use_fake_compiler(root, tmp_path / "bin")
+    return root, project_env(tmp_path, fake_bin=tmp_path / "bin")
+
+
+@pytest.fixture
+def trusting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Trust stats taken any time before the scan (no racy window)."""
+    monkeypatch.setattr(_taskcache, "RACY_NS", 0)
+
+
+def norm(specs: list[BuildSpec]) -> list[tuple[str, str, str, str]]:
+    """The specs' task dicts in a comparable form (SignatureCheck by its parts)."""
+    out = []
+    for spec in specs:
+        task = dict(spec.task)
+        task["uptodate"] = [
+            ("sig", u.parts) if isinstance(u, SignatureCheck) else u for u in task["uptodate"]
+        ]
+        out.append((spec.target, spec.kind, spec.message, repr(sorted(task.items()))))
+    return out
+
+
+def lookup(root: Path, env: dict[str, str], argv: tuple[str, ...] = ()) -> str:
+    """How the next cached_build_specs got its answer; asserts it equals a fresh one."""
+    got, how = cached_build_specs(root, env, argv)
+    assert norm(got) == norm(resolve_build_specs(root, env, argv))
+    return how
+
+
+def primed(root: Path, env: dict[str, str]) -> None:
+    assert lookup(root, env) == "no cache file"
+    assert cache_file(root, env).is_file()
+    assert lookup(root, env) == "hit"
+
+
+# ------------------------------------------------------------------------------ hits
+
+
+def test_hit_equals_generation_including_skips_errors_and_smoke(
+    project: tuple[Path, dict[str, str]], trusting: None
+) -> None:
+    root, env = project
+    # A tree error (undeclared shadow) too: error tasks are cached and replayed.
+    (root / "kernels/hopper/qwen/w8/add.cu").write_text('extern "C" __global__ void a() {}\n')
+    primed(root, env)
+    got, how = cached_build_specs(root, env)
+    assert how == "hit"
+    kinds = {s.target: s.kind for s in got}
+    assert kinds["apple/llama/f16"] == "skip" and kinds["hopper/qwen/w8"] == "error"
+    assert kinds["hopper/qwen/w4"] == "build"
+    fresh = resolve_build_specs(root, env)
+    # The smoke tasks are replayed (same dicts, same action functions), not recomputed.
+    _specs, replayed, how = _cached_tasks(root, env, ())
+    assert how == "hit" and replayed is not None
+    assert repr(replayed) == repr(smoke_task_dicts(root, env, fresh)) != "[]"
+
+
+def test_record_and_replay_task_dicts() -> None:
+    from metrale_orch import _actions
+
+    dicts = [{"name": "x", "actions": [(_actions.skip_action, ["a", "b", False])], "n": (1,)}]
+    recorded = _record(dicts)
+    assert recorded is not None and _replay([recorded]) == dicts
+    assert _record([{"actions": [(lambda: None, [])]}]) is None
+    assert _record([{"file": Path("a")}]) is None
+    assert _replay(None) is None and _replay([["x"], 1]) is None
+
+
+def test_hit_honours_the_command_line(project: tuple[Path, dict[str, str]], trusting: None) -> None:
+    root, env = project
+    primed(root, env)
+    # An explicit selection of a target without a toolchain fails; a broad one skips.
+    argv = ("build:apple/llama/f16",)
+    assert lookup(root, env, argv) == "hit"
+    (skip,) = [s for s in cached_build_specs(root, env, argv)[0] if s.kind == "skip"]
+    assert skip.task["actions"][0][1][2] is True
+    (skip,) = [s for s in cached_build_specs(root, env, ("build",))[0] if s.kind == "skip"]
+    assert skip.task["actions"][0][1][2] is False
+
+
+def test_same_bytes_touch_is_a_hit_by_content_then_stat_only(
+    project: tuple[Path, dict[str, str]], trusting: None
+) -> None:
+    root, env = project
+    primed(root, env)
+    for path in (root / "kernels").rglob("*.toml"):
+        st = path.stat()
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**12))
+    first = _taskcache.lookup(cache_file(root, env), _key(root, env))
+    assert first.reason == "hit" and first.compared == 6 and first.refreshed
+    second = _taskcache.lookup(cache_file(root, env), _key(root, env))
+    assert second.reason == "hit" and second.compared == 0 and not second.refreshed
+
+
+def test_unrelated_environment_and_kernel_source_edits_keep_the_cache(
+    project: tuple[Path, dict[str, str]], trusting: None
+) -> None:
+    root, env = project
+    primed(root, env)
+    assert lookup(root, {**env, "SOMETHING_ELSE": "1"}) == "hit"
+    # Source content reaches the tasks only through file_dep (doit's checker sees it).
+    (root / "kernels/hopper/common/add.cu").write_text("// edited\n")
+    assert lookup(root, env) == "hit"
+
+
+# ------------------------------------------------------------------------------ misses
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["add", "remove", "rename", "add-dir", "subdir-file"],
+)
+def test_tree_shape_changes_miss(
+    project: tuple[Path, dict[str, str]], trusting: None, change: str
+) -> None:
+    root, env = project
+    k = root / "kernels"
+    (k / "hopper/common/vendor").mkdir()
+    (k / "hopper/common/vendor/v.h").write_text("// v\n")
+    primed(root, env)
+    if change == "add":
+        (k / "hopper/qwen/w8/new.cu").write_text('extern "C" __global__ void n() {}\n')
+    elif change == "remove":
+        (k / "hopper/qwen/w8/mul.cu").unlink()
+    elif change == "rename":
+        (k / "hopper/qwen/w8/mul.cu").rename(k / "hopper/qwen/w8/mul2.cu")
+    elif change == "add-dir":
+        (k / "hopper/llama/w4").mkdir(parents=True)
+    else:
+        (k / "hopper/common/vendor/w.h").write_text("// w\n")
+    how = lookup(root, env)
+    assert how.startswith("changed: "), how
+    assert lookup(root, env) == "hit"
+
+
+@pytest.mark.parametrize("how", ["new-mtime", "restored-mtime"])
+def test_manifest_edits_miss(
+    project: tuple[Path, dict[str, str]], trusting: None, how: str
+) -> None:
+    root, env = project
+    primed(root, env)
+    before_parts = _parts(cached_build_specs(root, env)[0])
+    hw = root / "kernels/hopper/HARDWARE.toml"
+    before = hw.stat()
+    text = hw.read_text()
+    edited = text.replace("lm_head_batchm_max = 8", "lm_head_batchm_max = 4")
+    assert len(edited) == len(text) and edited != text
+    hw.write_text(edited)
+    if how == "restored-mtime":
+        os.utime(hw, ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert hw.stat().st_mtime_ns == before.st_mtime_ns
+        assert hw.stat().st_size == before.st_size
+    assert lookup(root, env) == f"changed: {hw}"
+    after_parts = _parts(cached_build_specs(root, env)[0])
+    assert before_parts["hopper/qwen/w4"]["defaults"] != after_parts["hopper/qwen/w4"]["defaults"]
+    assert lookup(root, env) == "hit"
+
+
+def _parts(specs: list[BuildSpec]) -> dict[str, dict[str, str]]:
+    return {s.target: dict(s.task["uptodate"][0].parts) for s in specs if s.kind == "build"}
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["config-env", "allowlisted-env", "pyproject", "toolchain-file", "program", "path"],
+)
+def test_key_changes_miss(
+    project: tuple[Path, dict[str, str]], trusting: None, tmp_path: Path, change: str
+) -> None:
+    root, env = project
+    tc = root / "toolchains/nvcc.toml"
+    tc.write_text(
+        tc.read_text().replace("[toolchain]", '[toolchain]\nenv_allowlist = ["FAKE_OPT"]')
+    )
+    primed(root, env)
+    original = dict(env)
+    if change == "config-env":
+        env = {**env, "METRALE_ORCH_CACHE_NAMESPACE": "other"}
+    elif change == "allowlisted-env":
+        env = {**env, "FAKE_OPT": "1"}
+    elif change == "pyproject":
+        (root / "pyproject.toml").write_text('[tool.metrale-orch]\ncache_namespace = "x"\n')
+    elif change == "toolchain-file":
+        tc.write_text(tc.read_text().replace("the fake compiler", "a fake compiler"))
+    elif change == "program":
+        fake = tmp_path / "bin/fakecc"
+        fake.write_text(fake.read_text() + "\n# rebuilt\n")
+    else:
+        env = {**env, "PATH": f"{tmp_path / 'elsewhere'}{os.pathsep}{env['PATH']}"}
+    # Another key is another entry: this one misses, the first stays for its environment.
+    assert lookup(root, env) == "no cache file", change
+    assert lookup(root, env) == "hit"
+    if change in ("config-env", "allowlisted-env", "path"):
+        assert lookup(root, original) == "hit"
+        assert len(entries(root)) == 2
+
+
+def test_entries_beyond_keep_are_removed(
+    project: tuple[Path, dict[str, str]], trusting: None
+) -> None:
+    root, env = project
+    for i in range(_taskcache.KEEP + 2):
+        assert lookup(root, {**env, "METRALE_ORCH_CACHE_NAMESPACE": str(i)}) == "no cache file"
+    assert len(entries(root)) == _taskcache.KEEP
+    newest = {**env, "METRALE_ORCH_CACHE_NAMESPACE": str(_taskcache.KEEP + 1)}
+    assert lookup(root, newest) == "hit"
+
+
+def test_a_symlink_in_the_tree_is_never_cached(
+    project: tuple[Path, dict[str, str]], trusting: None
+) -> None:
+    root, env = project
+    (root / "kernels/hopper/qwen/w8/link.cu").symlink_to(root / "kernels/hopper/qwen/w8/mul.cu")
+    assert lookup(root, env) == "no cache file"
+    assert not entries(root)
+
+
+@pytest.mark.parametrize(
+    ("rel", "text"),
+    [
+        ("kernels/hopper/qwen/MODEL.toml", '[model]\nkernel_source = "../../../outside"\n'),
+        ("kernels/gb10/HARDWARE.toml", '[hardware]\nvendor = "nvidia"\ninherits = "../x/hopper"\n'),
+    ],
+)
+def test_manifests_naming_paths_are_never_cached(
+    project: tuple[Path, dict[str, str]], trusting: None, rel: str, text: str
+) -> None:
+    root, env = project
+    (root / rel).write_text(text)
+    assert lookup(root, env) == "no cache file"
+    assert not entries(root)
+
+
+@pytest.mark.parametrize("what", ["file", "kernels"])
+def test_a_symlink_replacing_a_watched_item_misses(
+    project: tuple[Path, dict[str, str]], trusting: None, tmp_path: Path, what: str
+) -> None:
+    root, env = project
+    primed(root, env)
+    if what == "file":
+        # Same name, same bytes behind it: the resolver refuses links, the cache must see it.
+        target = root / "kernels/hopper/qwen/MODEL.toml"
+        copy = tmp_path / "MODEL.toml"
+        copy.write_bytes(target.read_bytes())
+        target.unlink()
+        target.symlink_to(copy)
+    else:
+        kernels = root / "kernels"
+        kernels.rename(tmp_path / "real-kernels")
+        kernels.symlink_to(tmp_path / "real-kernels")
+    assert lookup(root, env).startswith("changed: ")
+
+
+def test_failed_probe_and_config_errors_are_not_cached(
+    project: tuple[Path, dict[str, str]], tmp_path: Path, trusting: None
+) -> None:
+    root, env = project
+    (tmp_path / "bin/fakecc").write_text("#!/bin/sh\nexit 3\n")
+    specs, how = cached_build_specs(root, env)
+    assert how == "no cache file" and not entries(root)
+    assert {s.kind for s in specs if s.target.startswith("hopper/")} == {"error"}
+    (root / "pyproject.toml").write_text("[tool.metrale-orch]\nbuild_dir = 3\n")
+    specs, how = cached_build_specs(root, env)
+    assert how.startswith("not cached") and [s.target for s in specs] == [TREE_TASK]
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "body-byte", "header-byte"])
+def test_damaged_cache_files_miss(
+    project: tuple[Path, dict[str, str]], trusting: None, damage: str
+) -> None:
+    root, env = project
+    primed(root, env)
+    path = cache_file(root, env)
+    data = bytearray(path.read_bytes())
+    if damage == "garbage":
+        data = bytearray(b"\x00not a cache\n" * 3)
+    elif damage == "truncated":
+        data = data[: len(data) // 2]
+    elif damage == "body-byte":
+        data[-10] ^= 0x01
+    else:
+        data[len(data) // 50] ^= 0x01
+    path.write_bytes(bytes(data))
+    assert lookup(root, env) != "hit"
+    assert lookup(root, env) == "hit"  # rewritten by the miss
+
+
+# ------------------------------------------------------------------------------ the racy rule
+
+
+def _key(root: Path, env: dict[str, str]) -> str:
+    from metrale_orch.config import load_config
+    from metrale_orch.dodo import generation_key
+    from metrale_orch.toolchains import load_toolchains
+
+    return generation_key(root, env, load_config(root, env), load_toolchains(root))
+
+
+def _one_spec() -> list[_taskcache.CachedSpec]:
+    return [_taskcache.CachedSpec(target="h/m/q", kind="error", message="x")]
+
+
+def _forged(tmp_path: Path, racy: bool) -> tuple[Path, Path]:
+    """A cache whose watch of ``a.toml`` has today's exact stat but an older digest:
+    what a same-tick edit right after the scan would leave behind."""
+    tree = tmp_path / "kernels"
+    tree.mkdir()
+    toml = tree / "a.toml"
+    toml.write_text("x = 1\n")
+    scanned = _taskcache.scan(tree, [])
+    assert scanned is not None
+    change = toml.stat().st_ctime_ns
+    watches = tuple((*w[:7], "0" * 16) if w[1] == str(toml) else w for w in scanned.watches)
+    started = change + (_taskcache.RACY_NS // 2 if racy else _taskcache.RACY_NS + 1)
+    forged = _taskcache.Scan(started_ns=started, watches=watches)
+    path = tmp_path / "c"
+    _taskcache.store(path, "k", forged, _one_spec())
+    return path, toml
+
+
+def test_racy_entries_are_compared_by_content(tmp_path: Path) -> None:
+    path, _ = _forged(tmp_path, racy=True)
+    assert _taskcache.lookup(path, "k").reason == f"changed: {tmp_path / 'kernels/a.toml'}"
+
+
+def test_settled_entries_are_trusted_by_stat(tmp_path: Path) -> None:
+    path, _ = _forged(tmp_path, racy=False)
+    found = _taskcache.lookup(path, "k")
+    assert found.reason == "hit" and found.compared == 0
+    assert found.specs == tuple(_one_spec())
+
+
+def test_racy_hit_is_not_refreshed_until_it_settles(tmp_path: Path) -> None:
+    tree = tmp_path / "kernels"
+    tree.mkdir()
+    (tree / "a.toml").write_text("x = 1\n")
+    scanned = _taskcache.scan(tree, [])
+    assert scanned is not None
+    _taskcache.store(tmp_path / "c", "k", scanned, _one_spec())
+    # Just written: every watch is racy, so compared, and rewriting would not help.
+    found = _taskcache.lookup(tmp_path / "c", "k")
+    assert found.reason == "hit" and found.compared == len(scanned.watches)
+    assert not found.refreshed
+
+
+def test_package_files_are_watched(tmp_path: Path, trusting: None) -> None:
+    tree = tmp_path / "kernels"
+    tree.mkdir()
+    module = tmp_path / "pkg" / "mod.py"
+    module.parent.mkdir()
+    module.write_text("A = 1\n")
+    assert _taskcache.package_files(module.parent) == [module]
+    scanned = _taskcache.scan(tree, [module])
+    assert scanned is not None
+    _taskcache.store(tmp_path / "c", "k", scanned, _one_spec())
+    assert _taskcache.lookup(tmp_path / "c", "k").reason == "hit"
+    module.write_text("A = 2\n")
+    assert _taskcache.lookup(tmp_path / "c", "k").reason == f"changed: {module}"
+
+
+def test_another_key_misses(tmp_path: Path) -> None:
+    tree = tmp_path / "kernels"
+    tree.mkdir()
+    scanned = _taskcache.scan(tree, [])
+    assert scanned is not None
+    _taskcache.store(tmp_path / "c", "k", scanned, _one_spec())
+    assert _taskcache.lookup(tmp_path / "c", "other").reason.startswith("key changed")
+
+
+# ------------------------------------------------------------------------------ real doit runs
+
+
+def test_doit_runs_use_the_cache_and_see_changes(project: tuple[Path, dict[str, str]]) -> None:
+    root, env = project
+    first = doit(root, ["build"], env)
+    assert first.returncode == 0, first.text
+    (entry,) = entries(root)
+    stamp = entry.stat().st_mtime_ns
+    noop = doit(root, ["build"], env)
+    assert noop.returncode == 0 and "0 built" in noop.out, noop.text
+    # A hit with an explicit selection of a target without a toolchain: it fails.
+    explicit = doit(root, ["build:apple/llama/f16"], env)
+    assert explicit.returncode == 1, explicit.text
+    assert "toolchain 'metal' is not installed" in explicit.out
+    # A new file: regenerated (the cache is rewritten), exactly its targets build.
+    (root / "kernels/hopper/qwen/w8/new.cu").write_text('extern "C" __global__ void n() {}\n')
+    run = doit(root, ["build"], env)
+    assert run.returncode == 0, run.text
+    assert "[1/" in run.out and "build:hopper/qwen/w8" in run.out and "2 built" in run.out
+    assert entries(root) == [entry] and entry.stat().st_mtime_ns != stamp
+    listing = doit(root, ["list", "--all", "--status"], env)
+    assert listing.returncode == 0 and "smoke:hopper" in listing.out, listing.text
+
+
+# ------------------------------------------------------------------------------ pieces
+
+
+def test_signature_check_declares_what_doit_would_inspect() -> None:
+    check = SignatureCheck({"a": "1"})
+    declared = list(inspect.signature(check).parameters)
+    from_call = list(inspect.signature(SignatureCheck.__call__).parameters)[1:]
+    assert declared == from_call == ["task", "values"]
+
+
+def test_cache_delta_leaves_zeros_out() -> None:
+    from metrale_orch._actions import _cache_delta
+
+    class Stats:
+        def to_dict(self) -> dict[str, Any]:
+            return {"misses": 3, "puts": 1, "errors": 0, "seconds_saved": 0.0, "log": ["a", "b"]}
+
+    class Cache:
+        stats = Stats()
+
+    assert _cache_delta(Cache(), {"misses": 1, "puts": 1, "log": ["a"]}) == {
+        "misses": 2,
+        "log": ["b"],
+    }
+
+
+def test_scan_refuses_special_files(tmp_path: Path) -> None:
+    tree = tmp_path / "kernels"
+    (tree / "a").mkdir(parents=True)
+    assert _taskcache.scan(tree, []) is not None
+    if hasattr(os, "mkfifo") and sys.platform != "win32":
+        os.mkfifo(tree / "a" / "fifo")
+        assert _taskcache.scan(tree, []) is None
+    assert _taskcache.scan(tmp_path / "missing", []) is None
