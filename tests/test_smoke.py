@@ -759,6 +759,7 @@ def test_sample_cases_parse_and_references_match_shapes() -> None:
 def test_sample_target_static_checks(tmp_path: Path) -> None:
     """Build one sample NVIDIA target with the real build step; every static check passes."""
     import metrale_orch.compile as compile_mod
+
     layouts = [
         lay
         for lay in _sample_layouts()
