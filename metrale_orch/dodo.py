@@ -77,6 +77,9 @@ DOIT_CONFIG: dict[str, Any] = {
     # A failing target (tree or compile error) must not stop the others.
     "continue": True,
     "minversion": "0.37.0",
+    # `doit list` shows every target (sub-task), so `doit list --status` answers
+    # "which targets are up to date" without `--all`.
+    "subtasks": True,
 }
 
 
