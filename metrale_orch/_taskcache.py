@@ -46,13 +46,11 @@ renamed, so readers see a whole file or none; anything unreadable is a miss.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import marshal
 import os
 import stat
 import sys
-import threading
 import time
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
@@ -62,6 +60,8 @@ from types import MappingProxyType
 from typing import Any
 
 import xxhash
+
+from metrale_orch._fsutil import write_atomic
 
 __all__ = [
     "CACHE_GLOB",
@@ -295,17 +295,11 @@ def _encode_body(specs: Sequence[CachedSpec], extra: Any = None) -> bytes:
 
 
 def _write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
+        write_atomic(path, data)
     except OSError as exc:
         # Only a speed-up: a read-only build dir regenerates on every run.
         _log.debug("task cache: cannot write %s: %s", path, exc)
-        with contextlib.suppress(OSError):
-            tmp.unlink()
 
 
 def cache_path(state_dir: Path, key: str) -> Path:

@@ -53,6 +53,7 @@ from metrale_orch._cache_object import (
     encode_object,
     key_of,
 )
+from metrale_orch._fsutil import write_atomic
 from metrale_orch._stores import RemoteFailure, RemoteOff, RemoteStore
 from metrale_orch.config import CACHE_MODES
 from metrale_orch.errors import MetraleError
@@ -331,15 +332,7 @@ def _human(n: float) -> str:
 
 def write_stats(path: Path, stats: CacheStats) -> None:
     """Write ``stats`` as JSON to ``path`` atomically (temp file + rename)."""
-    data = (json.dumps(stats.to_dict(), indent=2, sort_keys=True) + "\n").encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+    write_atomic(path, (json.dumps(stats.to_dict(), indent=2, sort_keys=True) + "\n").encode())
 
 
 def read_stats(path: Path) -> CacheStats:

@@ -53,6 +53,7 @@ from typing import Any, Protocol
 import xxhash
 
 from metrale_orch import cache as cache_mod
+from metrale_orch._fsutil import write_if_changed
 from metrale_orch._proc import ProcessError, format_argv, run_process
 from metrale_orch.config import Config
 from metrale_orch.defaults import (
@@ -1082,26 +1083,6 @@ def run_compile(
 # ------------------------------------------------------------------------------------ install
 
 
-def _write_atomic(path: Path, data: bytes) -> bool:
-    """Write ``data`` to ``path`` via a temporary file + rename; False if already identical."""
-    try:
-        if path.is_file() and path.stat().st_size == len(data) and path.read_bytes() == data:
-            return False
-    except OSError:
-        pass
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        # No fsync: the rename makes a process interruption safe, which is what the
-        # build promises (a power loss may need `doit forget` + rebuild).
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-    return True
-
-
 def manifest_dict(
     root: Path, plan: TargetPlan, layout: Layout, results: Sequence[ModuleResult]
 ) -> dict[str, Any]:
@@ -1157,12 +1138,12 @@ def _install(
         if old is not None and old != new_manifest:
             manifest_path.unlink()
         for artefact, data in sorted(outputs.items()):
-            _write_atomic(dest / artefact, data)
+            write_if_changed(dest / artefact, data)
         defaults_json = json.dumps(render_defaults_json(plan.defaults), indent=2, sort_keys=True)
-        _write_atomic(dest / DEFAULTS_JSON, (defaults_json + "\n").encode())
-        _write_atomic(dest / DEFAULTS_HEADER, render_defaults_header(plan.defaults).encode())
+        write_if_changed(dest / DEFAULTS_JSON, (defaults_json + "\n").encode())
+        write_if_changed(dest / DEFAULTS_HEADER, render_defaults_header(plan.defaults).encode())
         if not failed:
-            _write_atomic(manifest_path, new_manifest)
+            write_if_changed(manifest_path, new_manifest)
         keep = {*outputs, DEFAULTS_JSON, DEFAULTS_HEADER}
         if not failed:
             keep.add(MANIFEST_NAME)

@@ -18,7 +18,6 @@ Pure: :func:`plan_stage`, :func:`role_dir`. I/O: :func:`stage`.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 from collections.abc import Mapping
@@ -28,6 +27,7 @@ from types import MappingProxyType
 
 import xxhash
 
+from metrale_orch._fsutil import write_atomic
 from metrale_orch.layout import Layout, Role
 from metrale_orch.toolchains import BuildError
 
@@ -160,14 +160,7 @@ def _same_bytes(dest: Path, data: bytes) -> bool:
 def _write_atomic(dest: Path, data: bytes) -> None:
     if dest.is_dir() and not dest.is_symlink():
         shutil.rmtree(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.stage-tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, dest)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+    write_atomic(dest, data)
 
 
 def _remove_stale(stage_dir: Path, plan: Mapping[str, Path], target: str) -> list[str]:

@@ -31,6 +31,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from metrale_orch._fsutil import write_atomic
 from metrale_orch._proc import ProcessError, run_process
 from metrale_orch.errors import MetraleError
 
@@ -682,15 +683,9 @@ def _read_identity_file(path: Path | None) -> dict[str, Any]:
 
 def _write_identity_file(path: Path, data: Mapping[str, Any]) -> None:
     items = sorted(data.items())[-_IDENTITY_FILE_MAX_ENTRIES:]
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(dict(items), indent=1, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError:
-        # Only a speed-up: a read-only build dir costs one probe per process.
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+    # Only a speed-up: a read-only build dir costs one probe per process.
+    with contextlib.suppress(OSError):
+        write_atomic(path, json.dumps(dict(items), indent=1, sort_keys=True).encode())
 
 
 def toolchain_stamp(

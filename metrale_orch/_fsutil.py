@@ -1,0 +1,40 @@
+"""Atomic file writes: the one way this package replaces a file.
+
+A reader never sees a partial file: data goes to a temporary name in the same
+directory (unique per process and thread) and is renamed into place. No fsync:
+the rename makes an interrupted process safe, which is what the build promises;
+a power loss may need ``doit forget`` and a rebuild.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from pathlib import Path
+
+__all__ = ["write_atomic", "write_if_changed"]
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically, creating its directory. Raises OSError."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def write_if_changed(path: Path, data: bytes) -> bool:
+    """:func:`write_atomic` unless ``path`` already holds ``data``; True when it wrote."""
+    try:
+        if path.is_file() and path.stat().st_size == len(data) and path.read_bytes() == data:
+            return False
+    except OSError:
+        pass
+    write_atomic(path, data)
+    return True
