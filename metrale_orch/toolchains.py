@@ -333,11 +333,11 @@ def _builtin_tables() -> dict[str, dict[str, Any]]:
 @functools.cache
 def _read_builtin_tables() -> Mapping[str, Mapping[str, Any]]:
     tables: dict[str, dict[str, Any]] = {}
-    folder = resources.files("metrale_orch").joinpath("toolchains")
+    folder = resources.files("metrale_orch").joinpath("builtin_toolchains")
     for item in sorted(folder.iterdir(), key=lambda t: t.name):
         if not item.name.endswith(".toml"):
             continue
-        where = f"metrale_orch/toolchains/{item.name}"
+        where = f"metrale_orch/builtin_toolchains/{item.name}"
         table = _table_of(tomllib.loads(item.read_text(encoding="utf-8")), where)
         tables[str(table["name"])] = table
     return MappingProxyType(tables)
@@ -347,7 +347,7 @@ def builtin_toolchains() -> Mapping[str, Toolchain]:
     """The toolchains shipped with the package (nvcc, metal, hip), by name."""
     return MappingProxyType(
         {
-            name: parse_toolchain(t, f"metrale_orch/toolchains/{name}.toml")
+            name: parse_toolchain(t, f"metrale_orch/builtin_toolchains/{name}.toml")
             for name, t in sorted(_builtin_tables().items())
         }
     )
@@ -412,7 +412,7 @@ def load_toolchains(root: Path) -> Mapping[str, Toolchain]:
         resolve(name, (name,))
     result: dict[str, Toolchain] = {}
     for name, table in builtins.items():
-        result[name] = parse_toolchain(table, f"metrale_orch/toolchains/{name}.toml")
+        result[name] = parse_toolchain(table, f"metrale_orch/builtin_toolchains/{name}.toml")
     result.update(resolved)
     return MappingProxyType(dict(sorted(result.items())))
 
