@@ -1,0 +1,156 @@
+"""``metrale-orch layout`` and ``metrale-orch check`` as a user runs them."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from metrale_orch.cli import main
+from metrale_orch.layout import dump
+from tests._layout_support import files, hw, kernel_toml, model, write
+
+
+def run(root: Path, *argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(["--root", str(root), *argv], environ={}, out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def tree(root: Path) -> None:
+    """gb10 (base) and hopper (inherits gb10), one model, a use, both kinds of shadow."""
+    hw(root, "gb10", arch="sm_121f")
+    hw(root, "hopper", arch="sm_90a", inherits="gb10")
+    for h in ("gb10", "hopper"):
+        model(root, h, "qwen")
+    files(
+        root,
+        "kernels/gb10/common/rms.cu",
+        "kernels/gb10/common/util.cuh",
+        "kernels/gb10/common/vendor/v.h",
+        "kernels/gb10/qwen/bf16/rms.cu",
+        "kernels/hopper/common/util.cuh",
+        "kernels/shared/extra.cu",
+    )
+    kernel_toml(root, "kernels/gb10/qwen/bf16", use=["../shared/extra.cu"], shadow={"rms": "q"})
+    kernel_toml(root, "kernels/hopper/common", shadow={"util": "wider loads"})
+
+
+def test_layout_view_names_layers_entries_modules_shadows(tmp_path: Path) -> None:
+    tree(tmp_path)
+    code, out, err = run(tmp_path, "layout", "hopper/qwen/bf16")
+    assert (code, err) == (0, "")
+    assert "hardware hopper: vendor nvidia, arch sm_90a, inherits gb10" in out
+    assert "0 leaf   own    kernels/hopper/qwen/bf16  (missing)" in out
+    assert "1 leaf   parent kernels/gb10/qwen/bf16  (exists)  KERNEL.toml" in out
+    assert "extra.cu  kernels/shared/extra.cu  (layer 1)  [use]" in out
+    assert "vendor/  kernels/gb10/common/vendor  (subdirectory)" in out
+    assert "rms    kernels/gb10/qwen/bf16/rms.cu  (leaf)" in out
+    assert (
+        "common util.cuh: kernels/hopper/common/util.cuh replaces "
+        "kernels/gb10/common/util.cuh -- wider loads"
+    ) in out
+
+
+def test_layout_json_is_the_dump_format(tmp_path: Path) -> None:
+    tree(tmp_path)
+    code, out, _ = run(tmp_path, "layout", "--json", "hopper/qwen/bf16")
+    assert code == 0
+    whole = dump(tmp_path)
+    assert json.loads(out) == {"hopper/qwen/bf16": whole["hopper/qwen/bf16"]}
+    code, out, _ = run(tmp_path, "layout", "--json")
+    assert code == 0 and json.loads(out) == whole
+    assert str(tmp_path) not in out  # root-relative paths only
+
+
+def test_layout_of_a_broken_target_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    tree(tmp_path)
+    write(tmp_path, "kernels/hopper/qwen/bf16/rms.cu")  # undeclared own-over-parent win
+    code, out, err = run(tmp_path, "layout", "hopper/qwen/bf16")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("error: kernels/hopper/qwen/bf16/rms.cu shadows")
+    assert '[shadow] rms = "<reason>"' in err
+    code, out, _ = run(tmp_path, "layout", "--json", "hopper/qwen/bf16")
+    assert code == 2 and "shadows" in json.loads(out)["hopper/qwen/bf16"]["error"]
+    code, _, err = run(tmp_path, "--debug", "layout", "hopper/qwen/bf16")
+    assert code == 2 and "Traceback" in err
+
+
+def test_layout_rejects_a_malformed_target(tmp_path: Path) -> None:
+    tree(tmp_path)
+    code, _, err = run(tmp_path, "layout", "hopper/qwen")
+    assert code == 2 and "expected hw/model/quant" in err
+
+
+def test_layout_without_target_lists_every_target(tmp_path: Path) -> None:
+    tree(tmp_path)
+    code, out, _ = run(tmp_path, "layout")
+    assert code == 0
+    assert out.splitlines() == [
+        "gb10/qwen/bf16  2 modules",
+        "hopper/qwen/bf16  2 modules",
+        "2 targets, 0 failing",
+    ]
+
+
+def test_check_clean_tree(tmp_path: Path) -> None:
+    tree(tmp_path)
+    code, out, err = run(tmp_path, "check")
+    assert (code, err) == (0, "")
+    assert out == "check: ok (2 targets resolve; no symlinks, forks or duplicates)\n"
+
+
+def test_check_reports_every_problem_at_once(tmp_path: Path) -> None:
+    tree(tmp_path)
+    # 1. an undeclared win in hopper's leaf (breaks one target)
+    write(tmp_path, "kernels/hopper/qwen/bf16/rms.cu", "// a hopper variant\n")
+    # 2. a pointless fork: the declared hopper util.cuh is byte-identical to gb10's
+    write(tmp_path, "kernels/hopper/common/util.cuh", "// kernels/gb10/common/util.cuh\n")
+    # 3. the same file, same bytes, in two unrelated places
+    write(tmp_path, "kernels/gb10/common/copy/extra.cu", "// kernels/shared/extra.cu\n")
+    # 4. a symlink that no target reads
+    os.symlink("nowhere", tmp_path / "kernels/shared/link.cu")
+    # A second hopper model still resolves, so the fork (2) is seen through it.
+    model(tmp_path, "hopper", "llama")
+    write(tmp_path, "kernels/hopper/llama/bf16/attn.cu")
+    code, out, err = run(tmp_path, "check")
+    assert code == 2 and out == ""
+    lines = err.splitlines()
+    assert lines[-1] == "check: 5 problems"
+    problems = [ln for ln in lines if ln.startswith("problem: ")]
+    assert len(problems) == 5
+    text = "\n".join(problems)
+    assert "kernels/hopper/qwen/bf16/rms.cu shadows kernels/gb10/qwen/bf16/rms.cu" in text
+    assert "[target hopper/qwen/bf16]" in text
+    assert (
+        "kernels/hopper/common/util.cuh shadows kernels/gb10/common/util.cuh with identical "
+        "bytes: a pointless fork" in text
+    )
+    assert "util.cuh is duplicated byte for byte" in text
+    assert "extra.cu is duplicated byte for byte" in text
+    assert "kernels/shared/link.cu: is a symlink" in text
+
+
+def test_check_reports_a_read_symlink_once(tmp_path: Path) -> None:
+    tree(tmp_path)
+    os.symlink("rms.cu", tmp_path / "kernels/gb10/common/alias.cu")
+    code, _, err = run(tmp_path, "check")
+    assert code == 2
+    assert err.count("kernels/gb10/common/alias.cu: is a symlink") == 1, err
+
+
+def test_python_dash_m_runs_the_cli(tmp_path: Path) -> None:
+    tree(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "metrale_orch", "check"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("check: ok")
