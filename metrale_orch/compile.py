@@ -149,16 +149,23 @@ class CompileError(BuildError):
         returncode: int | None,
         output: str,
         reason: str = "",
+        source: str = "",
     ) -> None:
         self.target = target
         self.module = module
+        #: The module's source in the tree (root-relative), when known: the compiler's
+        #: messages name the staged copy in the role directory.
+        self.source = source
         self.argv = tuple(argv)
         self.returncode = returncode
         self.output = output
         self.reason = reason or (
             f"exited with status {returncode}" if returncode is not None else "did not finish"
         )
-        text = f"{target}: module {module}: the compiler {self.reason}\n  $ {format_argv(argv)}"
+        where = f" ({source})" if source else ""
+        text = (
+            f"{target}: module {module}{where}: the compiler {self.reason}\n  $ {format_argv(argv)}"
+        )
         if output.strip():
             text += "\n" + output.rstrip()
         super().__init__(text)
@@ -167,6 +174,7 @@ class CompileError(BuildError):
         return {
             "target": self.target,
             "module": self.module,
+            "source": self.source,
             "command": format_argv(self.argv),
             "exit_code": self.returncode,
             "reason": self.reason,
@@ -919,7 +927,16 @@ def build_target(
             data, outcome = _obtain(
                 plan, module, key, staged, found.program, cache, environ, tmp_root, log
             )
-        except CompileError as exc:
+        except CompileError as raw:
+            exc = CompileError(
+                target=raw.target,
+                module=raw.module,
+                argv=raw.argv,
+                returncode=raw.returncode,
+                output=raw.output,
+                reason=raw.reason,
+                source=source_rel,
+            )
             failures.append(exc)
             counts["failed"] += 1
             log.error("%s", exc)

@@ -381,7 +381,9 @@ def test_compiler_failure_is_reported_and_others_continue(
     assert "leaf.cu" in failure.argv and "--ptx" in failure.argv
     assert "the fake compiler was told to fail" in failure.output
     text = result.failure_text()
-    assert "hw1/m1/q1: module leaf" in text and "nvcc --ptx" in text and "told to fail" in text
+    assert "hw1/m1/q1: module leaf (kernels/hw1/m1/q1/leaf.cu)" in text
+    assert "nvcc --ptx" in text and "told to fail" in text
+    assert failure.source == "kernels/hw1/m1/q1/leaf.cu"
     # No manifest for a failed target (and the stale one is gone); no stale artefact.
     out = root / "build/hw1/m1/q1"
     assert not (out / "manifest.json").exists()
