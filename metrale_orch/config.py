@@ -219,7 +219,8 @@ def load_config(
 
     for key, value in (overrides or {}).items():
         if key not in _KEYS:
-            raise ConfigError("command line", key, "unknown setting")
+            known = ", ".join(sorted(_KEYS))
+            raise ConfigError("command line", key, f"unknown setting (known keys: {known})")
         if value is None:
             continue
         values[key] = _convert(

@@ -19,12 +19,12 @@ import os
 import sys
 import traceback
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
 from metrale_orch.config import Config, find_root, load_config
-from metrale_orch.errors import MetraleError
+from metrale_orch.errors import MetraleError, UsageError
 
 __all__ = ["Context", "main"]
 
@@ -38,12 +38,14 @@ class Context:
     out: TextIO
     err: TextIO
     debug: bool = False
+    #: ``--set KEY=VALUE`` settings: the command line, above pyproject and environment.
+    overrides: Mapping[str, str] = field(default_factory=dict)
     _config: Config | None = None
 
     def config(self) -> Config:
         """The project's configuration (loaded once; raises ``ConfigError``)."""
         if self._config is None:
-            self._config = load_config(self.root, self.environ)
+            self._config = load_config(self.root, self.environ, self.overrides)
         return self._config
 
 
@@ -59,6 +61,15 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         help="project root (the directory holding kernels/); default: $METRALE_ORCH_ROOT, "
         "else the nearest ancestor of the current directory with dodo.py or kernels/",
+    )
+    parser.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a [tool.metrale-orch] setting for this command (e.g. --set "
+        "cache_mode=off); the command line outranks pyproject.toml and the environment",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -89,7 +100,12 @@ def main(
         root = Path(env["METRALE_ORCH_ROOT"])
     else:
         root = find_root(Path.cwd())
-    ctx = Context(root=root, environ=env, out=out, err=err, debug=args.debug)
+    try:
+        overrides = _parse_settings(args.settings)
+    except UsageError as exc:
+        print(f"error: {exc}", file=err)
+        return exc.exit_code
+    ctx = Context(root=root, environ=env, out=out, err=err, debug=args.debug, overrides=overrides)
     try:
         code: int = args.run(args, ctx)
         return code
@@ -112,3 +128,14 @@ def main(
                 file=err,
             )
         return 1
+
+
+def _parse_settings(items: Sequence[str]) -> dict[str, str]:
+    """``KEY=VALUE`` strings to a mapping; the last of a repeated key wins."""
+    settings: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--set {item!r}: expected KEY=VALUE, e.g. --set cache_mode=off")
+        settings[key.strip()] = value
+    return settings
