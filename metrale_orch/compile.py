@@ -196,6 +196,8 @@ class ModulePlan:
     #: The entry (file) name in its role directory.
     entry: str
     source: Path
+    #: ``source`` relative to the root (POSIX): how manifests and errors name it.
+    source_rel: str
     #: Staged path of the source, relative to the stage root (POSIX).
     staged: str
     #: The role directory relative to the stage root: the compile's cwd.
@@ -494,6 +496,7 @@ def plan_target(
                 role=role.value,
                 entry=entry.name,
                 source=entry.source,
+                source_rel=rel(entry.source),
                 staged=f"{cwd}/{entry.name}",
                 cwd=cwd,
                 artefact=artefact,
@@ -922,21 +925,12 @@ def build_target(
         key = cache_mod.cache_key(
             config.cache_namespace, module_key_parts(plan, module, closure, staged.hashes)
         )
-        source_rel = _rel(module.source, root)
+        source_rel = module.source_rel
         try:
             data, outcome = _obtain(
                 plan, module, key, staged, found.program, cache, environ, tmp_root, log
             )
-        except CompileError as raw:
-            exc = CompileError(
-                target=raw.target,
-                module=raw.module,
-                argv=raw.argv,
-                returncode=raw.returncode,
-                output=raw.output,
-                reason=raw.reason,
-                source=source_rel,
-            )
+        except CompileError as exc:
             failures.append(exc)
             counts["failed"] += 1
             log.error("%s", exc)
@@ -1075,6 +1069,7 @@ def run_compile(
                 returncode=exc.returncode,
                 output=exc.output,
                 reason=exc.reason,
+                source=module.source_rel,
             ) from None
         text = (done.stdout + done.stderr).strip()
         if text:
@@ -1091,6 +1086,7 @@ def run_compile(
                 returncode=done.returncode,
                 output=text,
                 reason=f"exited 0 but wrote no {module.artefact}",
+                source=module.source_rel,
             )
         return data, done.seconds, argv
     finally:
