@@ -9,6 +9,10 @@ xxh3-128 hex, in payload order, sorted by name) and ``meta``. The payload is
 the outputs concatenated. :func:`decode_object` checks the magic, the header
 hash, the schema, the key, every output's size and hash and that nothing
 trails the payload; any mismatch raises :class:`CorruptObject` naming what.
+
+A reader that must not trust a file's size (the local tier) reads the fixed
+prefix first (:func:`header_length`), then the header (:func:`declared_size`),
+and only then exactly the length the header declares.
 """
 
 from __future__ import annotations
@@ -26,12 +30,16 @@ import xxhash
 __all__ = [
     "KEY_RE",
     "MAGIC",
+    "PREFIX_SIZE",
     "SCHEMA",
     "CorruptObject",
     "DecodedObject",
+    "ObjectTooLarge",
     "canonical_key_bytes",
+    "declared_size",
     "decode_object",
     "encode_object",
+    "header_length",
     "key_of",
 ]
 
@@ -39,16 +47,29 @@ __all__ = [
 SCHEMA = 1
 MAGIC = b"MOCACHE\x01"
 _PREFIX = struct.Struct("<8sI16s")
+#: Bytes before the header: magic, header length, header hash.
+PREFIX_SIZE = _PREFIX.size
 _MAX_HEADER = 16 * 1024 * 1024
 KEY_RE = re.compile(r"[0-9a-f]{32}")
+#: One output in a header: name, size, xxh3-128 hex.
+Spec = tuple[str, int, str]
 
 
 class CorruptObject(ValueError):
-    """The bytes are not a valid object for the key; ``reason`` says what failed."""
+    """The bytes are not a valid object for the key; ``reason`` says what failed.
 
-    def __init__(self, reason: str) -> None:
+    ``received`` is how many bytes were read before the object was refused
+    (set by readers that count transferred bytes; 0 when unknown).
+    """
+
+    def __init__(self, reason: str, *, received: int = 0) -> None:
         self.reason = reason
+        self.received = received
         super().__init__(reason)
+
+
+class ObjectTooLarge(CorruptObject):
+    """The object is larger than the reader's size limit (refused unread, not proven bad)."""
 
 
 def _canon(value: Any, where: str) -> Any:
@@ -125,18 +146,23 @@ class DecodedObject:
         self.size = size
 
 
-def decode_object(key: str, data: bytes) -> DecodedObject:
-    """Verify ``data`` as the object of ``key``; raises :class:`CorruptObject` on any mismatch."""
-    if len(data) < _PREFIX.size:
-        raise CorruptObject(f"truncated: {len(data)} bytes, shorter than the object prefix")
-    magic, hlen, hhash = _PREFIX.unpack_from(data)
+def header_length(prefix: bytes) -> int:
+    """The header length an object's first :data:`PREFIX_SIZE` bytes declare.
+
+    Raises :class:`CorruptObject` for a short prefix, a bad magic or an absurd length.
+    """
+    if len(prefix) < _PREFIX.size:
+        raise CorruptObject(f"truncated: {len(prefix)} bytes, shorter than the object prefix")
+    magic, hlen, _ = _PREFIX.unpack_from(prefix)
     if magic != MAGIC:
         raise CorruptObject("bad magic (not a metrale-orch cache object, or another version)")
-    if hlen > _MAX_HEADER or _PREFIX.size + hlen > len(data):
+    if hlen > _MAX_HEADER:
         raise CorruptObject(f"truncated or bad header length {hlen}")
-    view = memoryview(data)
-    head = view[_PREFIX.size : _PREFIX.size + hlen]
-    if xxhash.xxh3_128_digest(head) != hhash:
+    return int(hlen)
+
+
+def _parse_header(prefix: bytes, head: bytes | memoryview) -> tuple[Any, Any, Any, list[Spec]]:
+    if xxhash.xxh3_128_digest(head) != _PREFIX.unpack_from(prefix)[2]:
         raise CorruptObject("header hash mismatch")
     try:
         header = json.loads(bytes(head))
@@ -149,6 +175,32 @@ def decode_object(key: str, data: bytes) -> DecodedObject:
         specs = [(str(e["name"]), int(e["size"]), str(e["xxh3"])) for e in entries]
     except (ValueError, KeyError, TypeError) as exc:
         raise CorruptObject(f"malformed header: {exc}") from None
+    if any(size < 0 for _, size, _ in specs):
+        raise CorruptObject("malformed header: negative output size")
+    return schema, hkey, meta, specs
+
+
+def declared_size(prefix: bytes, head: bytes) -> int:
+    """The whole object's size as its verified header declares it (pure).
+
+    ``prefix`` is the first :data:`PREFIX_SIZE` bytes, ``head`` the
+    :func:`header_length` bytes after them. Raises :class:`CorruptObject`.
+    """
+    hlen = header_length(prefix)
+    if len(head) != hlen:
+        raise CorruptObject(f"truncated: header is {len(head)} bytes, prefix says {hlen}")
+    _, _, _, specs = _parse_header(prefix, head)
+    return _PREFIX.size + hlen + sum(size for _, size, _ in specs)
+
+
+def decode_object(key: str, data: bytes) -> DecodedObject:
+    """Verify ``data`` as the object of ``key``; raises :class:`CorruptObject` on any mismatch."""
+    hlen = header_length(data)
+    if _PREFIX.size + hlen > len(data):
+        raise CorruptObject(f"truncated or bad header length {hlen}")
+    view = memoryview(data)
+    head = view[_PREFIX.size : _PREFIX.size + hlen]
+    schema, hkey, meta, specs = _parse_header(data, head)
     if schema != SCHEMA:
         raise CorruptObject(f"schema {schema!r}, expected {SCHEMA}")
     if hkey != key:

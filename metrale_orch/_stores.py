@@ -2,10 +2,15 @@
 
 One :class:`RemoteStore` per cache. Invariants:
 
-- A lookup is one request (``cat_file``; not-found is a miss), a publish is
-  one create-only request where the backend offers it (S3 ``If-None-Match``,
+- A lookup is one request (not-found is a miss), a publish is one
+  create-only request where the backend offers it (S3 ``If-None-Match``,
   GCS ``ifGenerationMatch=0``, a hard link on ``file://``, ``xb`` on
   ``memory://``); "already exists" is success.
+- A lookup reads at most ``max_size + 1`` bytes: S3 asks for that range and
+  stops reading the body there (so a server that ignores the range cannot
+  make it read more); GCS and other fsspec stores ask for the range;
+  ``file://`` reads like the local tier (regular files only, as long as the
+  header declares). A longer answer is refused as corrupt.
 - Every call, including opening the filesystem (gcsfs may probe credentials),
   runs under ``timeout`` seconds: async filesystems through
   ``fsspec.asyn.sync(loop, coro, timeout=...)``, which cancels the request;
@@ -13,9 +18,19 @@ One :class:`RemoteStore` per cache. Invariants:
 - Circuit breaker: until the first successful call the remote is unproven and
   calls are serialised; a failure then switches the remote off at once (a dead
   remote costs about one deadline per run). Once proven, ``failure_threshold``
-  consecutive failures switch it off. Either way: one warning, off for the
-  rest of the run. A store that refuses writes (403 on a put) keeps serving
-  reads, with one warning.
+  consecutive failures switch it off. An answer that fails verification (a
+  server answering 200 with garbage) is a failure too (counted toward the
+  threshold, never proving the remote); only a lookup that ends in a verified
+  object or a clean not-found resets the count (a server may accept writes and
+  still serve garbage). Either way: one warning, off for the rest of the run.
+- A missing bucket or denied access (403) on a lookup switches the remote off
+  at once with one warning naming the URL and what to do. A store that
+  refuses writes (403 on a put) keeps serving reads, with one warning; a
+  refused delete is ignored.
+- A call that runs past its deadline is diagnosed with one TCP connect to the
+  endpoint, so a closed port is reported as "connection refused" and an
+  unknown host as such; "no answer" is kept for a server that accepts the
+  connection and stays silent.
 - A missing extra (s3fs, gcsfs) is one warning naming what to install.
 """
 
@@ -28,15 +43,17 @@ import logging
 import os
 import queue
 import re
+import socket
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import xxhash
 
-from metrale_orch._cache_local import publish_atomic
-from metrale_orch._cache_object import SCHEMA
+from metrale_orch._cache_local import DEFAULT_MAX_OBJECT_SIZE, publish_atomic, read_object_file
+from metrale_orch._cache_object import SCHEMA, CorruptObject, ObjectTooLarge
 
 __all__ = ["RemoteFailure", "RemoteStore", "extra_for", "remote_object_path"]
 
@@ -51,6 +68,10 @@ _EXTRAS: Mapping[str, tuple[str, str]] = {
     "gcs": ("gcsfs", "gcs"),
 }
 _SAFE_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+#: Body read size per await on S3 (the answer is read at most up to the limit + 1).
+_CHUNK = 8 * 1024 * 1024
+#: Longest TCP connect of the diagnosis that follows a timeout.
+_DIAGNOSE_SECONDS = 1.0
 
 
 class RemoteFailure(Exception):
@@ -63,6 +84,12 @@ class RemoteFailure(Exception):
 
 
 class _WriteRefused(Exception):
+    def __init__(self, cause: BaseException) -> None:
+        self.cause = cause
+        super().__init__(str(cause))
+
+
+class _MissingBucket(Exception):
     def __init__(self, cause: BaseException) -> None:
         self.cause = cause
         super().__init__(str(cause))
@@ -168,6 +195,43 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in seen and len(seen) < 8:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+def _error_code(exc: BaseException) -> str:
+    """The service's error code (botocore ``ClientError``) behind ``exc``, or ""."""
+    for link in _chain(exc):
+        response = getattr(link, "response", None)
+        if isinstance(response, Mapping):
+            error = response.get("Error")
+            if isinstance(error, Mapping) and error.get("Code"):
+                return str(error["Code"])
+    return ""
+
+
+def _is_missing_bucket(exc: BaseException) -> bool:
+    # s3fs maps NoSuchBucket to FileNotFoundError (like a missing key); gcsfs says it in words.
+    if _error_code(exc) == "NoSuchBucket":
+        return True
+    return any("bucket does not exist" in str(link).lower() for link in _chain(exc))
+
+
+def _bucket_of(url: str) -> str:
+    rest = url.split("://", 1)[1] if "://" in url else url
+    return rest.split("/", 1)[0]
+
+
+def _connect(host: str, port: int, timeout: float) -> None:
+    with socket.create_connection((host, port), timeout=timeout):
+        pass
+
+
 class RemoteStore:
     """Objects under ``url`` (an fsspec URL); see the module docstring for the guarantees."""
 
@@ -181,8 +245,10 @@ class RemoteStore:
         failure_threshold: int,
         writable: bool,
         warn: Callable[[str], None],
+        max_size: int = DEFAULT_MAX_OBJECT_SIZE,
     ) -> None:
         self.url = url
+        self.max_size = max_size
         self._options = dict(storage_options)
         self._namespace = namespace
         self.timeout = timeout
@@ -202,21 +268,26 @@ class RemoteStore:
 
     # -- public operations -------------------------------------------------------------------
 
-    def get(self, key: str) -> bytes | None:
-        """The stored bytes of ``key`` (unverified), None if absent; raises RemoteFailure/Off."""
-        return self._guarded(lambda: self._get(key))
+    def get(self, key: str, decode: Callable[[bytes], T]) -> T | None:
+        """``decode`` of the stored bytes of ``key`` (at most ``max_size``), None if absent.
+
+        ``decode`` verifies the bytes and raises :class:`CorruptObject` when they
+        fail; that is re-raised (with ``received`` set) and counts as a failure
+        for the breaker. Raises RemoteFailure/RemoteOff.
+        """
+        return self._guarded(lambda: self._get(key, decode), resets=True)
 
     def put(self, key: str, data: bytes) -> bool:
         """Publish create-only; True if created, False if it existed. Raises RemoteFailure/Off."""
         if not self.writable:
             raise RemoteOff("remote is read-only")
-        return self._guarded(lambda: self._put(key, data))
+        return self._guarded(lambda: self._put(key, data), resets=False)
 
     def delete(self, key: str) -> None:
         """Remove ``key`` (a corrupt object); raises RemoteFailure/Off."""
         if not self.writable:
             raise RemoteOff("remote is read-only")
-        self._guarded(lambda: self._delete(key))
+        self._guarded(lambda: self._delete(key), resets=False)
 
     def path(self, key: str) -> str:
         self._ensure_open()
@@ -227,7 +298,8 @@ class RemoteStore:
 
     # -- the breaker ---------------------------------------------------------------------------
 
-    def _guarded(self, op: Callable[[], T]) -> T:
+    def _guarded(self, op: Callable[[], T], *, resets: bool) -> T:
+        """Run ``op`` under the breaker; ``resets``: a success clears the failure count."""
         if self.disabled:
             raise RemoteOff("remote is off")
         probe = self._probe if not self._proven else contextlib.nullcontext()
@@ -239,24 +311,46 @@ class RemoteStore:
                 result = op()
             except RemoteOff:
                 raise
+            except CorruptObject as exc:  # it answered, with garbage: a failure, not a proof
+                self._failed(f"an answer failed verification: {exc.reason}", exc, at_once=False)
+                raise
             except _WriteRefused as exc:  # the remote answered: not a breaker failure
                 raise RemoteFailure(_describe(exc.cause)) from None
             except TimeoutError as exc:
-                self._failed(f"no answer within {self.timeout:g} s", exc)
-                raise RemoteFailure(f"no answer within {self.timeout:g} s", timeout=True) from None
+                detail, timed_out = self._diagnose_timeout()
+                self._failed(detail, exc)
+                raise RemoteFailure(detail, timeout=timed_out) from None
             except Exception as exc:
-                self._failed(_describe(exc), exc)
-                raise RemoteFailure(_describe(exc)) from None
+                detail = _describe(exc.cause if isinstance(exc, _MissingBucket) else exc)
+                if isinstance(exc, _MissingBucket) or _is_missing_bucket(exc):
+                    self._switch_off(
+                        f"remote cache {self.url}: bucket {_bucket_of(self.url)!r} does not exist "
+                        f"({detail}); create it or fix the cache URL; off for the rest of this "
+                        "run, using the local cache only",
+                        exc,
+                    )
+                elif _is_forbidden(exc):
+                    self._switch_off(
+                        f"remote cache {self.url} denies access ({detail}): check its credentials "
+                        "(storage_options or the environment) and permissions; off for the rest "
+                        "of this run, using the local cache only",
+                        exc,
+                    )
+                else:
+                    self._failed(detail, exc)
+                raise RemoteFailure(detail) from None
             with self._lock:
                 self._proven = True
-                self._failures = 0
+                if resets:
+                    self._failures = 0
             return result
 
-    def _failed(self, detail: str, exc: BaseException) -> None:
+    def _failed(self, detail: str, exc: BaseException, *, at_once: bool = True) -> None:
+        """Count a failure; trip at the threshold (or at once if unproven and ``at_once``)."""
         log.debug("remote cache %s: %s", self.url, detail, exc_info=exc)
         with self._lock:
             self._failures += 1
-            trip = not self._proven or self._failures >= self._threshold
+            trip = (at_once and not self._proven) or self._failures >= self._threshold
             if trip and not self.disabled:
                 self.disabled = True
                 n = self._failures
@@ -265,6 +359,61 @@ class RemoteStore:
                     f"{n} failed call{'s' if n != 1 else ''} (last: {detail}); "
                     "using the local cache only"
                 )
+
+    def _switch_off(self, message: str, exc: BaseException) -> None:
+        log.debug("remote cache %s: %s", self.url, message, exc_info=exc)
+        with self._lock:
+            if self.disabled:
+                return
+            self.disabled = True
+            self._warn(message)
+
+    def _diagnose_timeout(self) -> tuple[str, bool]:
+        """(detail, still a timeout?) for a call that ran past its deadline.
+
+        One TCP connect to the endpoint tells a closed port ("connection
+        refused") and an unknown host from a server that stays silent.
+        """
+        no_answer = f"no answer within {self.timeout:g} s"
+        endpoint = self._endpoint()
+        if endpoint is None:
+            return no_answer, True
+        host, port = endpoint
+        wait = min(_DIAGNOSE_SECONDS, self.timeout)
+        try:
+            self._worker.call(lambda: _connect(host, port, wait), wait + 0.5)
+        except ConnectionRefusedError:
+            return f"connection refused by {host}:{port}", False
+        except socket.gaierror:
+            return f"cannot resolve host {host!r}", False
+        except TimeoutError:
+            return no_answer, True
+        except OSError as exc:
+            return f"cannot connect to {host}:{port} ({exc.strerror or _describe(exc)})", False
+        return no_answer, True
+
+    def _endpoint(self) -> tuple[str, int] | None:
+        """(host, port) the store talks to, where it is an HTTP endpoint we can name."""
+        opts = self._options
+        client_kwargs = opts.get("client_kwargs")
+        url: object = opts.get("endpoint_url") or (
+            client_kwargs.get("endpoint_url") if isinstance(client_kwargs, Mapping) else None
+        )
+        if not url and self._fs is not None:
+            client = getattr(self._fs, "s3", None)  # s3fs, after set_session
+            url = getattr(getattr(client, "meta", None), "endpoint_url", None)
+            if not url:
+                url = getattr(self._fs, "_location", None)  # gcsfs
+        if not isinstance(url, str) or "://" not in url:
+            return None
+        try:
+            parts = urlsplit(url)
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            return None
+        if not parts.hostname:
+            return None
+        return parts.hostname, port
 
     # -- opening -------------------------------------------------------------------------------
 
@@ -327,18 +476,64 @@ class RemoteStore:
             return fn(*args, **kwargs)
         return self._worker.call(lambda: fn(*args, **kwargs), self.timeout)
 
-    def _get(self, key: str) -> bytes | None:
-        fs = self._fs
+    def _get(self, key: str, decode: Callable[[bytes], T]) -> T | None:
         path = remote_object_path(self._root, self._namespace, key)
         try:
-            if fs.async_impl:
-                extra = {"max_concurrency": 1} if self._protocol in ("s3", "s3a") else {}
-                data = self._run(fs._cat_file, path, **extra)
-            else:
-                data = self._run(fs.cat_file, path)
-        except (FileNotFoundError, NotADirectoryError):
+            data = self._fetch(path)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            if _is_missing_bucket(exc):
+                raise
             return None
-        return bytes(data)
+        if data is None:
+            return None
+        if len(data) > self.max_size:
+            raise ObjectTooLarge(
+                f"more than the {self.max_size}-byte limit on an object", received=len(data)
+            )
+        try:
+            return decode(data)
+        except CorruptObject as exc:
+            exc.received = len(data)
+            raise
+
+    def _fetch(self, path: str) -> bytes | None:
+        """At most ``max_size + 1`` bytes of ``path``; None (or FileNotFoundError) if absent."""
+        fs = self._fs
+        limit = self.max_size + 1
+        if self._protocol in ("file", "local"):
+            found: bytes | None = self._run(read_object_file, Path(path), self.max_size)
+            return found
+        if self._protocol in ("s3", "s3a"):
+            return bytes(self._run(self._s3_read, path, limit))
+        if fs.async_impl:
+            return bytes(self._run(fs._cat_file, path, start=0, end=limit))
+        return bytes(self._run(fs.cat_file, path, start=0, end=limit))
+
+    async def _s3_read(self, path: str, limit: int) -> bytes:
+        """GET the first ``limit`` bytes and stop reading there, whatever the server sends."""
+        fs = self._fs
+        bucket, key, _ = fs.split_path(path)
+        try:
+            resp = await fs._call_s3(
+                "get_object", Bucket=bucket, Key=key, Range=f"bytes=0-{limit - 1}"
+            )
+        except OSError as exc:
+            if _error_code(exc) in ("InvalidRange", "416"):
+                return b""  # S3 answers 416 to any range of an empty object
+            raise
+        body = resp["Body"]
+        chunks: list[bytes] = []
+        got = 0
+        try:
+            while got < limit:
+                chunk = await body.read(min(_CHUNK, limit - got))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                got += len(chunk)
+        finally:
+            body.close()
+        return b"".join(chunks)
 
     def _put(self, key: str, data: bytes) -> bool:
         fs = self._fs
@@ -353,6 +548,11 @@ class RemoteStore:
                 self._run(fs.pipe_file, path, data, mode="create")
         except FileExistsError:
             return False
+        except FileNotFoundError as exc:
+            if self._protocol in ("memory", "file", "local"):
+                raise
+            # an object store fails a create with "not found" only when the bucket is missing
+            raise _MissingBucket(exc) from exc
         except Exception as exc:
             if _is_forbidden(exc):
                 self._refuse_writes(exc)
@@ -378,5 +578,10 @@ class RemoteStore:
                 self._run(fs._rm_file, path)
             else:
                 self._run(fs.rm_file, path)
-        except FileNotFoundError:
-            pass
+        except FileNotFoundError as exc:
+            if _is_missing_bucket(exc):
+                raise
+        except Exception as exc:
+            if _is_forbidden(exc):  # many policies allow create but not delete: keep going
+                raise _WriteRefused(exc) from exc
+            raise

@@ -9,11 +9,25 @@ What it owns:
   Every read verifies everything; a bad object is a miss, reported with its
   key, deleted from the local tier (and from a writable remote, so a fresh
   upload can replace it), never returned.
+- **Bounded reads**: the local tier reads only regular files, never blocking
+  (a FIFO, device, symlink or directory at an object path is a bad entry),
+  and only the size the object's header declares; no tier reads more than
+  ``max_object_size`` bytes of one object. A bad entry is removed, or
+  reported once when it cannot be.
+- **Validity**: :meth:`Cache.get` takes an ``accept`` predicate over the
+  verified object's ``meta`` (the build checks that every file the compiler
+  read still has its recorded content). A rejected entry is a miss (counted
+  as ``rejected`` too); a rejected local entry is kept for the caller to
+  replace (``put(..., replace=True)``), a rejected remote one is not copied.
 - **Tiers**: ``<local_dir>/objects/<2 hex>/<key>`` published create-only via a
-  temporary file; a remote fsspec URL (``_stores``) with one GET per lookup,
-  create-only puts, a deadline per call and a circuit breaker. A remote hit
-  fills the local tier. Uploads run in a background thread; :meth:`Cache.close`
+  temporary file (or replaced atomically on request); a remote fsspec URL
+  (``_stores``) with one GET per lookup, create-only puts, a deadline per call
+  and a circuit breaker. A remote hit fills the local tier. Uploads run in a
+  background thread; :meth:`Cache.flush` waits for them, :meth:`Cache.close`
   finishes them.
+- **Statistics**: ``Cache.stats`` counts the whole process; :meth:`Cache.track`
+  gives one context (a thread's task) exactly its own counts, uploads it
+  queued included.
 - **Modes**: ``read-write``; ``read-only`` (the remote is never written — zero
   write requests; the local tier still fills); ``off`` (no cache at all).
 
@@ -25,6 +39,7 @@ knows nothing of doit and prints nothing.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import logging
 import math
@@ -33,22 +48,28 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from metrale_orch._cache_local import (
+    DEFAULT_MAX_OBJECT_SIZE,
     STALE_TMP_SECONDS,
+    EntryKind,
     LocalTier,
     key_lock,
+    not_regular,
+    read_object_file,
+    remove_entry,
     scan_objects,
 )
 from metrale_orch._cache_object import (
     KEY_RE,
     SCHEMA,
     CorruptObject,
+    ObjectTooLarge,
     decode_object,
     encode_object,
     key_of,
@@ -62,7 +83,9 @@ if TYPE_CHECKING:
     from metrale_orch.config import Config
 
 __all__ = [
+    "DEFAULT_MAX_OBJECT_SIZE",
     "SCHEMA",
+    "Accept",
     "BadObject",
     "Cache",
     "CacheError",
@@ -175,6 +198,8 @@ class CacheSettings:
     failure_threshold: int = 3
     #: Upload in a background thread (``Cache.close`` waits); False: upload inside ``put``.
     background_uploads: bool = True
+    #: The largest object stored or read, in bytes: a bigger one is refused, never read whole.
+    max_object_size: int = DEFAULT_MAX_OBJECT_SIZE
 
     def __post_init__(self) -> None:
         if self.mode not in CACHE_MODES:
@@ -189,6 +214,12 @@ class CacheSettings:
             isinstance(self.failure_threshold, int) and self.failure_threshold >= 1
         ):
             raise CacheSettingsError("failure_threshold", self.failure_threshold, "must be >= 1")
+        if isinstance(self.max_object_size, bool) or not (
+            isinstance(self.max_object_size, int) and self.max_object_size >= 1
+        ):
+            raise CacheSettingsError(
+                "max_object_size", self.max_object_size, "must be a positive number of bytes"
+            )
         object.__setattr__(self, "local_dir", Path(self.local_dir))
         object.__setattr__(self, "storage_options", MappingProxyType(dict(self.storage_options)))
 
@@ -223,6 +254,7 @@ _COUNTERS = (
     "local_hits",
     "remote_hits",
     "misses",
+    "rejected",
     "errors",
     "timeouts",
     "corrupt",
@@ -241,6 +273,8 @@ class CacheStats:
     local_hits: int = 0
     remote_hits: int = 0
     misses: int = 0
+    #: Misses where an entry verified but ``accept`` refused it (stale for the current inputs).
+    rejected: int = 0
     #: Failed store calls (remote errors, unreadable local files).
     errors: int = 0
     #: Remote calls that ran past their deadline.
@@ -299,6 +333,8 @@ class CacheStats:
             f"{self.remote_hits} remote hit{_s(self.remote_hits)}",
             f"{self.misses} miss{'es' if self.misses != 1 else ''}",
         ]
+        if self.rejected:
+            parts.append(f"{self.rejected} rejected as stale")
         trouble = [
             f"{n} {label}"
             for n, label in (
@@ -352,6 +388,19 @@ def read_stats(path: Path) -> CacheStats:
 
 # -- the cache ------------------------------------------------------------------------------------
 
+#: A verified entry is valid for the caller's current inputs (called with its ``meta``).
+Accept = Callable[[Mapping[str, Any]], bool]
+
+_Trackers = tuple[tuple["Cache", CacheStats], ...]
+_UploadJob = tuple[str, bytes, _Trackers]
+
+#: The :meth:`Cache.track` statistics active in the current context, with the cache each
+#: belongs to. A context variable, not a registry: each thread (and each task a caller runs
+#: with ``contextvars.copy_context()``) sees only the trackers it opened itself.
+_TRACKERS: contextvars.ContextVar[_Trackers] = contextvars.ContextVar(
+    "metrale_orch_cache_trackers", default=()
+)
+
 
 class Cache:
     """A two-tier cache; obtain one with :func:`open_cache`. Thread-safe."""
@@ -363,7 +412,9 @@ class Cache:
         self._warnings: list[str] = []
         self._off_seen = False
         self._enabled = settings.mode != "off"
-        self._local = LocalTier(settings.local_dir) if self._enabled else None
+        self._local = (
+            LocalTier(settings.local_dir, settings.max_object_size) if self._enabled else None
+        )
         self._remote: RemoteStore | None = None
         if self._enabled and settings.remote:
             self._remote = RemoteStore(
@@ -374,8 +425,9 @@ class Cache:
                 failure_threshold=settings.failure_threshold,
                 writable=settings.mode == "read-write",
                 warn=self._remote_warn,
+                max_size=settings.max_object_size,
             )
-        self._uploads: queue.Queue[tuple[str, bytes] | None] = queue.Queue()
+        self._uploads: queue.Queue[_UploadJob | None] = queue.Queue()
         self._uploader: threading.Thread | None = None
         self._closed = False
 
@@ -403,15 +455,37 @@ class Cache:
         self._warn(message)
 
     def _count(self, **deltas: float) -> None:
+        """Add ``deltas`` to the process total and to this context's trackers of this cache."""
+        targets = [self.stats, *(stats for owner, stats in _TRACKERS.get() if owner is self)]
         with self._lock:
-            for name, delta in deltas.items():
-                setattr(self.stats, name, getattr(self.stats, name) + delta)
+            for stats in targets:
+                for name, delta in deltas.items():
+                    if delta:
+                        setattr(stats, name, getattr(stats, name) + delta)
 
     def _count_failure(self, exc: RemoteFailure) -> None:
         if exc.timeout:
             self._count(timeouts=1)
         else:
             self._count(errors=1)
+
+    @contextlib.contextmanager
+    def track(self) -> Iterator[CacheStats]:
+        """Count this context's calls apart: yields a fresh :class:`CacheStats`.
+
+        Every count made by a call of this cache in the ``with`` block, in this
+        thread, goes to the yielded stats as well as to ``Cache.stats``;
+        uploads queued by ``put`` inside the block count there even when they
+        finish after it (:meth:`flush` waits for them). Nested blocks all
+        count. Work handed to other threads counts only if they run in a copy
+        of this context (``contextvars.copy_context().run``).
+        """
+        stats = CacheStats()
+        token = _TRACKERS.set((*_TRACKERS.get(), (self, stats)))
+        try:
+            yield stats
+        finally:
+            _TRACKERS.reset(token)
 
     def key(self, parts: Mapping[str, Any]) -> str:
         """:func:`cache_key` in this cache's namespace."""
@@ -423,85 +497,131 @@ class Cache:
 
     # -- lookups --
 
-    def get(self, key: str) -> Hit | None:
+    def get(self, key: str, *, accept: Accept | None = None) -> Hit | None:
         """The verified entry of ``key``: local tier first, then one remote GET; None on a miss.
 
-        A remote hit is written to the local tier. Raises only :class:`CacheKeyError`.
+        With ``accept``, a verified entry counts only if ``accept(meta)`` is
+        true; a rejected local entry is kept (replace it with
+        ``put(..., replace=True)``) and the remote is asked, a rejected remote
+        entry is not copied to the local tier. A rejected lookup counts as a
+        miss and as ``rejected``. A remote hit is written to the local tier.
+        Raises only :class:`CacheKeyError` (and whatever ``accept`` raises).
         """
         _check_key(key)
         if not self._enabled or self._local is None:
             return None
-        hit = self._get_local(self._local, key)
+        hit, rejected = self._get_local(self._local, key, accept)
         if hit is None and self._remote is not None:
-            hit = self._get_remote(self._remote, self._local, key)
+            hit, remote_rejected = self._get_remote(
+                self._remote, self._local, key, accept, replace_local=rejected
+            )
+            rejected = rejected or remote_rejected
         if hit is None:
-            self._count(misses=1)
+            self._count(misses=1, rejected=int(rejected))
         return hit
 
-    def _get_local(self, local: LocalTier, key: str) -> Hit | None:
+    def _get_local(
+        self, local: LocalTier, key: str, accept: Accept | None
+    ) -> tuple[Hit | None, bool]:
+        """(hit, rejected by ``accept``)."""
         try:
             data = local.read(key)
+            if data is None:
+                return None, False
+            obj = decode_object(key, data)
+        except CorruptObject as exc:
+            self._count(corrupt=1)
+            self._drop_local(local, key, f"is corrupt ({exc.reason})")
+            return None, False
         except OSError as exc:
             self._count(errors=1)
-            self._warn(f"local cache {local.dir} cannot be read ({exc}); treating as a miss")
-            return None
-        if data is None:
-            return None
-        try:
-            obj = decode_object(key, data)
-        except CorruptObject as exc:
-            self._count(corrupt=1)
-            self._warn(
-                f"cache object {key} in the local cache is corrupt ({exc.reason}); deleted it"
-            )
-            with contextlib.suppress(OSError):
-                local.remove(key)
-            return None
+            self._drop_local(local, key, f"cannot be read ({_why(exc)})")
+            return None, False
+        if accept is not None and not accept(obj.meta):
+            return None, True
         local.touch(key)
         self._count(local_hits=1, seconds_saved=_seconds(obj.meta))
-        return Hit(key=key, outputs=obj.outputs, meta=obj.meta, tier="local")
+        return Hit(key=key, outputs=obj.outputs, meta=obj.meta, tier="local"), False
 
-    def _get_remote(self, remote: RemoteStore, local: LocalTier, key: str) -> Hit | None:
+    def _drop_local(self, local: LocalTier, key: str, problem: str) -> None:
+        """Remove a bad local entry; warn once (per process and key) either way."""
+        path = local.path(key)
         try:
-            data = remote.get(key)
+            local.remove(key)
+        except OSError as exc:
+            self._warn(
+                f"cache object {key} in the local cache {local.dir} {problem} and cannot be "
+                f"removed ({_why(exc)}); treating it as a miss: remove {path} by hand"
+            )
+        else:
+            self._warn(f"cache object {key} in the local cache {local.dir} {problem}; deleted it")
+
+    def _get_remote(
+        self,
+        remote: RemoteStore,
+        local: LocalTier,
+        key: str,
+        accept: Accept | None,
+        *,
+        replace_local: bool,
+    ) -> tuple[Hit | None, bool]:
+        """(hit, rejected by ``accept``); ``replace_local``: overwrite a rejected local entry."""
+        try:
+            got = remote.get(key, lambda data: (data, decode_object(key, data)))
         except RemoteOff:
-            return None
+            return None, False
         except RemoteFailure as exc:
             self._count_failure(exc)
-            return None
-        if data is None:
-            return None
-        self._count(bytes_down=len(data))
-        try:
-            obj = decode_object(key, data)
+            return None, False
         except CorruptObject as exc:
-            self._count(corrupt=1)
+            self._count(corrupt=1, bytes_down=exc.received)
             deleted = ""
-            if remote.writable:
+            # an object over this reader's limit is not proven bad: leave it to others
+            if remote.writable and not remote.disabled and not isinstance(exc, ObjectTooLarge):
                 try:
                     remote.delete(key)
                     deleted = "; deleted it"
                 except (RemoteOff, RemoteFailure):
                     pass
-            self._warn(f"cache object {key} in the remote cache is corrupt ({exc.reason}){deleted}")
-            return None
+            self._warn(
+                f"cache object {key} in the remote cache {remote.url} is corrupt "
+                f"({exc.reason}){deleted}"
+            )
+            return None, False
+        if got is None:
+            return None, False
+        data, obj = got
+        self._count(bytes_down=len(data))
+        if accept is not None and not accept(obj.meta):
+            return None, True
         try:
-            if local.write(key, data):
+            if local.write(key, data, replace=replace_local):
                 self._count(puts=1)
         except OSError as exc:
             self._count(errors=1)
-            self._warn(f"local cache {local.dir} cannot be written ({exc}); not filling it")
+            self._warn(f"local cache {local.dir} cannot be written ({_why(exc)}); not filling it")
         self._count(remote_hits=1, seconds_saved=_seconds(obj.meta))
-        return Hit(key=key, outputs=obj.outputs, meta=obj.meta, tier="remote")
+        return Hit(key=key, outputs=obj.outputs, meta=obj.meta, tier="remote"), False
 
     # -- publishing --
 
-    def put(self, key: str, outputs: Mapping[str, bytes], meta: Mapping[str, Any]) -> None:
+    def put(
+        self,
+        key: str,
+        outputs: Mapping[str, bytes],
+        meta: Mapping[str, Any],
+        *,
+        replace: bool = False,
+    ) -> None:
         """Publish ``outputs`` under ``key`` in the local tier and (read-write) the remote.
 
         ``meta`` holds JSON values: command, toolchain, producer, compile_seconds.
-        An existing entry wins (create-only). Store trouble is counted and warned,
-        never raised; raises :class:`CacheKeyError` for a bad key or meta.
+        An existing entry wins (create-only) unless ``replace``: then the local
+        entry is overwritten atomically; the remote stays create-only (an
+        existing remote object is left as it is). An object larger than
+        ``max_object_size`` is not stored (one warning). Store trouble is
+        counted and warned, never raised; raises :class:`CacheKeyError` for a
+        bad key or meta.
         """
         _check_key(key)
         if not self._enabled or self._local is None:
@@ -510,18 +630,27 @@ class Cache:
             data = encode_object(key, outputs, meta)
         except (TypeError, ValueError) as exc:
             raise CacheKeyError(key, f"outputs or meta cannot be stored: {exc}") from None
+        limit = self.settings.max_object_size
+        if len(data) > limit:
+            self._warn(
+                f"cache object {key} would be {len(data)} bytes, more than the {limit}-byte "
+                "limit on an object (max_object_size); not storing it"
+            )
+            return
         try:
-            if self._local.write(key, data):
+            if self._local.write(key, data, replace=replace):
                 self._count(puts=1)
         except OSError as exc:
             self._count(errors=1)
-            self._warn(f"local cache {self._local.dir} cannot be written ({exc}); not storing")
+            self._warn(
+                f"local cache {self._local.dir} cannot be written ({_why(exc)}); not storing"
+            )
         remote = self._remote
         if remote is None or not remote.writable or remote.disabled:
             return
         if self.settings.background_uploads:
             self._start_uploader()
-            self._uploads.put((key, data))
+            self._uploads.put((key, data, _TRACKERS.get()))
         else:
             self._upload(remote, key, data)
 
@@ -551,8 +680,14 @@ class Cache:
             try:
                 if job is None:
                     return
+                key, data, trackers = job
                 if self._remote is not None:
-                    self._upload(self._remote, *job)
+                    # count in the trackers that were active where ``put`` queued the job
+                    token = _TRACKERS.set(trackers)
+                    try:
+                        self._upload(self._remote, key, data)
+                    finally:
+                        _TRACKERS.reset(token)
             finally:
                 self._uploads.task_done()
 
@@ -607,6 +742,13 @@ class Cache:
             lock.__exit__(None, None, None)
 
 
+def _why(exc: OSError) -> str:
+    """A short reason for an ``OSError`` (its strerror, else its type and text)."""
+    if exc.strerror:
+        return f"{type(exc).__name__}: {exc.strerror}"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
 def _seconds(meta: Mapping[str, Any]) -> float:
     value = meta.get("compile_seconds", 0.0)
     if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
@@ -635,8 +777,8 @@ class LocalSummary:
 
 
 def summarize_local(local_dir: Path) -> LocalSummary:
-    """Count the local tier's objects and bytes."""
-    objs = [o for o in scan_objects(local_dir) if not o.temporary]
+    """Count the local tier's objects (regular files) and bytes. Never raises for what it finds."""
+    objs = scan_objects(local_dir).objects()
     return LocalSummary(directory=local_dir, objects=len(objs), bytes=sum(o.size for o in objs))
 
 
@@ -652,25 +794,65 @@ class GcResult:
     objects_after: int
     bytes_after: int
     temporaries_removed: int
+    #: Entries that can never be served (not a regular file, or over the size limit), removed.
+    unusable_removed: int = 0
+    #: One line per entry that could not be listed or removed (path, why, what to do).
+    problems: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["problems"] = list(self.problems)
+        return out
 
 
-def gc_local(local_dir: Path, max_size: int, *, now: float | None = None) -> GcResult:
+def _unremovable(path: Path, exc: OSError) -> str:
+    return f"{path}: cannot be removed ({_why(exc)}); remove it by hand"
+
+
+def _unlistable(path: Path, why: str) -> str:
+    return f"{path}: cannot be listed ({why}); fix its permissions or remove it"
+
+
+def gc_local(
+    local_dir: Path,
+    max_size: int,
+    *,
+    now: float | None = None,
+    max_object_size: int = DEFAULT_MAX_OBJECT_SIZE,
+) -> GcResult:
     """Remove least-recently-used objects until the local tier holds at most ``max_size`` bytes.
 
     Last use is the file's mtime (a hit touches it). Safe while other processes
     read or write: removal is an unlink (open readers keep their file, later
-    ones miss), and nothing is ever rewritten in place. Also removes
-    temporaries left by killed writers and lock files older than an hour.
+    ones miss), and nothing is ever rewritten in place. Also removes entries
+    that can never be served (a directory, FIFO, symlink or device at a key
+    path, an object over ``max_object_size``), temporaries left by killed
+    writers and lock files older than an hour. Never reads an object, never
+    raises for what it finds: what it cannot list or remove is in
+    :attr:`GcResult.problems`. Raises :class:`SizeError` for a negative size.
     """
     if max_size < 0:
         raise SizeError(str(max_size))
     now = time.time() if now is None else now
-    found = scan_objects(local_dir)
-    temps = [o for o in found if o.temporary and now - o.mtime > STALE_TMP_SECONDS]
-    objs = sorted((o for o in found if not o.temporary), key=lambda o: (o.mtime, o.key))
+    scan = scan_objects(local_dir)
+    problems = [_unlistable(path, why) for path, why in scan.unreadable]
+    unusable = [
+        e
+        for e in scan.entries
+        if not e.temporary and (e.kind != "file" or e.size > max_object_size)
+    ]
+    unusable_removed = 0
+    for entry in unusable:
+        try:
+            remove_entry(entry.path)
+        except OSError as exc:
+            problems.append(_unremovable(entry.path, exc))
+        else:
+            unusable_removed += 1
+    temps = [e for e in scan.entries if e.temporary and now - e.mtime > STALE_TMP_SECONDS]
+    objs = sorted(
+        (o for o in scan.objects() if o.size <= max_object_size), key=lambda o: (o.mtime, o.key)
+    )
     total = sum(o.size for o in objs)
     before = (len(objs), total)
     removed = removed_bytes = 0
@@ -681,14 +863,20 @@ def gc_local(local_dir: Path, max_size: int, *, now: float | None = None) -> GcR
             os.unlink(obj.path)
         except FileNotFoundError:
             pass
+        except OSError as exc:
+            problems.append(_unremovable(obj.path, exc))
+            continue
         else:
             removed += 1
             removed_bytes += obj.size
         total -= obj.size
     temps_removed = 0
     for tmp in temps:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp.path)
+        try:
+            remove_entry(tmp.path)
+        except OSError as exc:
+            problems.append(_unremovable(tmp.path, exc))
+        else:
             temps_removed += 1
     _gc_locks(local_dir, now)
     return GcResult(
@@ -700,27 +888,34 @@ def gc_local(local_dir: Path, max_size: int, *, now: float | None = None) -> GcR
         objects_after=before[0] - removed,
         bytes_after=total,
         temporaries_removed=temps_removed,
+        unusable_removed=unusable_removed,
+        problems=tuple(problems),
     )
 
 
 def _gc_locks(local_dir: Path, now: float) -> None:
     # A lock removed while held can at worst let two processes compile one key once more.
     root = local_dir / "locks"
-    if not root.is_dir():
-        return
-    for path in sorted(root.glob("*/*.lock")):
-        with contextlib.suppress(OSError):
-            if now - path.stat().st_mtime > STALE_TMP_SECONDS:
-                path.unlink()
+    with contextlib.suppress(OSError):
+        if not root.is_dir():
+            return
+        for path in sorted(root.glob("*/*.lock")):
+            with contextlib.suppress(OSError):
+                if now - path.lstat().st_mtime > STALE_TMP_SECONDS:
+                    path.unlink()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BadObject:
-    """An object :func:`verify_local` rejected (and removed)."""
+    """An entry :func:`verify_local` rejected, and whether it could be removed."""
 
     key: str
     reason: str
     size: int
+    path: Path | None = None
+    removed: bool = True
+    #: Why it could not be removed ("" when it was).
+    error: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -730,41 +925,88 @@ class VerifyResult:
     checked: int
     ok: int
     bad: tuple[BadObject, ...]
+    #: One line per directory that could not be listed.
+    problems: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "bad": [{"key": b.key, "reason": b.reason, "size": b.size} for b in self.bad],
+            "bad": [
+                {
+                    "error": b.error,
+                    "key": b.key,
+                    "path": None if b.path is None else str(b.path),
+                    "reason": b.reason,
+                    "removed": b.removed,
+                    "size": b.size,
+                }
+                for b in self.bad
+            ],
             "checked": self.checked,
             "ok": self.ok,
+            "problems": list(self.problems),
         }
 
 
-def verify_local(local_dir: Path) -> VerifyResult:
-    """Re-hash every local object; remove and report each one that fails verification."""
-    local = LocalTier(local_dir)
+def verify_local(
+    local_dir: Path, *, max_object_size: int = DEFAULT_MAX_OBJECT_SIZE
+) -> VerifyResult:
+    """Re-hash every local object; remove and report each entry that fails.
+
+    An entry fails when it is not a regular file (directory, FIFO, symlink,
+    device), is larger than ``max_object_size``, cannot be read, or does not
+    verify. Reads are bounded and never block. Never raises for what it finds.
+    """
+    scan = scan_objects(local_dir)
     checked = ok = 0
     bad: list[BadObject] = []
-    for obj in scan_objects(local_dir):
-        if obj.temporary:
+    for entry in scan.entries:
+        if entry.temporary:
             continue
-        try:
-            data = local.read(obj.key)
-        except OSError as exc:
-            bad.append(BadObject(key=obj.key, reason=f"unreadable: {exc}", size=obj.size))
+        reason = _verify_entry(entry.path, entry.key, entry.kind, max_object_size)
+        if reason is None:
             checked += 1
+            ok += 1
             continue
-        if data is None:  # removed meanwhile
+        if not reason:  # removed meanwhile
             continue
         checked += 1
         try:
-            decode_object(obj.key, data)
-        except CorruptObject as exc:
-            bad.append(BadObject(key=obj.key, reason=exc.reason, size=len(data)))
-            with contextlib.suppress(OSError):
-                local.remove(obj.key)
+            remove_entry(entry.path)
+        except OSError as exc:
+            bad.append(
+                BadObject(
+                    key=entry.key,
+                    reason=reason,
+                    size=entry.size,
+                    path=entry.path,
+                    removed=False,
+                    error=_why(exc),
+                )
+            )
         else:
-            ok += 1
-    return VerifyResult(checked=checked, ok=ok, bad=tuple(bad))
+            bad.append(BadObject(key=entry.key, reason=reason, size=entry.size, path=entry.path))
+    return VerifyResult(
+        checked=checked,
+        ok=ok,
+        bad=tuple(bad),
+        problems=tuple(_unlistable(path, why) for path, why in scan.unreadable),
+    )
+
+
+def _verify_entry(path: Path, key: str, kind: EntryKind, max_object_size: int) -> str | None:
+    """None if the entry is a good object, "" if it vanished, else why it is bad."""
+    if kind != "file":
+        return not_regular(kind)
+    try:
+        data = read_object_file(path, max_object_size)
+        if data is None:
+            return ""
+        decode_object(key, data)
+    except CorruptObject as exc:
+        return exc.reason
+    except OSError as exc:
+        return f"unreadable ({_why(exc)})"
+    return None
 
 
 _SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*", re.IGNORECASE)

@@ -11,7 +11,8 @@ manager that started them::
 
 Plus dead endpoints for outage tests: :func:`refused_endpoint`,
 :func:`silent_endpoint` (accepts TCP, never answers), :data:`DNS_FAILURE_ENDPOINT`,
-and :func:`s3_auth_enforced` (moto answers 403 to unknown credentials).
+:func:`garbage_server` (answers 200 with random bytes to every request) and
+:func:`s3_auth_enforced` (moto answers 403 to unknown credentials).
 
 Notes: moto keeps its state per process, so every server gets a fresh bucket
 name; the GCS emulator is single-threaded, ignores create-only preconditions,
@@ -33,11 +34,13 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
+from http import server as http_server
 from typing import Any
 
 __all__ = [
     "DNS_FAILURE_ENDPOINT",
     "ObjectServer",
+    "garbage_server",
     "gcs_server",
     "gcs_storage_options",
     "refused_endpoint",
@@ -183,7 +186,6 @@ def gcs_server(bucket: str | None = None) -> Iterator[ObjectServer]:
     """
     os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
     import tempfile
-    from http import server as http_server
 
     from gcp_storage_emulator.server import RequestHandler
     from gcp_storage_emulator.storage import Storage
@@ -246,3 +248,66 @@ def silent_endpoint() -> Iterator[str]:
         sock.bind(("127.0.0.1", 0))
         sock.listen(64)  # the kernel completes handshakes; nobody ever accept()s or replies
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+@contextlib.contextmanager
+def garbage_server(size: int = 4096) -> Iterator[ObjectServer]:
+    """An HTTP server on 127.0.0.1:<ephemeral> answering 200 + ``size`` random bytes to anything.
+
+    A misconfigured endpoint (or a broken proxy) as an S3 store sees it: every
+    GET "succeeds" with garbage, every PUT and DELETE "succeeds". Its
+    ``storage_options`` point s3fs at it; requests are recorded.
+    """
+    holder: dict[str, ObjectServer] = {}
+
+    class Garbage(http_server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _answer(self, body: bool) -> None:
+            holder["server"].record(self.command, self.path.split("?", 1)[0])
+            length = int(self.headers.get("Content-Length") or 0)
+            if length:
+                self.rfile.read(length)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(size))
+            self.end_headers()
+            if body:
+                self.wfile.write(os.urandom(size))
+
+        def do_GET(self) -> None:
+            self._answer(True)
+
+        def do_PUT(self) -> None:
+            self._answer(True)
+
+        def do_POST(self) -> None:
+            self._answer(True)
+
+        def do_DELETE(self) -> None:
+            self._answer(True)
+
+        def do_HEAD(self) -> None:
+            self._answer(False)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    httpd = http_server.ThreadingHTTPServer(("127.0.0.1", 0), Garbage)
+    httpd.daemon_threads = True
+    endpoint = f"http://127.0.0.1:{httpd.server_address[1]}"
+    server = ObjectServer(
+        scheme="s3",
+        endpoint_url=endpoint,
+        bucket=f"garbage-{uuid.uuid4().hex[:12]}",
+        storage_options=s3_storage_options(endpoint),
+    )
+    holder["server"] = server
+    thread = threading.Thread(target=httpd.serve_forever, name="garbage-http", daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=10)

@@ -266,10 +266,10 @@ def test_breaker_after_success_needs_threshold_failures(
     calls: list[str] = []
     real_get = _stores.RemoteStore._get
 
-    def flaky(self: _stores.RemoteStore, key: str) -> bytes | None:
+    def flaky(self: _stores.RemoteStore, key: str, decode: Any) -> Any:
         calls.append(key)
         if len(calls) == 1:
-            return real_get(self, key)
+            return real_get(self, key, decode)
         raise ConnectionError("flaky network")
 
     monkeypatch.setattr(_stores.RemoteStore, "_get", flaky)

@@ -205,6 +205,22 @@ def test_bad_remote_object_is_a_reported_miss(backend: Backend, kind: str) -> No
     assert hit is not None and hit.tier == "remote" and dict(hit.outputs) == OUTPUTS
 
 
+def test_lookup_reads_at_most_the_object_size_limit(backend: Backend) -> None:
+    key = _key("limit")
+    big = {"big.cubin": uuid.uuid4().bytes * 1250 + b"."}  # 20 KB
+    with backend.cache() as writer:
+        writer.put(key, big, META)
+    small = backend.cache(max_object_size=4096)
+    assert small.get(key) is None
+    assert small.stats.corrupt == 1 and small.stats.bytes_down <= 4097
+    (warning,) = small.warnings()
+    assert "more than the 4096-byte limit" in warning
+    assert not (small.settings.local_dir / "objects" / key[:2] / key).exists()
+    small.close()
+    hit = backend.cache().get(key)  # not proven bad, so not deleted from the remote
+    assert hit is not None and hit.tier == "remote" and dict(hit.outputs) == big
+
+
 def test_concurrent_writers_one_key_readers_never_see_partial(backend: Backend) -> None:
     key = _key("race")
     # 320 KB, so a partial read is possible; never ending in "\r" (see _servers_support)
@@ -235,7 +251,7 @@ def test_concurrent_writers_one_key_readers_never_see_partial(backend: Backend) 
         try:
             barrier.wait()
             while not done.is_set():
-                data = probe.get(key)
+                data = probe.get(key, lambda raw: raw)
                 if data is None:
                     seen.append("miss")
                     continue

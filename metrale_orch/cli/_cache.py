@@ -3,8 +3,13 @@
 - ``stats [--json]``: the last build's cache statistics (``<build>/cache-stats.json``)
   and what the local tier holds.
 - ``gc --max-size SIZE``: drop least-recently-used local objects down to SIZE
-  (``500M``, ``2G``, bytes); safe while builds run.
+  (``500M``, ``2G``, bytes), and every entry that can never be served (a
+  directory, FIFO, symlink or device at an object path, an oversized object);
+  safe while builds run. Exit 1 if something could not be listed or removed.
 - ``verify``: re-hash every local object, remove bad ones; exit 1 if any was bad.
+
+Both report what they find in the cache (FIFOs, symlinks, directories,
+unreadable or huge files) as lines, never as an internal error.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import json
 from typing import TYPE_CHECKING
 
 from metrale_orch.cache import (
+    BadObject,
     CacheStats,
     gc_local,
     parse_size,
@@ -21,11 +27,14 @@ from metrale_orch.cache import (
     summarize_local,
     verify_local,
 )
+from metrale_orch.errors import printable
 
 if TYPE_CHECKING:
     from metrale_orch.cli import Context
 
 STATS_FILE = "cache-stats.json"
+#: Problem lines shown before "... and N more".
+_MAX_LINES = 20
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -78,33 +87,63 @@ def run_stats(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
+def _print_lines(lines: list[str], ctx: Context) -> None:
+    for line in lines[:_MAX_LINES]:
+        print(printable(line), file=ctx.out)
+    if len(lines) > _MAX_LINES:
+        print(f"... and {len(lines) - _MAX_LINES} more (--json lists them all)", file=ctx.out)
+
+
 def run_gc(args: argparse.Namespace, ctx: Context) -> int:
     config = ctx.config()
     limit = parse_size(args.max_size)
     result = gc_local(config.local_cache, limit)
+    code = 1 if result.problems else 0
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True), file=ctx.out)
-        return 0
+        return code
+    _print_lines(list(result.problems), ctx)
+    if result.unusable_removed:
+        n = result.unusable_removed
+        print(
+            f"removed {n} unusable entr{'y' if n == 1 else 'ies'} "
+            "(not a regular file, or over the size limit)",
+            file=ctx.out,
+        )
     print(
-        f"removed {result.removed} objects ({_mib(result.removed_bytes)}); "
-        f"{config.local_cache} now holds {result.objects_after} objects, "
-        f"{_mib(result.bytes_after)} (limit {_mib(limit)})",
+        printable(
+            f"removed {result.removed} objects ({_mib(result.removed_bytes)}); "
+            f"{config.local_cache} now holds {result.objects_after} objects, "
+            f"{_mib(result.bytes_after)} (limit {_mib(limit)})"
+        ),
         file=ctx.out,
     )
-    return 0
+    return code
+
+
+def _bad_line(bad: BadObject) -> str:
+    if bad.removed:
+        return f"bad object {bad.key}: {bad.reason} (removed)"
+    return (
+        f"bad object {bad.key}: {bad.reason} (cannot remove {bad.path}: {bad.error}; "
+        "remove it by hand)"
+    )
 
 
 def run_verify(args: argparse.Namespace, ctx: Context) -> int:
     config = ctx.config()
     result = verify_local(config.local_cache)
+    code = 1 if result.bad or result.problems else 0
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True), file=ctx.out)
-    else:
-        for bad in result.bad:
-            print(f"bad object {bad.key}: {bad.reason} (removed)", file=ctx.out)
-        print(
+        return code
+    _print_lines([_bad_line(b) for b in result.bad], ctx)
+    _print_lines(list(result.problems), ctx)
+    print(
+        printable(
             f"checked {result.checked} objects in {config.local_cache}: "
-            f"{result.ok} ok, {len(result.bad)} bad",
-            file=ctx.out,
-        )
-    return 1 if result.bad else 0
+            f"{result.ok} ok, {len(result.bad)} bad"
+        ),
+        file=ctx.out,
+    )
+    return code
