@@ -38,21 +38,29 @@ from typing import Any
 import xxhash
 from doit.dependency import FileChangedChecker, UptodateCalculator
 
-__all__ = ["SIGNATURE_KEY", "ContentChecker", "SignatureCheck", "file_digest", "signature_parts"]
+from metrale_orch._fsutil import file_digest
+
+__all__ = [
+    "INPUTS_KEY",
+    "OUTPUTS_KEY",
+    "SIGNATURE_KEY",
+    "ContentChecker",
+    "SignatureCheck",
+    "file_digest",
+    "signature_parts",
+    "stale_outputs",
+]
 
 #: Key of the per-part signature digests in a task's saved values.
 SIGNATURE_KEY = "signature"
-
-_BLOCK = 1 << 20
-
-
-def file_digest(path: str) -> str:
-    """xxh3-64 hex digest of a file's bytes (raises ``OSError``)."""
-    h = xxhash.xxh3_64()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_BLOCK):
-            h.update(chunk)
-    return h.hexdigest()
+#: Key of a build's values: file dependency -> xxh3-64 of the content the build used
+#: (consumed when the task's state is saved; never stored).
+INPUTS_KEY = "inputs"
+#: Key of a build's saved values: installed file -> [mtime_ns, size, xxh3-64].
+OUTPUTS_KEY = "outputs"
+#: The saved state of a file that changed while the build that read it ran: its size
+#: never matches, so the next run sees it changed.
+_CHANGED_DURING_BUILD = (0, -1)
 
 
 def signature_parts(signature: Mapping[str, Any]) -> dict[str, str]:
@@ -77,6 +85,8 @@ class ContentChecker(FileChangedChecker):  # type: ignore[misc]
     CheckerError = OSError
 
     def __init__(self) -> None:
+        #: What the build being saved used (see :meth:`expect`).
+        self._expected: dict[str, str] = {}
         self._stats: dict[str, os.stat_result] = {}
         self._failed: dict[str, OSError] = {}
         self._digests: dict[str, tuple[int, int, str]] = {}
@@ -131,6 +141,9 @@ class ContentChecker(FileChangedChecker):  # type: ignore[misc]
         return False
 
     def get_state(self, dep: str, current_state: Any) -> list[Any] | None:
+        expected = self._expected.get(dep)
+        if expected is not None:
+            return self._compiled_state(dep, expected)
         st = self.info(dep)
         if (
             isinstance(current_state, list | tuple)
@@ -140,6 +153,25 @@ class ContentChecker(FileChangedChecker):  # type: ignore[misc]
         ):
             return None
         return [st.st_mtime_ns, st.st_size, self._digest(dep, st)]
+
+    # -- the saved state is what was built ----------------------------------------------------
+
+    def expect(self, inputs: Mapping[str, Any]) -> None:
+        """Say what the build about to be saved used: file dependency -> xxh3-64 of the
+        content it compiled ("" when the file changed while it ran). doit saves a
+        task's file states after its action, so an edit made during the build would
+        otherwise be recorded as built; :meth:`get_state` records what was built."""
+        self._expected = {str(k): str(v) for k, v in inputs.items()}
+
+    def _compiled_state(self, dep: str, expected: str) -> list[Any]:
+        try:
+            st = os.stat(dep)
+            current = self._digest(dep, st) if expected else ""
+        except OSError:
+            current = ""
+        if expected and current == expected:
+            return [st.st_mtime_ns, st.st_size, expected]
+        return [*_CHANGED_DURING_BUILD, expected]
 
     # -- binding (see SignatureCheck) -----------------------------------------------------------
 
@@ -190,6 +222,9 @@ class SignatureCheck(UptodateCalculator):  # type: ignore[misc]
         super().__init__()
         self.parts = dict(sorted(parts.items()))
         self._dep_manager: Any = None
+        self._task: Any = None
+        #: Installed files found missing or altered by the last call (for ``why``).
+        self.stale_outputs: tuple[str, ...] = ()
 
     def setup(self, dep_manager: Any, tasks_dict: Any) -> None:
         super().setup(dep_manager, tasks_dict)
@@ -199,9 +234,50 @@ class SignatureCheck(UptodateCalculator):  # type: ignore[misc]
         checker = getattr(self._dep_manager, "checker", None)
         if isinstance(checker, ContentChecker):
             checker.bind(self._dep_manager, task.name)
+        self._task = task
         task.value_savers.append(self.saved_values)
-        return bool(values.get(SIGNATURE_KEY) == self.parts)
+        if values.get(SIGNATURE_KEY) != self.parts:
+            return False
+        self.stale_outputs = tuple(stale_outputs(values.get(OUTPUTS_KEY)))
+        return not self.stale_outputs
 
     def saved_values(self) -> dict[str, Any]:
-        """What the task saves on success (doit calls this via ``value_savers``)."""
+        """What the task saves on success (doit calls this via ``value_savers``, just
+        before it saves the task's file states): hands the build's input digests to
+        the checker (they are not stored) and keeps the signature."""
+        task = self._task
+        values = getattr(task, "values", None)
+        inputs = values.pop(INPUTS_KEY, None) if isinstance(values, dict) else None
+        checker = getattr(self._dep_manager, "checker", None)
+        if isinstance(checker, ContentChecker):
+            checker.expect(inputs if isinstance(inputs, Mapping) else {})
         return {SIGNATURE_KEY: dict(self.parts)}
+
+
+def stale_outputs(saved: Any) -> list[str]:
+    """The installed files of a build record (``OUTPUTS_KEY``) that are missing or no
+    longer hold what was installed, sorted (I/O: one ``stat`` each; a file whose stat
+    changed is hashed). A record that is not a mapping (a build saved before outputs
+    were recorded) counts as one stale output."""
+    if not isinstance(saved, Mapping):
+        return ["(no record of the installed files)"]
+    stale: list[str] = []
+    for path, state in saved.items():
+        if not (isinstance(state, list) and len(state) == 3):
+            stale.append(str(path))
+            continue
+        try:
+            st = os.stat(path)
+        except OSError:
+            stale.append(str(path))
+            continue
+        if st.st_size != state[1]:
+            stale.append(str(path))
+        elif st.st_mtime_ns != state[0]:
+            try:
+                digest = file_digest(path)
+            except OSError:
+                digest = ""
+            if digest != state[2]:
+                stale.append(str(path))
+    return sorted(stale)

@@ -1,4 +1,4 @@
-"""Atomic file writes: the one way this package replaces a file.
+"""Atomic file writes (the one way this package replaces a file) and the file digest.
 
 A reader never sees a partial file: data goes to a temporary name in the same
 directory (unique per process and thread) and is renamed into place. No fsync:
@@ -13,7 +13,21 @@ import os
 import threading
 from pathlib import Path
 
-__all__ = ["write_atomic", "write_if_changed"]
+import xxhash
+
+_BLOCK = 1 << 20
+
+
+def file_digest(path: str) -> str:
+    """xxh3-64 hex digest of a file's bytes (raises ``OSError``): the one digest of file
+    states (doit's saved states, installed outputs, a build's inputs)."""
+    h = xxhash.xxh3_64()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_BLOCK):
+            h.update(chunk)
+    return h.hexdigest()
+
+__all__ = ["file_digest", "write_atomic", "write_if_changed"]
 
 
 def write_atomic(path: Path, data: bytes) -> None:

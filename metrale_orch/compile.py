@@ -44,7 +44,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -53,7 +53,8 @@ from typing import Any, Protocol
 import xxhash
 
 from metrale_orch import cache as cache_mod
-from metrale_orch._fsutil import write_if_changed
+from metrale_orch._deps import FileHasher, flag_files, inputs_match, parse_depfile, record_inputs
+from metrale_orch._fsutil import file_digest, write_if_changed
 from metrale_orch._proc import ProcessError, format_argv, run_process
 from metrale_orch.config import Config
 from metrale_orch.defaults import (
@@ -63,7 +64,7 @@ from metrale_orch.defaults import (
     render_defaults_json,
 )
 from metrale_orch.layout import Hardware, Layout, Target, discover
-from metrale_orch.staging import StagedTarget, StageError, role_dir, stage
+from metrale_orch.staging import StagedTarget, StageError, check_contained, role_dir, stage
 from metrale_orch.toolchains import (
     BuildError,
     Toolchain,
@@ -71,6 +72,7 @@ from metrale_orch.toolchains import (
     ToolchainMissing,
     compile_argv,
     find_toolchain,
+    keyed_environment,
     load_toolchains,
     select_toolchain,
 )
@@ -93,6 +95,7 @@ __all__ = [
     "ToolchainError",
     "ToolchainMissing",
     "build_target",
+    "embeds_paths",
     "include_dirs",
     "manifest_dict",
     "merge_flags",
@@ -114,7 +117,7 @@ MANIFEST_SCHEMA = 1
 DEFAULTS_JSON = "target_defaults.json"
 DEFAULTS_HEADER = "target_defaults.h"
 #: Version of the plan/key layout defined here; part of every key and signature.
-PLAN_SCHEMA = 1
+PLAN_SCHEMA = 2
 #: Seconds one compile may take before it is killed and reported.
 COMPILE_TIMEOUT = 900.0
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
@@ -303,11 +306,12 @@ class PlanMemo:
     thread-safe.
     """
 
-    __slots__ = ("_argvs", "_defaults", "_keep", "rel", "root")
+    __slots__ = ("_argvs", "_defaults", "_envs", "_keep", "rel", "root")
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.rel = _RootRel(self.root)
+        self._envs: dict[tuple[int, int], Mapping[str, str]] = {}
         self._argvs: dict[tuple[Any, ...], tuple[str, ...]] = {}
         self._defaults: dict[tuple[str, int], tuple[TargetDefaults, dict[str, Any]]] = {}
         #: Objects whose id() keys an entry above, kept alive so no id is reused.
@@ -325,6 +329,17 @@ class PlanMemo:
             )
             self._keep[id(toolchain)] = toolchain
             self._argvs[key] = got
+        return got
+
+    def env(self, toolchain: Toolchain, environ: Mapping[str, str]) -> Mapping[str, str]:
+        """:func:`~metrale_orch.toolchains.keyed_environment`, memoised."""
+        key = (id(toolchain), id(environ))
+        got = self._envs.get(key)
+        if got is None:
+            got = MappingProxyType(keyed_environment(toolchain, environ))
+            self._keep[id(toolchain)] = toolchain
+            self._keep[id(environ)] = environ
+            self._envs[key] = got
         return got
 
     def defaults(self, hw: Hardware) -> tuple[TargetDefaults, dict[str, Any]]:
@@ -481,7 +496,7 @@ def plan_target(
     layout_modules = layout.modules()
     names = _module_names(config_docs, layout_modules, rel)
     defaults, defaults_doc = memo.defaults(hw)
-    env = MappingProxyType({k: env_in[k] for k in sorted(toolchain.env_allowlist) if k in env_in})
+    env = memo.env(toolchain, env_in)
     ext = toolchain.extension
     modules: list[ModulePlan] = []
     for stem, entry in layout_modules:
@@ -577,13 +592,18 @@ def out_dir(build_dir: Path, target: Target) -> Path:
 
 # ------------------------------------------------------------------------------------ includes
 
+#: A directive line: optional blanks and ``/* */`` comments, ``#`` or its digraph ``%:``,
+#: blanks, then ``include``/``include_next``/``import`` and its operand.
 _INCLUDE_RE = re.compile(
-    rb'^[ \t]*#[ \t]*include[ \t]*(?:"(?P<q>[^"\n]+)"|<(?P<a>[^>\n]+)>|(?P<c>[A-Za-z_]))',
+    rb"^[ \t\f\v]*(?:/\*.*?\*/[ \t\f\v]*)*(?:#|%:)[ \t\f\v]*"
+    rb"(?:/\*.*?\*/[ \t\f\v]*)*(?:include_next|include|import)\b[ \t\f\v]*"
+    rb'(?:/\*.*?\*/[ \t\f\v]*)*(?:"(?P<q>[^"\n]+)"|<(?P<a>[^>\n]+)>|(?P<c>[A-Za-z_]))',
     re.MULTILINE,
 )
 _HAS_INCLUDE_RE = re.compile(
     rb'__has_include(?:_next)?\s*\(\s*(?:"(?P<q>[^"\n]+)"|<(?P<a>[^>\n]+)>)'
 )
+_SPLICE_RE = re.compile(rb"\\[ \t]*\r?\n")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -598,9 +618,14 @@ class Includes:
 def parse_includes(data: bytes) -> Includes:
     """Every include directive of a file, in any ``#if`` branch (pure).
 
-    Directives are matched per line, so a ``//``-commented one is skipped while
-    one inside a ``/* */`` block counts (more, never less).
+    Line splices are joined first; ``%:`` digraphs, form feeds and ``/* */``
+    comments around the ``#`` are understood. Directives are matched per line, so
+    a ``//``-commented one is skipped while one inside a ``/* */`` block counts
+    (more, never less). This is the key's fast first guess: a hit is verified
+    against what the compiler itself read (:mod:`metrale_orch._deps`).
     """
+    if b"\\" in data:
+        data = _SPLICE_RE.sub(b"", data)
     quoted: list[str] = []
     angled: list[str] = []
     computed = False
@@ -625,7 +650,9 @@ def include_dirs(cwd: str, flags: Sequence[str]) -> tuple[str, ...]:
     / ``--include-path`` flag; absolute ones lie outside the stage and are skipped.
     """
     dirs = [cwd]
-    for value in _flag_values(flags, ("-I", "--include-path")):
+    for value in _flag_values(
+        flags, ("-I", "--include-path", "-isystem", "--system-include", "-iquote", "-idirafter")
+    ):
         for part in value.split(","):
             if part and not part.startswith("/"):
                 dirs.append(posixpath.normpath(posixpath.join(cwd, part)))
@@ -633,8 +660,9 @@ def include_dirs(cwd: str, flags: Sequence[str]) -> tuple[str, ...]:
 
 
 def pre_includes(flags: Sequence[str]) -> tuple[str, ...]:
-    """Files forced in by ``-include`` / ``--pre-include`` flags (pure)."""
-    return tuple(_flag_values(flags, ("-include", "--pre-include")))
+    """Files flags make the compiler read: ``-include``/``--pre-include``, ``-imacros``,
+    ``--options-file``/``-optf`` (pure; as written)."""
+    return tuple(flag_files(flags))
 
 
 def _flag_values(flags: Sequence[str], names: tuple[str, ...]) -> Iterator[str]:
@@ -649,8 +677,8 @@ def _flag_values(flags: Sequence[str], names: tuple[str, ...]) -> Iterator[str]:
             if flag.startswith(name + "="):
                 yield flag[len(name) + 1 :]
                 break
-            if name == "-I" and flag.startswith("-I"):
-                yield flag[2:]
+            if name in ("-I", "-isystem", "-iquote", "-idirafter") and flag.startswith(name):
+                yield flag[len(name) :]
                 break
 
 
@@ -717,14 +745,33 @@ def scan_includes(
     return out
 
 
+#: Flags that embed absolute source paths in the artefact (line info, debug info).
+_PATH_EMBEDDING_FLAGS = frozenset(
+    {"-lineinfo", "--generate-line-info", "-G", "--device-debug", "-g", "--debug"}
+)
+
+
+def embeds_paths(flags: Sequence[str]) -> bool:
+    """Whether ``flags`` make the artefact name the compiled files' absolute paths (pure)."""
+    return any(f in _PATH_EMBEDDING_FLAGS or f.startswith(("-g", "-Xcompiler=-g")) for f in flags)
+
+
 def module_key_parts(
     plan: TargetPlan,
     module: ModulePlan,
     closure: Sequence[str],
     hashes: Mapping[str, str],
+    *,
+    flag_inputs: Sequence[Sequence[str]] = (),
+    checkout: str = "",
 ) -> dict[str, Any]:
-    """The parts hashed into a module's action key (pure; see the module docstring)."""
-    return {
+    """The parts hashed into a module's action key (pure; see the module docstring).
+
+    ``flag_inputs`` are ``[path, hash]`` of files named by flags that lie outside
+    the stage; ``checkout`` is the absolute stage path when the flags embed
+    paths (the entry is then specific to this checkout), else "".
+    """
+    parts: dict[str, Any] = {
         "plan_schema": PLAN_SCHEMA,
         "toolchain": plan.toolchain.name,
         "identity": plan.identity,
@@ -734,6 +781,11 @@ def module_key_parts(
         "module": {"entry": module.entry, "artefact": module.artefact},
         "inputs": sorted([posixpath.relpath(p, module.cwd), hashes[p]] for p in closure),
     }
+    if flag_inputs:
+        parts["flag_inputs"] = sorted([str(p), str(h)] for p, h in flag_inputs)
+    if checkout:
+        parts["checkout"] = checkout
+    return parts
 
 
 # ------------------------------------------------------------------------------------ results
@@ -779,6 +831,11 @@ class TargetResult:
     #: Root-relative path of the manifest written, or "" when the build failed.
     manifest: str = ""
     warnings: tuple[str, ...] = ()
+    #: The task's file dependencies (doit's spelling) -> xxh3-64 of the content this
+    #: build used ("" for a file that changed while it ran): the state to save.
+    inputs: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    #: Installed files (root-relative) -> [mtime_ns, size, xxh3-64]: checked by the next run.
+    outputs: Mapping[str, list[Any]] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def failed(self) -> bool:
@@ -802,21 +859,34 @@ class TargetResult:
             "seconds": round(self.seconds, 6),
             "manifest": self.manifest,
             "warnings": list(self.warnings),
+            "inputs": dict(self.inputs),
+            "outputs": {k: list(v) for k, v in self.outputs.items()},
         }
 
 
 # ------------------------------------------------------------------------------------ memo
 
 
+@dataclass(frozen=True, slots=True)
+class _Obtained:
+    """An artefact and the inputs its compile read (``[kind, path, hash]``)."""
+
+    data: bytes
+    inputs: tuple[tuple[str, str, str], ...]
+
+
 class _Memo:
     """Per-process: artefacts compiled or fetched by key, and one in-flight owner per key.
 
-    Bounded by bytes (oldest dropped first); the cache is the durable store.
+    Bounded by bytes (oldest dropped first); the cache is the durable store. A
+    memoised artefact is reused only when its recorded inputs still match, like
+    a cache entry (two targets may share a key while a file the scan missed
+    differs between their stages).
     """
 
     def __init__(self, max_bytes: int = 256 * 1024 * 1024) -> None:
         self._lock = threading.Lock()
-        self._data: OrderedDict[str, Mapping[str, bytes]] = OrderedDict()
+        self._data: OrderedDict[tuple[str, str], _Obtained] = OrderedDict()
         self._size = 0
         self._max = max_bytes
         self._claims: dict[str, threading.Lock] = {}
@@ -828,23 +898,26 @@ class _Memo:
         with lock:
             yield
 
-    def get(self, key: str) -> Mapping[str, bytes] | None:
+    def get(self, key: str, artefact: str) -> _Obtained | None:
         with self._lock:
-            got = self._data.get(key)
+            got = self._data.get((key, artefact))
             if got is not None:
-                self._data.move_to_end(key)
+                self._data.move_to_end((key, artefact))
             return got
 
-    def put(self, key: str, outputs: Mapping[str, bytes]) -> None:
-        size = sum(len(v) for v in outputs.values())
+    def put(self, key: str, artefact: str, obtained: _Obtained) -> None:
+        size = len(obtained.data)
         with self._lock:
-            if key in self._data or size > self._max:
+            if size > self._max:
                 return
-            self._data[key] = outputs
+            old = self._data.pop((key, artefact), None)
+            if old is not None:
+                self._size -= len(old.data)
+            self._data[(key, artefact)] = obtained
             self._size += size
             while self._size > self._max:
-                _, old = self._data.popitem(last=False)
-                self._size -= sum(len(v) for v in old.values())
+                _, dropped = self._data.popitem(last=False)
+                self._size -= len(dropped.data)
 
     def clear(self) -> None:
         with self._lock:
@@ -854,19 +927,33 @@ class _Memo:
 
 
 _MEMO = _Memo()
+#: Content hashes of files outside the stage (toolkit and system headers), per process.
+_HASHER = FileHasher()
+_TMP_SWEPT: set[str] = set()
 
 
 def reset_build_memo() -> None:
-    """Forget the artefacts this process built or fetched (tests)."""
+    """Forget the artefacts and file hashes this process built, fetched or read (tests)."""
     _MEMO.clear()
+    _HASHER.clear()
+    _TMP_SWEPT.clear()
 
 
 class ArtefactCache(Protocol):
     """What the build needs of :class:`metrale_orch.cache.Cache`."""
 
-    def get(self, key: str) -> cache_mod.Hit | None: ...
+    def get(
+        self, key: str, *, accept: Callable[[Mapping[str, Any]], bool] | None = None
+    ) -> cache_mod.Hit | None: ...
 
-    def put(self, key: str, outputs: Mapping[str, bytes], meta: Mapping[str, Any]) -> None: ...
+    def put(
+        self,
+        key: str,
+        outputs: Mapping[str, bytes],
+        meta: Mapping[str, Any],
+        *,
+        replace: bool = False,
+    ) -> None: ...
 
     def key_lock(
         self, key: str, timeout: float | None = None
@@ -874,6 +961,20 @@ class ArtefactCache(Protocol):
 
 
 # ------------------------------------------------------------------------------------ build
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Context:
+    """What every module of one target's build shares."""
+
+    plan: TargetPlan
+    staged: StagedTarget
+    program: Path
+    roots: tuple[str, ...]
+    cache: ArtefactCache | None
+    environ: Mapping[str, str]
+    tmp_root: Path
+    log: logging.Logger
 
 
 def build_target(
@@ -893,7 +994,9 @@ def build_target(
     modules go on. Raises ``LayoutError`` for a tree error,
     :class:`ToolchainMissing` when the compiler is not installed,
     :class:`ToolchainError` / :class:`BuildConfigError` / ``DefaultsError`` for
-    bad settings and :class:`StageError` when the build dir cannot be written.
+    bad settings, :class:`~metrale_orch.staging.ContainmentError` for an input
+    outside ``kernels/`` and :class:`StageError` when the build dir cannot be
+    written.
     """
     start = time.perf_counter()
     root = Path(root)
@@ -905,31 +1008,39 @@ def build_target(
     build_dir = Path(config.build_dir)
     tc = select_toolchain(layout.hardware, toolchains)
     found = find_toolchain(tc, environ, state_dir=build_dir / ".state")
-    plan = plan_target(root, layout, toolchains, identity=found.identity, environ=environ)
+    memo = PlanMemo(root)
+    plan = plan_target(
+        root, layout, toolchains, identity=found.identity, environ=environ, memo=memo
+    )
+    check_contained(root, layout)
+    # What the task's other file dependencies (manifests, toolchain file) held when
+    # this build read them; compared again at the end (saved state = what was built).
+    sources = set(layout.inputs())
+    others = {p: _digest_or_empty(p) for p in plan.file_deps if p not in sources}
+    tmp_root = build_dir / ".tmp"
+    _sweep_tmp(tmp_root, log)
     staged = stage(layout, stage_dir(build_dir, layout.target))
     includes = scan_includes(staged)
+    ctx = _Context(
+        plan=plan,
+        staged=staged,
+        program=found.program,
+        roots=found.roots,
+        cache=cache,
+        environ=environ,
+        tmp_root=tmp_root,
+        log=log,
+    )
+    checkout = os.path.abspath(staged.dir) if embeds_paths(plan.flags) else ""
     counts = {"compiled": 0, "local": 0, "remote": 0, "memo": 0, "failed": 0}
     results: list[ModuleResult] = []
     failures: list[CompileError] = []
     outputs: dict[str, bytes] = {}
-    tmp_root = build_dir / ".tmp"
     for module in plan.modules:
         t0 = time.perf_counter()
-        dirs = include_dirs(module.cwd, plan.flags)
-        roots = [module.staged] + [
-            posixpath.normpath(posixpath.join(module.cwd, p))
-            for p in pre_includes(plan.flags)
-            if not p.startswith("/")
-        ]
-        closure = resolve_closure(roots, staged=staged.hashes, includes_of=includes, dirs=dirs)
-        key = cache_mod.cache_key(
-            config.cache_namespace, module_key_parts(plan, module, closure, staged.hashes)
-        )
-        source_rel = module.source_rel
+        key = _module_key(config.cache_namespace, ctx, module, includes, checkout)
         try:
-            data, outcome = _obtain(
-                plan, module, key, staged, found.program, cache, environ, tmp_root, log
-            )
+            data, outcome = _obtain(ctx, module, key)
         except CompileError as exc:
             failures.append(exc)
             counts["failed"] += 1
@@ -938,7 +1049,7 @@ def build_target(
                 ModuleResult(
                     name=module.name,
                     stem=module.stem,
-                    source=source_rel,
+                    source=module.source_rel,
                     artefact=module.artefact,
                     key=key,
                     outcome="failed",
@@ -952,7 +1063,7 @@ def build_target(
             ModuleResult(
                 name=module.name,
                 stem=module.stem,
-                source=source_rel,
+                source=module.source_rel,
                 artefact=module.artefact,
                 key=key,
                 outcome="local" if outcome == "memo" else outcome,
@@ -960,7 +1071,7 @@ def build_target(
                 seconds=time.perf_counter() - t0,
             )
         )
-    manifest_rel = _install(
+    manifest_rel, installed = _install(
         root, plan, layout, results, outputs, failed=bool(failures), build_dir=build_dir
     )
     log.info(
@@ -970,6 +1081,10 @@ def build_target(
         ", ".join(f"{k} {v}" for k, v in counts.items() if v),
         " (FAILED)" if failures else "",
     )
+    built: dict[str, str] = {memo.rel.dep(p): d for p, d in staged.source_digests.items()}
+    for path, before in others.items():
+        # Changed while this build ran: "" never matches, so the next run rebuilds.
+        built[memo.rel.dep(path)] = before if _digest_or_empty(path) == before else ""
     return TargetResult(
         target=name,
         modules=tuple(results),
@@ -977,36 +1092,91 @@ def build_target(
         cache_stats=MappingProxyType(counts),
         seconds=time.perf_counter() - start,
         manifest=manifest_rel,
+        inputs=MappingProxyType(dict(sorted(built.items()))),
+        outputs=MappingProxyType({memo.rel.dep(p): st for p, st in sorted(installed.items())}),
     )
 
 
-def _obtain(
-    plan: TargetPlan,
+def _digest_or_empty(path: Path) -> str:
+    try:
+        return file_digest(os.fspath(path))
+    except OSError:
+        return ""
+
+
+def _module_key(
+    namespace: str,
+    ctx: _Context,
     module: ModulePlan,
-    key: str,
-    staged: StagedTarget,
-    program: Path,
-    cache: ArtefactCache | None,
-    environ: Mapping[str, str],
-    tmp_root: Path,
-    log: logging.Logger,
-) -> tuple[bytes, str]:
-    """The artefact bytes of ``module`` and how they were obtained (memo|local|remote|compiled)."""
+    includes: Mapping[str, Includes],
+    checkout: str,
+) -> str:
+    """The action key of ``module``: its scanned closure over the stage (plus files named
+    by flags) and everything in :func:`module_key_parts`."""
+    plan, staged = ctx.plan, ctx.staged
+    dirs = include_dirs(module.cwd, plan.flags)
+    roots = [module.staged]
+    flag_inputs: list[tuple[str, str]] = []
+    for path in pre_includes(plan.flags):
+        if path.startswith("/"):
+            flag_inputs.append((path, _HASHER.digest(path)))
+        else:
+            roots.append(posixpath.normpath(posixpath.join(module.cwd, path)))
+    closure = resolve_closure(roots, staged=staged.hashes, includes_of=includes, dirs=dirs)
+    parts = module_key_parts(
+        plan, module, closure, staged.hashes, flag_inputs=flag_inputs, checkout=checkout
+    )
+    return cache_mod.cache_key(namespace, parts)
+
+
+def _obtain(ctx: _Context, module: ModulePlan, key: str) -> tuple[bytes, str]:
+    """The artefact bytes of ``module`` and how they were obtained (memo|local|remote|compiled).
+
+    A memoised or cached artefact is taken only when every file its compile
+    read still has the content it had (:func:`metrale_orch._deps.inputs_match`);
+    otherwise the module is compiled and the new entry replaces the local one.
+    """
+    plan, log = ctx.plan, ctx.log
+
+    def still_valid(inputs: object) -> bool:
+        return inputs_match(
+            inputs,
+            module_cwd=module.cwd,
+            staged=ctx.staged.hashes,
+            roots=ctx.roots,
+            hasher=_HASHER,
+        )
+
     with _MEMO.claim(key):
-        got = _MEMO.get(key)
-        if got is not None and module.artefact in got:
-            return got[module.artefact], "memo"
+        got = _MEMO.get(key, module.artefact)
+        if got is not None and still_valid([list(i) for i in got.inputs]):
+            return got.data, "memo"
+        cache = ctx.cache
         lock = cache.key_lock(key) if cache is not None else contextlib.nullcontext()
         with lock:
-            hit = cache.get(key) if cache is not None else None
+            rejected = False
+
+            def accept(meta: Mapping[str, Any]) -> bool:
+                nonlocal rejected
+                ok = still_valid(meta.get("inputs"))
+                rejected = rejected or not ok
+                return ok
+
+            hit = cache.get(key, accept=accept) if cache is not None else None
             if hit is not None and module.artefact in hit.outputs:
                 data = bytes(hit.outputs[module.artefact])
-                _MEMO.put(key, {module.artefact: data})
+                inputs = _as_inputs(hit.meta.get("inputs"))
+                _MEMO.put(key, module.artefact, _Obtained(data, inputs))
                 log.info("%s: %s from the %s cache (%s)", plan.target, module.name, hit.tier, key)
                 return data, hit.tier
-            data, seconds, _argv = run_compile(
-                plan, module, staged, program, environ, tmp_root, log
-            )
+            if rejected:
+                log.info(
+                    "%s: %s: the cached entry %s was compiled from other inputs; recompiling",
+                    plan.target,
+                    module.name,
+                    key,
+                )
+            data, seconds, inputs = run_compile(ctx, module)
             if cache is not None:
                 cache.put(
                     key,
@@ -1016,51 +1186,106 @@ def _obtain(
                         "toolchain": {"name": plan.toolchain.name, "identity": plan.identity},
                         "producer": f"metrale-orch {plan.target} {module.name}",
                         "compile_seconds": round(seconds, 6),
+                        "inputs": [list(i) for i in inputs],
                     },
+                    replace=rejected,
                 )
-            _MEMO.put(key, {module.artefact: data})
+            _MEMO.put(key, module.artefact, _Obtained(data, inputs))
             return data, "compiled"
 
 
+def _as_inputs(value: object) -> tuple[tuple[str, str, str], ...]:
+    if not isinstance(value, list):
+        return ()
+    return tuple(
+        (str(i[0]), str(i[1]), str(i[2])) for i in value if isinstance(i, list) and len(i) == 3
+    )
+
+
+def _sweep_tmp(tmp_root: Path, log: logging.Logger) -> None:
+    """Remove leftovers of killed compiles under ``tmp_root`` (once per process).
+
+    A compile's directory is ``<module>.<pid>.<random>``; it is a leftover when
+    that process no longer runs, or when it is older than a day.
+    """
+    key = os.fspath(tmp_root)
+    if key in _TMP_SWEPT:
+        return
+    _TMP_SWEPT.add(key)
+    try:
+        entries = list(os.scandir(tmp_root))
+    except OSError:
+        return
+    now = time.time()
+    for entry in entries:
+        parts = entry.name.rsplit(".", 2)
+        pid = int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else 0
+        try:
+            age = now - entry.stat(follow_symlinks=False).st_mtime
+        except OSError:
+            continue
+        if pid == os.getpid() or (pid and _alive(pid) and age < 86400):
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+        log.info("removed the leftover %s of an interrupted compile", entry.path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
 def run_compile(
-    plan: TargetPlan,
-    module: ModulePlan,
-    staged: StagedTarget,
-    program: Path,
-    environ: Mapping[str, str],
-    tmp_root: Path,
-    log: logging.Logger,
-) -> tuple[bytes, float, tuple[str, ...]]:
+    ctx: _Context, module: ModulePlan
+) -> tuple[bytes, float, tuple[tuple[str, str, str], ...]]:
     """Compile one module in its staged role directory into a temporary directory.
 
-    Returns (artefact bytes, seconds, the argv run). Raises :class:`CompileError`.
+    Returns (artefact bytes, seconds, the inputs the compile read as
+    ``(kind, path, hash)``: from the compiler's dependency list when the
+    toolchain writes one, else the scanned closure, plus the files named by
+    flags). Raises :class:`CompileError`.
     """
+    plan, staged, log = ctx.plan, ctx.staged, ctx.log
     target = str(plan.target)
     try:
-        tmp_root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f"{module.name}.", dir=tmp_root))
+        ctx.tmp_root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{module.name}.{os.getpid()}.", dir=ctx.tmp_root))
     except OSError as exc:
         raise StageError(
-            target, str(tmp_root), f"cannot create a temporary directory: {exc}"
+            target, str(ctx.tmp_root), f"cannot create a temporary directory: {exc}"
         ) from None
+    cwd = staged.dir / module.cwd
     try:
         out = tmp / module.artefact
+        depfile = tmp / "deps.d"
         argv = compile_argv(
             plan.toolchain,
-            program=str(program),
+            program=str(ctx.program),
             arch=plan.arch,
             flags=plan.flags,
             include=".",
             source=module.entry,
             output=str(out),
         )
+        tc = plan.toolchain
+        if tc.depfile_args:
+            # Relative to the cwd: no comma of the checkout's path can split -Xcompiler=.
+            spelled = os.path.relpath(depfile, cwd)
+            argv = (*argv, *(a.format_map({"depfile": spelled}) for a in tc.depfile_args))
         log.info(
             "%s: compile %s: (cd %s &&) %s", target, module.name, module.cwd, format_argv(argv)
         )
         try:
-            done = run_process(
-                argv, cwd=staged.dir / module.cwd, env=environ, timeout=COMPILE_TIMEOUT
-            )
+            done = run_process(argv, cwd=cwd, env=ctx.environ, timeout=COMPILE_TIMEOUT)
         except ProcessError as exc:
             raise CompileError(
                 target=target,
@@ -1088,7 +1313,42 @@ def run_compile(
                 reason=f"exited 0 but wrote no {module.artefact}",
                 source=module.source_rel,
             )
-        return data, done.seconds, argv
+        if tc.depfile_args:
+            try:
+                read = parse_depfile(depfile.read_text(encoding="utf-8", errors="surrogateescape"))
+            except OSError:
+                read = []
+            if not read:
+                raise CompileError(
+                    target=target,
+                    module=module.name,
+                    argv=argv,
+                    returncode=done.returncode,
+                    output=text,
+                    reason="exited 0 but wrote no dependency list (toolchain depfile_args)",
+                    source=module.source_rel,
+                )
+        else:
+            includes = scan_includes(staged)
+            closure = resolve_closure(
+                [module.staged],
+                staged=staged.hashes,
+                includes_of=includes,
+                dirs=include_dirs(module.cwd, plan.flags),
+            )
+            read = [posixpath.relpath(p, module.cwd) for p in closure]
+        read = [*read, *pre_includes(plan.flags)]
+        recorded = record_inputs(
+            read,
+            stage_dir=os.path.abspath(staged.dir),
+            cwd=os.path.abspath(cwd),
+            module_cwd=module.cwd,
+            staged=staged.hashes,
+            roots=ctx.roots,
+            hasher=_HASHER,
+        )
+        inputs = tuple((k, p, h) for k, p, h in recorded)
+        return data, done.seconds, inputs
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -1132,8 +1392,11 @@ def _install(
     *,
     failed: bool,
     build_dir: Path,
-) -> str:
+) -> tuple[str, dict[Path, list[Any]]]:
     """Install artefacts, defaults and (unless failed) the manifest; remove stale files.
+
+    Returns the root-relative manifest path ("" when failed) and, per installed
+    file, ``[mtime_ns, size, xxh3-64]`` of what was installed.
 
     Order keeps every manifest on disk truthful: the old manifest goes first
     when anything changes, the new one is written last.
@@ -1150,13 +1413,16 @@ def _install(
         old = manifest_path.read_bytes() if manifest_path.is_file() else None
         if old is not None and old != new_manifest:
             manifest_path.unlink()
-        for artefact, data in sorted(outputs.items()):
-            write_if_changed(dest / artefact, data)
         defaults_json = json.dumps(render_defaults_json(plan.defaults), indent=2, sort_keys=True)
-        write_if_changed(dest / DEFAULTS_JSON, (defaults_json + "\n").encode())
-        write_if_changed(dest / DEFAULTS_HEADER, render_defaults_header(plan.defaults).encode())
+        files = {
+            **{dest / artefact: data for artefact, data in sorted(outputs.items())},
+            dest / DEFAULTS_JSON: (defaults_json + "\n").encode(),
+            dest / DEFAULTS_HEADER: render_defaults_header(plan.defaults).encode(),
+        }
         if not failed:
-            write_if_changed(manifest_path, new_manifest)
+            files[manifest_path] = new_manifest  # last: it vouches for the others
+        for path, data in files.items():
+            write_if_changed(path, data)
         keep = {*outputs, DEFAULTS_JSON, DEFAULTS_HEADER}
         if not failed:
             keep.add(MANIFEST_NAME)
@@ -1165,4 +1431,11 @@ def _install(
                 child.unlink()
     except OSError as exc:
         raise StageError(target, str(dest), f"cannot install the artefacts: {exc}") from None
-    return "" if failed else _rel(manifest_path, root)
+    states: dict[Path, list[Any]] = {}
+    for path, data in files.items():
+        try:
+            st = path.stat()
+        except OSError as exc:
+            raise StageError(target, str(path), f"cannot install the artefacts: {exc}") from None
+        states[path] = [st.st_mtime_ns, st.st_size, xxhash.xxh3_64_hexdigest(data)]
+    return ("" if failed else _rel(manifest_path, root)), states

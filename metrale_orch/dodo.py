@@ -52,7 +52,7 @@ from typing import Any
 
 from metrale_orch._actions import install_sigterm_handler
 from metrale_orch._checker import ContentChecker
-from metrale_orch._reporter import BuildReporter
+from metrale_orch._reporter import BuildReporter, end_interrupted
 from metrale_orch._tasks import (
     BUILD,
     build_task,
@@ -125,8 +125,15 @@ def _generate(
     """The specs, and whether they may be cached (no tree-wide error, no failed probe)."""
     from metrale_orch.compile import PlanMemo, plan_target
     from metrale_orch.config import load_config
-    from metrale_orch.errors import MetraleError
-    from metrale_orch.layout import LayoutError, resolve_all
+    from metrale_orch.errors import MetraleError, is_printable, printable
+    from metrale_orch.layout import (
+        LayoutError,
+        TreeSnapshot,
+        layer_manifest_problem,
+        misshapen_manifests,
+        resolve_all,
+        unnamable_message,
+    )
     from metrale_orch.toolchains import (
         ToolchainMissing,
         find_toolchain,
@@ -135,6 +142,7 @@ def _generate(
     )
 
     def error(name: str, message: str, resolved: Any = None) -> BuildSpec:
+        message = printable(message)  # it may name a file whose name is not UTF-8
         task = plan_error_task(root=root, target=name, message=message)
         return BuildSpec(target=name, kind="error", message=message, task=task, resolved=resolved)
 
@@ -143,17 +151,28 @@ def _generate(
             config = load_config(root, environ)
         if toolchains is None:
             toolchains = load_toolchains(root)
-        resolved = resolve_all(root)
+        snapshot = TreeSnapshot(root)
+        resolved = resolve_all(root, snapshot)
     except MetraleError as exc:
-        return [error(TREE_TASK, str(exc))], False
+        # A HARDWARE.toml that is a directory reads as missing: name it, not the symptom.
+        shapes = misshapen_manifests(root) if isinstance(exc, LayoutError) else []
+        return [error(TREE_TASK, str(shapes[0] if shapes else exc))], False
 
     explicit = explicit_targets(argv)
     memo = PlanMemo(root)
     found: dict[str, Any] = {}
     cacheable = True
     specs: list[BuildSpec] = []
+    # A manifest that is a directory: resolution passes over it; the build refuses it.
+    misshapen = misshapen_manifests(root, snapshot)
+    whole = [str(e) for e in misshapen if e.path.name != "KERNEL.toml"]
+    if whole:
+        more = f" (and {len(whole) - 1} more)" if len(whole) > 1 else ""
+        specs.append(error(TREE_TASK, whole[0] + more))
     for target, layout in resolved:
         name = str(target)
+        if not isinstance(layout, LayoutError):
+            layout = layer_manifest_problem(layout, misshapen) or layout
         if isinstance(layout, LayoutError):
             specs.append(error(name, str(layout), layout))
             continue
@@ -187,6 +206,10 @@ def _generate(
             )
         except MetraleError as exc:
             specs.append(error(name, str(exc), layout))
+            continue
+        unnamable = next((p for p in plan.file_dep_rels if not is_printable(str(p))), None)
+        if unnamable is not None:  # doit's database and the keys hold names as UTF-8
+            specs.append(error(name, unnamable_message(str(unnamable)), layout))
             continue
         out_dir = config.build_dir / target.hardware / target.model / target.quant
         task = plan_build_task(
@@ -335,8 +358,13 @@ def generation_key(
     for tc in toolchains.values():
         names.update(tc.home_env)
         names.update(tc.env_allowlist)
+        if tc.env_prefixes:
+            names.update(k for k in environ if k.startswith(tc.env_prefixes))
         if tc.host_compiler_env:
             names.add(tc.host_compiler_env)
+    # Probed on every invocation (a wrapper can switch the real compiler without a
+    # change any stat would see); only the real binaries' hashes are remembered.
+    state_dir = config.build_dir / ".state"
     doc = {
         "schema": _taskcache.SCHEMA,
         "python": [sys.version, sys.executable],
@@ -347,7 +375,10 @@ def generation_key(
         "config": config.to_dict(),
         "env": {name: environ.get(name) for name in sorted(names)},
         "toolchains": {name: tc.to_dict() for name, tc in sorted(toolchains.items())},
-        "programs": {name: toolchain_stamp(tc, environ) for name, tc in sorted(toolchains.items())},
+        "programs": {
+            name: toolchain_stamp(tc, environ, state_dir=state_dir)
+            for name, tc in sorted(toolchains.items())
+        },
     }
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
     return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogateescape"))
@@ -446,6 +477,8 @@ def task_build() -> Iterator[dict[str, Any]]:
         # HOOK(smoke): smoke:<hw> tasks (see smoke_task_dicts), replayed from the task
         # cache on a hit (the same dicts: plain data and the same action functions).
         yield from smoke if smoke is not None else smoke_task_dicts(root, os.environ, specs)
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM while the tasks load: one line
+        end_interrupted(exc, 0, sys.stderr)
     finally:
         if enabled:
             gc.enable()

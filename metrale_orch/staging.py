@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
+import stat
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
@@ -31,7 +32,16 @@ from metrale_orch._fsutil import write_atomic
 from metrale_orch.layout import Layout, Role
 from metrale_orch.toolchains import BuildError
 
-__all__ = ["StageError", "StagedTarget", "plan_stage", "role_dir", "stage"]
+__all__ = [
+    "ContainmentError",
+    "StageError",
+    "StagedTarget",
+    "check_contained",
+    "plan_stage",
+    "role_dir",
+    "stage",
+    "uncontained",
+]
 
 COMMON_DIR = "common"
 
@@ -46,6 +56,82 @@ class StageError(BuildError):
         super().__init__(f"{target}: staging {path}: {problem}")
 
 
+class ContainmentError(StageError):
+    """A file the build would stage lies outside ``kernels/`` or is reached through a symlink."""
+
+    exit_code = 2
+
+    def __init__(self, target: str, path: str, problem: str) -> None:
+        self.target = target
+        self.path = path
+        self.problem = problem
+        BuildError.__init__(self, f"{target}: {path}: {problem}")
+
+
+def uncontained(kernels: Path, paths: Iterable[Path]) -> list[tuple[Path, str]]:
+    """(path, problem) for each path that is not a real file inside ``kernels`` (I/O: ``lstat``
+    of every component below ``kernels``).
+
+    A path is contained when it lies lexically under ``kernels`` (after ``..`` is
+    resolved) and no component from ``kernels`` down to the file is a symlink, so
+    what is compiled is exactly what the tree holds: a redirect, a ``use`` path or
+    a symlinked directory can never bring in a file from elsewhere. Each directory
+    is examined once per call.
+    """
+    base = os.path.abspath(kernels)
+    prefix = base + os.sep
+    seen_dirs: dict[str, str] = {}
+    out: list[tuple[Path, str]] = []
+    for path in paths:
+        text = os.path.abspath(path)
+        if not text.startswith(prefix):
+            out.append((path, "lies outside kernels/; kernel trees build only their own files"))
+            continue
+        problem = ""
+        parts = text[len(prefix) :].split(os.sep)
+        current = base
+        for i, part in enumerate(parts):
+            current = current + os.sep + part
+            last = i == len(parts) - 1
+            if not last and current in seen_dirs:
+                problem = seen_dirs[current]
+                if problem:
+                    break
+                continue
+            try:
+                mode = os.lstat(current).st_mode
+            except OSError as exc:
+                problem = f"cannot be read ({exc.strerror})"
+            else:
+                if stat.S_ISLNK(mode):
+                    rel = os.path.relpath(current, os.path.dirname(base))
+                    problem = (
+                        f"is reached through the symlink {rel}; kernel trees hold real files only"
+                    )
+                elif last and not stat.S_ISREG(mode):
+                    problem = "is not a regular file"
+            if not last:
+                seen_dirs[current] = problem
+            if problem:
+                break
+        if problem:
+            out.append((path, problem))
+    return out
+
+
+def check_contained(root: Path, layout: Layout) -> None:
+    """Raise :class:`ContainmentError` for the first input of ``layout`` outside ``kernels/``
+    (see :func:`uncontained`), naming it root-relative."""
+    bad = uncontained(Path(root) / "kernels", layout.inputs())
+    if bad:
+        path, problem = bad[0]
+        try:
+            shown = Path(os.path.abspath(path)).relative_to(os.path.abspath(root)).as_posix()
+        except ValueError:
+            shown = os.path.abspath(path)
+        raise ContainmentError(str(layout.target), shown, problem)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StagedTarget:
     """A staged target: where it is and what it holds."""
@@ -55,6 +141,9 @@ class StagedTarget:
     files: Mapping[str, Path]
     #: staged relative POSIX path -> xxh3-128 hex of its bytes (sorted).
     hashes: Mapping[str, str]
+    #: source file in the tree -> xxh3-64 hex of the bytes staged from it (what a
+    #: build's saved state records: :func:`metrale_orch._fsutil.file_digest`).
+    source_digests: Mapping[Path, str]
     #: staged paths written by this call (new or changed bytes), sorted.
     written: tuple[str, ...]
     #: staged paths (files and directories) removed by this call, sorted.
@@ -120,6 +209,7 @@ def stage(layout: Layout, stage_dir: Path) -> StagedTarget:
     stage_dir = Path(stage_dir)
     written: list[str] = []
     hashes: dict[str, str] = {}
+    digests: dict[Path, str] = {}
     try:
         stage_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -131,6 +221,7 @@ def stage(layout: Layout, stage_dir: Path) -> StagedTarget:
         except OSError as exc:
             raise StageError(target, rel, f"cannot read {source}: {exc}") from None
         hashes[rel] = xxhash.xxh3_128_hexdigest(data)
+        digests[source] = xxhash.xxh3_64_hexdigest(data)
         dest = stage_dir / rel
         if _same_bytes(dest, data):
             continue
@@ -143,6 +234,7 @@ def stage(layout: Layout, stage_dir: Path) -> StagedTarget:
         dir=stage_dir,
         files=plan,
         hashes=MappingProxyType(hashes),
+        source_digests=MappingProxyType(digests),
         written=tuple(written),
         removed=tuple(sorted(removed)),
     )

@@ -10,8 +10,8 @@ HARDWARE.toml.
 
 Pure: :func:`parse_toolchain`, :func:`select_toolchain`, :func:`compile_argv`.
 I/O: :func:`load_toolchains` (reads the files), :func:`find_program`,
-:func:`probe_identity` (runs the compiler once per process and remembers the
-answer on disk keyed by the program's real path, size and mtime).
+:func:`probe_toolchain` (runs the compiler's version and dry-run probes once per
+process and hashes the real binaries they name; see its docstring).
 """
 
 from __future__ import annotations
@@ -20,8 +20,12 @@ import contextlib
 import functools
 import json
 import os
+import re
+import shlex
 import shutil
+import stat
 import sysconfig
+import tempfile
 import threading
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,6 +34,8 @@ from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
+
+import xxhash
 
 from metrale_orch._fsutil import write_atomic
 from metrale_orch._proc import ProcessError, run_process
@@ -42,6 +48,7 @@ __all__ = [
     "OUTPUT_KINDS",
     "BuildError",
     "FoundToolchain",
+    "Probe",
     "Toolchain",
     "ToolchainError",
     "ToolchainMissing",
@@ -49,9 +56,11 @@ __all__ = [
     "compile_argv",
     "find_program",
     "find_toolchain",
+    "keyed_environment",
     "load_toolchains",
     "parse_toolchain",
     "probe_identity",
+    "probe_toolchain",
     "reset_identity_memo",
     "select_toolchain",
     "toolchain_stamp",
@@ -103,12 +112,14 @@ _LIST_KEYS = (
     "env_allowlist",
     "home_env",
     "pip_dirs",
+    "env_prefixes",
+    "dryrun_args",
+    "host_compiler_probe_args",
+    "depfile_args",
 )
 
 #: Seconds a version probe may take.
 PROBE_TIMEOUT = 60.0
-_IDENTITY_FILE = "toolchain-identity.json"
-_IDENTITY_FILE_MAX_ENTRIES = 32
 
 
 class BuildError(MetraleError):
@@ -166,6 +177,16 @@ class Toolchain:
     flags_key: str = "extra_nvcc_flags"
     #: Environment variables that change the compiler's output (part of every key).
     env_allowlist: tuple[str, ...] = ()
+    #: Prefixes of further such variables (e.g. ``NVCC_``: every ``NVCC_*`` is keyed).
+    env_prefixes: tuple[str, ...] = ()
+    #: Arguments of the dry-run probe (``{output_kind_flag}``, ``{source}``, ``{output}``);
+    #: empty when the compiler has none (then its own content and version are keyed).
+    dryrun_args: tuple[str, ...] = ()
+    #: Arguments that make the host compiler print what it would run (``gcc -###``).
+    host_compiler_probe_args: tuple[str, ...] = ()
+    #: Arguments that make a compile also write its dependency list to ``{depfile}``
+    #: (every file it read); empty when the compiler cannot.
+    depfile_args: tuple[str, ...] = ()
     #: Variables naming install prefixes searched as ``$VAR/bin`` after PATH.
     home_env: tuple[str, ...] = ()
     #: Directories under site-packages searched last (pip-installed compilers).
@@ -190,6 +211,10 @@ class Toolchain:
             "argv": list(self.argv),
             "flags_key": self.flags_key,
             "env_allowlist": list(self.env_allowlist),
+            "env_prefixes": list(self.env_prefixes),
+            "dryrun_args": list(self.dryrun_args),
+            "host_compiler_probe_args": list(self.host_compiler_probe_args),
+            "depfile_args": list(self.depfile_args),
             "home_env": list(self.home_env),
             "pip_dirs": list(self.pip_dirs),
             "install_hint": self.install_hint,
@@ -204,6 +229,8 @@ class FoundToolchain:
     toolchain: Toolchain
     program: Path
     identity: str
+    #: Toolkit directories (see :class:`Probe`).
+    roots: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------- parsing (pure)
@@ -280,6 +307,10 @@ def parse_toolchain(
         argv=argv,
         flags_key=fields.get("flags_key", "extra_nvcc_flags"),
         env_allowlist=tuple(sorted(set(fields.get("env_allowlist", ())))),
+        env_prefixes=tuple(sorted(set(fields.get("env_prefixes", ())))),
+        dryrun_args=tuple(fields.get("dryrun_args", ())),
+        host_compiler_probe_args=tuple(fields.get("host_compiler_probe_args", ())),
+        depfile_args=tuple(fields.get("depfile_args", ())),
         home_env=tuple(fields.get("home_env", ())),
         pip_dirs=tuple(fields.get("pip_dirs", ())),
         install_hint=fields.get("install_hint", "") or f"`{fields['program']}`",
@@ -551,20 +582,25 @@ def find_program(
     return None
 
 
-_IDENTITY_MEMO: dict[str, str] = {}
+_IDENTITY_MEMO: dict[str, Probe] = {}
 _IDENTITY_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Probe:
+    """What probing a compiler found: its identity and the toolkit directories it reads."""
+
+    #: Human-readable version text plus a digest of everything that decides the output.
+    identity: str
+    #: Normalised absolute toolkit directories (the dry run's ``TOP`` and include
+    #: directories): files the compiler reads below them are recorded relative to them.
+    roots: tuple[str, ...] = ()
 
 
 def reset_identity_memo() -> None:
     """Forget the identities probed by this process (tests)."""
     with _IDENTITY_LOCK:
         _IDENTITY_MEMO.clear()
-
-
-def _fingerprint(path: Path) -> list[Any]:
-    real = os.path.realpath(path)
-    st = os.stat(real)
-    return [real, st.st_size, st.st_mtime_ns]
 
 
 def _host_compiler(toolchain: Toolchain, environ: Mapping[str, str]) -> Path | None:
@@ -588,6 +624,17 @@ def _version_text(output: str) -> str:
     return "; ".join(kept)
 
 
+def keyed_environment(toolchain: Toolchain, environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``environ`` the toolchain's compilers read (pure; sorted):
+    its ``env_allowlist`` names and every name starting with one of its ``env_prefixes``."""
+    prefixes = toolchain.env_prefixes
+    return {
+        name: environ[name]
+        for name in sorted(environ)
+        if name in toolchain.env_allowlist or (prefixes and name.startswith(prefixes))
+    }
+
+
 def probe_identity(
     toolchain: Toolchain,
     program: Path,
@@ -595,13 +642,38 @@ def probe_identity(
     *,
     state_dir: Path | None = None,
 ) -> str:
-    """The compiler's identity: its version output plus the host compiler's version.
+    """The compiler's identity (see :func:`probe_toolchain`)."""
+    return probe_toolchain(toolchain, program, environ, state_dir=state_dir).identity
 
-    Memoised per process and, when ``state_dir`` is given, remembered in
-    ``<state_dir>/toolchain-identity.json`` keyed by the real path, size and
-    mtime of the program and the host compiler, so each doit invocation
-    stays cheap. Raises :class:`ToolchainMissing` when the host compiler is
-    absent and :class:`ToolchainError` when the version probe fails.
+
+def probe_toolchain(
+    toolchain: Toolchain,
+    program: Path,
+    environ: Mapping[str, str],
+    *,
+    state_dir: Path | None = None,
+) -> Probe:
+    """Probe what really runs when ``program`` is called, once per process.
+
+    A wrapper script, a shim reading a version file or an environment variable,
+    or an ``update-alternatives`` link can switch the real compiler without any
+    change a ``stat`` of ``program`` would see, so nothing here is remembered
+    across processes except the content hashes of the real binaries (by their
+    ``stat``, in ``<state_dir>/file-hashes.json``). The identity covers:
+
+    - the version output (``version_args``);
+    - the dry run (``dryrun_args``, e.g. ``nvcc --dryrun``): every command and
+      flag the compiler would run, a wrapper's additions included, with
+      temporary names and the probe directory normalised;
+    - the content of the programs it names (the real ``nvcc``, ``cicc``,
+      ``ptxas``, libdevice ...) and of ``program`` itself;
+    - the host compiler: its version output, its own dry run
+      (``host_compiler_probe_args``, e.g. ``gcc -###``, which shows the defines a
+      wrapper adds and the real ``cc1plus``) and the content of both;
+    - the environment variables the compilers read (:func:`keyed_environment`).
+
+    Raises :class:`ToolchainMissing` when the host compiler is absent and
+    :class:`ToolchainError` when a probe fails.
     """
     host = None
     if toolchain.host_compiler or toolchain.host_compiler_env:
@@ -616,106 +688,260 @@ def probe_identity(
                 f"a host C++ compiler ({name}) on PATH",
                 detail=f"its host compiler `{name}` was not found",
             )
+    env = keyed_environment(toolchain, environ)
+    memo_key = json.dumps(
+        [
+            toolchain.to_dict(),
+            str(program),
+            None if host is None else str(host),
+            env,
+            environ.get("PATH", ""),
+        ],
+        sort_keys=True,
+    )
+    with _IDENTITY_LOCK:
+        got = _IDENTITY_MEMO.get(memo_key)
+    if got is not None:
+        return got
+    hashes = _FileHashes(None if state_dir is None else Path(state_dir) / _FILE_HASHES)
     try:
-        stamp = [
-            toolchain.name,
-            list(toolchain.version_args),
-            _fingerprint(program),
-            None if host is None else _fingerprint(host),
-            list(toolchain.host_compiler_version_args),
-        ]
-    except OSError as exc:
-        raise ToolchainMissing(
-            toolchain.name, toolchain.program, toolchain.install_hint, detail=str(exc)
-        ) from None
-    memo_key = json.dumps(stamp, sort_keys=True)
+        probe = _run_probe(toolchain, program, host, environ, env, hashes)
+    finally:
+        hashes.save()
     with _IDENTITY_LOCK:
-        if memo_key in _IDENTITY_MEMO:
-            return _IDENTITY_MEMO[memo_key]
-    state_file = None if state_dir is None else Path(state_dir) / _IDENTITY_FILE
-    known = _read_identity_file(state_file)
-    identity = known.get(memo_key)
-    if not isinstance(identity, str):
-        identity = _run_probe(toolchain, program, host, environ)
-        if state_file is not None:
-            _write_identity_file(state_file, {**known, memo_key: identity})
-    with _IDENTITY_LOCK:
-        _IDENTITY_MEMO[memo_key] = identity
-    return identity
+        _IDENTITY_MEMO[memo_key] = probe
+    return probe
+
+
+_FILE_HASHES = "file-hashes.json"
+_FILE_HASHES_MAX = 256
+_TMP_NAME_RE = re.compile(r"tmpxft_[0-9a-fA-F]+_[0-9a-fA-F]+")
+_DRYRUN_VAR_RE = re.compile(r"^#\$ (?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>.*)$")
+#: Dry-run variables that only echo the caller's environment (the programs they lead
+#: to are hashed by content instead).
+_DRYRUN_SKIPPED_VARS = frozenset({"PATH", "LD_LIBRARY_PATH", "LIBRARIES"})
+#: Programs of a toolkit's bin directories hashed whether or not the dry run names them.
+_TOOLKIT_PROGRAMS = frozenset({"nvcc", "cicc", "ptxas", "cudafe++", "fatbinary", "nvlink"})
+_PROBE_SOURCE = "metrale_probe.cu"
+
+
+class _FileHashes:
+    """Content hashes of the compilers' binaries, remembered by (size, mtime, ctime, inode)
+    of the real path: the one part of a probe worth keeping across processes (tens of
+    MB to read). ctime cannot be set back by a user, so a replaced file is re-read."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.known: dict[str, list[Any]] = {}
+        self.used: dict[str, list[Any]] = {}
+        self.dirty = False
+        if path is not None:
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                data = {}
+            if isinstance(data, dict):
+                self.known = {k: v for k, v in data.items() if isinstance(v, list)}
+
+    def digest(self, path: str) -> str | None:
+        """xxh3-128 of the file at ``path`` (links followed), or None when it is not a file."""
+        real = os.path.realpath(path)
+        try:
+            st = os.stat(real)
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        known = self.known.get(real)
+        if known is not None and len(known) == 5 and known[:4] == stamp:
+            self.used[real] = known
+            return str(known[4])
+        h = xxhash.xxh3_128()
+        try:
+            with open(real, "rb") as fh:
+                while chunk := fh.read(1 << 20):
+                    h.update(chunk)
+        except OSError:
+            return None
+        entry = [*stamp, h.hexdigest()]
+        self.known[real] = self.used[real] = entry
+        self.dirty = True
+        return str(entry[4])
+
+    def save(self) -> None:
+        if self.path is None or not self.dirty:
+            return
+        others = sorted(k for k in self.known if k not in self.used)
+        room = max(0, _FILE_HASHES_MAX - len(self.used))
+        keep = {k: self.known[k] for k in others[:room]}
+        keep.update(self.used)
+        # Only a speed-up: a read-only build dir costs one hashing pass per process.
+        with contextlib.suppress(OSError):
+            write_atomic(self.path, json.dumps(dict(sorted(keep.items())), indent=1).encode())
+
+
+def _run(argv: Sequence[str], environ: Mapping[str, str], cwd: Path | None = None) -> str:
+    done = run_process(argv, env=environ, timeout=PROBE_TIMEOUT, cwd=cwd)
+    return done.stdout + done.stderr
+
+
+def _dryrun(
+    toolchain: Toolchain, program: Path, environ: Mapping[str, str]
+) -> tuple[str, dict[str, str], list[str]]:
+    """(normalised dry-run text, its ``#$ NAME=value`` variables, its command lines)."""
+    with tempfile.TemporaryDirectory(prefix="metrale-probe.") as tmp:
+        source = Path(tmp) / _PROBE_SOURCE
+        source.write_text('extern "C" __global__ void metrale_probe() {}\n', encoding="utf-8")
+        values = {
+            "source": _PROBE_SOURCE,
+            "output": "metrale_probe." + toolchain.extension,
+            "output_kind_flag": toolchain.output_flag,
+        }
+        argv = [str(program), *(a.format_map(values) for a in toolchain.dryrun_args)]
+        text = _run(argv, environ, cwd=Path(tmp))
+        for spelling in sorted({tmp, os.path.realpath(tmp)}, key=len, reverse=True):
+            text = text.replace(spelling, "<probe>")
+    text = _TMP_NAME_RE.sub("tmpxft", text)
+    variables: dict[str, str] = {}
+    commands: list[str] = []
+    kept: list[str] = []
+    for line in text.splitlines():
+        m = _DRYRUN_VAR_RE.match(line.strip())
+        if m:
+            variables[m["name"]] = m["value"].strip()
+            if m["name"] in _DRYRUN_SKIPPED_VARS:
+                continue
+        elif line.startswith("#$ "):
+            commands.append(line[3:].strip())
+        kept.append(line.rstrip())
+    return "\n".join(kept), variables, commands
+
+
+def _expand(token: str, variables: Mapping[str, str]) -> str:
+    token = token.strip('"')
+    for name, value in variables.items():
+        token = token.replace("${" + name + "}", value).replace("$" + name, value)
+    return token
+
+
+def _dryrun_files(
+    variables: Mapping[str, str], commands: Sequence[str], search_path: str
+) -> list[str]:
+    """The files a dry run says will run or be read: each command's program (found on the
+    dry run's own PATH), the toolkit's compiler programs, and ``NVVMIR_LIBRARY_DIR``."""
+    out: list[str] = []
+    for command in commands:
+        try:
+            words = shlex.split(command)
+        except ValueError:
+            words = command.split()
+        if not words or words[0].startswith("-"):
+            continue
+        program = _expand(words[0], variables)
+        if os.sep not in program:
+            program = shutil.which(program, path=search_path) or ""
+        if program:
+            out.append(program)
+    for name in ("_HERE_", "CICC_PATH"):
+        folder = variables.get(name)
+        if folder and os.path.isdir(folder):
+            out.extend(
+                os.path.join(folder, e)
+                for e in sorted(os.listdir(folder))
+                if e in _TOOLKIT_PROGRAMS
+            )
+    libdir = variables.get("NVVMIR_LIBRARY_DIR")
+    if libdir and os.path.isdir(libdir):
+        out.extend(os.path.join(libdir, e) for e in sorted(os.listdir(libdir)))
+    return sorted(set(out))
+
+
+def _dryrun_roots(variables: Mapping[str, str]) -> tuple[str, ...]:
+    roots: list[str] = []
+    top = variables.get("TOP")
+    if top:
+        roots.append(os.path.normpath(top))
+    for name in ("INCLUDES", "SYSTEM_INCLUDES"):
+        try:
+            tokens = shlex.split(variables.get(name, ""))
+        except ValueError:
+            tokens = []
+        for token in tokens:
+            folder = token[2:] if token.startswith("-I") else token
+            if folder.startswith("/"):
+                roots.append(os.path.normpath(folder))
+    return tuple(dict.fromkeys(roots))
 
 
 def _run_probe(
-    toolchain: Toolchain, program: Path, host: Path | None, environ: Mapping[str, str]
-) -> str:
+    toolchain: Toolchain,
+    program: Path,
+    host: Path | None,
+    environ: Mapping[str, str],
+    env: Mapping[str, str],
+    hashes: _FileHashes,
+) -> Probe:
+    doc: dict[str, Any] = {"toolchain": toolchain.name, "env": dict(env)}
+    roots: tuple[str, ...] = ()
+    files = [str(program)]
     try:
-        done = run_process(
-            [str(program), *toolchain.version_args], env=environ, timeout=PROBE_TIMEOUT
-        )
-        identity = _version_text(done.stdout + done.stderr)
+        version = _version_text(_run([str(program), *toolchain.version_args], environ))
+        doc["version"] = version
+        if toolchain.dryrun_args:
+            text, variables, commands = _dryrun(toolchain, program, environ)
+            doc["dryrun"] = text
+            search = variables.get("PATH") or environ.get("PATH", os.defpath)
+            files.extend(_dryrun_files(variables, commands, search))
+            roots = _dryrun_roots(variables)
+        human = version
         if host is not None:
-            hdone = run_process(
-                [str(host), *toolchain.host_compiler_version_args],
-                env=environ,
-                timeout=PROBE_TIMEOUT,
-            )
-            first = (hdone.stdout + hdone.stderr).strip().splitlines()
-            identity += " | host: " + (first[0].strip() if first else host.name)
+            host_version = _run([str(host), *toolchain.host_compiler_version_args], environ)
+            lines = host_version.strip().splitlines()
+            human += " | host: " + (lines[0].strip() if lines else host.name)
+            doc["host_version"] = host_version.strip()
+            files.append(str(host))
+            if toolchain.host_compiler_probe_args:
+                host_dryrun = _run([str(host), *toolchain.host_compiler_probe_args], environ)
+                doc["host_dryrun"] = host_dryrun
+                for line in host_dryrun.splitlines():
+                    # gcc -### prints each command it would run indented by one space.
+                    if line.startswith(" ") and line.strip():
+                        first = line.split()[0].strip('"')
+                        if os.path.isabs(first):
+                            files.append(first)
     except ProcessError as exc:
         raise ToolchainError(
             f"toolchain {toolchain.name!r}", "version_args", f"the version probe failed: {exc}"
         ) from None
-    if not identity.strip():
+    if not version.strip():
         raise ToolchainError(
             f"toolchain {toolchain.name!r}", "version_args", "the version probe printed nothing"
         )
-    return identity
-
-
-def _read_identity_file(path: Path | None) -> dict[str, Any]:
-    if path is None:
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _write_identity_file(path: Path, data: Mapping[str, Any]) -> None:
-    items = sorted(data.items())[-_IDENTITY_FILE_MAX_ENTRIES:]
-    # Only a speed-up: a read-only build dir costs one probe per process.
-    with contextlib.suppress(OSError):
-        write_atomic(path, json.dumps(dict(items), indent=1, sort_keys=True).encode())
+    # Content, not path: the same toolkit installed elsewhere has the same identity.
+    doc["files"] = sorted({d for d in (hashes.digest(f) for f in files) if d is not None})
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    digest = xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogateescape"))
+    return Probe(identity=f"{human} | {digest}", roots=roots)
 
 
 def toolchain_stamp(
     toolchain: Toolchain,
     environ: Mapping[str, str],
     *,
+    state_dir: Path | None = None,
     site_dirs: Iterable[Path] | None = None,
 ) -> list[Any]:
-    """What :func:`find_toolchain` would find, cheaply: no version probe is run.
-
-    The program found (or ``["missing"]``) with the fingerprints (real path,
-    size, mtime) of it and of its host compiler: the inputs of
-    :func:`probe_identity`'s remembered identity. Equal stamps mean
-    :func:`find_toolchain` answers as before (JSON-ready; for the task cache).
-    """
+    """What :func:`find_toolchain` finds, JSON-ready (for the task cache): ``["missing"]``,
+    ``["found", program, identity]`` (probed: once per process), or ``["error", text]``."""
     program = find_program(toolchain, environ, site_dirs=site_dirs)
     if program is None:
         return ["missing"]
-    host = None
-    if toolchain.host_compiler or toolchain.host_compiler_env:
-        host = _host_compiler(toolchain, environ)
     try:
-        return [
-            "found",
-            str(program),
-            _fingerprint(program),
-            None if host is None else _fingerprint(host),
-        ]
-    except OSError as exc:
+        probe = probe_toolchain(toolchain, program, environ, state_dir=state_dir)
+    except MetraleError as exc:
         return ["error", str(exc)]
+    return ["found", str(program), probe.identity]
 
 
 def find_toolchain(
@@ -729,5 +955,7 @@ def find_toolchain(
     program = find_program(toolchain, environ, site_dirs=site_dirs)
     if program is None:
         raise ToolchainMissing(toolchain.name, toolchain.program, toolchain.install_hint)
-    identity = probe_identity(toolchain, program, environ, state_dir=state_dir)
-    return FoundToolchain(toolchain=toolchain, program=program, identity=identity)
+    probe = probe_toolchain(toolchain, program, environ, state_dir=state_dir)
+    return FoundToolchain(
+        toolchain=toolchain, program=program, identity=probe.identity, roots=probe.roots
+    )

@@ -29,12 +29,18 @@ __all__ = [
 ]
 
 FAKE_NVCC = f"""#!{sys.executable}
-import json, os, sys
+import json, os, re, sys
 args = sys.argv[1:]
 if args and args[0] == "--version":
     print("fake nvcc: NVIDIA (R) Cuda compiler driver")
     print("Copyright (c) fake")
     print("Cuda compilation tools, release 99.0" + os.environ.get("FAKE_NVCC_VERSION", ""))
+    sys.exit(0)
+if args and args[0] == "--dryrun":
+    here = os.path.dirname(os.path.abspath(__file__))
+    print("#$ _HERE_=" + here)
+    print("#$ TOP=" + here + "/..")
+    print("#$ gcc -E -x c++ " + os.environ.get("FAKE_NVCC_DRYRUN", "") + " " + " ".join(args[1:]))
     sys.exit(0)
 log = os.environ.get("FAKE_NVCC_LOG")
 if log:
@@ -51,6 +57,21 @@ if "FAKE_NO_OUTPUT" in text:
     sys.exit(0)
 with open(out, "w") as fh:
     fh.write("// fake ptx\\n.target " + (arch[0][6:] if arch else "?") + "\\n" + text)
+# The dependency list (-Xcompiler=-MD,-MF,<file>): the source and the quoted includes
+# it reaches (from each including file's directory), like a preprocessor would.
+dep = [a for a in args if a.startswith("-Xcompiler=-MD,-MF,")]
+if dep and "FAKE_NO_DEPFILE" not in text:
+    read, todo = [], [src]
+    while todo:
+        path = todo.pop()
+        if path in read or not os.path.isfile(path):
+            continue
+        read.append(path)
+        body = open(path).read()
+        for name in re.findall(r'#\\s*include\\s*"([^"]+)"', body):
+            todo.append(os.path.normpath(os.path.join(os.path.dirname(path), name)))
+    with open(dep[0].split(",", 2)[2], "w") as fh:
+        fh.write(out + ": " + " ".join(read) + "\\n")
 """
 
 FAKE_GCC = f"""#!{sys.executable}

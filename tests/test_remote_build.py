@@ -6,7 +6,7 @@ each in a new checkout directory with an EMPTY local cache:
 
 - B gets every module from S3 and never runs nvcc to compile: ``nvcc`` on PATH
   is a wrapper that logs every invocation and forwards to the real compiler;
-  only version probes may appear. Every manifest outcome is ``remote`` and the
+  only probes (version, dry run) may appear. Every manifest outcome is ``remote`` and the
   artefacts are byte-identical to A's.
 - C, read-only, with one source changed (so one module must compile and would be
   uploaded in read-write mode), makes zero write requests (the server's log).
@@ -55,8 +55,12 @@ class Run:
 
     @property
     def compiles(self) -> list[str]:
-        """Invocations that are not version probes."""
-        return [line for line in self.nvcc if " --version" not in f"{line} "]
+        """Invocations that are not probes (``--version``, ``--dryrun``)."""
+        return [
+            line
+            for line in self.nvcc
+            if " --version" not in f"{line} " and " --dryrun " not in f"{line} "
+        ]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -242,6 +242,7 @@ def test_key_changes_miss(
     elif change == "program":
         fake = tmp_path / "bin/fakecc"
         fake.write_text(fake.read_text() + "\n# rebuilt\n")
+        reset_identity_memo()  # a new doit invocation probes again
     else:
         env = {**env, "PATH": f"{tmp_path / 'elsewhere'}{os.pathsep}{env['PATH']}"}
     # Another key is another entry: this one misses, the first stays for its environment.
@@ -459,20 +460,11 @@ def test_signature_check_declares_what_doit_would_inspect() -> None:
     assert declared == from_call == ["task", "values"]
 
 
-def test_cache_delta_leaves_zeros_out() -> None:
-    from metrale_orch._actions import _cache_delta
+def test_task_values_keep_nonzero_counters_only() -> None:
+    from metrale_orch._actions import _nonzero
+    from metrale_orch.cache import CacheStats
 
-    class Stats:
-        def to_dict(self) -> dict[str, Any]:
-            return {"misses": 3, "puts": 1, "errors": 0, "seconds_saved": 0.0, "log": ["a", "b"]}
-
-    class Cache:
-        stats = Stats()
-
-    assert _cache_delta(Cache(), {"misses": 1, "puts": 1, "log": ["a"]}) == {
-        "misses": 2,
-        "log": ["b"],
-    }
+    assert _nonzero(CacheStats(misses=2, puts=1)) == {"misses": 2, "puts": 1}
 
 
 def test_scan_refuses_special_files(tmp_path: Path) -> None:

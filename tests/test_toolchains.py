@@ -50,7 +50,8 @@ def test_builtins_cover_every_vendor_family() -> None:
     nvcc = tcs["nvcc"]
     assert (nvcc.output, nvcc.extension, nvcc.flags_key) == ("ptx", "ptx", "extra_nvcc_flags")
     assert tcs["metal"].flags_key == "extra_metal_flags"
-    assert "NVCC_PREPEND_FLAGS" in nvcc.env_allowlist
+    assert nvcc.env_prefixes == ("NVCC_",) and "CPATH" in nvcc.env_allowlist
+    assert nvcc.dryrun_args and nvcc.depfile_args
     assert nvcc.file is None
 
 
@@ -205,7 +206,7 @@ def test_missing_host_compiler(tmp_path: Path) -> None:
         find_toolchain(builtin_toolchains()["nvcc"], env, site_dirs=[])
 
 
-def test_probe_identity_memo_and_disk_cache(tmp_path: Path) -> None:
+def test_probe_runs_once_per_process_and_sees_every_change(tmp_path: Path) -> None:
     env = fake_toolchain_env(tmp_path / "bin")
     nvcc = builtin_toolchains()["nvcc"]
     program = tmp_path / "bin/nvcc"
@@ -214,19 +215,60 @@ def test_probe_identity_memo_and_disk_cache(tmp_path: Path) -> None:
     assert "Cuda compilation tools, release 99.0" in ident
     assert "host: gcc (Fake) 12.2.0" in ident
     assert "Copyright" not in ident
-    saved = json.loads((state / "toolchain-identity.json").read_text())
-    assert list(saved.values()) == [ident]
-    # A changed answer is not seen while the program's stamp is unchanged (memo, then disk) ...
+    # Only the binaries' content hashes are remembered across processes.
+    hashes = json.loads((state / "file-hashes.json").read_text())
+    assert str(program.resolve()) in hashes
+    # Within a process the probe is not repeated ...
     env["FAKE_NVCC_VERSION"] = "-changed"
     assert probe_identity(nvcc, program, env, state_dir=state) == ident
+    # ... but a new process (a new run) probes again: no stat decides.
     reset_identity_memo()
-    assert probe_identity(nvcc, program, env, state_dir=state) == ident
-    # ... and is seen once the program itself changes (new size/mtime).
-    program.write_text(program.read_text() + "\n# v2\n")
+    changed = probe_identity(nvcc, program, env, state_dir=state)
+    assert changed != ident and "release 99.0-changed" in changed
+    # What the dry run shows (e.g. a flag a wrapper adds) is part of the identity.
     reset_identity_memo()
-    assert probe_identity(nvcc, program, env, state_dir=state).endswith(
-        "-changed | host: gcc (Fake) 12.2.0"
+    dry = probe_identity(nvcc, program, {**env, "FAKE_NVCC_DRYRUN": "-DWRAPPED=1"})
+    assert dry != changed
+    # So is the host compiler's content, with the same --version output.
+    reset_identity_memo()
+    gcc = tmp_path / "bin/gcc"
+    gcc.write_text(gcc.read_text() + "# a wrapper that adds -DX\n")
+    assert probe_identity(nvcc, program, env) != changed
+    # A keyed environment variable (NVCC_*, CPATH ...) too.
+    reset_identity_memo()
+    assert probe_identity(nvcc, program, {**env, "CPATH": "/x"}) != probe_identity(
+        nvcc, program, env
     )
+
+
+def _wrapper(path: Path, body: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.nvcc
+def test_real_nvcc_seen_through_a_wrapper(tmp_path: Path) -> None:
+    """A wrapper ``nvcc`` whose bytes never change but whose real compiler (picked by an
+    environment variable, like asdf/pyenv shims) or added flags do: the identity moves."""
+    import os
+    import shutil
+
+    real = shutil.which("nvcc")
+    assert real is not None
+    nvcc = builtin_toolchains()["nvcc"]
+    wrapper = _wrapper(tmp_path / "w/nvcc", f'exec {real} ${{METRALE_TEST_WRAP_FLAGS:-}} "$@"\n')
+    env = dict(os.environ)
+    base = find_toolchain(nvcc, env, site_dirs=[])
+    assert base.roots and all(Path(r).is_absolute() for r in base.roots)
+    reset_identity_memo()
+    plain = probe_identity(nvcc, wrapper, env)
+    reset_identity_memo()
+    flagged = probe_identity(nvcc, wrapper, {**env, "METRALE_TEST_WRAP_FLAGS": "-DWRAPPED=1"})
+    assert plain != flagged
+    reset_identity_memo()
+    assert probe_identity(nvcc, wrapper, env) == plain  # deterministic
 
 
 def test_probe_failure_is_a_toolchain_error(tmp_path: Path) -> None:
@@ -245,4 +287,4 @@ def test_host_compiler_from_nvcc_ccbin_file_or_directory(tmp_path: Path) -> None
     for ccbin in (str(other), str(other.parent)):
         reset_identity_memo()
         ident = probe_identity(nvcc, tmp_path / "bin/nvcc", {**env, "NVCC_CCBIN": ccbin})
-        assert ident.endswith("host: gcc (Other) 13.1.0")
+        assert " | host: gcc (Other) 13.1.0 | " in ident

@@ -50,13 +50,22 @@ class TargetStatus:
     removed: tuple[str, ...] = ()
     signature: tuple[str, ...] = ()
     missing_outputs: tuple[str, ...] = ()
+    #: Installed files missing or altered since the build that installed them.
+    changed_outputs: tuple[str, ...] = ()
     never_built: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"target": self.target, "status": self.status}
         if self.detail:
             out["detail"] = self.detail
-        for key in ("changed", "added", "removed", "signature", "missing_outputs"):
+        for key in (
+            "changed",
+            "added",
+            "removed",
+            "signature",
+            "missing_outputs",
+            "changed_outputs",
+        ):
             value = getattr(self, key)
             if value:
                 out[key] = list(value)
@@ -159,9 +168,12 @@ def _build_status(spec: Any, task: Any, tasks: Any, dep: Any, detailed: bool) ->
     reasons = result.reasons
     saved = dep.get_values(task.name).get(SIGNATURE_KEY) or {}
     current: dict[str, str] = {}
-    for utd in spec.task.get("uptodate", ()):
-        if isinstance(utd, SignatureCheck):
-            current = utd.parts
+    bad_outputs: tuple[str, ...] = ()
+    for utd in task.uptodate:
+        check = utd[0] if isinstance(utd, tuple) else utd
+        if isinstance(check, SignatureCheck):
+            current = check.parts
+            bad_outputs = check.stale_outputs
     parts = sorted(k for k in {*saved, *current} if saved.get(k) != current.get(k))
     changed = tuple(sorted(reasons.get("changed_file_dep", ()) or ()))
     added = tuple(sorted(reasons.get("added_file_dep", ()) or ()))
@@ -183,6 +195,8 @@ def _build_status(spec: Any, task: Any, tasks: Any, dep: Any, detailed: bool) ->
         bits.append("signature: " + ", ".join(parts))
     if missing_out:
         bits.append("missing output")
+    if bad_outputs:
+        bits.append("output missing or altered: " + ", ".join(bad_outputs))
     status = "error" if result.status == "error" else "stale"
     return TargetStatus(
         target=spec.target,
@@ -193,6 +207,7 @@ def _build_status(spec: Any, task: Any, tasks: Any, dep: Any, detailed: bool) ->
         removed=removed,
         signature=tuple(parts),
         missing_outputs=missing_out,
+        changed_outputs=bad_outputs,
     )
 
 
@@ -258,6 +273,8 @@ def _run_why(args: argparse.Namespace, ctx: Any) -> int:
         w(f"  signature part changed: {part}\n")
     for path in st.missing_outputs:
         w(f"  missing output: {path}\n")
+    for path in st.changed_outputs:
+        w(f"  output missing or altered since it was built: {path}\n")
     return 0
 
 

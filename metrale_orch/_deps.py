@@ -1,0 +1,270 @@
+"""What a compile read: the compiler's dependency list, recorded and verified.
+
+A cache entry is valid only for the exact inputs the compiler read (as ccache's
+direct mode and Bazel's action cache do). Every compile writes the compiler's
+own dependency list (nvcc ``-Xcompiler=-MD,-MF,<file>``: every file the
+preprocessor opened, digraphs, line splices and ``-isystem=`` resolved by the
+compiler itself); :func:`record_inputs` turns it, plus the files a flag makes
+the compiler read (``--options-file``, ``-include``, ``-imacros``), into a
+sorted list of ``[kind, path, xxh3-128]`` stored in the entry:
+
+- ``stage``: a staged file, by its path relative to the module's working
+  directory (machine-independent; checked against the stage's own hashes);
+- ``toolkit<i>``: a file under the i-th toolkit directory of the compiler's
+  probe (``TOP``, its include directories), by its path below it, so the same
+  toolkit installed elsewhere (a pip wheel in another virtualenv) still hits;
+- ``abs``: any other file (system headers, ``-I/abs``, ``CPATH``), by its
+  absolute path.
+
+:func:`inputs_match` is the lookup's check: every recorded file must still
+have its recorded content. Hashes of files outside the stage are memoised per
+process by ``stat`` (:class:`FileHasher`), so the ~200 system headers of a
+compile cost milliseconds once per process.
+
+Pure: :func:`parse_depfile`, :func:`flag_files`, :func:`classify`.
+I/O: :class:`FileHasher`, :func:`record_inputs`, :func:`inputs_match`.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import stat
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+
+import xxhash
+
+__all__ = [
+    "FileHasher",
+    "classify",
+    "flag_files",
+    "inputs_match",
+    "parse_depfile",
+    "record_inputs",
+]
+
+#: Flags whose value is a file the compiler reads.
+_FILE_FLAGS = (
+    "--options-file",
+    "-optf",
+    "-include",
+    "--pre-include",
+    "-imacros",
+)
+
+
+def parse_depfile(text: str) -> list[str]:
+    """The prerequisites of a Make-style dependency file, in order, unique (pure).
+
+    Handles line continuations, ``\\ `` (an escaped space), ``\\#`` and ``$$``;
+    every target (each word before a ``:`` at the end of a word) is dropped.
+    """
+    joined = text.replace("\\\r\n", " ").replace("\\\n", " ")
+    words: list[str] = []
+    current: list[str] = []
+    i = 0
+    n = len(joined)
+    while i < n:
+        c = joined[i]
+        if c == "\\" and i + 1 < n and joined[i + 1] in " #\\":
+            current.append(joined[i + 1])
+            i += 2
+            continue
+        if c == "$" and i + 1 < n and joined[i + 1] == "$":
+            current.append("$")
+            i += 2
+            continue
+        if c in " \t\r\n":
+            if current:
+                words.append("".join(current))
+                current = []
+            i += 1
+            continue
+        current.append(c)
+        i += 1
+    if current:
+        words.append("".join(current))
+    # One rule: targets, a separator, prerequisites. Later ``name:`` words are the
+    # phony rules ``-MP`` adds for headers already listed.
+    deps: list[str] = []
+    seen_separator = False
+    for word in words:
+        if not seen_separator:
+            seen_separator = word == ":" or (word.endswith(":") and not _is_drive(word))
+            continue
+        if word == ":" or word.endswith(":"):
+            continue
+        deps.append(word)
+    return list(dict.fromkeys(deps))
+
+
+def _is_drive(word: str) -> bool:
+    return len(word) == 2 and word[0].isalpha()
+
+
+def flag_files(flags: Sequence[str]) -> Iterator[str]:
+    """The files flags make the compiler read: ``--options-file``/``-optf``, ``-include``/
+    ``--pre-include``, ``-imacros`` values, as written (pure)."""
+    it = iter(flags)
+    for flag in it:
+        for name in _FILE_FLAGS:
+            if flag == name:
+                value = next(it, None)
+                if value is not None:
+                    for part in (
+                        value.split(",") if name in ("--options-file", "-optf") else [value]
+                    ):
+                        if part:
+                            yield part
+                break
+            if flag.startswith(name + "="):
+                value = flag[len(name) + 1 :]
+                for part in value.split(",") if name in ("--options-file", "-optf") else [value]:
+                    if part:
+                        yield part
+                break
+
+
+def classify(path: str, *, stage_dir: str, cwd: str, roots: Sequence[str]) -> tuple[str, str]:
+    """``(kind, spelling)`` of a file a compile read (pure; see the module docstring).
+
+    ``path`` is as the compiler wrote it (relative to ``cwd``, the module's
+    absolute working directory, or absolute); ``stage_dir`` is the absolute
+    stage root, ``roots`` the probe's toolkit directories (normalised).
+    """
+    full = os.path.normpath(os.path.join(cwd, path))
+    prefix = stage_dir.rstrip(os.sep) + os.sep
+    if full.startswith(prefix):
+        return "stage", posixpath.relpath(full.replace(os.sep, "/"), cwd.replace(os.sep, "/"))
+    for i, root in enumerate(roots):
+        root_prefix = root.rstrip(os.sep) + os.sep
+        if full.startswith(root_prefix):
+            return f"toolkit{i}", full[len(root_prefix) :].replace(os.sep, "/")
+    return "abs", full
+
+
+class FileHasher:
+    """xxh3-128 of files outside the stage, memoised by ``(size, mtime, ctime, inode)``.
+
+    One per process; thread-safe. A file that cannot be read as a regular file
+    hashes to ``""`` (never equal to a recorded hash).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._memo: dict[str, tuple[tuple[int, int, int, int], str]] = {}
+
+    def digest(self, path: str) -> str:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return ""
+        if not stat.S_ISREG(st.st_mode):
+            return ""
+        stamp = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+        with self._lock:
+            got = self._memo.get(path)
+        if got is not None and got[0] == stamp:
+            return got[1]
+        h = xxhash.xxh3_128()
+        try:
+            with open(path, "rb") as fh:
+                while chunk := fh.read(1 << 20):
+                    h.update(chunk)
+        except OSError:
+            return ""
+        digest = h.hexdigest()
+        with self._lock:
+            self._memo[path] = (stamp, digest)
+        return digest
+
+    def clear(self) -> None:
+        with self._lock:
+            self._memo.clear()
+
+
+def _current(
+    kind: str,
+    path: str,
+    *,
+    module_cwd: str,
+    staged: Mapping[str, str],
+    roots: Sequence[str],
+    hasher: FileHasher,
+) -> str:
+    """The current content hash of a recorded input, or "" when it cannot be had."""
+    if kind == "stage":
+        return staged.get(posixpath.normpath(posixpath.join(module_cwd, path)), "")
+    if kind == "abs":
+        return hasher.digest(path) if os.path.isabs(path) else ""
+    if kind.startswith("toolkit"):
+        try:
+            index = int(kind[len("toolkit") :])
+        except ValueError:
+            return ""
+        if not 0 <= index < len(roots) or path.startswith("/") or ".." in path.split("/"):
+            return ""
+        return hasher.digest(os.path.join(roots[index], path))
+    return ""
+
+
+def record_inputs(
+    read: Sequence[str],
+    *,
+    stage_dir: str,
+    cwd: str,
+    module_cwd: str,
+    staged: Mapping[str, str],
+    roots: Sequence[str],
+    hasher: FileHasher,
+) -> list[list[str]]:
+    """``[kind, path, hash]`` of every file in ``read`` (as the compiler spelled them),
+    sorted and unique. Staged files take their hash from ``staged`` (stage-relative
+    path -> hash of the bytes staged, hence compiled); ``module_cwd`` is the
+    module's working directory relative to the stage root."""
+    out: dict[tuple[str, str], str] = {}
+    for path in read:
+        kind, spelled = classify(path, stage_dir=stage_dir, cwd=cwd, roots=roots)
+        out[(kind, spelled)] = _current(
+            kind,
+            spelled,
+            module_cwd=module_cwd,
+            staged=staged,
+            roots=roots,
+            hasher=hasher,
+        )
+    return [[kind, path, digest] for (kind, path), digest in sorted(out.items())]
+
+
+def inputs_match(
+    recorded: object,
+    *,
+    module_cwd: str,
+    staged: Mapping[str, str],
+    roots: Sequence[str],
+    hasher: FileHasher,
+) -> bool:
+    """True when every recorded input still has its recorded content (a well-formed,
+    non-empty list is required: an entry without one is never trusted)."""
+    if not isinstance(recorded, list) or not recorded:
+        return False
+    for item in recorded:
+        if not (
+            isinstance(item, list) and len(item) == 3 and all(isinstance(x, str) for x in item)
+        ):
+            return False
+        kind, path, digest = item
+        if not digest:
+            return False
+        now = _current(
+            kind,
+            path,
+            module_cwd=module_cwd,
+            staged=staged,
+            roots=roots,
+            hasher=hasher,
+        )
+        if now != digest:
+            return False
+    return True
