@@ -26,6 +26,7 @@ from typing import Any
 
 from doit.exceptions import TaskFailed
 
+from metrale_orch._checker import INPUTS_KEY, OUTPUTS_KEY
 from metrale_orch.errors import MetraleError
 
 __all__ = [
@@ -70,7 +71,9 @@ def reset_process_state() -> None:
 
 
 def _sigterm(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+    from metrale_orch.errors import Interrupted
+
+    raise Interrupted(signum)
 
 
 def install_sigterm_handler() -> bool:
@@ -79,8 +82,11 @@ def install_sigterm_handler() -> bool:
     doit writes its dependency database only when a run ends; on
     ``KeyboardInterrupt`` its runner still ends the run normally (its
     ``finally`` saves every finished task), whereas the default SIGTERM action
-    kills the process and loses all of them. Only the main thread can set a
-    handler; elsewhere this does nothing.
+    kills the process and loses all of them. The handler raises
+    :class:`~metrale_orch.errors.Interrupted` (a ``KeyboardInterrupt`` that
+    knows its signal), so the run ends with one line and exit status 143
+    (see ``BuildReporter``). Only the main thread can set a handler;
+    elsewhere this does nothing.
     """
     if threading.current_thread() is not threading.main_thread():
         return False
@@ -142,44 +148,6 @@ def _cache(config: Any) -> Any:
     return cache
 
 
-def _stats_dict(stats: Any) -> dict[str, Any]:
-    if stats is None:
-        return {}
-    to_dict = getattr(stats, "to_dict", None)
-    if callable(to_dict):
-        return dict(to_dict())
-    return dict(stats) if isinstance(stats, dict) else {}
-
-
-def _cache_delta(cache: Any, before: dict[str, Any]) -> dict[str, Any]:
-    """This task's share of the process cache's cumulative statistics, zeros left out.
-
-    The value is saved with the task in doit's database and read back on every
-    run, so it stays small (``CacheStats.from_dict`` reads a missing counter as 0).
-    """
-    now = _stats_dict(getattr(cache, "stats", None))
-    delta: dict[str, Any] = {}
-    for key, value in now.items():
-        old = before.get(key, 0)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            if isinstance(old, int | float) and not isinstance(old, bool):
-                change = value - old
-            else:
-                change = value
-            if change:
-                delta[key] = change
-        elif isinstance(value, list):
-            old_list = old if isinstance(old, list) else []
-            if value[len(old_list) :]:
-                delta[key] = value[len(old_list) :]
-    return delta
-
-
-def _cache_warnings(cache: Any) -> list[str]:
-    get = getattr(cache, "warnings", None)
-    return [str(w) for w in get()] if callable(get) else []
-
-
 def summarise_result(result: Any) -> dict[str, Any]:
     """The small JSON value a build task saves and the reporter aggregates (pure).
 
@@ -202,44 +170,55 @@ def summarise_result(result: Any) -> dict[str, Any]:
 
 
 def build_action(root: str, target: str) -> dict[str, Any] | TaskFailed:
-    """Build one target (doit action). Package errors become one-line failures."""
+    """Build one target (doit action). Package errors become one-line failures.
+
+    The values carry this target's own cache statistics (exact under threads:
+    :meth:`metrale_orch.cache.Cache.track`), the content of the inputs it built
+    from (consumed by the checker when doit saves the task's state) and the
+    states of the files it installed (checked by the next run).
+    """
+    from metrale_orch.cache import CacheStats
     from metrale_orch.compile import build_target
     from metrale_orch.layout import Target
 
-    cache = None
-    before: dict[str, Any] = {}
+    stats = CacheStats()
     try:
         config = _config(root)
         log = configure_build_log(
             config.build_dir, max_bytes=config.log_max_bytes, backups=config.log_backups
         )
         cache = _cache(config)
-        before = _stats_dict(getattr(cache, "stats", None))
-        result = build_target(
-            Path(root),
-            Target.parse(target),
-            config=config,
-            cache=cache,
-            environ=os.environ,
-            log=log.getChild("build"),
-        )
+        with cache.track() as stats:
+            result = build_target(
+                Path(root),
+                Target.parse(target),
+                config=config,
+                cache=cache,
+                environ=os.environ,
+                log=log.getChild("build"),
+            )
+            cache.flush()  # uploads finish before doit may end this worker
     except MetraleError as exc:
         _log.error("build:%s: %s", target, exc)
-        failed: dict[str, Any] = {"outcome": "failed"}
-        if cache is not None:
-            failed["cache"] = _cache_delta(cache, before)
+        failed: dict[str, Any] = {"outcome": "failed", "cache": _nonzero(stats)}
         return BuildFailed(f"build:{target}: {exc}", failed)
     values = summarise_result(result)
-    flush = getattr(cache, "flush", None)
-    if callable(flush):
-        flush()  # uploads finish before doit may end this worker
-    values["cache"] = _cache_delta(cache, before)
-    warnings = [*(getattr(result, "warnings", ()) or ()), *_cache_warnings(cache)]
+    values["cache"] = _nonzero(stats)
+    values[INPUTS_KEY] = dict(result.inputs)
+    values[OUTPUTS_KEY] = {k: list(v) for k, v in result.outputs.items()}
+    warnings = [*result.warnings, *cache.warnings()]
     if warnings:
         values["warnings"] = sorted({str(w) for w in warnings})
-    if getattr(result, "failed", False):
+    if result.failed:
         return BuildFailed(_failure_text(target, result), values)
     return values
+
+
+def _nonzero(stats: Any) -> dict[str, Any]:
+    """A task's cache statistics without the zero counters: the value is saved with the
+    task in doit's database and read back on every run, so it stays small
+    (``CacheStats.from_dict`` reads a missing counter as 0)."""
+    return {k: v for k, v in stats.to_dict().items() if v}
 
 
 def _failure_text(target: str, result: Any) -> str:

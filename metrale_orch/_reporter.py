@@ -13,19 +13,48 @@ task's cache statistics, cache warnings); the reporter adds the statistics up,
 prints each distinct cache warning once and writes them to
 ``<build_dir>/cache-stats.json``. Other tasks (``check``, ``smoke:…``) are
 reported as doit's console reporter does.
+
+How a run ends is decided here too, since doit's runner calls
+:meth:`BuildReporter.complete_run` last, after saving every finished task:
+
+- stopped by Ctrl-C or SIGTERM (the runner is unwinding a ``KeyboardInterrupt``):
+  one line, ``interrupted; N targets finished and kept``, and exit 130 or 143
+  instead of doit's traceback (:func:`end_interrupted`);
+- failed: exit 1 when every failure is a target that ran and failed (a
+  compile error), 2 when one is a tree, configuration or doit error. doit
+  alone would say 2 whenever the group ``build`` ran, since it counts the
+  group's unmet dependencies as errors (:func:`exit_status`).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, TextIO
 
+from doit.exceptions import TaskFailed, UnmetDependency
 from doit.reporter import ConsoleReporter
 
-__all__ = ["STATS_NAME", "BuildReporter", "format_summary"]
+from metrale_orch.errors import (
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    interrupt_exit_code,
+    printable,
+)
+
+__all__ = [
+    "STATS_NAME",
+    "BuildReporter",
+    "end_interrupted",
+    "exit_status",
+    "format_interrupted",
+    "format_summary",
+]
 
 _BASE = "build:"
 
@@ -43,6 +72,56 @@ def format_summary(counts: dict[str, int], seconds: float) -> str:
         f"{counts.get('failed', 0)} failed",
     ]
     return f"build: {', '.join(parts)} in {seconds:.1f} s"
+
+
+def format_interrupted(finished: int) -> str:
+    """The one line a run stopped by Ctrl-C or SIGTERM ends with (pure)."""
+    noun = "target" if finished == 1 else "targets"
+    return f"interrupted; {finished} {noun} finished and kept"
+
+
+def end_interrupted(exc: BaseException, finished: int, stream: TextIO) -> NoReturn:
+    """Print :func:`format_interrupted` on ``stream`` and exit 130 (Ctrl-C) or 143 (SIGTERM).
+
+    A second Ctrl-C while the line is written is ignored: the run is already ending.
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        stream.write(format_interrupted(finished) + "\n")
+        stream.flush()
+    except (OSError, ValueError):  # a closed pipe must not turn into a traceback
+        pass
+    raise SystemExit(interrupt_exit_code(exc)) from None
+
+
+def exit_status(failures: Iterable[tuple[str, BaseException | Any]]) -> int | None:
+    """The exit status of a run from its failures, ``(task kind, doit failure)`` each (pure).
+
+    None without failures. A dependency left unmet (the group ``build`` after
+    a failed target, ``smoke:<hw>`` after its builds) follows from another
+    failure and is never more than 1 itself. A target that ran and failed is 1;
+    a target that could not be planned (kind ``error``: tree or configuration
+    error) or any other doit error is 2. A failure's values may name its own
+    status (``exit_code``: the package error's).
+    """
+    status: int | None = None
+    for kind, fail in failures:
+        if isinstance(fail, UnmetDependency):
+            code = EXIT_FAILURE
+        elif isinstance(fail, TaskFailed):
+            values = getattr(fail, "values", None)
+            declared = values.get("exit_code") if isinstance(values, dict) else None
+            if kind == "error":
+                code = EXIT_USAGE
+            elif declared in (EXIT_FAILURE, EXIT_USAGE):
+                code = int(declared)
+            else:
+                code = EXIT_FAILURE
+        else:
+            code = EXIT_USAGE
+        status = code if status is None else max(status, code)
+    return status
 
 
 def _is_build(task: Any) -> bool:
@@ -143,7 +222,34 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             self.write(traceback)
         self.failures.append({"task": task, "exception": fail})
 
+    def write(self, text: str) -> None:
+        # A message may name a file whose name is not UTF-8: show it, never fail on it.
+        super().write(printable(text))
+
     def complete_run(self) -> None:
+        # doit calls this from its runner's `finally`, after saving every finished task:
+        # an exception being handled here is what is ending the run.
+        ending = sys.exc_info()[1]
+        if isinstance(ending, KeyboardInterrupt):
+            finished = self._counts.get("built", 0) + self._counts.get("cached", 0)
+            end_interrupted(ending, finished, self.outstream)
+        self._complete()
+        if ending is not None:
+            return  # another exception ends the run: doit reports it as it does
+        status = exit_status(
+            (_kind(f["task"]) if _is_build(f["task"]) else "other", f["exception"])
+            for f in self.failures
+        )
+        if status is not None and not self.runtime_errors and status != self._doit_status():
+            raise SystemExit(status)
+
+    def _doit_status(self) -> int:
+        """What doit's runner will return: 2 when any failure is not a ``TaskFailed``."""
+        if any(not isinstance(f["exception"], TaskFailed) for f in self.failures):
+            return EXIT_USAGE
+        return EXIT_FAILURE if self.failures else 0
+
+    def _complete(self) -> None:
         if self.runtime_errors:
             self.write("#" * 40 + "\n")
             self.write("Execution aborted.\n")

@@ -5,6 +5,10 @@ else takes a :class:`Config` value. Every setting remembers where it came
 from (``Config.sources``), so ``metrale-orch`` can say why a value is what it
 is. Unknown keys in ``[tool.metrale-orch]`` and malformed values are
 :class:`ConfigError`\\ s naming the file (or variable) and the key.
+
+``build_dir`` is where the build writes, stages and deletes: it may not be the
+root, ``kernels/``, a directory inside ``kernels/``, or one that contains it
+(compared after resolving symlinks), whichever level set it.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ __all__ = [
     "ENV_VARS",
     "Config",
     "ConfigError",
+    "build_dir_problem",
     "default_local_cache",
     "find_root",
     "load_config",
@@ -233,4 +238,46 @@ def load_config(
         )
         sources[key] = "cli"
 
+    problem = build_dir_problem(root, values["build_dir"])
+    if problem:
+        raise ConfigError(_where("build_dir", sources["build_dir"]), "build_dir", problem)
     return Config(root=root, sources=MappingProxyType(sources), **values)
+
+
+def _where(key: str, source: str) -> str:
+    """How a message names the level that set ``key`` (``sources`` spelling in)."""
+    if source == "pyproject":
+        return "pyproject.toml [tool.metrale-orch]"
+    if source == "env":
+        return f"environment {_KEYS[key][0]}"
+    if source == "cli":
+        return "command line"
+    return "built-in default"
+
+
+def build_dir_problem(root: Path, build_dir: Path) -> str:
+    """Why ``build_dir`` cannot hold the build of the project at ``root``, or "" (I/O:
+    resolves symlinks). The build writes, stages and deletes there, so it may not be
+    the root, ``kernels/``, inside ``kernels/``, or contain ``kernels/``."""
+    where = Path(os.path.realpath(build_dir))
+    top = Path(os.path.realpath(root))
+    kernels = Path(os.path.realpath(top / "kernels"))
+    shown = repr(_rel(build_dir, root))
+    if where == top:
+        return f"{shown} is the project root; the build needs its own directory (e.g. build/)"
+    if where == kernels:
+        return (
+            f"{shown} is the kernel tree (kernels/); the build would overwrite and delete "
+            "kernel sources: choose a directory outside it (e.g. build/)"
+        )
+    if where.is_relative_to(kernels):
+        return (
+            f"{shown} lies inside the kernel tree (kernels/); build outputs would become "
+            "tree files: choose a directory outside it (e.g. build/)"
+        )
+    if kernels.is_relative_to(where):
+        return (
+            f"{shown} contains the kernel tree (kernels/); cleaning the build would delete "
+            "kernel sources: choose a directory beside it (e.g. build/)"
+        )
+    return ""

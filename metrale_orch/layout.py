@@ -10,6 +10,12 @@ returns:
 - no entry's file is a symlink; every entry is a kernel file of the tree;
 - resolution depends only on the tree's contents, never on listing order.
 
+Beside resolution, for the build and ``check`` (never changing what resolves):
+names that are not UTF-8 are refused (:class:`UnnamableFile`), manifests that
+are directories are found (:func:`misshapen_manifests`; resolution passes over
+them as SPEC 1.6 says), and likely typos in manifests become warnings
+(:func:`manifest_warnings`, pure; :func:`read_manifest_warnings` for a layout).
+
 One resolution pass (``walk`` + ``discover`` of every target, see
 :func:`resolve_all`) shares a :class:`TreeSnapshot`, so each directory is
 listed and each manifest parsed once; independent calls get fresh snapshots.
@@ -23,13 +29,13 @@ import enum
 import os
 import stat
 import tomllib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
-from metrale_orch.errors import MetraleError
+from metrale_orch.errors import MetraleError, is_printable, printable
 
 __all__ = [
     "HEADER_EXTS",
@@ -56,6 +62,7 @@ __all__ = [
     "UnknownHardware",
     "UnknownModel",
     "UnknownVendor",
+    "UnnamableFile",
     "UseCollides",
     "UseError",
     "discover",
@@ -63,11 +70,16 @@ __all__ = [
     "hardware",
     "kernel_manifest",
     "kernel_source_dir",
+    "layer_manifest_problem",
+    "manifest_warnings",
+    "misshapen_manifests",
+    "read_manifest_warnings",
     "resolve_all",
     "source_ext",
     "stem_of",
     "supports_quant",
     "symlinks",
+    "unnamable_message",
     "walk",
 ]
 
@@ -626,6 +638,26 @@ class RetiredKey(LayoutError):
         )
 
 
+class UnnamableFile(LayoutError):
+    """A file or directory name under ``kernels/`` is not valid UTF-8.
+
+    Python keeps such a name's bytes as lone surrogates; doit's database, the
+    cache keys and every message hold names as UTF-8, so the tree must be fixed.
+    """
+
+    def __init__(self, path: Path, rel: str) -> None:
+        self.path = path
+        super().__init__(unnamable_message(rel))
+
+
+def unnamable_message(rel: str) -> str:
+    """The one-line message for a path whose name is not valid UTF-8 (pure)."""
+    return (
+        f"{printable(rel)}: the name is not valid UTF-8; rename it (kernel trees, "
+        "doit's database and the cache keys hold file names as UTF-8)"
+    )
+
+
 def _toml_key(stem: str) -> str:
     bare = stem and all((c.isalnum() and c.isascii()) or c in "-_" for c in stem)
     return stem if bare else '"' + stem.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -638,9 +670,10 @@ _K = TypeVar("_K")
 _V = TypeVar("_V")
 #: A directory's part of a layer, per source extension: (first symlink child or None,
 #: kernel files (name -> Path, in name order), sources (stem -> name), subdirectories
-#: (name -> Path, in name order)). A source's name is its stem plus the one source
-#: extension, so stem and name determine each other.
-_DirPart = tuple[str | None, dict[str, Path], dict[str, str], dict[str, Path]]
+#: (name -> Path, in name order), the first entry or subdirectory whose name is not
+#: valid UTF-8 or None). A source's name is its stem plus the one source extension, so
+#: stem and name determine each other.
+_DirPart = tuple[str | None, dict[str, Path], dict[str, str], dict[str, Path], str | None]
 #: A layer's scan: entries (name -> Entry, in name order), sources (stem -> name),
 #: subdirectories (name -> Path, in name order); shared read-only by its targets.
 _Scan = tuple[dict[str, "Entry"], dict[str, str], dict[str, Path]]
@@ -767,6 +800,14 @@ class TreeSnapshot:
         """A regular file, or a symlink to one (as the file system would read it)."""
         kind = self.kind(rel)
         return kind == "file" or (kind == "link" and os.path.isfile(self.path(rel)))
+
+    def not_a_file(self, rel: str) -> bool:
+        """Something is there that is not a regular file (a directory, a FIFO, a link to one)."""
+        kind = self.kind(rel)
+        if kind == "link":
+            path = self.path(rel)
+            return os.path.exists(path) and not os.path.isfile(path)
+        return kind in ("dir", "other")
 
     def toml(self, path: Path | str) -> dict[str, Any] | None:
         """The parsed TOML file, None when it is not a file; raises ManifestError when bad."""
@@ -1187,7 +1228,10 @@ class TreeSnapshot:
                     subdirs[name] = make(name)
                 elif kind == "link" and link is None:
                     link = name
-            part = (link, files, stems, subdirs)
+            unnamable = next(
+                (n for n in (*files, *subdirs) if not n.isascii() and not is_printable(n)), None
+            )
+            part = (link, files, stems, subdirs, unnamable)
         self._dir_parts[key] = part
         return part
 
@@ -1199,10 +1243,13 @@ class TreeSnapshot:
         if part is None:
             files, stems, subdirs = {}, {}, {}
         else:
-            link, files, stems, subdirs = part
+            link, files, stems, subdirs, unnamable = part
             if link is not None:
                 child = _join(rel, link)
                 raise SymlinkError(self.path(child), child)
+            if unnamable is not None:
+                child = _join(rel, unnamable)
+                raise UnnamableFile(self.path(child), child)
         manifest = layer.manifest
         if manifest is None or not manifest.uses:
             entries = {name: _make_entry(name, path, index, False) for name, path in files.items()}
@@ -1583,21 +1630,90 @@ def walk(root: Path | str, snapshot: TreeSnapshot | None = None) -> list[Target]
     targets: list[Target] = []
     for hw_name, kind in snap.listing("kernels") or ():
         # A file or a special file has no children: it holds no HARDWARE.toml.
-        if kind in ("file", "other") or not snap.is_file(f"kernels/{hw_name}/{HARDWARE_TOML}"):
-            continue
-        hw = snap.hardware(hw_name)
         hw_dir = f"kernels/{hw_name}"
+        if kind in ("file", "other") or not snap.is_file(f"{hw_dir}/{HARDWARE_TOML}"):
+            continue
+        _check_name(snap, hw_dir, hw_name)
+        hw = snap.hardware(hw_name)
         for model, mkind in snap.listing(hw_dir) or ():
             model_dir = f"{hw_dir}/{model}"
             if mkind in ("file", "other") or not snap.is_file(_join(model_dir, MODEL_TOML)):
                 continue
+            _check_name(snap, model_dir, model)
             source_dir = snap.kernel_source_dir(model_dir)
-            quants = set(_subdir_names(snap, source_dir))
+            quants = dict.fromkeys(_subdir_names(snap, source_dir), source_dir)
             if hw.inherits is not None:
                 psource = snap.parent_source_dir(hw.inherits, source_dir.rpartition("/")[2])
-                quants.update(_subdir_names(snap, psource))
-            targets.extend(_make_target(hw_name, model, q) for q in sorted(quants))
+                for quant in _subdir_names(snap, psource):
+                    quants.setdefault(quant, psource)
+            for quant in sorted(quants):
+                _check_name(snap, f"{quants[quant]}/{quant}", quant)
+                targets.append(_make_target(hw_name, model, quant))
     return targets
+
+
+def _check_name(snap: TreeSnapshot, rel: str, name: str) -> None:
+    """Refuse a target directory whose name is not UTF-8: no task could be named after it."""
+    if not name.isascii() and not is_printable(name):
+        raise UnnamableFile(snap.path(rel), rel)
+
+
+def misshapen_manifests(
+    root: Path | str, snapshot: TreeSnapshot | None = None
+) -> list[ManifestError]:
+    """A ManifestError for each manifest name in its place that is not a regular file (I/O).
+
+    The places: ``kernels/<hw>/HARDWARE.toml``, ``kernels/<hw>/<model>/MODEL.toml``,
+    ``kernels/<hw>/common/KERNEL.toml`` and ``kernels/<hw>/<model>/<quant>/KERNEL.toml``.
+    Resolution passes over such a thing as absent (a directory named HARDWARE.toml
+    is no manifest, SPEC 1.6) or as a subdirectory; the build and ``check`` refuse
+    it instead, so a tree never silently loses a hardware, a model or a layer's
+    settings. Sorted by path; with a shared snapshot, listings are read once.
+    """
+    snap = snapshot if snapshot is not None else TreeSnapshot(root)
+    found: list[ManifestError] = []
+
+    def look(rel: str) -> None:
+        if snap.not_a_file(rel):
+            what = "a directory" if os.path.isdir(snap.path(rel)) else "not a regular file"
+            found.append(
+                ManifestError(
+                    snap.path(rel),
+                    printable(rel),
+                    None,
+                    f"is {what}, not a TOML file: make it a file (or remove it)",
+                )
+            )
+
+    for hw_name, kind in snap.listing("kernels") or ():
+        if kind != "dir":
+            continue
+        hw_dir = f"kernels/{hw_name}"
+        look(f"{hw_dir}/{HARDWARE_TOML}")
+        for model, mkind in snap.listing(hw_dir) or ():
+            if mkind != "dir":
+                continue
+            model_dir = f"{hw_dir}/{model}"
+            if model == COMMON:
+                look(f"{model_dir}/{KERNEL_TOML}")
+                continue
+            look(f"{model_dir}/{MODEL_TOML}")
+            for quant, qkind in snap.listing(model_dir) or ():
+                if qkind == "dir":
+                    look(f"{model_dir}/{quant}/{KERNEL_TOML}")
+    return sorted(found, key=lambda e: e.path)
+
+
+def layer_manifest_problem(
+    layout: Layout, problems: Iterable[ManifestError]
+) -> ManifestError | None:
+    """The first of ``problems`` (:func:`misshapen_manifests`) that is the KERNEL.toml of
+    one of ``layout``'s layers, or None (pure)."""
+    dirs = {layer.dir for layer in layout.layers}
+    for problem in problems:
+        if problem.path.name == KERNEL_TOML and problem.path.parent in dirs:
+            return problem
+    return None
 
 
 def _subdir_names(snap: TreeSnapshot, directory: str) -> Iterator[str]:
@@ -1633,6 +1749,144 @@ def symlinks(root: Path | str) -> list[Path]:
             path = base / name
             if path.is_symlink():
                 found.append(path)
+    return sorted(found)
+
+
+# --------------------------------------------------------------------------- warnings
+
+#: A manifest's kind, by its file name: HARDWARE.toml, MODEL.toml, KERNEL.toml.
+ManifestKind = Literal["hardware", "model", "kernel"]
+
+MANIFEST_KINDS: Mapping[str, ManifestKind] = MappingProxyType(
+    {HARDWARE_TOML: "hardware", MODEL_TOML: "model", KERNEL_TOML: "kernel"}
+)
+
+#: ``[build]`` keys the built-in toolchains read (a project toolchain may add its own).
+BUILD_KEYS: tuple[str, ...] = ("extra_metal_flags", "extra_nvcc_flags", "toolchain")
+
+#: kind -> table -> its known keys, or None where any key may appear ([modules],
+#: [shadow], [shadow_exempt] are keyed by stems and modules) or an unknown key is an
+#: error already ([sources]; [defaults], whose levers a tree can extend).
+_KNOWN: Mapping[ManifestKind, Mapping[str, tuple[str, ...] | None]] = MappingProxyType(
+    {
+        "hardware": {
+            "hardware": ("arch", "inherits", "sm_count", "vendor"),
+            "build": BUILD_KEYS,
+            "defaults": None,
+        },
+        "model": {"model": ("kernel_source", "supported_quants")},
+        "kernel": {
+            "build": BUILD_KEYS,
+            "modules": None,
+            "shadow": None,
+            "shadow_exempt": None,
+            "sources": None,
+        },
+    }
+)
+
+#: A name this close to a known one (and not equal) is taken for a typo of it.
+TYPO_DISTANCE = 2
+
+
+def _edit_distance(a: str, b: str, limit: int) -> int:
+    """Optimal-string-alignment distance (Damerau-Levenshtein with adjacent
+    transpositions) of ``a`` and ``b``, or ``limit + 1`` once it must exceed ``limit``."""
+    if abs(len(a) - len(b)) > limit:
+        return limit + 1
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        cur = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cost = 0 if a[i - 1] == b[j - 1] else 1
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                cur[j] = min(cur[j], prev2[j - 2] + 1)
+        if min(cur) > limit:
+            return limit + 1
+        prev2, prev = prev, cur
+    return prev[-1]
+
+
+def _closest(name: str, known: Iterable[str]) -> str | None:
+    """The known name ``name`` is a typo of (within :data:`TYPO_DISTANCE`, not equal), or None."""
+    best: tuple[int, str] | None = None
+    for cand in known:
+        # Two edits turn a four-letter name into almost anything: one edit at most there.
+        limit = TYPO_DISTANCE if len(cand) > 4 else 1
+        d = _edit_distance(name, cand, limit)
+        if 0 < d <= limit and (best is None or (d, cand) < best):
+            best = (d, cand)
+    return None if best is None else best[1]
+
+
+def manifest_warnings(
+    path_rel: str,
+    doc: Mapping[str, Any],
+    kind: ManifestKind,
+    *,
+    build_keys: Iterable[str] = (),
+) -> list[str]:
+    """Likely typos in one parsed manifest, one warning line each, in file order (pure).
+
+    A table whose name is within edit distance 2 of a table this kind of
+    manifest has (``[buidl]``), or a key of a known table that close to one of
+    its keys (``kernel_sauce``, ``extra_nvcc_flag``), is named with the file,
+    the key and "did you mean ...". Other unknown names are silent: real trees
+    carry tables and keys for other tools. ``build_keys``: more ``[build]``
+    keys to know (a project toolchain's ``flags_key``).
+    """
+    tables = _KNOWN[kind]
+    where = printable(path_rel)
+    extra = tuple(build_keys)
+    out: list[str] = []
+    for name, value in doc.items():
+        if name in tables:
+            known = tables[name]
+            if known is None or not isinstance(value, Mapping):
+                continue
+            if name == "build" and extra:
+                known = (*known, *extra)
+            for key in value:
+                if key in known:
+                    continue
+                guess = _closest(key, known)
+                if guess is not None:
+                    out.append(
+                        f"{where}: [{name}] {_toml_key(key)}: unknown key, did you mean "
+                        f"`{guess}`? (the key is ignored)"
+                    )
+            continue
+        guess = _closest(name, tables)
+        if guess is not None:
+            what = "table" if isinstance(value, Mapping) else "key"
+            out.append(
+                f"{where}: [{_toml_key(name)}]: unknown {what}, did you mean `[{guess}]`? "
+                "(it is ignored)"
+            )
+    return out
+
+
+def read_manifest_warnings(
+    root: Path | str, layout: Layout, *, build_keys: Iterable[str] = ()
+) -> list[str]:
+    """:func:`manifest_warnings` of every manifest ``layout`` was resolved from (I/O: parses
+    them): its HARDWARE.toml files, MODEL.toml files and ``configs()``; sorted, unique."""
+    snap = TreeSnapshot(root)
+    extra = tuple(build_keys)
+    found: set[str] = set()
+    for path in (*layout.hardware_manifests, *layout.model_manifests, *layout.configs()):
+        kind = MANIFEST_KINDS.get(path.name)
+        if kind is None:
+            continue
+        rel = snap.rel(path)
+        try:
+            doc = snap.toml(path)
+        except LayoutError:  # resolution read it, so it parsed then; now it is gone
+            continue
+        if doc is not None:
+            found.update(manifest_warnings(rel, doc, kind, build_keys=extra))
     return sorted(found)
 
 

@@ -154,3 +154,116 @@ def test_python_dash_m_runs_the_cli(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("check: ok")
+
+
+# ------------------------------------------------------------------------------ containment
+
+
+def test_check_flags_a_redirect_out_of_kernels(tmp_path: Path) -> None:
+    """`[model] kernel_source = "../../outside"` resolves (SPEC 1.4 does not normalise
+    the referent) but its files are not the tree's: the build refuses them, so must check."""
+    tree(tmp_path)
+    model(tmp_path, "gb10", "stolen", kernel_source="../../outside")
+    write(tmp_path, "outside/MODEL.toml", "[model]\n")
+    write(tmp_path, "outside/bf16/evil.cu", "// not from the tree\n")
+    code, out, err = run(tmp_path, "check")
+    assert code == 2 and out == "", err
+    assert err.splitlines() == [
+        "problem: kernels/gb10/../../outside/bf16/evil.cu: lies outside kernels/; kernel trees "
+        "build only their own files (reached through [model] kernel_source of "
+        "kernels/gb10/stolen/MODEL.toml) [target gb10/stolen/bf16]",
+        "check: 1 problem",
+    ]
+
+
+def test_check_flags_a_use_through_a_symlinked_directory_once(tmp_path: Path) -> None:
+    tree(tmp_path)
+    write(tmp_path, "elsewhere/x.cu", "// reached through a link\n")
+    os.symlink(tmp_path / "elsewhere", tmp_path / "kernels/linked")
+    kernel_toml(tmp_path, "kernels/gb10/qwen/bf16", use=["../linked/x.cu"], shadow={"rms": "q"})
+    code, _, err = run(tmp_path, "check")
+    assert code == 2
+    problems = [ln for ln in err.splitlines() if ln.startswith("problem: ")]
+    assert problems == [
+        "problem: kernels/linked: is a symlink; kernel trees hold real files only "
+        "[target gb10/qwen/bf16, hopper/qwen/bf16]"
+    ], err
+
+
+def test_check_flags_a_symlinked_leaf_directory(tmp_path: Path) -> None:
+    tree(tmp_path)
+    write(tmp_path, "elsewhere/fp8/k.cu", "// a leaf from elsewhere\n")
+    os.symlink(tmp_path / "elsewhere/fp8", tmp_path / "kernels/gb10/qwen/fp8")
+    code, _, err = run(tmp_path, "check")
+    assert code == 2
+    assert (
+        "problem: kernels/gb10/qwen/fp8: is a symlink; kernel trees hold real files only "
+        "[target gb10/qwen/fp8, hopper/qwen/fp8]"
+    ) in err.splitlines(), err
+
+
+# ------------------------------------------------------------------------------ typos
+
+
+def test_check_warns_about_likely_typos_and_still_passes(tmp_path: Path) -> None:
+    tree(tmp_path)
+    model(tmp_path, "gb10", "qwen", raw='[model]\nkernel_sauce = "llama"\n')
+    hw(tmp_path, "gb10", raw='[hardware]\narch = "sm_121f"\n[buidl]\nextra_nvcc_flags = ["-DX"]\n')
+    kernel_toml(
+        tmp_path,
+        "kernels/hopper/common",
+        raw='[shadow]\nutil = "wider loads"\n[build]\nextra_nvcc_flag = ["-lineinfo"]\n'
+        "[tool.other]\nkeep = 1\n",  # another tool's table: not a typo, no warning
+    )
+    code, out, err = run(tmp_path, "check")
+    assert code == 0 and out.startswith("check: ok"), err
+    assert err.splitlines() == [
+        "warning: kernels/gb10/HARDWARE.toml: [buidl]: unknown table, did you mean `[build]`? "
+        "(it is ignored)",
+        "warning: kernels/gb10/qwen/MODEL.toml: [model] kernel_sauce: unknown key, did you mean "
+        "`kernel_source`? (the key is ignored)",
+        "warning: kernels/hopper/common/KERNEL.toml: [build] extra_nvcc_flag: unknown key, did "
+        "you mean `extra_nvcc_flags`? (the key is ignored)",
+    ]
+
+
+def test_manifest_warnings_is_pure_and_knows_each_kind() -> None:
+    from metrale_orch.layout import manifest_warnings
+
+    assert manifest_warnings("k/MODEL.toml", {"model": {"kernel_source": "x"}}, "model") == []
+    assert manifest_warnings(
+        "k/HARDWARE.toml",
+        {"hardware": {"vendr": "nvidia", "sm_cont": 3}, "defualts": {}, "kernels": {}},
+        "hardware",
+    ) == [
+        "k/HARDWARE.toml: [hardware] vendr: unknown key, did you mean `vendor`? "
+        "(the key is ignored)",
+        "k/HARDWARE.toml: [hardware] sm_cont: unknown key, did you mean `sm_count`? "
+        "(the key is ignored)",
+        "k/HARDWARE.toml: [defualts]: unknown table, did you mean `[defaults]`? (it is ignored)",
+    ]
+    kernel = {"shadows": {}, "module": {}, "build": {"toolchian": "x", "extra_foo_flag": []}}
+    assert manifest_warnings("K.toml", kernel, "kernel", build_keys=["extra_foo_flags"]) == [
+        "K.toml: [shadows]: unknown table, did you mean `[shadow]`? (it is ignored)",
+        "K.toml: [module]: unknown table, did you mean `[modules]`? (it is ignored)",
+        "K.toml: [build] toolchian: unknown key, did you mean `toolchain`? (the key is ignored)",
+        "K.toml: [build] extra_foo_flag: unknown key, did you mean `extra_foo_flags`? "
+        "(the key is ignored)",
+    ]
+    # Free-form tables (stems, modules) and far-off names are never typos.
+    assert manifest_warnings("K.toml", {"modules": {"ad": "x"}, "cmake": {}}, "kernel") == []
+
+
+def test_read_manifest_warnings_covers_what_a_target_read(tmp_path: Path) -> None:
+    from metrale_orch.layout import discover, read_manifest_warnings
+
+    tree(tmp_path)
+    model(tmp_path, "hopper", "qwen", raw='[model]\nsuported_quants = ["bf16"]\n')
+    kernel_toml(tmp_path, "kernels/gb10/common", raw="[shadow_exmpt]\n")
+    layout = discover(tmp_path, "hopper/qwen/bf16")
+    assert read_manifest_warnings(tmp_path, layout) == [
+        "kernels/gb10/common/KERNEL.toml: [shadow_exmpt]: unknown table, did you mean "
+        "`[shadow_exempt]`? (it is ignored)",
+        "kernels/hopper/qwen/MODEL.toml: [model] suported_quants: unknown key, did you mean "
+        "`supported_quants`? (the key is ignored)",
+    ]

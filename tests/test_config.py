@@ -116,3 +116,61 @@ def test_cli_set_outranks_everything_and_is_checked(tmp_path: Path) -> None:
     assert code == 2 and "command line: colour: unknown setting" in err
     code, _, err = run("--set", "no-equals-sign", "check")
     assert code == 2 and "expected KEY=VALUE" in err
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("kernels", "is the kernel tree (kernels/)"),
+        ("kernels/hopper/out", "lies inside the kernel tree (kernels/)"),
+        (".", "is the project root"),
+        ("..", "contains the kernel tree (kernels/)"),
+    ],
+)
+def test_build_dir_may_not_touch_the_kernel_tree(tmp_path: Path, value: str, problem: str) -> None:
+    root = tmp_path / "proj"
+    (root / "kernels").mkdir(parents=True)
+    # From the environment: the message names the variable and the key.
+    with pytest.raises(ConfigError) as info:
+        load_config(root, {"HOME": "/h", "METRALE_ORCH_BUILD_DIR": value})
+    assert info.value.key == "build_dir"
+    assert str(info.value).startswith("environment METRALE_ORCH_BUILD_DIR: build_dir: ")
+    assert problem in str(info.value)
+    # From pyproject.toml and from the command line: named as such.
+    pyproject(root, f'build_dir = "{value}"\n')
+    with pytest.raises(ConfigError, match=r"^pyproject.toml \[tool.metrale-orch\]: build_dir: "):
+        load_config(root, {"HOME": "/h"})
+    (root / "pyproject.toml").unlink()
+    with pytest.raises(ConfigError, match=r"^command line: build_dir: "):
+        load_config(root, {"HOME": "/h"}, {"build_dir": value})
+
+
+def test_build_dir_through_a_symlink_into_kernels_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "out").symlink_to(tmp_path / "kernels")
+    with pytest.raises(ConfigError, match="build_dir: 'out' is the kernel tree"):
+        load_config(tmp_path, {"HOME": "/h", "METRALE_ORCH_BUILD_DIR": "out"})
+
+
+def test_build_dir_beside_kernels_is_fine(tmp_path: Path) -> None:
+    (tmp_path / "kernels").mkdir()
+    for value in ("build", "out/kernels-build", str(tmp_path.parent / "elsewhere")):
+        cfg = load_config(tmp_path, {"HOME": "/h", "METRALE_ORCH_BUILD_DIR": value})
+        assert cfg.sources["build_dir"] == "env"
+
+
+def test_check_reports_configuration_errors(tmp_path: Path) -> None:
+    """`check` answers "will the build accept this?": the configuration is part of it."""
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "pyproject.toml").write_text("[tool.metrale-orch\n")
+    out, err = io.StringIO(), io.StringIO()
+    code = main(["--root", str(tmp_path), "check"], environ={"HOME": "/h"}, out=out, err=err)
+    assert code == 2 and out.getvalue() == ""
+    assert "problem: pyproject.toml: (file): cannot be read" in err.getvalue()
+    assert "Traceback" not in err.getvalue()
+    (tmp_path / "pyproject.toml").write_text("[tool.metrale-orch]\n")
+    env = {"HOME": "/h", "METRALE_ORCH_BUILD_DIR": "kernels"}
+    err = io.StringIO()
+    code = main(["--root", str(tmp_path), "check"], environ=env, out=io.StringIO(), err=err)
+    assert code == 2
+    assert "problem: environment METRALE_ORCH_BUILD_DIR: build_dir: 'kernels'" in err.getvalue()

@@ -9,7 +9,10 @@ Each group of sub-commands lives in a private module (``_layout``,
 places that print.
 
 Exit codes: 0 ok, 1 failure (a build or check that ran and failed), 2 usage
-or tree error.
+or tree error; 130 for Ctrl-C and 143 for SIGTERM, each with one line
+(``interrupted``), never a traceback. Messages are shown with
+:func:`~metrale_orch.errors.printable`, so a file name that is not UTF-8
+never turns an error into a crash.
 """
 
 from __future__ import annotations
@@ -24,7 +27,13 @@ from pathlib import Path
 from typing import TextIO
 
 from metrale_orch.config import Config, find_root, load_config
-from metrale_orch.errors import MetraleError, UsageError
+from metrale_orch.errors import (
+    MetraleError,
+    UsageError,
+    install_sigterm_handler,
+    interrupt_exit_code,
+    printable,
+)
 
 __all__ = ["Context", "main"]
 
@@ -106,17 +115,18 @@ def main(
         print(f"error: {exc}", file=err)
         return exc.exit_code
     ctx = Context(root=root, environ=env, out=out, err=err, debug=args.debug, overrides=overrides)
+    install_sigterm_handler()  # SIGTERM ends a command as Ctrl-C does: one line, 143
     try:
         code: int = args.run(args, ctx)
         return code
     except MetraleError as exc:
         if args.debug:
             traceback.print_exc(file=err)
-        print(f"error: {exc}", file=err)
+        print(printable(f"error: {exc}"), file=err)
         return exc.exit_code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print("interrupted", file=err)
-        return 130
+        return interrupt_exit_code(exc)
     except BrokenPipeError:
         return 0
     except Exception as exc:  # a bug: still one line unless --debug
@@ -124,7 +134,10 @@ def main(
             traceback.print_exc(file=err)
         else:
             print(
-                f"internal error: {type(exc).__name__}: {exc} (run with --debug for a traceback)",
+                printable(
+                    f"internal error: {type(exc).__name__}: {exc} "
+                    "(run with --debug for a traceback)"
+                ),
                 file=err,
             )
         return 1

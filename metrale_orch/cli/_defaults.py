@@ -12,7 +12,13 @@ import json
 import tomllib
 from typing import TYPE_CHECKING
 
-from metrale_orch.defaults import UnknownHardwareError, format_levers, read_defaults, resolve
+from metrale_orch.defaults import (
+    DefaultsError,
+    UnknownHardwareError,
+    format_levers,
+    read_defaults,
+    resolve,
+)
 from metrale_orch.errors import UsageError
 
 if TYPE_CHECKING:
@@ -40,6 +46,11 @@ def _run(args: argparse.Namespace, ctx: Context) -> int:
         raise UsageError(f"defaults: {hw!r} is not a hardware name (a directory under kernels/)")
     rel = f"kernels/{hw}/HARDWARE.toml"
     path = ctx.root / "kernels" / hw / "HARDWARE.toml"
+    if path.exists() and not path.is_file():
+        what = "a directory" if path.is_dir() else "not a regular file"
+        raise DefaultsError(
+            f"{rel}: is {what}, not a TOML file: make it a file (or remove it)", path=rel
+        )
     if not path.is_file():
         raise UnknownHardwareError(path=rel, hw=hw)
     try:
