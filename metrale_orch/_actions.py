@@ -200,7 +200,11 @@ def build_action(root: str, target: str) -> dict[str, Any] | TaskFailed:
             cache.flush()  # uploads finish before doit may end this worker
     except MetraleError as exc:
         _log.error("build:%s: %s", target, exc)
-        failed: dict[str, Any] = {"outcome": "failed", "cache": _nonzero(stats)}
+        failed: dict[str, Any] = {
+            "outcome": "failed",
+            "cache": _nonzero(stats),
+            "exit_code": exc.exit_code,
+        }
         return BuildFailed(f"build:{target}: {exc}", failed)
     values = summarise_result(result)
     values["cache"] = _nonzero(stats)
@@ -243,14 +247,18 @@ def error_action(target: str, message: str) -> TaskFailed:
     return BuildFailed(f"build:{target}: {message}", {"outcome": "failed"})
 
 
-def clean_action(root: str, target: str) -> None:
+def clean_action(root: str, target: str) -> None | TaskFailed:
     """Remove a target's outputs (its artefact directory and its stage)."""
     from metrale_orch.config import load_config
 
-    config = load_config(Path(root), os.environ)
+    try:
+        config = load_config(Path(root), os.environ)
+    except MetraleError as exc:
+        return BuildFailed(f"clean:{target}: {exc}", {"exit_code": exc.exit_code})
     for directory in _output_dirs(config.build_dir, target):
         if directory.is_dir():
             shutil.rmtree(directory)
+    return None
 
 
 def _output_dirs(build_dir: Path, target: str) -> list[Path]:

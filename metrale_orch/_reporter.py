@@ -40,6 +40,7 @@ from typing import Any, NoReturn, TextIO
 from doit.exceptions import TaskFailed, UnmetDependency
 from doit.reporter import ConsoleReporter
 
+from metrale_orch._runlock import BuildLock
 from metrale_orch.errors import (
     EXIT_FAILURE,
     EXIT_USAGE,
@@ -150,10 +151,14 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         self._failed_names: list[str] = []
         self._any_build = False
         self._ran = False
+        self._lock: BuildLock | None = None
 
     # -- doit's interface -----------------------------------------------------------------------
 
     def initialize(self, tasks: Any, selected_tasks: Any) -> None:
+        # doit calls this before its first up-to-date check of a run that executes
+        # tasks (never for `list`/`info`): one build per project from here to the end.
+        self._lock = _take_build_lock()
         self._start = time.perf_counter()
         selected = set(selected_tasks or ())
         names = set()
@@ -230,6 +235,8 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         # doit calls this from its runner's `finally`, after saving every finished task:
         # an exception being handled here is what is ending the run.
         ending = sys.exc_info()[1]
+        if self._lock is not None:  # doit has written its database: the next build may go
+            self._lock.release()
         if isinstance(ending, KeyboardInterrupt):
             finished = self._counts.get("built", 0) + self._counts.get("cached", 0)
             end_interrupted(ending, finished, self.outstream)
@@ -310,3 +317,26 @@ def _build_failed_type() -> type:
     from metrale_orch._actions import BuildFailed
 
     return BuildFailed
+
+
+def _take_build_lock() -> BuildLock | None:
+    """The project's build lock (``metrale_orch._runlock``), taken; None when the
+    configuration is broken (every target then fails with that error) or the build
+    directory cannot hold a lock file (said on stderr)."""
+    from metrale_orch.config import load_config
+    from metrale_orch.errors import MetraleError
+
+    try:
+        config = load_config(Path.cwd(), os.environ)
+    except MetraleError:
+        return None
+    lock = BuildLock(config.build_dir)
+    try:
+        lock.acquire(lambda line: print(line, file=sys.stderr, flush=True))
+    except OSError as exc:
+        print(
+            f"metrale-orch: cannot take the build lock in {config.build_dir}: {exc}",
+            file=sys.stderr,
+        )
+        return None
+    return lock

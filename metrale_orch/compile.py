@@ -63,7 +63,7 @@ from metrale_orch.defaults import (
     render_defaults_header,
     render_defaults_json,
 )
-from metrale_orch.layout import Hardware, Layout, Target, discover
+from metrale_orch.layout import Hardware, Layout, Target, discover, read_manifest_warnings
 from metrale_orch.staging import StagedTarget, StageError, check_contained, role_dir, stage
 from metrale_orch.toolchains import (
     BuildError,
@@ -1085,6 +1085,7 @@ def build_target(
     for path, before in others.items():
         # Changed while this build ran: "" never matches, so the next run rebuilds.
         built[memo.rel.dep(path)] = before if _digest_or_empty(path) == before else ""
+    build_keys = sorted({t.flags_key for t in toolchains.values()})
     return TargetResult(
         target=name,
         modules=tuple(results),
@@ -1092,6 +1093,7 @@ def build_target(
         cache_stats=MappingProxyType(counts),
         seconds=time.perf_counter() - start,
         manifest=manifest_rel,
+        warnings=tuple(read_manifest_warnings(root, layout, build_keys=build_keys)),
         inputs=MappingProxyType(dict(sorted(built.items()))),
         outputs=MappingProxyType({memo.rel.dep(p): st for p, st in sorted(installed.items())}),
     )
