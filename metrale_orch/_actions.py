@@ -26,7 +26,7 @@ from typing import Any
 
 from doit.exceptions import TaskFailed
 
-from metrale_orch._checker import INPUTS_KEY, OUTPUTS_KEY
+from metrale_orch._checker import EXTERNAL_KEY, INPUTS_KEY, OUTPUTS_KEY
 from metrale_orch.errors import MetraleError
 
 __all__ = [
@@ -210,6 +210,8 @@ def build_action(root: str, target: str) -> dict[str, Any] | TaskFailed:
     values["cache"] = _nonzero(stats)
     values[INPUTS_KEY] = dict(result.inputs)
     values[OUTPUTS_KEY] = {k: list(v) for k, v in result.outputs.items()}
+    if result.external:
+        values[EXTERNAL_KEY] = {k: list(v) for k, v in result.external.items()}
     warnings = [*result.warnings, *cache.warnings()]
     if warnings:
         values["warnings"] = sorted({str(w) for w in warnings})
@@ -247,7 +249,7 @@ def error_action(target: str, message: str) -> TaskFailed:
     return BuildFailed(f"build:{target}: {message}", {"outcome": "failed"})
 
 
-def clean_action(root: str, target: str) -> None | TaskFailed:
+def clean_action(root: str, target: str) -> TaskFailed | None:
     """Remove a target's outputs (its artefact directory and its stage)."""
     from metrale_orch.config import load_config
 

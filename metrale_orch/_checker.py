@@ -32,15 +32,17 @@ from __future__ import annotations
 import inspect
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import xxhash
 from doit.dependency import FileChangedChecker, UptodateCalculator
 
+from metrale_orch._deps import file_hash
 from metrale_orch._fsutil import file_digest
 
 __all__ = [
+    "EXTERNAL_KEY",
     "INPUTS_KEY",
     "OUTPUTS_KEY",
     "SIGNATURE_KEY",
@@ -48,6 +50,7 @@ __all__ = [
     "SignatureCheck",
     "file_digest",
     "signature_parts",
+    "stale_external",
     "stale_outputs",
 ]
 
@@ -58,6 +61,9 @@ SIGNATURE_KEY = "signature"
 INPUTS_KEY = "inputs"
 #: Key of a build's saved values: installed file -> [mtime_ns, size, xxh3-64].
 OUTPUTS_KEY = "outputs"
+#: Key of a build's saved values: file read outside the tree, the toolkit and the
+#: system directories -> [mtime_ns, size, xxh3-128] (absent when there is none).
+EXTERNAL_KEY = "external"
 #: The saved state of a file that changed while the build that read it ran: its size
 #: never matches, so the next run sees it changed.
 _CHANGED_DURING_BUILD = (0, -1)
@@ -225,6 +231,8 @@ class SignatureCheck(UptodateCalculator):  # type: ignore[misc]
         self._task: Any = None
         #: Installed files found missing or altered by the last call (for ``why``).
         self.stale_outputs: tuple[str, ...] = ()
+        #: Files read outside the tree found changed by the last call (for ``why``).
+        self.stale_external: tuple[str, ...] = ()
 
     def setup(self, dep_manager: Any, tasks_dict: Any) -> None:
         super().setup(dep_manager, tasks_dict)
@@ -239,7 +247,8 @@ class SignatureCheck(UptodateCalculator):  # type: ignore[misc]
         if values.get(SIGNATURE_KEY) != self.parts:
             return False
         self.stale_outputs = tuple(stale_outputs(values.get(OUTPUTS_KEY)))
-        return not self.stale_outputs
+        self.stale_external = tuple(stale_external(values.get(EXTERNAL_KEY)))
+        return not (self.stale_outputs or self.stale_external)
 
     def saved_values(self) -> dict[str, Any]:
         """What the task saves on success (doit calls this via ``value_savers``, just
@@ -261,6 +270,17 @@ def stale_outputs(saved: Any) -> list[str]:
     were recorded) counts as one stale output."""
     if not isinstance(saved, Mapping):
         return ["(no record of the installed files)"]
+    return _stale_files(saved, file_digest)
+
+
+def stale_external(saved: Any) -> list[str]:
+    """The files of a build's ``EXTERNAL_KEY`` record that changed since it read them."""
+    if not isinstance(saved, Mapping):
+        return []
+    return _stale_files(saved, file_hash)
+
+
+def _stale_files(saved: Mapping[str, Any], digest_of: Callable[[str], str]) -> list[str]:
     stale: list[str] = []
     for path, state in saved.items():
         if not (isinstance(state, list) and len(state) == 3):
@@ -275,7 +295,7 @@ def stale_outputs(saved: Any) -> list[str]:
             stale.append(str(path))
         elif st.st_mtime_ns != state[0]:
             try:
-                digest = file_digest(path)
+                digest = digest_of(path)
             except OSError:
                 digest = ""
             if digest != state[2]:

@@ -13,8 +13,12 @@ sorted list of ``[kind, path, xxh3-128]`` stored in the entry:
 - ``toolkit<i>``: a file under the i-th toolkit directory of the compiler's
   probe (``TOP``, its include directories), by its path below it, so the same
   toolkit installed elsewhere (a pip wheel in another virtualenv) still hits;
-- ``abs``: any other file (system headers, ``-I/abs``, ``CPATH``), by its
-  absolute path.
+- ``system``: a file under one of the host compiler's own include directories
+  (``/usr/include`` ...), by its absolute path;
+- ``abs``: any other file (``-I/abs``, ``CPATH``, an absolute ``#include``), by
+  its absolute path. These are the target's *external* inputs: besides
+  verifying hits, they make the target stale when they change
+  (:func:`external_stamps`).
 
 :func:`inputs_match` is the lookup's check: every recorded file must still
 have its recorded content. Hashes of files outside the stage are memoised per
@@ -31,13 +35,16 @@ import os
 import posixpath
 import stat
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import xxhash
 
 __all__ = [
     "FileHasher",
     "classify",
+    "external_stamps",
+    "file_hash",
     "flag_files",
     "inputs_match",
     "parse_depfile",
@@ -126,12 +133,20 @@ def flag_files(flags: Sequence[str]) -> Iterator[str]:
                 break
 
 
-def classify(path: str, *, stage_dir: str, cwd: str, roots: Sequence[str]) -> tuple[str, str]:
+def classify(
+    path: str,
+    *,
+    stage_dir: str,
+    cwd: str,
+    roots: Sequence[str],
+    system_dirs: Sequence[str] = (),
+) -> tuple[str, str]:
     """``(kind, spelling)`` of a file a compile read (pure; see the module docstring).
 
     ``path`` is as the compiler wrote it (relative to ``cwd``, the module's
     absolute working directory, or absolute); ``stage_dir`` is the absolute
-    stage root, ``roots`` the probe's toolkit directories (normalised).
+    stage root, ``roots`` the probe's toolkit directories and ``system_dirs``
+    the host compiler's include directories (normalised).
     """
     full = os.path.normpath(os.path.join(cwd, path))
     prefix = stage_dir.rstrip(os.sep) + os.sep
@@ -141,6 +156,9 @@ def classify(path: str, *, stage_dir: str, cwd: str, roots: Sequence[str]) -> tu
         root_prefix = root.rstrip(os.sep) + os.sep
         if full.startswith(root_prefix):
             return f"toolkit{i}", full[len(root_prefix) :].replace(os.sep, "/")
+    for folder in system_dirs:
+        if full.startswith(folder.rstrip(os.sep) + os.sep):
+            return "system", full
     return "abs", full
 
 
@@ -179,6 +197,12 @@ class FileHasher:
             self._memo[path] = (stamp, digest)
         return digest
 
+    def stamp(self, path: str) -> tuple[int, int] | None:
+        """``(mtime_ns, size)`` of ``path`` when it was last hashed, or None."""
+        with self._lock:
+            got = self._memo.get(path)
+        return None if got is None else (got[0][1], got[0][0])
+
     def clear(self) -> None:
         with self._lock:
             self._memo.clear()
@@ -196,7 +220,7 @@ def _current(
     """The current content hash of a recorded input, or "" when it cannot be had."""
     if kind == "stage":
         return staged.get(posixpath.normpath(posixpath.join(module_cwd, path)), "")
-    if kind == "abs":
+    if kind in ("abs", "system"):
         return hasher.digest(path) if os.path.isabs(path) else ""
     if kind.startswith("toolkit"):
         try:
@@ -218,6 +242,7 @@ def record_inputs(
     staged: Mapping[str, str],
     roots: Sequence[str],
     hasher: FileHasher,
+    system_dirs: Sequence[str] = (),
 ) -> list[list[str]]:
     """``[kind, path, hash]`` of every file in ``read`` (as the compiler spelled them),
     sorted and unique. Staged files take their hash from ``staged`` (stage-relative
@@ -225,7 +250,9 @@ def record_inputs(
     module's working directory relative to the stage root."""
     out: dict[tuple[str, str], str] = {}
     for path in read:
-        kind, spelled = classify(path, stage_dir=stage_dir, cwd=cwd, roots=roots)
+        kind, spelled = classify(
+            path, stage_dir=stage_dir, cwd=cwd, roots=roots, system_dirs=system_dirs
+        )
         out[(kind, spelled)] = _current(
             kind,
             spelled,
@@ -268,3 +295,25 @@ def inputs_match(
         if now != digest:
             return False
     return True
+
+
+def external_stamps(inputs: Iterable[Sequence[str]], hasher: FileHasher) -> dict[str, list[Any]]:
+    """``path -> [mtime_ns, size, xxh3-128]`` of the ``abs`` inputs among ``inputs``, as
+    they were when hashed (verified or recorded) in this process; a file whose stamp
+    is unknown gets ``[-1, -1, hash]``, which the next check sees as changed."""
+    out: dict[str, list[Any]] = {}
+    for kind, path, digest in inputs:
+        if kind != "abs":
+            continue
+        stamp = hasher.stamp(path)
+        out[path] = [-1, -1, digest] if stamp is None else [stamp[0], stamp[1], digest]
+    return dict(sorted(out.items()))
+
+
+def file_hash(path: str) -> str:
+    """xxh3-128 hex of a file's bytes (raises ``OSError``): the hash recorded inputs carry."""
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()

@@ -27,6 +27,7 @@ def file_digest(path: str) -> str:
             h.update(chunk)
     return h.hexdigest()
 
+
 __all__ = ["file_digest", "write_atomic", "write_if_changed"]
 
 

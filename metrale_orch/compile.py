@@ -53,7 +53,14 @@ from typing import Any, Protocol
 import xxhash
 
 from metrale_orch import cache as cache_mod
-from metrale_orch._deps import FileHasher, flag_files, inputs_match, parse_depfile, record_inputs
+from metrale_orch._deps import (
+    FileHasher,
+    external_stamps,
+    flag_files,
+    inputs_match,
+    parse_depfile,
+    record_inputs,
+)
 from metrale_orch._fsutil import file_digest, write_if_changed
 from metrale_orch._proc import ProcessError, format_argv, run_process
 from metrale_orch.config import Config
@@ -836,6 +843,10 @@ class TargetResult:
     inputs: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     #: Installed files (root-relative) -> [mtime_ns, size, xxh3-64]: checked by the next run.
     outputs: Mapping[str, list[Any]] = field(default_factory=lambda: MappingProxyType({}))
+    #: Files read outside the tree, the toolkit and the system include directories
+    #: (``-I/abs``, ``CPATH``, an absolute include) -> [mtime_ns, size, xxh3-128]: they
+    #: make the target stale when they change.
+    external: Mapping[str, list[Any]] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def failed(self) -> bool:
@@ -861,6 +872,7 @@ class TargetResult:
             "warnings": list(self.warnings),
             "inputs": dict(self.inputs),
             "outputs": {k: list(v) for k, v in self.outputs.items()},
+            "external": {k: list(v) for k, v in self.external.items()},
         }
 
 
@@ -971,6 +983,7 @@ class _Context:
     staged: StagedTarget
     program: Path
     roots: tuple[str, ...]
+    system_dirs: tuple[str, ...]
     cache: ArtefactCache | None
     environ: Mapping[str, str]
     tmp_root: Path
@@ -1026,6 +1039,7 @@ def build_target(
         staged=staged,
         program=found.program,
         roots=found.roots,
+        system_dirs=found.system_dirs,
         cache=cache,
         environ=environ,
         tmp_root=tmp_root,
@@ -1036,11 +1050,12 @@ def build_target(
     results: list[ModuleResult] = []
     failures: list[CompileError] = []
     outputs: dict[str, bytes] = {}
+    read: list[tuple[str, str, str]] = []
     for module in plan.modules:
         t0 = time.perf_counter()
         key = _module_key(config.cache_namespace, ctx, module, includes, checkout)
         try:
-            data, outcome = _obtain(ctx, module, key)
+            data, outcome, inputs = _obtain(ctx, module, key)
         except CompileError as exc:
             failures.append(exc)
             counts["failed"] += 1
@@ -1059,6 +1074,7 @@ def build_target(
             continue
         counts[outcome] += 1
         outputs[module.artefact] = data
+        read.extend(inputs)
         results.append(
             ModuleResult(
                 name=module.name,
@@ -1096,6 +1112,7 @@ def build_target(
         warnings=tuple(read_manifest_warnings(root, layout, build_keys=build_keys)),
         inputs=MappingProxyType(dict(sorted(built.items()))),
         outputs=MappingProxyType({memo.rel.dep(p): st for p, st in sorted(installed.items())}),
+        external=MappingProxyType(external_stamps(read, _HASHER)),
     )
 
 
@@ -1131,8 +1148,11 @@ def _module_key(
     return cache_mod.cache_key(namespace, parts)
 
 
-def _obtain(ctx: _Context, module: ModulePlan, key: str) -> tuple[bytes, str]:
-    """The artefact bytes of ``module`` and how they were obtained (memo|local|remote|compiled).
+def _obtain(
+    ctx: _Context, module: ModulePlan, key: str
+) -> tuple[bytes, str, tuple[tuple[str, str, str], ...]]:
+    """The artefact bytes of ``module``, how they were obtained (memo|local|remote|compiled)
+    and the inputs its compile read.
 
     A memoised or cached artefact is taken only when every file its compile
     read still has the content it had (:func:`metrale_orch._deps.inputs_match`);
@@ -1152,7 +1172,7 @@ def _obtain(ctx: _Context, module: ModulePlan, key: str) -> tuple[bytes, str]:
     with _MEMO.claim(key):
         got = _MEMO.get(key, module.artefact)
         if got is not None and still_valid([list(i) for i in got.inputs]):
-            return got.data, "memo"
+            return got.data, "memo", got.inputs
         cache = ctx.cache
         lock = cache.key_lock(key) if cache is not None else contextlib.nullcontext()
         with lock:
@@ -1170,7 +1190,7 @@ def _obtain(ctx: _Context, module: ModulePlan, key: str) -> tuple[bytes, str]:
                 inputs = _as_inputs(hit.meta.get("inputs"))
                 _MEMO.put(key, module.artefact, _Obtained(data, inputs))
                 log.info("%s: %s from the %s cache (%s)", plan.target, module.name, hit.tier, key)
-                return data, hit.tier
+                return data, hit.tier, inputs
             if rejected:
                 log.info(
                     "%s: %s: the cached entry %s was compiled from other inputs; recompiling",
@@ -1193,7 +1213,7 @@ def _obtain(ctx: _Context, module: ModulePlan, key: str) -> tuple[bytes, str]:
                     replace=rejected,
                 )
             _MEMO.put(key, module.artefact, _Obtained(data, inputs))
-            return data, "compiled"
+            return data, "compiled", inputs
 
 
 def _as_inputs(value: object) -> tuple[tuple[str, str, str], ...]:
@@ -1348,6 +1368,7 @@ def run_compile(
             staged=staged.hashes,
             roots=ctx.roots,
             hasher=_HASHER,
+            system_dirs=ctx.system_dirs,
         )
         inputs = tuple((k, p, h) for k, p, h in recorded)
         return data, done.seconds, inputs

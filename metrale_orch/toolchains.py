@@ -116,6 +116,7 @@ _LIST_KEYS = (
     "dryrun_args",
     "host_compiler_probe_args",
     "depfile_args",
+    "host_compiler_search_args",
 )
 
 #: Seconds a version probe may take.
@@ -184,6 +185,9 @@ class Toolchain:
     dryrun_args: tuple[str, ...] = ()
     #: Arguments that make the host compiler print what it would run (``gcc -###``).
     host_compiler_probe_args: tuple[str, ...] = ()
+    #: Arguments that make the host compiler list its own include directories
+    #: (``gcc -E -Wp,-v``): files read below them are system headers.
+    host_compiler_search_args: tuple[str, ...] = ()
     #: Arguments that make a compile also write its dependency list to ``{depfile}``
     #: (every file it read); empty when the compiler cannot.
     depfile_args: tuple[str, ...] = ()
@@ -214,6 +218,7 @@ class Toolchain:
             "env_prefixes": list(self.env_prefixes),
             "dryrun_args": list(self.dryrun_args),
             "host_compiler_probe_args": list(self.host_compiler_probe_args),
+            "host_compiler_search_args": list(self.host_compiler_search_args),
             "depfile_args": list(self.depfile_args),
             "home_env": list(self.home_env),
             "pip_dirs": list(self.pip_dirs),
@@ -231,6 +236,8 @@ class FoundToolchain:
     identity: str
     #: Toolkit directories (see :class:`Probe`).
     roots: tuple[str, ...] = ()
+    #: The host compiler's system include directories (see :class:`Probe`).
+    system_dirs: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------- parsing (pure)
@@ -310,6 +317,7 @@ def parse_toolchain(
         env_prefixes=tuple(sorted(set(fields.get("env_prefixes", ())))),
         dryrun_args=tuple(fields.get("dryrun_args", ())),
         host_compiler_probe_args=tuple(fields.get("host_compiler_probe_args", ())),
+        host_compiler_search_args=tuple(fields.get("host_compiler_search_args", ())),
         depfile_args=tuple(fields.get("depfile_args", ())),
         home_env=tuple(fields.get("home_env", ())),
         pip_dirs=tuple(fields.get("pip_dirs", ())),
@@ -595,6 +603,9 @@ class Probe:
     #: Normalised absolute toolkit directories (the dry run's ``TOP`` and include
     #: directories): files the compiler reads below them are recorded relative to them.
     roots: tuple[str, ...] = ()
+    #: The host compiler's own include directories (without the user's ``CPATH`` and
+    #: friends): files read below them are system headers.
+    system_dirs: tuple[str, ...] = ()
 
 
 def reset_identity_memo() -> None:
@@ -884,6 +895,7 @@ def _run_probe(
 ) -> Probe:
     doc: dict[str, Any] = {"toolchain": toolchain.name, "env": dict(env)}
     roots: tuple[str, ...] = ()
+    system: tuple[str, ...] = ()
     files = [str(program)]
     try:
         version = _version_text(_run([str(program), *toolchain.version_args], environ))
@@ -910,6 +922,12 @@ def _run_probe(
                         first = line.split()[0].strip('"')
                         if os.path.isabs(first):
                             files.append(first)
+            if toolchain.host_compiler_search_args:
+                # The user's search-path variables would show up as "system" directories.
+                plain = {k: v for k, v in environ.items() if k not in _SEARCH_PATH_VARS}
+                listing = _run([str(host), *toolchain.host_compiler_search_args], plain)
+                system = _search_dirs(listing)
+                doc["host_search"] = list(system)
     except ProcessError as exc:
         raise ToolchainError(
             f"toolchain {toolchain.name!r}", "version_args", f"the version probe failed: {exc}"
@@ -922,7 +940,29 @@ def _run_probe(
     doc["files"] = sorted({d for d in (hashes.digest(f) for f in files) if d is not None})
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
     digest = xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogateescape"))
-    return Probe(identity=f"{human} | {digest}", roots=roots)
+    return Probe(identity=f"{human} | {digest}", roots=roots, system_dirs=system)
+
+
+#: Environment variables that add include directories to a gcc-like preprocessor.
+_SEARCH_PATH_VARS = frozenset(
+    {"CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "OBJC_INCLUDE_PATH"}
+)
+
+
+def _search_dirs(listing: str) -> tuple[str, ...]:
+    """The directories of ``gcc -E -v``'s "#include <...> search starts here:" list."""
+    dirs: list[str] = []
+    inside = False
+    for line in listing.splitlines():
+        if line.startswith("#include <...> search starts here"):
+            inside = True
+        elif line.startswith("End of search list"):
+            break
+        elif inside and line.startswith(" "):
+            folder = line.strip().split(" (")[0]
+            if os.path.isabs(folder):
+                dirs.append(os.path.normpath(folder))
+    return tuple(dict.fromkeys(dirs))
 
 
 def toolchain_stamp(
@@ -957,5 +997,9 @@ def find_toolchain(
         raise ToolchainMissing(toolchain.name, toolchain.program, toolchain.install_hint)
     probe = probe_toolchain(toolchain, program, environ, state_dir=state_dir)
     return FoundToolchain(
-        toolchain=toolchain, program=program, identity=probe.identity, roots=probe.roots
+        toolchain=toolchain,
+        program=program,
+        identity=probe.identity,
+        roots=probe.roots,
+        system_dirs=probe.system_dirs,
     )

@@ -169,11 +169,13 @@ def _build_status(spec: Any, task: Any, tasks: Any, dep: Any, detailed: bool) ->
     saved = dep.get_values(task.name).get(SIGNATURE_KEY) or {}
     current: dict[str, str] = {}
     bad_outputs: tuple[str, ...] = ()
+    changed_external: tuple[str, ...] = ()
     for utd in task.uptodate:
         check = utd[0] if isinstance(utd, tuple) else utd
         if isinstance(check, SignatureCheck):
             current = check.parts
             bad_outputs = check.stale_outputs
+            changed_external = check.stale_external
     parts = sorted(k for k in {*saved, *current} if saved.get(k) != current.get(k))
     changed = tuple(sorted(reasons.get("changed_file_dep", ()) or ()))
     added = tuple(sorted(reasons.get("added_file_dep", ()) or ()))
@@ -181,7 +183,7 @@ def _build_status(spec: Any, task: Any, tasks: Any, dep: Any, detailed: bool) ->
     missing_in = tuple(sorted(reasons.get("missing_file_dep", ()) or ()))
     missing_out = tuple(sorted(reasons.get("missing_target", ()) or ()))
     # A newly added input is also reported as "changed" (no saved state): say it once.
-    changed = tuple(p for p in changed if p not in added)
+    changed = tuple(p for p in changed if p not in added) + changed_external
     bits = []
     if missing_in:
         bits.append("missing inputs: " + ", ".join(missing_in))
