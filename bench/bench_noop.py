@@ -11,7 +11,10 @@ P1  no-op ``doit build`` (ours)
     vs ``ninja`` on an equivalent build.ninja (one edge per target, the same
     inputs, a stamp output), and
     vs plain doit: a dodo with the same file deps hard-coded (doit's defaults:
-    md5 checker, console reporter; sqlite3 backend).
+    md5 checker, console reporter; sqlite3 backend), and
+    vs plain doit declaring, besides, every installed file of each target (its
+    artefacts, baked defaults and manifest) as the task's ``targets``: the
+    files metrale-orch checks on every no-op (doit checks that they exist).
     Also shown: ours with the task cache removed before each run (what the
     first run after a change to the tree's shape or a manifest costs).
 P5  fresh checkout (every input gets a new mtime, same bytes):
@@ -67,6 +70,7 @@ PLAIN_DODO = '''"""Plain doit, the same file deps hard-coded (doit defaults, sql
 import json
 from pathlib import Path
 
+OUTPUTS = False  # True: each target's module outputs are its doit targets
 DOIT_CONFIG = {"backend": "sqlite3", "dep_file": ".doit-plain.db", "verbosity": 0,
                "default_tasks": ["build"]}
 
@@ -76,11 +80,18 @@ def stamp(path):
     Path(path).write_text("ok")
 
 
+def stamps(paths):
+    for path in paths:
+        stamp(path)
+
+
 def task_build():
     deps = json.loads(Path("plain-deps.json").read_text())
+    outs = json.loads(Path("plain-outputs.json").read_text()) if OUTPUTS else {}
     for name, files in deps.items():
-        out = "plain-out/" + name + ".stamp"
-        yield {"name": name, "actions": [(stamp, [out])], "file_dep": files, "targets": [out]}
+        targets = outs.get(name) or ["plain-out/" + name + ".stamp"]
+        yield {"name": name, "actions": [(stamps, [targets])], "file_dep": files,
+               "targets": targets}
 '''
 
 
@@ -173,18 +184,40 @@ def main() -> None:
     (root / "dodo_plain.py").write_text(PLAIN_DODO)
     plain = [*doit, "-f", "dodo_plain.py"]
     run(plain, root, env)
+    # The second peer declares every installed file of a target (what metrale-orch
+    # checks on a no-op: artefacts, baked defaults, manifest) as that task's targets.
+    outputs = {}
+    for name in deps:
+        folder = root / "build" / name
+        outputs[name] = sorted(f"plain-out/{name}/{p.name}" for p in folder.iterdir())
+    (root / "plain-outputs.json").write_text(json.dumps(outputs))
+    (root / "dodo_plain_outputs.py").write_text(
+        PLAIN_DODO.replace("OUTPUTS = False", "OUTPUTS = True").replace(
+            ".doit-plain.db", ".doit-plain-outputs.db"
+        )
+    )
+    plain_out = [*doit, "-f", "dodo_plain_outputs.py"]
+    run(plain_out, root, env)
+    n_outputs = sum(len(v) for v in outputs.values())
     write_ninja(root, deps)
     ninja = [str(Path(PY).parent / "ninja")] if (Path(PY).parent / "ninja").exists() else ["ninja"]
     run(ninja, root, env)
 
     # P1: the peers take turns, so a change in the machine's load hits them alike.
-    runs: dict[str, list[float]] = {"ours": [], "plain": [], "ninja": [], "import": []}
+    runs: dict[str, list[float]] = {
+        "ours": [],
+        "plain": [],
+        "plain_out": [],
+        "ninja": [],
+        "import": [],
+    }
     for _ in range(args.reps):
         runs["ours"].append(run([*doit, "build"], root, env))
         runs["plain"].append(run(plain, root, env))
+        runs["plain_out"].append(run(plain_out, root, env))
         runs["ninja"].append(run(ninja, root, env))
         runs["import"].append(run([PY, "-c", "import doit.doit_cmd"], root, env))
-    ours, plain_t, ninja_t, import_t = (statistics.median(runs[k]) for k in runs)
+    ours, plain_t, plain_out_t, ninja_t, import_t = (statistics.median(runs[k]) for k in runs)
     cold = []
     for _ in range(args.reps):
         for entry in (root / "build" / ".state").glob("build-tasks.*.cache"):
@@ -194,6 +227,10 @@ def main() -> None:
     print(f"\nP1 no-op (median of {args.reps}, interleaved)")
     print(f"  doit build (metrale-orch)   {ours * 1000:8.0f} ms")
     print(f"  plain doit, same deps       {plain_t * 1000:8.0f} ms   ratio {ours / plain_t:.2f}x")
+    print(
+        f"  plain doit, + same outputs  {plain_out_t * 1000:8.0f} ms   "
+        f"ratio {ours / plain_out_t:.2f}x   ({n_outputs} outputs declared as targets)"
+    )
     print(f"  ninja, same deps            {ninja_t * 1000:8.0f} ms   ratio {ours / ninja_t:.2f}x")
     print(f"  (python + import doit       {import_t * 1000:8.0f} ms)")
     print(f"  (ours, task cache removed   {ours_cold * 1000:8.0f} ms: generates the tasks)")

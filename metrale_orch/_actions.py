@@ -26,7 +26,7 @@ from typing import Any
 
 from doit.exceptions import TaskFailed
 
-from metrale_orch._checker import EXTERNAL_KEY, INPUTS_KEY, OUTPUTS_KEY
+from metrale_orch._checker import EXTERNAL_KEY, INPUTS_KEY, OUTPUTS_KEY, encode_outputs
 from metrale_orch.errors import MetraleError
 
 __all__ = [
@@ -209,7 +209,7 @@ def build_action(root: str, target: str) -> dict[str, Any] | TaskFailed:
     values = summarise_result(result)
     values["cache"] = _nonzero(stats)
     values[INPUTS_KEY] = dict(result.inputs)
-    values[OUTPUTS_KEY] = {k: list(v) for k, v in result.outputs.items()}
+    values[OUTPUTS_KEY] = encode_outputs(result.outputs)
     if result.external:
         values[EXTERNAL_KEY] = {k: list(v) for k, v in result.external.items()}
     warnings = [*result.warnings, *cache.warnings()]

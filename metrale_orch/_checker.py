@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import inspect
 import json
+import marshal
 import os
-from collections.abc import Callable, Mapping
+from array import array
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import xxhash
@@ -48,6 +50,8 @@ __all__ = [
     "SIGNATURE_KEY",
     "ContentChecker",
     "SignatureCheck",
+    "TaskDataCodec",
+    "encode_outputs",
     "file_digest",
     "signature_parts",
     "stale_external",
@@ -59,7 +63,7 @@ SIGNATURE_KEY = "signature"
 #: Key of a build's values: file dependency -> xxh3-64 of the content the build used
 #: (consumed when the task's state is saved; never stored).
 INPUTS_KEY = "inputs"
-#: Key of a build's saved values: installed file -> [mtime_ns, size, xxh3-64].
+#: Key of a build's saved values: the installed files (:func:`encode_outputs`).
 OUTPUTS_KEY = "outputs"
 #: Key of a build's saved values: file read outside the tree, the toolkit and the
 #: system directories -> [mtime_ns, size, xxh3-128] (absent when there is none).
@@ -83,6 +87,34 @@ def signature_parts(signature: Mapping[str, Any]) -> dict[str, str]:
         )
         out[str(key)] = xxhash.xxh3_64_hexdigest(text.encode("utf-8"))
     return out
+
+
+#: Prefix of a task record written by :class:`TaskDataCodec` (a JSON record starts with "{").
+_MARSHAL_TAG = "\x00m4:"
+
+
+class TaskDataCodec:
+    """doit's codec for a task's record in the database: ``marshal`` instead of JSON.
+
+    doit decodes every task's record (its file states and values) on every
+    invocation; ``marshal`` decodes the same data about three times faster, which
+    a no-op build of a large tree feels (~30 ms at 1000 targets). The record is
+    plain data (strings, numbers, lists, tuples, dicts), stored as text (doit's
+    sqlite backend decodes the column as UTF-8). A record written by JSON (an older
+    database) is still read; one that cannot be decoded reads as empty, so its task
+    runs again.
+    """
+
+    def encode(self, data: Any) -> str:
+        return _MARSHAL_TAG + marshal.dumps(data, 4).decode("latin-1")
+
+    def decode(self, text: str) -> Any:
+        try:
+            if text.startswith(_MARSHAL_TAG):
+                return marshal.loads(text[len(_MARSHAL_TAG) :].encode("latin-1"))
+            return json.loads(text)
+        except (ValueError, EOFError, TypeError, UnicodeError):
+            return {}
 
 
 class ContentChecker(FileChangedChecker):  # type: ignore[misc]
@@ -263,24 +295,79 @@ class SignatureCheck(UptodateCalculator):  # type: ignore[misc]
         return {SIGNATURE_KEY: dict(self.parts)}
 
 
+def encode_outputs(states: Mapping[str, Sequence[Any]]) -> list[str]:
+    """The ``OUTPUTS_KEY`` record of installed files (path -> ``[mtime_ns, size,
+    xxh3-64]``, all in one directory): ``[fingerprint, directory + "/", names,
+    states]``, the last two ``\0``-joined. doit decodes every task's values on every
+    run, and a few strings decode far faster than a mapping of lists."""
+    paths = sorted(states)
+    prefix = os.path.commonpath(paths) + "/" if paths else ""
+    names = [p[len(prefix) :] for p in paths]
+    if any("/" in n for n in names):  # not one directory: keep whole paths
+        prefix, names = "", paths
+    stamps = [(int(states[p][0]), int(states[p][1])) for p in paths]
+    return [
+        _fingerprint(stamps),
+        prefix,
+        "\0".join(names),
+        "\0".join(f"{states[p][0]} {states[p][1]} {states[p][2]}" for p in paths),
+    ]
+
+
+def _fingerprint(stamps: Sequence[tuple[int, int]]) -> str:
+    flat = array("q", [x for stamp in stamps for x in stamp])
+    return xxhash.xxh3_64_hexdigest(flat.tobytes())
+
+
 def stale_outputs(saved: Any) -> list[str]:
-    """The installed files of a build record (``OUTPUTS_KEY``) that are missing or no
-    longer hold what was installed, sorted (I/O: one ``stat`` each; a file whose stat
-    changed is hashed). A record that is not a mapping (a build saved before outputs
-    were recorded) counts as one stale output."""
-    if not isinstance(saved, Mapping):
+    """The installed files of a build record (``OUTPUTS_KEY``, :func:`encode_outputs`) that
+    are missing or no longer hold what was installed, sorted.
+
+    The no-op path costs one ``stat`` per file and one hash of the stamps; only when
+    the fingerprint differs is each file compared, by content where only its mtime
+    moved. A record of another shape (a build saved before outputs were recorded)
+    counts as one stale output.
+    """
+    if not (isinstance(saved, list) and len(saved) == 4 and all(isinstance(x, str) for x in saved)):
         return ["(no record of the installed files)"]
-    return _stale_files(saved, file_digest)
+    fingerprint, prefix, names, states = saved
+    if not names:
+        return []
+    paths = [prefix + n for n in names.split("\0")]
+    try:
+        stats = [os.stat(p) for p in paths]
+    except OSError:
+        stats = []
+    if stats and _fingerprint([(st.st_mtime_ns, st.st_size) for st in stats]) == fingerprint:
+        return []
+    stale: list[str] = []
+    for path, state in zip(paths, states.split("\0"), strict=False):
+        parts = state.split(" ")
+        try:
+            st = os.stat(path)
+        except OSError:
+            stale.append(path)
+            continue
+        same_stamp = len(parts) == 3 and st.st_size == int(parts[1])
+        if same_stamp and st.st_mtime_ns != int(parts[0]):
+            same_stamp = _digest_or_empty(file_digest, path) == parts[2]
+        if not same_stamp:
+            stale.append(path)
+    return sorted(stale)
+
+
+def _digest_or_empty(digest_of: Callable[[str], str], path: str) -> str:
+    try:
+        return digest_of(path)
+    except OSError:
+        return ""
 
 
 def stale_external(saved: Any) -> list[str]:
-    """The files of a build's ``EXTERNAL_KEY`` record that changed since it read them."""
+    """The files of a build's ``EXTERNAL_KEY`` record (path -> ``[mtime_ns, size,
+    xxh3-128]``) that changed since the build read them, sorted."""
     if not isinstance(saved, Mapping):
         return []
-    return _stale_files(saved, file_hash)
-
-
-def _stale_files(saved: Mapping[str, Any], digest_of: Callable[[str], str]) -> list[str]:
     stale: list[str] = []
     for path, state in saved.items():
         if not (isinstance(state, list) and len(state) == 3):
@@ -291,13 +378,8 @@ def _stale_files(saved: Mapping[str, Any], digest_of: Callable[[str], str]) -> l
         except OSError:
             stale.append(str(path))
             continue
-        if st.st_size != state[1]:
+        if st.st_mtime_ns == state[0] and st.st_size == state[1]:
+            continue
+        if st.st_size != state[1] or _digest_or_empty(file_hash, path) != state[2]:
             stale.append(str(path))
-        elif st.st_mtime_ns != state[0]:
-            try:
-                digest = digest_of(path)
-            except OSError:
-                digest = ""
-            if digest != state[2]:
-                stale.append(str(path))
     return sorted(stale)

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from metrale_orch._actions import install_sigterm_handler
-from metrale_orch._checker import ContentChecker
+from metrale_orch._checker import ContentChecker, TaskDataCodec
 from metrale_orch._reporter import BuildReporter, end_interrupted
 from metrale_orch._tasks import (
     BUILD,
@@ -72,6 +72,7 @@ DOIT_CONFIG: dict[str, Any] = {
     "backend": "sqlite3",
     "dep_file": ".doit.db",
     "check_file_uptodate": ContentChecker,
+    "codec_cls": TaskDataCodec,
     "reporter": BuildReporter,
     "verbosity": 0,
     # A failing target (tree or compile error) must not stop the others.

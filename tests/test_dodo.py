@@ -20,7 +20,13 @@ import pytest
 import xxhash
 from doit.dependency import Dependency, SqliteDB
 
-from metrale_orch._checker import ContentChecker, SignatureCheck, file_digest, signature_parts
+from metrale_orch._checker import (
+    ContentChecker,
+    SignatureCheck,
+    TaskDataCodec,
+    file_digest,
+    signature_parts,
+)
 from metrale_orch._tasks import explicit_targets, plan_build_task, rel_posix
 from tests._dodo_support import (
     DoitRun,
@@ -72,7 +78,7 @@ def saved_states(root: Path) -> dict[str, dict[str, list[object]]]:
         con.close()
     out = {}
     for task_id, data in rows:
-        doc = json.loads(data)
+        doc = TaskDataCodec().decode(data)
         out[task_id] = {k: v for k, v in doc.items() if k.startswith("kernels/")}
     return out
 
@@ -138,7 +144,7 @@ def test_build_task_dict_is_exactly_the_plan(tmp_path: Path) -> None:
 
 
 def _dep(db: Path) -> Dependency:
-    return Dependency(SqliteDB, str(db), checker_cls=ContentChecker)
+    return Dependency(SqliteDB, str(db), checker_cls=ContentChecker, codec_cls=TaskDataCodec)
 
 
 def test_checker_refreshes_same_bytes_once(tmp_path: Path) -> None:
@@ -155,7 +161,7 @@ def test_checker_refreshes_same_bytes_once(tmp_path: Path) -> None:
     dep = _dep(db)
     task = make_task()
     assert dep.get_status(task, {"t": task}).status == "run"
-    task.values = {"outputs": {}}  # what a build action returns: it installed nothing here
+    task.values = {"outputs": ["", "", "", ""]}  # a build action that installed nothing
     task.save_extra_values()
     dep.save_success(task)
     dep.close()
@@ -193,7 +199,7 @@ def test_checker_never_refreshes_another_tasks_record(tmp_path: Path) -> None:
     b = Task("b", [], file_dep=[str(src)])  # no SignatureCheck: no binding of its own
     for t in (a, b):
         dep.get_status(t, {t.name: t})
-        t.values = {"outputs": {}}
+        t.values = {"outputs": ["", "", "", ""]}
         t.save_extra_values()
         dep.save_success(t)
     dep.close()

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from metrale_orch._checker import ContentChecker, stale_outputs
+from metrale_orch._checker import ContentChecker, encode_outputs, stale_outputs
 from metrale_orch._fsutil import file_digest
 from metrale_orch._runlock import BuildLock
 
@@ -41,10 +41,18 @@ def test_state_saved_is_the_content_built(tmp_path: Path) -> None:
 
 
 def test_stale_outputs_missing_altered_and_touched(tmp_path: Path) -> None:
+    other = tmp_path / "b.ptx"
+    other.write_text("ptx b")
     out = tmp_path / "a.ptx"
     out.write_text("ptx v1")
-    st = out.stat()
-    record = {str(out): [st.st_mtime_ns, st.st_size, file_digest(str(out))]}
+    st, ost = out.stat(), other.stat()
+    record = encode_outputs(
+        {
+            str(out): [st.st_mtime_ns, st.st_size, file_digest(str(out))],
+            str(other): [ost.st_mtime_ns, ost.st_size, file_digest(str(other))],
+        }
+    )
+    assert record[1] == str(tmp_path) + "/" and record[2] == "a.ptx\0b.ptx"
     assert stale_outputs(record) == []
     os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns + 10))  # touched, same bytes
     assert stale_outputs(record) == []
@@ -52,7 +60,7 @@ def test_stale_outputs_missing_altered_and_touched(tmp_path: Path) -> None:
     assert stale_outputs(record) == [str(out)]
     out.unlink()
     assert stale_outputs(record) == [str(out)]
-    assert stale_outputs(None) and stale_outputs({}) == []
+    assert stale_outputs(None) and stale_outputs(encode_outputs({})) == []
 
 
 def test_build_lock_second_holder_waits_and_names_the_first(tmp_path: Path) -> None:
@@ -79,3 +87,20 @@ def test_build_lock_second_holder_waits_and_names_the_first(tmp_path: Path) -> N
         assert proc.stdout.readline().strip() == "acquired"
         assert proc.wait(timeout=30) == 0
     first.release()  # idempotent
+
+
+def test_task_data_codec_round_trips_and_reads_json() -> None:
+    from metrale_orch._checker import TaskDataCodec
+
+    codec = TaskDataCodec()
+    record = {
+        "kernels/a.cu": [1764556800123456789, 12, "0123456789abcdef"],
+        "_values_:": {"signature": {"p": "1"}, "outputs": ["f", "d/", "a\0b", "1 2 x\0 3 4 y"]},
+        "deps:": ("kernels/a.cu",),
+        "checker:": "ContentChecker",
+    }
+    text = codec.encode(record)
+    assert isinstance(text, str)
+    assert codec.decode(text.encode("utf-8").decode("utf-8")) == record
+    assert codec.decode('{"x": [1, 2]}') == {"x": [1, 2]}  # a database doit wrote with JSON
+    assert codec.decode("\x00m4:garbage") == {}  # unreadable: the task simply runs again

@@ -99,9 +99,9 @@ def _dependency(root: Path) -> Iterator[Any]:
         return
     from doit.dependency import Dependency, SqliteDB
 
-    from metrale_orch._checker import ContentChecker
+    from metrale_orch._checker import ContentChecker, TaskDataCodec
 
-    dep = Dependency(SqliteDB, str(db), checker_cls=ContentChecker)
+    dep = Dependency(SqliteDB, str(db), checker_cls=ContentChecker, codec_cls=TaskDataCodec)
     try:
         yield dep
     finally:

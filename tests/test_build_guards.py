@@ -1,0 +1,82 @@
+"""Guards of the build itself: containment, leftovers of killed compiles, exact statistics."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from metrale_orch.compile import build_target, reset_build_memo
+from metrale_orch.layout import Target
+from metrale_orch.staging import ContainmentError, uncontained
+from metrale_orch.toolchains import reset_identity_memo
+from tests._build_support import fake_toolchain_env, make_cache, make_config, small_tree
+from tests._dodo_support import doit, make_project, project_env, use_fake_compiler
+
+TARGET = Target.parse("hw1/m1/q1")
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> None:
+    reset_build_memo()
+    reset_identity_memo()
+
+
+def _build(root: Path, tmp: Path) -> object:
+    env = fake_toolchain_env(tmp / "bin", tmp / "log.jsonl")
+    config = make_config(root, tmp / "cache")
+    return build_target(root, TARGET, config=config, cache=make_cache(config), environ=env)
+
+
+def test_a_symlinked_directory_is_refused_by_the_build(tmp_path: Path) -> None:
+    root = small_tree(tmp_path / "p")
+    real = tmp_path / "elsewhere-common"
+    (root / "kernels/hw1/common").rename(real)
+    (root / "kernels/hw1/common").symlink_to(real, target_is_directory=True)
+    with pytest.raises(ContainmentError, match=r"kernels/hw1/common.*symlink"):
+        _build(root, tmp_path)
+    assert not (root / "build/hw1/m1/q1/manifest.json").exists()
+
+
+def test_uncontained_names_escapes_and_links(tmp_path: Path) -> None:
+    kernels = tmp_path / "kernels"
+    (kernels / "a").mkdir(parents=True)
+    (kernels / "a/x.cu").write_text("x")
+    outside = tmp_path / "outside.cu"
+    outside.write_text("o")
+    (kernels / "a/link.cu").symlink_to(outside)
+    bad = dict(uncontained(kernels, [kernels / "a/x.cu", outside, kernels / "a/link.cu"]))
+    assert set(bad) == {outside, kernels / "a/link.cu"}
+    assert "outside kernels/" in bad[outside]
+    assert "symlink" in bad[kernels / "a/link.cu"]
+
+
+def test_leftovers_of_killed_compiles_are_swept(tmp_path: Path) -> None:
+    root = small_tree(tmp_path / "p")
+    tmp_root = root / "build/.tmp"
+    dead = tmp_root / "add.999999999.abc123"  # no such pid
+    dead.mkdir(parents=True)
+    (dead / "add.ptx").write_text("partial")
+    mine = tmp_root / f"add.{os.getpid()}.keep"  # this process: maybe in use
+    mine.mkdir()
+    _build(root, tmp_path)
+    assert not dead.exists()
+    assert mine.exists()
+
+
+@pytest.mark.slow
+def test_statistics_are_exact_under_threads(tmp_path: Path) -> None:
+    """``doit -n 4 -P thread``: each task counts only its own lookups (was ~4x inflated)."""
+    root = make_project(tmp_path / "proj")
+    use_fake_compiler(root, tmp_path / "bin")
+    env = project_env(tmp_path, fake_bin=tmp_path / "bin")
+    run = doit(root, ["-n", "4", "-P", "thread", "build"], env)
+    assert run.returncode == 0, run.text
+    manifests = sorted((root / "build").glob("*/*/*/manifest.json"))
+    modules = [m for p in manifests for m in json.loads(p.read_text())["modules"]]
+    stats = json.loads((root / "build/cache-stats.json").read_text())
+    compiled = sum(1 for m in modules if m["outcome"] == "compiled")
+    assert stats["misses"] == compiled, (stats, compiled)
+    assert stats["misses"] + stats["local_hits"] + stats["remote_hits"] <= len(modules)
