@@ -763,6 +763,20 @@ def embeds_paths(flags: Sequence[str]) -> bool:
     return any(f in _PATH_EMBEDDING_FLAGS or f.startswith(("-g", "-Xcompiler=-g")) for f in flags)
 
 
+def _embeds_paths(plan: TargetPlan, staged: StagedTarget) -> bool:
+    """Whether this target's compiles embed paths: through its flags, the flag variables
+    the compiler reads (``NVCC_APPEND_FLAGS`` ...), or an options file's content."""
+    words = [*plan.flags]
+    for value in plan.env.values():
+        words.extend(value.split())
+    for name in flag_files(plan.flags):
+        for cwd in {m.cwd for m in plan.modules}:
+            path = name if name.startswith("/") else str(staged.dir / cwd / name)
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                words.extend(Path(path).read_text(encoding="utf-8").split())
+    return embeds_paths(words)
+
+
 def module_key_parts(
     plan: TargetPlan,
     module: ModulePlan,
@@ -1045,7 +1059,7 @@ def build_target(
         tmp_root=tmp_root,
         log=log,
     )
-    checkout = os.path.abspath(staged.dir) if embeds_paths(plan.flags) else ""
+    checkout = os.path.abspath(staged.dir) if _embeds_paths(plan, staged) else ""
     counts = {"compiled": 0, "local": 0, "remote": 0, "memo": 0, "failed": 0}
     results: list[ModuleResult] = []
     failures: list[CompileError] = []

@@ -248,9 +248,14 @@ def _file_lines(root: Path) -> list[str]:
     return [ln.strip() for ln in ptx.splitlines() if ln.strip().startswith(".file")]
 
 
-def test_lineinfo_ptx_of_a_second_checkout_names_its_own_paths(tmp_path: Path) -> None:
+@pytest.mark.parametrize("via", ["extra_nvcc_flags", "NVCC_APPEND_FLAGS"])
+def test_lineinfo_ptx_of_a_second_checkout_names_its_own_paths(tmp_path: Path, via: str) -> None:
     env = base_env(tmp_path / "cache")
-    a = project(tmp_path / "checkout-a", "X", "item5", "-lineinfo").resolve()
+    if via == "NVCC_APPEND_FLAGS":  # the flag reaches nvcc through the environment only
+        env["NVCC_APPEND_FLAGS"] = "-lineinfo"
+        a = project(tmp_path / "checkout-a", "X", "item5-env").resolve()
+    else:
+        a = project(tmp_path / "checkout-a", "X", "item5", "-lineinfo").resolve()
     first = doit_run(a, ["build"], env)
     assert first.returncode == 0, first.text
     lines_a = _file_lines(a)
