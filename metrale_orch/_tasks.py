@@ -17,7 +17,14 @@ Three kinds of ``build:<hw>/<model>/<quant>`` sub-task:
   the reason when it was named exactly on the command line
   (``doit build:hopper/m/q``); see :func:`explicit_targets`.
 - **error**: the target does not resolve (tree error) or cannot be planned; the
-  action fails with the one-line message. Other targets are unaffected.
+  action fails with the one-line message. Other targets are unaffected. A target
+  named exactly on the command line that the tree does not generate (its
+  hardware or the configuration is broken, or it is no target of the tree) is an
+  error task too, so doit runs it and fails with the reason rather than
+  answering ``Invalid parameter``.
+
+Skip and error tasks carry their reason in ``doc``: ``doit list --status`` prints
+it on the target's own line.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ __all__ = [
     "KIND",
     "build_task",
     "explicit_targets",
+    "one_line",
     "plan_build_task",
     "plan_error_task",
     "plan_skip_task",
@@ -123,11 +131,18 @@ def build_task(
     }
 
 
+def one_line(text: str) -> str:
+    """``text`` on one line (pure): doit shows only a doc's first line, and a reason
+    cut there would lose its second half."""
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
 def plan_skip_task(*, root: Path, target: str, reason: str, explicit: bool) -> dict[str, Any]:
-    """The task dict of a target whose toolchain is missing (pure)."""
+    """The task dict of a target whose toolchain is missing (pure). Its doc carries the
+    reason, so ``doit list --status`` shows it on the target's line."""
     return {
         "name": target,
-        "doc": f"build {target} (skipped: {reason})",
+        "doc": f"build {target} (skipped: {one_line(reason)})",
         "actions": [(_actions.skip_action, [target, reason, explicit])],
         "uptodate": [False],
         "clean": [(_actions.clean_action, [str(root), target])],
@@ -136,14 +151,21 @@ def plan_skip_task(*, root: Path, target: str, reason: str, explicit: bool) -> d
     }
 
 
-def plan_error_task(*, root: Path, target: str, message: str) -> dict[str, Any]:
-    """The task dict of a target that does not resolve or plan (pure)."""
-    return {
+def plan_error_task(*, root: Path, target: str, message: str, clean: bool = True) -> dict[str, Any]:
+    """The task dict of a target that does not resolve or plan (pure). Its doc carries the
+    message, so ``doit list --status`` shows it on the target's line.
+
+    ``clean=False`` for a name that is not a target of the tree (e.g. one named on the
+    command line, see :func:`explicit_targets`): ``doit clean`` then removes nothing.
+    """
+    task: dict[str, Any] = {
         "name": target,
-        "doc": f"build {target} (error)",
+        "doc": f"build {target} (error: {one_line(message)})",
         "actions": [(_actions.error_action, [target, message])],
         "uptodate": [False],
-        "clean": [(_actions.clean_action, [str(root), target])],
         "verbosity": 0,
         "meta": {KIND: "error"},
     }
+    if clean:
+        task["clean"] = [(_actions.clean_action, [str(root), target])]
+    return task

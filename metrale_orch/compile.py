@@ -53,6 +53,7 @@ from typing import Any, Protocol
 import xxhash
 
 from metrale_orch import cache as cache_mod
+from metrale_orch._beyond import TREE_DIR, Beyond, layer_include
 from metrale_orch._deps import (
     FileHasher,
     external_stamps,
@@ -61,25 +62,50 @@ from metrale_orch._deps import (
     parse_depfile,
     record_inputs,
 )
+from metrale_orch._dropped import Drop, drop_warnings, scan_drops, shadow_exemptions
 from metrale_orch._fsutil import file_digest, write_if_changed
+from metrale_orch._hip_mirror import (
+    MIRROR_DIR,
+    HipCompat,
+    hip_identity,
+    mirror_files,
+    mirrored_source,
+    scan_hip_compat,
+    unmirror,
+    write_mirror,
+)
 from metrale_orch._proc import ProcessError, format_argv, run_process
 from metrale_orch.config import Config
 from metrale_orch.defaults import (
+    DeclaredLevers,
     TargetDefaults,
     parse_defaults,
+    read_tree_levers,
     render_defaults_header,
     render_defaults_json,
 )
 from metrale_orch.layout import Hardware, Layout, Target, discover, read_manifest_warnings
-from metrale_orch.staging import StagedTarget, StageError, check_contained, role_dir, stage
+from metrale_orch.staging import (
+    ContainmentError,
+    StagedTarget,
+    StageError,
+    beyond_layout,
+    check_contained,
+    layer_dir,
+    role_dir,
+    stage,
+    uncontained,
+)
 from metrale_orch.toolchains import (
     BuildError,
     Toolchain,
     ToolchainError,
     ToolchainMissing,
     compile_argv,
+    env_switches,
     find_toolchain,
     keyed_environment,
+    link_argv,
     load_toolchains,
     select_toolchain,
 )
@@ -241,6 +267,8 @@ class TargetPlan:
     #: ``file_deps`` as doit's ``file_dep`` spells them: root-relative POSIX text for a
     #: file under the root (else the path as given), unique, sorted.
     file_dep_rels: tuple[str, ...] = ()
+    #: The project's HIP compat directory, for a toolchain of the ``hip`` dialect.
+    hip_compat: HipCompat | None = None
 
     @property
     def toolchain_name(self) -> str:
@@ -306,14 +334,14 @@ class PlanMemo:
     """What the plans of one resolution pass share, so each is computed once.
 
     Root-relative spellings, compile argvs (a module of one entry name, arch,
-    flags and toolchain recurs across models and quants) and each hardware's
-    parsed and rendered defaults. Plans made with a memo equal those made
-    without. Use one memo per tree snapshot (manifests are told apart by the
-    identity of their parsed documents, which the memo keeps alive); not
-    thread-safe.
+    flags and toolchain recurs across models and quants), the tree's own levers
+    (``kernels/LEVERS.toml``, read once) and each hardware's parsed and
+    rendered defaults. Plans made with a memo equal those made without. Use
+    one memo per tree snapshot (manifests are told apart by the identity of
+    their parsed documents, which the memo keeps alive); not thread-safe.
     """
 
-    __slots__ = ("_argvs", "_defaults", "_envs", "_keep", "rel", "root")
+    __slots__ = ("_argvs", "_defaults", "_envs", "_keep", "_levers", "rel", "root")
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
@@ -321,6 +349,7 @@ class PlanMemo:
         self._envs: dict[tuple[int, int], Mapping[str, str]] = {}
         self._argvs: dict[tuple[Any, ...], tuple[str, ...]] = {}
         self._defaults: dict[tuple[str, int], tuple[TargetDefaults, dict[str, Any]]] = {}
+        self._levers: DeclaredLevers | None = None
         #: Objects whose id() keys an entry above, kept alive so no id is reused.
         self._keep: dict[int, object] = {}
 
@@ -349,12 +378,23 @@ class PlanMemo:
             self._envs[key] = got
         return got
 
+    def tree_levers(self) -> DeclaredLevers:
+        """``kernels/LEVERS.toml`` of the root, read and validated once.
+
+        Raises:
+            DefaultsError: the file is bad (:func:`~metrale_orch.defaults.read_tree_levers`).
+        """
+        if self._levers is None:
+            self._levers = read_tree_levers(self.root / "kernels")
+        return self._levers
+
     def defaults(self, hw: Hardware) -> tuple[TargetDefaults, dict[str, Any]]:
-        """The hardware's parsed defaults and a fresh copy of their JSON rendering."""
+        """The hardware's parsed defaults (with the tree's own levers) and a fresh copy
+        of their JSON rendering."""
         key = (hw.name, id(hw.doc))
         got = self._defaults.get(key)
         if got is None:
-            parsed = parse_defaults(hw.name, hw.doc)
+            parsed = parse_defaults(hw.name, hw.doc, levers=self.tree_levers().levers)
             got = (parsed, dict(render_defaults_json(parsed)))
             self._keep[id(hw.doc)] = hw.doc
             self._defaults[key] = got
@@ -476,13 +516,21 @@ def plan_target(
     identity: str,
     environ: Mapping[str, str] | None = None,
     memo: PlanMemo | None = None,
+    hip_compat: HipCompat | None = None,
 ) -> TargetPlan:
-    """The build plan of ``layout`` (pure given its inputs; reads only ``layout.*.doc``).
+    """The build plan of ``layout`` (pure given its inputs: reads only ``layout.*.doc`` and,
+    once per memo, ``kernels/LEVERS.toml``, a file dependency of every target).
 
     ``identity`` is the selected toolchain's probed identity
     (:func:`~metrale_orch.toolchains.probe_identity`); ``environ`` supplies the
     toolchain's environment allow-list values; ``memo`` shares work between
-    the plans of one resolution pass (see :class:`PlanMemo`). Raises
+    the plans of one resolution pass (see :class:`PlanMemo`); ``hip_compat`` is
+    the project's HIP compat directory
+    (:func:`~metrale_orch._hip_mirror.scan_hip_compat`), read by the targets of a
+    ``hip``-dialect toolchain: its files are their file dependencies and, with
+    the mirror's rules, part of their identity. The environment switches of the
+    toolchain (``METRALE_KERNEL_NO_STRICT``, ``METRALE_EXTRA_NVCC_FLAGS``) enter
+    the argv and ``env`` of the targets they change. Raises
     :class:`ToolchainError`, :class:`BuildConfigError` or ``DefaultsError`` for
     a wrong setting.
     """
@@ -504,6 +552,23 @@ def plan_target(
     names = _module_names(config_docs, layout_modules, rel)
     defaults, defaults_doc = memo.defaults(hw)
     env = memo.env(toolchain, env_in)
+    switches = env_switches(toolchain, env_in)
+    if switches.env:
+        env = MappingProxyType(dict(sorted({**env, **switches.env}.items())))
+    compat: HipCompat | None = None
+    if toolchain.dialect == "hip":
+        compat = hip_compat or HipCompat()
+        if compat.problem:
+            raise BuildConfigError("configuration", "hip_compat_dir", compat.problem)
+        if layout.source_model == MIRROR_DIR:
+            raise BuildConfigError(
+                f"kernels/{hw.name}/{layout.source_model}",
+                "(directory)",
+                f"a model named {MIRROR_DIR!r} would share the HIP mirror's stage directory; "
+                "rename the model directory",
+            )
+        identity = hip_identity(identity, compat)
+    plain = not (switches.env or toolchain.link_argv or compat is not None)
     ext = toolchain.extension
     modules: list[ModulePlan] = []
     for stem, entry in layout_modules:
@@ -511,6 +576,26 @@ def plan_target(
         cwd = role_dir(layout, role)
         name = names[stem]
         artefact = f"{name}.{ext}"
+        if plain:
+            argv = memo.argv(toolchain, arch, flags, entry.name, artefact)
+        else:
+            # As run_compile runs it, with the program's name and the artefact's: the
+            # mirrored source (HIP), the switches, and a second step after "&&".
+            inter = f"{name}.{toolchain.intermediate_extension}" if toolchain.link_argv else ""
+            argv = compile_argv(
+                toolchain,
+                arch=arch,
+                flags=flags,
+                include=".",
+                source=entry.name if compat is None else mirrored_source(cwd, entry.name),
+                output=artefact,
+                intermediate=inter,
+                switches=switches,
+                compat_include=compat.spelled if compat is not None else "",
+            )
+            if inter:
+                link = link_argv(toolchain, arch=arch, intermediate=inter, output=artefact)
+                argv = (*argv, "&&", *link)
         modules.append(
             ModulePlan(
                 stem=stem,
@@ -522,7 +607,7 @@ def plan_target(
                 staged=f"{cwd}/{entry.name}",
                 cwd=cwd,
                 artefact=artefact,
-                argv=memo.argv(toolchain, arch, flags, entry.name, artefact),
+                argv=argv,
             )
         )
     deps: set[Path] = set(layout.inputs())
@@ -530,6 +615,11 @@ def plan_target(
     deps.update(layout.model_manifests)
     if toolchain.file is not None:
         deps.add(toolchain.file)
+    if compat is not None:
+        deps.update(compat.paths)
+    tree_levers = memo.tree_levers()
+    if tree_levers.file is not None:
+        deps.add(tree_levers.file)
     dep_of = rel.dep
     keyed = sorted([(dep_of(p), p) for p in deps])
     signature = {
@@ -541,6 +631,7 @@ def plan_target(
             "name": toolchain.name,
             "identity": identity,
             "argv": list(toolchain.argv),
+            "link_argv": list(toolchain.link_argv),
             "output": toolchain.output,
             "extension": ext,
         },
@@ -559,6 +650,7 @@ def plan_target(
             for m in modules
         ],
         "defaults": defaults_doc,
+        "levers": tree_levers.to_dict(),
     }
     return TargetPlan(
         target=layout.target,
@@ -573,6 +665,7 @@ def plan_target(
         file_deps=tuple(p for _, p in keyed),
         signature=MappingProxyType(signature),
         file_dep_rels=tuple(dict.fromkeys(r for r, _ in keyed)),
+        hip_compat=compat,
     )
 
 
@@ -1002,6 +1095,9 @@ class _Context:
     environ: Mapping[str, str]
     tmp_root: Path
     log: logging.Logger
+    #: Staged source of a module -> the ``-I`` that makes ``.tree/<its layer directory>``
+    #: its layer directory (only when the target reaches files beyond its layout).
+    layer_includes: Mapping[str, str] = field(default_factory=dict)
 
 
 def build_target(
@@ -1034,19 +1130,47 @@ def build_target(
         toolchains = load_toolchains(root)
     build_dir = Path(config.build_dir)
     tc = select_toolchain(layout.hardware, toolchains)
-    found = find_toolchain(tc, environ, state_dir=build_dir / ".state")
+    found = find_toolchain(
+        tc, environ, state_dir=build_dir / ".state", arch=layout.hardware.arch or ""
+    )
     memo = PlanMemo(root)
+    compat = scan_hip_compat(root, config.hip_compat_dir) if tc.dialect == "hip" else None
     plan = plan_target(
-        root, layout, toolchains, identity=found.identity, environ=environ, memo=memo
+        root,
+        layout,
+        toolchains,
+        identity=found.identity,
+        environ=environ,
+        memo=memo,
+        hip_compat=compat,
     )
     check_contained(root, layout)
+    beyond = _beyond_layout(root, layout, compat)
+    exempt = shadow_exemptions((memo.rel(p), doc) for p, doc in _config_docs(layout))
+    if exempt.problems:
+        raise BuildConfigError(*exempt.problems[0])
     # What the task's other file dependencies (manifests, toolchain file) held when
     # this build read them; compared again at the end (saved state = what was built).
     sources = set(layout.inputs())
     others = {p: _digest_or_empty(p) for p in plan.file_deps if p not in sources}
     tmp_root = build_dir / ".tmp"
     _sweep_tmp(tmp_root, log)
-    staged = stage(layout, stage_dir(build_dir, layout.target))
+    layer_includes = _layer_includes(root, layout) if beyond.files else {}
+    staged = stage(
+        layout,
+        stage_dir(build_dir, layout.target),
+        beyond.files,
+        dirs=[f"{TREE_DIR}/{d}" for d in _layer_dirs(root, layout)] if beyond.files else (),
+    )
+    # SPEC 3.3.2: what leaf forks drop from their common namesakes, read from the stage
+    # with each root's own -I directories (a leaf module's are its compile's).
+    argv_of = {m.source: m.argv for m in plan.modules}
+    drops = scan_drops(
+        layout,
+        staged,
+        {m.stem: m.name for m in plan.modules},
+        dirs=lambda cwd, entry: include_dirs(cwd, argv_of.get(entry.source, plan.flags)),
+    )
     includes = scan_includes(staged)
     ctx = _Context(
         plan=plan,
@@ -1058,6 +1182,7 @@ def build_target(
         environ=environ,
         tmp_root=tmp_root,
         log=log,
+        layer_includes=layer_includes,
     )
     checkout = os.path.abspath(staged.dir) if _embeds_paths(plan, staged) else ""
     counts = {"compiled": 0, "local": 0, "remote": 0, "memo": 0, "failed": 0}
@@ -1102,7 +1227,14 @@ def build_target(
             )
         )
     manifest_rel, installed = _install(
-        root, plan, layout, results, outputs, failed=bool(failures), build_dir=build_dir
+        root,
+        plan,
+        layout,
+        results,
+        outputs,
+        failed=bool(failures),
+        build_dir=build_dir,
+        dropped=drops,
     )
     log.info(
         "%s: %d module(s): %s%s",
@@ -1123,10 +1255,15 @@ def build_target(
         cache_stats=MappingProxyType(counts),
         seconds=time.perf_counter() - start,
         manifest=manifest_rel,
-        warnings=tuple(read_manifest_warnings(root, layout, build_keys=build_keys)),
+        warnings=(
+            *read_manifest_warnings(root, layout, build_keys=build_keys),
+            *drop_warnings(name, drops, exempt, root),
+        ),
         inputs=MappingProxyType(dict(sorted(built.items()))),
         outputs=MappingProxyType({memo.rel.dep(p): st for p, st in sorted(installed.items())}),
-        external=MappingProxyType(external_stamps(read, _HASHER)),
+        external=MappingProxyType(
+            {**external_stamps(read, _HASHER), **_beyond_stamps(root, beyond, staged)}
+        ),
     )
 
 
@@ -1135,6 +1272,49 @@ def _digest_or_empty(path: Path) -> str:
         return file_digest(os.fspath(path))
     except OSError:
         return ""
+
+
+def _beyond_layout(root: Path, layout: Layout, compat: HipCompat | None) -> Beyond:
+    """SPEC 3.3.1: the tree files this target's compiles reach beyond its layout (to be
+    staged under ``.tree/``). Raises the first escaping include (naming the file and line)
+    and :class:`~metrale_orch.staging.ContainmentError` for a file reached through a
+    symlink."""
+    allow = () if compat is None or compat.dir is None else (str(compat.dir),)
+    beyond = beyond_layout(root, layout, allow=allow)
+    if beyond.errors:
+        raise beyond.errors[0]
+    bad = uncontained(Path(root) / "kernels", beyond.files.values())
+    if bad:
+        path, problem = bad[0]
+        shown = os.path.relpath(path, root).replace(os.sep, "/")
+        raise ContainmentError(str(layout.target), shown, problem)
+    return beyond
+
+
+def _layer_includes(root: Path, layout: Layout) -> dict[str, str]:
+    """Each module's staged source -> the ``-I`` of its layer directory under ``.tree/``."""
+    out: dict[str, str] = {}
+    for _stem, entry in layout.modules():
+        cwd = role_dir(layout, layout.role_of(entry))
+        out[f"{cwd}/{entry.name}"] = layer_include(cwd, layer_dir(root, layout, entry.layer))
+    return out
+
+
+def _layer_dirs(root: Path, layout: Layout) -> set[str]:
+    return {layer_dir(root, layout, entry.layer) for _stem, entry in layout.modules()}
+
+
+def _beyond_stamps(root: Path, beyond: Beyond, staged: StagedTarget) -> dict[str, list[Any]]:
+    """``EXTERNAL_KEY`` entries of the files beyond the layout (root-relative): checked by
+    every run, so an edit of a cross-model header makes the target stale even though the
+    task's file dependencies (from generation) do not list it."""
+    out: dict[str, list[Any]] = {}
+    for rel, path in beyond.files.items():
+        built = staged.hashes.get(f"{TREE_DIR}/{rel}", "")
+        shown = os.path.relpath(path, root).replace(os.sep, "/")
+        stamp = _HASHER.stamp(str(path)) if _HASHER.digest(str(path)) == built else None
+        out[shown] = [-1, -1, built] if stamp is None else [stamp[0], stamp[1], built]
+    return out
 
 
 def _module_key(
@@ -1148,6 +1328,9 @@ def _module_key(
     by flags) and everything in :func:`module_key_parts`."""
     plan, staged = ctx.plan, ctx.staged
     dirs = include_dirs(module.cwd, plan.flags)
+    layer_inc = ctx.layer_includes.get(module.staged, "")
+    if layer_inc:
+        dirs = (*dirs, posixpath.normpath(posixpath.join(module.cwd, layer_inc)))
     roots = [module.staged]
     flag_inputs: list[tuple[str, str]] = []
     for path in pre_includes(plan.flags):
@@ -1159,6 +1342,8 @@ def _module_key(
     parts = module_key_parts(
         plan, module, closure, staged.hashes, flag_inputs=flag_inputs, checkout=checkout
     )
+    if layer_inc:  # run_compile adds it to the argv
+        parts["layer_include"] = layer_inc
     return cache_mod.cache_key(namespace, parts)
 
 
@@ -1285,13 +1470,22 @@ def run_compile(
 ) -> tuple[bytes, float, tuple[tuple[str, str, str], ...]]:
     """Compile one module in its staged role directory into a temporary directory.
 
+    As the reference drives each compiler (SPEC 3.3): a ``hip``-dialect toolchain
+    compiles the module's mirror (:mod:`metrale_orch._hip_mirror`, written under
+    the stage) with the project's compat directory as ``-I``; a two-step
+    toolchain (Metal) turns the first step's intermediate into the artefact;
+    the toolchain's environment switches are those of the plan.
+
     Returns (artefact bytes, seconds, the inputs the compile read as
     ``(kind, path, hash)``: from the compiler's dependency list when the
-    toolchain writes one, else the scanned closure, plus the files named by
-    flags). Raises :class:`CompileError`.
+    toolchain writes one (mirrored files named as the staged files they were
+    made from), else the scanned closure, plus the files named by flags).
+    Raises :class:`CompileError`, or :class:`StageError` when the temporary
+    directory or the mirror cannot be written.
     """
     plan, staged, log = ctx.plan, ctx.staged, ctx.log
     target = str(plan.target)
+    tc = plan.toolchain
     try:
         ctx.tmp_root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f"{module.name}.{os.getpid()}.", dir=ctx.tmp_root))
@@ -1303,36 +1497,79 @@ def run_compile(
     try:
         out = tmp / module.artefact
         depfile = tmp / "deps.d"
+        switches = env_switches(tc, plan.env)
+        compat = plan.hip_compat
+        source = module.entry
+        if compat is not None:
+            try:
+                write_mirror(staged.dir, mirror_files(staged.hashes, module.cwd), staged.hashes)
+            except OSError as exc:
+                raise StageError(
+                    target, str(staged.dir / MIRROR_DIR), f"cannot write the HIP mirror: {exc}"
+                ) from None
+            source = mirrored_source(module.cwd, module.entry)
+        intermediate = tmp / f"{module.name}.{tc.intermediate_extension}" if tc.link_argv else None
         argv = compile_argv(
-            plan.toolchain,
+            tc,
             program=str(ctx.program),
             arch=plan.arch,
             flags=plan.flags,
             include=".",
-            source=module.entry,
+            source=source,
             output=str(out),
+            intermediate="" if intermediate is None else str(intermediate),
+            switches=switches,
+            compat_include="" if compat is None or compat.dir is None else str(compat.dir),
         )
-        tc = plan.toolchain
+        layer_inc = ctx.layer_includes.get(module.staged, "")
+        if layer_inc:  # SPEC 3.3.1: the module's layer directory, mirrored under .tree/
+            argv = (*argv, f"-I{layer_inc}")
         if tc.depfile_args:
             # Relative to the cwd: no comma of the checkout's path can split -Xcompiler=.
             spelled = os.path.relpath(depfile, cwd)
             argv = (*argv, *(a.format_map({"depfile": spelled}) for a in tc.depfile_args))
-        log.info(
-            "%s: compile %s: (cd %s &&) %s", target, module.name, module.cwd, format_argv(argv)
-        )
-        try:
-            done = run_process(argv, cwd=cwd, env=ctx.environ, timeout=COMPILE_TIMEOUT)
-        except ProcessError as exc:
-            raise CompileError(
-                target=target,
-                module=module.name,
-                argv=argv,
-                returncode=exc.returncode,
-                output=exc.output,
-                reason=exc.reason,
-                source=module.source_rel,
-            ) from None
-        text = (done.stdout + done.stderr).strip()
+        steps = [argv]
+        if intermediate is not None:
+            steps.append(
+                link_argv(
+                    tc,
+                    program=str(ctx.program),
+                    arch=plan.arch,
+                    intermediate=str(intermediate),
+                    output=str(out),
+                )
+            )
+        seconds = 0.0
+        texts: list[str] = []
+        for step in steps:
+            log.info(
+                "%s: compile %s: (cd %s &&) %s", target, module.name, module.cwd, format_argv(step)
+            )
+            try:
+                done = run_process(step, cwd=cwd, env=ctx.environ, timeout=COMPILE_TIMEOUT)
+            except ProcessError as exc:
+                raise CompileError(
+                    target=target,
+                    module=module.name,
+                    argv=step,
+                    returncode=exc.returncode,
+                    output=exc.output,
+                    reason=exc.reason,
+                    source=module.source_rel,
+                ) from None
+            seconds += done.seconds
+            texts.append((done.stdout + done.stderr).strip())
+            if intermediate is not None and step is argv and not intermediate.is_file():
+                raise CompileError(
+                    target=target,
+                    module=module.name,
+                    argv=step,
+                    returncode=done.returncode,
+                    output=texts[-1],
+                    reason=f"exited 0 but wrote no {intermediate.name}",
+                    source=module.source_rel,
+                )
+        text = "\n".join(t for t in texts if t)
         if text:
             log.info("%s: %s: compiler output:\n%s", target, module.name, text)
         try:
@@ -1343,7 +1580,7 @@ def run_compile(
             raise CompileError(
                 target=target,
                 module=module.name,
-                argv=argv,
+                argv=steps[-1],
                 returncode=done.returncode,
                 output=text,
                 reason=f"exited 0 but wrote no {module.artefact}",
@@ -1364,6 +1601,10 @@ def run_compile(
                     reason="exited 0 but wrote no dependency list (toolchain depfile_args)",
                     source=module.source_rel,
                 )
+            if compat is not None:
+                read = unmirror(
+                    read, stage_dir=os.path.abspath(staged.dir), cwd=os.path.abspath(cwd)
+                )
         else:
             includes = scan_includes(staged)
             closure = resolve_closure(
@@ -1373,7 +1614,7 @@ def run_compile(
                 dirs=include_dirs(module.cwd, plan.flags),
             )
             read = [posixpath.relpath(p, module.cwd) for p in closure]
-        read = [*read, *pre_includes(plan.flags)]
+        read = [*read, *pre_includes((*plan.flags, *switches.extra))]
         recorded = record_inputs(
             read,
             stage_dir=os.path.abspath(staged.dir),
@@ -1385,7 +1626,7 @@ def run_compile(
             system_dirs=ctx.system_dirs,
         )
         inputs = tuple((k, p, h) for k, p, h in recorded)
-        return data, done.seconds, inputs
+        return data, seconds, inputs
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -1394,9 +1635,15 @@ def run_compile(
 
 
 def manifest_dict(
-    root: Path, plan: TargetPlan, layout: Layout, results: Sequence[ModuleResult]
+    root: Path,
+    plan: TargetPlan,
+    layout: Layout,
+    results: Sequence[ModuleResult],
+    *,
+    dropped: Sequence[Drop],
 ) -> dict[str, Any]:
-    """The ``manifest.json`` document of SPEC 4.1 (pure)."""
+    """The ``manifest.json`` document of SPEC 4.1 (pure); ``dropped``: the target's shadow
+    drops (:func:`metrale_orch._dropped.shadow_drops`), listed whether exempted or not."""
     return {
         "schema": MANIFEST_SCHEMA,
         "target": str(plan.target),
@@ -1416,6 +1663,7 @@ def manifest_dict(
             for r in results
         ],
         "shadows": [_shadow_dict(s, root) for s in layout.shadows],
+        "shadowed_dropped": sorted([d.module, d.kernel] for d in dropped),
         "defaults": render_defaults_json(plan.defaults),
     }
 
@@ -1429,6 +1677,7 @@ def _install(
     *,
     failed: bool,
     build_dir: Path,
+    dropped: Sequence[Drop],
 ) -> tuple[str, dict[Path, list[Any]]]:
     """Install artefacts, defaults and (unless failed) the manifest; remove stale files.
 
@@ -1443,7 +1692,7 @@ def _install(
     manifest_path = dest / MANIFEST_NAME
     new_manifest = b""
     if not failed:
-        doc = manifest_dict(root, plan, layout, results)
+        doc = manifest_dict(root, plan, layout, results, dropped=dropped)
         new_manifest = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
     try:
         dest.mkdir(parents=True, exist_ok=True)

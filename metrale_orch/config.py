@@ -9,6 +9,10 @@ is. Unknown keys in ``[tool.metrale-orch]`` and malformed values are
 ``build_dir`` is where the build writes, stages and deletes: it may not be the
 root, ``kernels/``, a directory inside ``kernels/``, or one that contains it
 (compared after resolving symlinks), whichever level set it.
+
+``hip_compat_dir`` (SPEC 3.3) is the project's HIP compat directory, passed to
+hipcc as ``-I``; relative to the root, none by default (an empty value is none).
+When set it must be a directory.
 """
 
 from __future__ import annotations
@@ -69,6 +73,8 @@ class Config:
     storage_options: Mapping[str, Any] = field(default_factory=_empty)
     log_max_bytes: int = 4 * 1024 * 1024
     log_backups: int = 3
+    #: The HIP compat directory (absolute), or None for none.
+    hip_compat_dir: Path | None = None
     #: key -> "default" | "pyproject" | "env" | "cli"
     sources: Mapping[str, str] = field(default_factory=_empty)
 
@@ -84,6 +90,9 @@ class Config:
             "storage_options": dict(sorted(self.storage_options.items())),
             "log_max_bytes": self.log_max_bytes,
             "log_backups": self.log_backups,
+            "hip_compat_dir": ""
+            if self.hip_compat_dir is None
+            else _rel(self.hip_compat_dir, self.root),
             "sources": dict(sorted(self.sources.items())),
         }
 
@@ -106,6 +115,7 @@ _KEYS: dict[str, tuple[str | None, str]] = {
     "storage_options": ("METRALE_ORCH_STORAGE_OPTIONS", "table"),
     "log_max_bytes": (None, "count"),
     "log_backups": (None, "count"),
+    "hip_compat_dir": ("METRALE_ORCH_HIP_COMPAT_DIR", "optpath"),
 }
 
 #: Environment variables the configuration reads, for documentation.
@@ -144,6 +154,13 @@ def _convert(kind: str, value: Any, where: str, key: str, root: Path, from_text:
     if kind == "path":
         if not isinstance(value, str) or not value.strip():
             raise ConfigError(where, key, "must be a non-empty path string")
+        p = Path(os.path.expanduser(value))
+        return p if p.is_absolute() else root / p
+    if kind == "optpath":
+        if not isinstance(value, str):
+            raise ConfigError(where, key, f"must be a path string, got {type(value).__name__}")
+        if not value.strip():
+            return None
         p = Path(os.path.expanduser(value))
         return p if p.is_absolute() else root / p
     if kind == "mode":
@@ -241,6 +258,14 @@ def load_config(
     problem = build_dir_problem(root, values["build_dir"])
     if problem:
         raise ConfigError(_where("build_dir", sources["build_dir"]), "build_dir", problem)
+    compat = values.get("hip_compat_dir")
+    if compat is not None and not compat.is_dir():
+        raise ConfigError(
+            _where("hip_compat_dir", sources["hip_compat_dir"]),
+            "hip_compat_dir",
+            f"{_rel(compat, root)!r} is not a directory; create it or point the setting "
+            "at the project's HIP compat headers",
+        )
     return Config(root=root, sources=MappingProxyType(sources), **values)
 
 

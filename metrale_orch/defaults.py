@@ -10,7 +10,9 @@ process resolves it against ``METRALE_*`` environment variables
 Everything is derived from one declarative table, :data:`LEVERS`: a row names
 the lever, its type, baseline, variables and resolution rule, and where it
 prints in the summary line. Parsing, resolution, the summary line, the JSON
-views, the baked header and the generated docs all walk that table.
+views, the baked header and the generated docs all walk that table. A tree
+may add rows of its own in ``kernels/LEVERS.toml`` (:func:`read_tree_levers`,
+SPEC 2.5); they behave exactly like the built-in rows and come after them.
 
 Invariants:
 
@@ -21,12 +23,17 @@ Invariants:
 - The override grammar follows the reference system exactly: values are
   trimmed of Unicode ``White_Space``, lower-cased in ASCII only, and a u32 is
   an optional ``+`` and ASCII digits within ``0..=4294967295``.
+- A declaration without tree levers is a plain :class:`TargetDefaults` (one
+  field per built-in lever); one with tree levers is a :class:`TreeDefaults`,
+  which adds them, in file order, with their values (likewise
+  :class:`TargetLevers` and :class:`TreeLevers`).
 
 This module imports nothing else of the package except :mod:`metrale_orch.errors`.
 """
 
 from __future__ import annotations
 
+import difflib
 import enum
 import functools
 import json
@@ -35,7 +42,7 @@ import os
 import re
 import threading
 import tomllib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Literal, TypeVar
@@ -46,17 +53,22 @@ __all__ = [
     "BASELINE_BATCHM_MAX",
     "DENSE_GEMV_BATCHM_MAX_M",
     "LEVERS",
+    "LEVERS_TOML",
     "AlreadyResolvedError",
+    "DeclaredLevers",
     "DefaultsError",
     "DefaultsValueError",
     "Kind",
     "Lever",
+    "LeverDeclarationError",
     "Resolved",
     "Rule",
     "Source",
     "SplitkPolicy",
     "TargetDefaults",
     "TargetLevers",
+    "TreeDefaults",
+    "TreeLevers",
     "UnknownHardwareError",
     "UnknownLeverError",
     "baseline",
@@ -65,7 +77,9 @@ __all__ = [
     "defaults_from_json",
     "format_levers",
     "parse_defaults",
+    "parse_tree_levers",
     "read_defaults",
+    "read_tree_levers",
     "render_defaults_header",
     "render_defaults_json",
     "render_docs",
@@ -73,6 +87,7 @@ __all__ = [
     "resolve",
     "resolve_batchm_max",
     "resolve_max_m",
+    "resolve_points",
     "resolve_policy",
     "resolve_toggle",
     "resolved",
@@ -86,7 +101,10 @@ _log = logging.getLogger(__name__)
 DENSE_GEMV_BATCHM_MAX_M = 16
 #: The head band a target without a ``[defaults]`` table gets.
 BASELINE_BATCHM_MAX = 8
+#: The file under ``kernels/`` where a tree declares levers of its own (SPEC 2.5).
+LEVERS_TOML = "LEVERS.toml"
 
+_LEVERS_PATH = f"kernels/{LEVERS_TOML}"
 _U32_MAX = 4294967295
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 _BASELINE_SM_COUNT = 48
@@ -107,7 +125,7 @@ DOCS_END = "<!-- END defaults -->"
 
 
 class DefaultsError(MetraleError):
-    """A ``[defaults]`` declaration (or its baked copy) cannot be used.
+    """A ``[defaults]`` declaration, ``kernels/LEVERS.toml`` (or a baked copy) cannot be used.
 
     ``path`` is the root-relative file (``kernels/<hw>/HARDWARE.toml``) and
     ``key`` the offending key, where there is one.
@@ -119,38 +137,59 @@ class DefaultsError(MetraleError):
         super().__init__(message)
 
 
+def _at(table: str, key: str) -> str:
+    return f"[{table}] {key}" if table else key
+
+
 class DefaultsValueError(DefaultsError):
     """A key holds a value of the wrong type or out of range."""
 
-    def __init__(self, *, path: str, table: str, key: str, value: object, expected: str) -> None:
+    def __init__(
+        self,
+        *,
+        path: str,
+        table: str,
+        key: str,
+        value: object,
+        expected: str,
+        got: str | None = None,
+    ) -> None:
         self.table = table
         self.value = value
         self.expected = expected
-        kind = _toml_type(value)
-        article = "an" if kind[0] in "aeiou" else "a"
-        got = (
-            f"{_toml_repr(value)}, out of range"
-            if kind == "integer" and expected.startswith("an integer")
-            else f"{article} {kind} ({_toml_repr(value)})"
-        )
         super().__init__(
-            f"{path}: [{table}] {key} must be {expected}, got {got}; fix the value in {path}",
+            f"{path}: {_at(table, key)} must be {expected}, got "
+            f"{_got(value, expected) if got is None else got}; fix the value in {path}",
             path=path,
             key=key,
         )
 
 
 class UnknownLeverError(DefaultsError):
-    """``[defaults]`` holds a key that names no lever (a typo must not read as the baseline)."""
+    """``[defaults]`` holds keys that name no lever (a typo must not read as the baseline).
 
-    def __init__(self, *, path: str, table: str, key: str, valid: tuple[str, ...]) -> None:
+    ``keys`` are all of them, sorted; ``key`` is their comma-separated list.
+    """
+
+    def __init__(
+        self, *, path: str, table: str, keys: Sequence[str], valid: tuple[str, ...]
+    ) -> None:
         self.table = table
+        self.keys = tuple(keys)
         self.valid = valid
+        named = []
+        for key in self.keys:
+            near = difflib.get_close_matches(key, valid, n=1, cutoff=0.8)
+            named.append(f"{key!r} (did you mean {near[0]!r}?)" if near else repr(key))
+        what = "an unknown lever" if len(named) == 1 else f"{len(named)} unknown levers"
+        where = f"[{table}] has" if table else "has"
         super().__init__(
-            f"{path}: [{table}] has no lever {key!r}; valid levers: {', '.join(valid)} "
-            f"(rename or remove the key)",
+            f"{path}: {where} {what}: {', '.join(named)}; known levers: {', '.join(valid)}. "
+            f"A lever added upstream after this metrale-orch release is declared in "
+            f"{_LEVERS_PATH} (a [[lever]] with name, type, baseline, variables and rule; "
+            f"see docs/defaults.md)",
             path=path,
-            key=key,
+            key=", ".join(self.keys),
         )
 
 
@@ -163,6 +202,24 @@ class UnknownHardwareError(DefaultsError):
             f"{path} not found: no hardware {hw!r} in this tree "
             f"(run `metrale-orch` from the project root or pass --root)",
             path=path,
+        )
+
+
+class LeverDeclarationError(DefaultsError):
+    """A ``[[lever]]`` entry of ``kernels/LEVERS.toml`` cannot be used.
+
+    ``lever`` is the entry's ``name`` (or ``#<n>``, its 1-based position, when
+    the name itself is the problem) and ``key`` the offending key; ``item``
+    (``[i]``, ``[band][i]``) points into an array value.
+    """
+
+    def __init__(self, *, path: str, lever: str, key: str, problem: str, item: str = "") -> None:
+        self.lever = lever
+        self.item = item
+        super().__init__(
+            f"{path}: [[lever]] {lever}: {key}{item} {problem}; fix the entry in {path}",
+            path=path,
+            key=key,
         )
 
 
@@ -201,64 +258,113 @@ def _toml_repr(value: object) -> str:
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, Mapping):
         return "{...}"
-    return repr(value) if not isinstance(value, int | float) else str(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_repr(v) for v in value) + "]"
+    return str(value)
+
+
+def _got(value: object, expected: str = "") -> str:
+    """``a boolean (true)``; a too large or negative integer where one is expected:
+    ``-1, out of range``."""
+    kind = _toml_type(value)
+    if kind == "integer" and expected.startswith("an integer"):
+        return f"{_toml_repr(value)}, out of range"
+    article = "an" if kind[0] in "aeiou" else "a"
+    return f"{article} {kind} ({_toml_repr(value)})"
 
 
 # --------------------------------------------------------------------------- the lever table
 
 
 class Kind(enum.Enum):
-    """A lever's value type."""
+    """A lever's value type (the ``type`` of a ``kernels/LEVERS.toml`` entry)."""
 
     U32 = "u32"
     BOOL = "bool"
-    SPLITK = "string (split-K policy)"
+    #: A string stored verbatim (``attn_decode_splitk``: a split-K policy).
+    STRING = "string"
+    #: One name per band, each from the band's accepted names.
+    POINTS = "points"
 
 
 class Rule(enum.Enum):
-    """How a lever's variables override its declaration (SPEC 2.2)."""
+    """How a lever's variables override its declaration (SPEC 2.2); the ``rule`` of an entry."""
 
     TOGGLE = "toggle"
-    HEAD_BAND = "head band"
-    ROW_CAP = "row cap"
+    HEAD_BAND = "head-band"
+    ROW_CAP = "row-cap"
     SPLITK = "split-K"
+    POINTS = "points"
 
 
-LeverValue = int | bool | str
+#: The one value type each rule works on.
+_RULE_KIND: Mapping[Rule, Kind] = {
+    Rule.TOGGLE: Kind.BOOL,
+    Rule.HEAD_BAND: Kind.U32,
+    Rule.ROW_CAP: Kind.U32,
+    Rule.SPLITK: Kind.STRING,
+    Rule.POINTS: Kind.POINTS,
+}
+
+LeverValue = int | bool | str | tuple[str, ...]
+#: A lever value as JSON holds it (points as an array).
+JsonValue = int | bool | str | list[str]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Lever:
-    """One row of the lever table.
+    """One row of the lever table (built in, or a ``[[lever]]`` of ``kernels/LEVERS.toml``).
 
-    ``summary_rank`` orders the summary line; rows sharing a ``summary_label``
-    print as one item ``label=<a>/<b>`` tagged by the first row's source.
+    ``variables`` are the positive variables, the first present deciding;
+    ``kill`` forces a toggle off by its presence alone. ``points`` holds a
+    points lever's accepted names per band. Rows sharing a ``summary_name``
+    print as one item ``name=<a>/<b>`` tagged by the first row's source;
+    ``summary_rank`` orders the built-in rows in the summary line (tree rows
+    follow in file order). ``max_label``: 4294967295 prints as ``max``.
     """
 
     name: str
     kind: Kind
     baseline: LeverValue
     rule: Rule
-    variable: str | None
-    umbrella: str | None = None
+    variables: tuple[str, ...] = ()
     kill: str | None = None
-    summary_rank: int
-    summary_label: str | None = None
-    about: str
+    points: tuple[tuple[str, ...], ...] = ()
+    summary_name: str | None = None
+    summary_rank: int = 0
+    max_label: bool = False
+    about: str = ""
 
     @property
     def label(self) -> str:
         """The name this row prints under in the summary line."""
-        return self.summary_label or self.name
+        return self.summary_name or self.name
 
     @property
     def macro(self) -> str:
         """The baked header's ``#define`` name."""
         return f"METRALE_{self.name.upper()}"
 
-    def variables(self) -> tuple[str, ...]:
-        """Every variable that can decide this lever: own, umbrella, kill switch."""
-        return tuple(v for v in (self.variable, self.umbrella, self.kill) if v is not None)
+    def all_variables(self) -> tuple[str, ...]:
+        """Every variable that can decide this lever: the positive ones, then the kill switch."""
+        return self.variables if self.kill is None else (*self.variables, self.kill)
+
+    def declaration(self) -> dict[str, Any]:
+        """The row as a ``kernels/LEVERS.toml`` entry declares it (JSON-ready; no ``about``)."""
+        out: dict[str, Any] = {
+            "name": self.name,
+            "type": self.kind.value,
+            "baseline": _json_value(self.baseline),
+            "variables": list(self.variables),
+            "rule": self.rule.value,
+        }
+        if self.kill is not None:
+            out["kill"] = self.kill
+        if self.points:
+            out["points"] = [list(band) for band in self.points]
+        if self.summary_name is not None:
+            out["summary_name"] = self.summary_name
+        return out
 
 
 def _toggle(
@@ -267,8 +373,7 @@ def _toggle(
     about: str,
     *,
     baseline: bool = False,
-    variable: str | None = "",
-    umbrella: str | None = None,
+    variables: tuple[str, ...] | None = None,
     kill: str | None = None,
 ) -> Lever:
     return Lever(
@@ -276,8 +381,7 @@ def _toggle(
         kind=Kind.BOOL,
         baseline=baseline,
         rule=Rule.TOGGLE,
-        variable=f"METRALE_{name.upper()}" if variable == "" else variable,
-        umbrella=umbrella,
+        variables=(f"METRALE_{name.upper()}",) if variables is None else variables,
         kill=kill,
         summary_rank=rank,
         about=about,
@@ -286,14 +390,15 @@ def _toggle(
 
 #: The lever table, in declaration order (SPEC 2.1). Adding a lever is one row here
 #: plus its field in :class:`TargetDefaults` and :class:`TargetLevers` (typed
-#: attributes; a test checks the three agree) and its test.
+#: attributes; a test checks the three agree) and its test. A tree adds levers
+#: without a release in ``kernels/LEVERS.toml``.
 LEVERS: tuple[Lever, ...] = (
     Lever(
         name="lm_head_batchm_max",
         kind=Kind.U32,
         baseline=BASELINE_BATCHM_MAX,
         rule=Rule.HEAD_BAND,
-        variable="METRALE_LM_HEAD_BATCHM_MAX",
+        variables=("METRALE_LM_HEAD_BATCHM_MAX",),
         summary_rank=1,
         about="widest decode batch the BF16 head serves with the batched GEMV",
     ),
@@ -306,23 +411,29 @@ LEVERS: tuple[Lever, ...] = (
         5,
         "split SiLU on the decode path",
         baseline=True,
-        variable=None,
+        variables=(),
         kill="METRALE_NO_DECODE_SPLIT_SILU",
     ),
     Lever(
         name="attn_decode_splitk",
-        kind=Kind.SPLITK,
+        kind=Kind.STRING,
         baseline="legacy",
         rule=Rule.SPLITK,
-        variable="METRALE_ATTN_DECODE_SPLITK",
+        variables=("METRALE_ATTN_DECODE_SPLITK",),
         summary_rank=6,
         about="paged-decode attention split-K policy",
     ),
     _toggle(
-        "ffn_m16_tc", 7, "M16 tensor-core tier on the dense-FFN decode", umbrella="METRALE_M16_TC"
+        "ffn_m16_tc",
+        7,
+        "M16 tensor-core tier on the dense-FFN decode",
+        variables=("METRALE_FFN_M16_TC", "METRALE_M16_TC"),
     ),
     _toggle(
-        "attn_m16_tc", 8, "M16 tensor-core tiers on the attention decode", umbrella="METRALE_M16_TC"
+        "attn_m16_tc",
+        8,
+        "M16 tensor-core tiers on the attention decode",
+        variables=("METRALE_ATTN_M16_TC", "METRALE_M16_TC"),
     ),
     _toggle("lm_head_m16_tc", 9, "M16 tensor-core arm on the BF16 decode head"),
     _toggle(
@@ -337,9 +448,10 @@ LEVERS: tuple[Lever, ...] = (
         kind=Kind.U32,
         baseline=_U32_MAX,
         rule=Rule.ROW_CAP,
-        variable="METRALE_W8A8_PREFILL_MAX_M_WIDENING",
+        variables=("METRALE_W8A8_PREFILL_MAX_M_WIDENING",),
+        summary_name="w8a8_prefill_max_m",
         summary_rank=13,
-        summary_label="w8a8_prefill_max_m",
+        max_label=True,
         about="largest M that takes the W8A8 prefill on a widening projection (n > k)",
     ),
     Lever(
@@ -347,39 +459,167 @@ LEVERS: tuple[Lever, ...] = (
         kind=Kind.U32,
         baseline=_U32_MAX,
         rule=Rule.ROW_CAP,
-        variable="METRALE_W8A8_PREFILL_MAX_M_NARROWING",
+        variables=("METRALE_W8A8_PREFILL_MAX_M_NARROWING",),
+        summary_name="w8a8_prefill_max_m",
         summary_rank=13,
-        summary_label="w8a8_prefill_max_m",
+        max_label=True,
         about="largest M that takes the W8A8 prefill on a narrowing projection (n <= k)",
+    ),
+    Lever(
+        name="ffn_w4a16_tc_rows_max_m",
+        kind=Kind.U32,
+        baseline=0,
+        rule=Rule.ROW_CAP,
+        variables=("METRALE_FFN_W4A16_TC_ROWS_MAX_M",),
+        summary_rank=14,
+        about="largest M that takes the W4A16 tensor-core FFN rows (0: never)",
+    ),
+    _toggle("ffn_w4a16_bf16_tile", 15, "BF16 tile on the W4A16 FFN"),
+    Lever(
+        name="w8a8_gemv_entries",
+        kind=Kind.POINTS,
+        baseline=("mb1_ku8", "mb2", "mb4", "mb8", "mb16"),
+        rule=Rule.POINTS,
+        variables=("METRALE_W8A8_GEMV_ENTRIES",),
+        points=(
+            ("mb1_ku8", "mb1_ku2_o4"),
+            ("mb2", "mb2_ku2_o2"),
+            ("mb4", "mb4_ku2_o2"),
+            ("mb8", "mb8_ku2_o2"),
+            ("mb16", "mb16_ku1_o2"),
+        ),
+        summary_rank=16,
+        about="W8A8 GEMV schedule point of each token-tile band",
     ),
 )
 
 
 @functools.cache
-def _lever(name: str) -> Lever | None:
-    return next((row for row in LEVERS if row.name == name), None)
+def _builtin_index() -> Mapping[str, Lever]:
+    return {row.name: row for row in LEVERS}
 
 
-@functools.cache
-def _summary_items() -> tuple[tuple[str, tuple[Lever, ...]], ...]:
-    """(label, rows) in summary order; a group is tagged by its first row."""
-    order = sorted(range(len(LEVERS)), key=lambda i: (LEVERS[i].summary_rank, i))
+def _group(rows: Sequence[Lever]) -> tuple[tuple[str, tuple[Lever, ...]], ...]:
+    """(label, rows) of consecutive rows sharing a label."""
     items: list[tuple[str, list[Lever]]] = []
-    for i in order:
-        row = LEVERS[i]
+    for row in rows:
         if items and items[-1][0] == row.label:
             items[-1][1].append(row)
         else:
             items.append((row.label, [row]))
-    return tuple((label, tuple(rows)) for label, rows in items)
+    return tuple((label, tuple(group)) for label, group in items)
+
+
+@functools.cache
+def _builtin_summary() -> tuple[tuple[str, tuple[Lever, ...]], ...]:
+    """The built-in (label, rows) in summary order; a group is tagged by its first row."""
+    order = sorted(range(len(LEVERS)), key=lambda i: (LEVERS[i].summary_rank, i))
+    return _group([LEVERS[i] for i in order])
+
+
+# --------------------------------------------------------------------------- values
+
+
+class _BadValue(Exception):
+    """A value that does not fit its lever (internal: turned into a DefaultsError)."""
+
+    def __init__(self, expected: str, got: str) -> None:
+        self.expected = expected
+        self.got = got
+        super().__init__(f"must be {expected}, got {got}")
+
+
+def _bands_text(bands: Sequence[Sequence[str]]) -> str:
+    return "; ".join(f"band {i}: {'|'.join(names)}" for i, names in enumerate(bands))
+
+
+def _points_expected(bands: Sequence[Sequence[str]]) -> str:
+    return (
+        f"an array of {len(bands)} strings, one point per band in band order ({_bands_text(bands)})"
+    )
+
+
+def _check_points(value: object, bands: Sequence[Sequence[str]]) -> tuple[str, ...]:
+    expected = _points_expected(bands)
+    if not isinstance(value, list | tuple):
+        raise _BadValue(expected, _got(value))
+    if len(value) != len(bands):
+        raise _BadValue(expected, f"an array of {len(value)} ({_toml_repr(value)})")
+    out: list[str] = []
+    for band, (item, names) in enumerate(zip(value, bands, strict=True)):
+        if not isinstance(item, str):
+            raise _BadValue(expected, f"{_got(item)} in band {band}")
+        name = item.strip(_WHITESPACE)
+        if name not in names:
+            elsewhere = [i for i, other in enumerate(bands) if name in other]
+            hint = f", a point of band {elsewhere[0]} (wrong order?)" if elsewhere else ""
+            raise _BadValue(expected, f"{_toml_repr(item)} in band {band}{hint}")
+        out.append(name)
+    return tuple(out)
+
+
+def _check_value(
+    kind: Kind, value: object, *, bands: Sequence[Sequence[str]] = (), low: int = 0
+) -> LeverValue:
+    """``value`` as a lever of ``kind`` holds it.
+
+    Raises:
+        _BadValue: the wrong type, out of range, or (points) not one name per band.
+    """
+    if kind is Kind.BOOL:
+        if type(value) is bool:
+            return value
+        raise _BadValue("a boolean", _got(value))
+    if kind is Kind.STRING:
+        if isinstance(value, str):
+            return value
+        raise _BadValue("a string", _got(value))
+    if kind is Kind.POINTS:
+        return _check_points(value, bands)
+    if type(value) is int and low <= value <= _U32_MAX:
+        return value
+    expected = f"an integer in {low}..={_U32_MAX}"
+    raise _BadValue(expected, _got(value, expected))
+
+
+def _check(row: Lever, value: object, *, path: str, table: str, key: str) -> LeverValue:
+    try:
+        return _check_value(row.kind, value, bands=row.points)
+    except _BadValue as bad:
+        expected = "a string (split-K policy)" if row.rule is Rule.SPLITK else bad.expected
+        raise DefaultsValueError(
+            path=path, table=table, key=key, value=value, expected=expected, got=bad.got
+        ) from None
+
+
+def _check_sm_count(value: object, *, path: str, table: str) -> int:
+    try:
+        count = _check_value(Kind.U32, value, low=1)
+    except _BadValue as bad:
+        raise DefaultsValueError(
+            path=path, table=table, key="sm_count", value=value, expected=bad.expected, got=bad.got
+        ) from None
+    assert isinstance(count, int)
+    return count
+
+
+def _json_value(value: object) -> JsonValue:
+    if isinstance(value, SplitkPolicy):
+        return value.label
+    if isinstance(value, tuple):
+        return list(value)
+    assert isinstance(value, int | str)
+    return value
 
 
 # --------------------------------------------------------------------------- declarations
 
+TreeValues = tuple[tuple[Lever, LeverValue], ...]
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TargetDefaults:
-    """One hardware's declaration: ``[hardware] sm_count`` and every lever's value."""
+    """One hardware's declaration: ``[hardware] sm_count`` and every built-in lever's value."""
 
     hw: str
     sm_count: int
@@ -397,79 +637,107 @@ class TargetDefaults:
     ffn_gateup_fused: bool
     w8a8_prefill_max_m_widening: int
     w8a8_prefill_max_m_narrowing: int
+    ffn_w4a16_tc_rows_max_m: int
+    ffn_w4a16_bf16_tile: bool
+    w8a8_gemv_entries: tuple[str, ...]
+
+    @property
+    def tree(self) -> TreeValues:
+        """The levers ``kernels/LEVERS.toml`` declares, with their values (a
+        :class:`TreeDefaults` has some; a plain declaration none)."""
+        return ()
+
+    def items(self) -> Iterator[tuple[Lever, LeverValue]]:
+        """(row, declared value) of every lever: the built-in ones, then the tree's."""
+        for row in LEVERS:
+            yield row, getattr(self, row.name)
+        yield from self.tree
 
     def value(self, lever: str) -> LeverValue:
-        """The declared value of the lever named ``lever``."""
-        value: LeverValue = getattr(self, lever)
-        return value
+        """The declared value of the lever named ``lever``.
+
+        Raises:
+            KeyError: no such lever.
+        """
+        if lever in _builtin_index():
+            value: LeverValue = getattr(self, lever)
+            return value
+        for row, value in self.tree:
+            if row.name == lever:
+                return value
+        raise KeyError(lever)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TreeDefaults(TargetDefaults):
+    """A declaration of a tree that declares levers of its own in ``kernels/LEVERS.toml``."""
+
+    #: (row, declared value) per tree lever, in file order.
+    tree: TreeValues
 
 
 def _hardware_path(hw: str) -> str:
     return f"kernels/{hw}/HARDWARE.toml"
 
 
-def baseline(hw: str) -> TargetDefaults:
-    """What a target that declares no ``[defaults]`` table gets."""
-    values: dict[str, Any] = {row.name: row.baseline for row in LEVERS}
-    return TargetDefaults(hw=hw, sm_count=_BASELINE_SM_COUNT, **values)
+def _declaration(
+    hw: str, sm_count: int, values: Mapping[str, Any], levers: Sequence[Lever]
+) -> TargetDefaults:
+    builtin = {row.name: values.get(row.name, row.baseline) for row in LEVERS}
+    if not levers:
+        return TargetDefaults(hw=hw, sm_count=sm_count, **builtin)
+    tree = tuple((row, values.get(row.name, row.baseline)) for row in levers)
+    return TreeDefaults(hw=hw, sm_count=sm_count, tree=tree, **builtin)
 
 
-def _check(kind: Kind, value: object, *, path: str, table: str, key: str) -> LeverValue:
-    if kind is Kind.BOOL:
-        if type(value) is bool:
-            return value
-        raise DefaultsValueError(path=path, table=table, key=key, value=value, expected="a boolean")
-    if kind is Kind.SPLITK:
-        if isinstance(value, str):
-            return value
-        raise DefaultsValueError(
-            path=path, table=table, key=key, value=value, expected="a string (split-K policy)"
-        )
-    return _check_int(value, 0, path=path, table=table, key=key)
+def baseline(hw: str, *, levers: Sequence[Lever] = ()) -> TargetDefaults:
+    """What a target that declares no ``[defaults]`` table gets (``levers``: the
+    tree's own, :attr:`DeclaredLevers.levers`)."""
+    return _declaration(hw, _BASELINE_SM_COUNT, {}, levers)
 
 
-def _check_int(value: object, low: int, *, path: str, table: str, key: str) -> int:
-    if type(value) is int and low <= value <= _U32_MAX:
-        return value
-    raise DefaultsValueError(
-        path=path, table=table, key=key, value=value, expected=f"an integer in {low}..={_U32_MAX}"
-    )
+def _parse_levers(
+    table: Mapping[str, object], *, path: str, section: str, levers: Sequence[Lever]
+) -> dict[str, Any]:
+    index: dict[str, Lever] = dict(_builtin_index())
+    index.update((row.name, row) for row in levers)
+    unknown = sorted(key for key in table if key not in index)
+    if unknown:
+        raise UnknownLeverError(path=path, table=section, keys=unknown, valid=tuple(index))
+    return {
+        key: _check(index[key], table[key], path=path, table=section, key=key)
+        for key in sorted(table)
+    }
 
 
-def _parse_levers(table: Mapping[str, object], *, path: str, section: str) -> dict[str, Any]:
-    values: dict[str, Any] = {}
-    for key in sorted(table):
-        row = _lever(key)
-        if row is None:
-            valid = tuple(r.name for r in LEVERS)
-            raise UnknownLeverError(path=path, table=section, key=key, valid=valid)
-        values[key] = _check(row.kind, table[key], path=path, table=section, key=key)
-    return values
-
-
-def parse_defaults(hw: str, doc: Mapping[str, object]) -> TargetDefaults:
+def parse_defaults(
+    hw: str, doc: Mapping[str, object], *, levers: Sequence[Lever] = ()
+) -> TargetDefaults:
     """The declaration in a parsed ``kernels/<hw>/HARDWARE.toml`` mapping.
 
     ``[hardware] sm_count`` absent -> 48. ``[defaults]`` absent or not a table
-    -> the baseline; each key present replaces exactly its field.
+    -> the baseline; each key present replaces exactly its field. ``levers``
+    are the tree's own (:attr:`DeclaredLevers.levers`): their keys are levers
+    too, and the result is a :class:`TreeDefaults` when there are any.
 
     Raises:
         DefaultsValueError: a value of the wrong type or out of range
-            (``sm_count`` must be in 1..=4294967295, u32 levers in 0..=4294967295).
-        UnknownLeverError: a ``[defaults]`` key that names no lever.
+            (``sm_count`` must be in 1..=4294967295, u32 levers in 0..=4294967295,
+            points one name of each band, in band order).
+        UnknownLeverError: ``[defaults]`` keys that name no lever (all of them).
     """
     path = _hardware_path(hw)
     sm_count = _BASELINE_SM_COUNT
     hardware = doc.get("hardware")
     if isinstance(hardware, Mapping) and "sm_count" in hardware:
-        sm_count = _check_int(hardware["sm_count"], 1, path=path, table="hardware", key="sm_count")
-    declared = baseline(hw)
+        sm_count = _check_sm_count(hardware["sm_count"], path=path, table="hardware")
     table = doc.get("defaults")
     values = (
-        _parse_levers(table, path=path, section="defaults") if isinstance(table, Mapping) else {}
+        _parse_levers(table, path=path, section="defaults", levers=levers)
+        if isinstance(table, Mapping)
+        else {}
     )
-    merged: dict[str, Any] = {row.name: declared.value(row.name) for row in LEVERS} | values
-    return TargetDefaults(hw=hw, sm_count=sm_count, **merged)
+    return _declaration(hw, sm_count, values, levers)
 
 
 def _integers_fit_i64(value: object) -> bool:
@@ -484,46 +752,358 @@ def _integers_fit_i64(value: object) -> bool:
     return True
 
 
-def read_defaults(kernels_dir: Path | str, hw: str) -> TargetDefaults:
+def read_defaults(
+    kernels_dir: Path | str, hw: str, *, levers: Sequence[Lever] | None = None
+) -> TargetDefaults:
     """Read and parse ``<kernels_dir>/<hw>/HARDWARE.toml``.
 
-    A missing, unreadable or unparseable file yields ``baseline(hw)`` (logged).
+    ``levers`` are the tree's own; None reads them from ``<kernels_dir>/LEVERS.toml``
+    (:func:`read_tree_levers`). A missing, unreadable or unparseable
+    HARDWARE.toml yields the baseline (logged).
 
     Raises:
-        DefaultsError: as :func:`parse_defaults`.
+        DefaultsError: as :func:`parse_defaults` and :func:`read_tree_levers`.
     """
+    if levers is None:
+        levers = read_tree_levers(kernels_dir).levers
     path = Path(kernels_dir) / hw / "HARDWARE.toml"
     try:
         text = path.read_bytes().decode("utf-8")
         doc = tomllib.loads(text)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         _log.info("%s: %s; using the baseline defaults", _hardware_path(hw), exc)
-        return baseline(hw)
+        return baseline(hw, levers=levers)
     if not _integers_fit_i64(doc):
         _log.info("%s: integer outside i64; using the baseline defaults", _hardware_path(hw))
-        return baseline(hw)
-    return parse_defaults(hw, doc)
+        return baseline(hw, levers=levers)
+    return parse_defaults(hw, doc, levers=levers)
 
 
 def defaults_from_json(
-    doc: Mapping[str, object], *, where: str = "target_defaults.json"
+    doc: Mapping[str, object],
+    *,
+    where: str = "target_defaults.json",
+    levers: Sequence[Lever] = (),
 ) -> TargetDefaults:
     """The declaration in a baked ``target_defaults.json`` (inverse of
-    :func:`render_defaults_json`). Lever keys it lacks take the baseline.
+    :func:`render_defaults_json`; ``levers``: the tree's own). Lever keys it
+    lacks take the baseline.
 
     Raises:
-        DefaultsError: ``hw`` not a string, a bad ``sm_count`` or lever value, an unknown key.
+        DefaultsError: ``hw`` not a string, a bad ``sm_count`` or lever value, unknown keys.
     """
     hw = doc.get("hw", "")
     if not isinstance(hw, str):
         raise DefaultsValueError(path=where, table="", key="hw", value=hw, expected="a string")
-    sm_count = _check_int(
-        doc.get("sm_count", _BASELINE_SM_COUNT), 1, path=where, table="", key="sm_count"
-    )
+    sm_count = _check_sm_count(doc.get("sm_count", _BASELINE_SM_COUNT), path=where, table="")
     table = {k: v for k, v in doc.items() if k not in ("hw", "sm_count")}
-    values = _parse_levers(table, path=where, section="")
-    merged: dict[str, Any] = {row.name: row.baseline for row in LEVERS} | values
-    return TargetDefaults(hw=hw, sm_count=sm_count, **merged)
+    values = _parse_levers(table, path=where, section="", levers=levers)
+    return _declaration(hw, sm_count, values, levers)
+
+
+# --------------------------------------------------------------------------- kernels/LEVERS.toml
+
+#: The keys a ``[[lever]]`` entry may hold (``about``: the docs' description).
+_ENTRY_KEYS = (
+    "name",
+    "type",
+    "baseline",
+    "variables",
+    "kill",
+    "rule",
+    "points",
+    "summary_name",
+    "about",
+)
+_LEVER_NAME = re.compile(r"[a-z][a-z0-9_]*")
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_POINT_NAME = re.compile(r"[A-Za-z0-9_.+-]+")
+#: Names a tree lever may not take: the JSON's other keys and the header's other macros.
+_RESERVED = frozenset({"hw", "sm_count", "target_hw", "target_sm_count", "target_defaults_h"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeclaredLevers:
+    """What ``kernels/LEVERS.toml`` declares (:func:`read_tree_levers`)."""
+
+    #: The file read; None when the tree has none.
+    file: Path | None
+    #: The tree's own levers, in file order (identical re-declarations of built-in ones dropped).
+    levers: tuple[Lever, ...]
+
+    def to_dict(self) -> list[dict[str, Any]]:
+        """JSON view: each tree lever as its entry declares it."""
+        return [row.declaration() for row in self.levers]
+
+
+def _entry_error(
+    path: str, lever: str, key: str, problem: str, item: str = ""
+) -> LeverDeclarationError:
+    return LeverDeclarationError(path=path, lever=lever, key=key, problem=problem, item=item)
+
+
+class _BadName(Exception):
+    """A bad element of a list of names: ``item`` (``[i]``) and the problem's text."""
+
+    def __init__(self, item: str, problem: str) -> None:
+        self.item = item
+        self.problem = problem
+        super().__init__(f"{item} {problem}")
+
+
+def _names_list(
+    value: object, *, pattern: re.Pattern[str], what: tuple[str, str]
+) -> tuple[str, ...]:
+    """A tuple of unique strings matching ``pattern``; ``what``: (plural, one).
+
+    Raises:
+        _BadName: not an array, an element that is no such name, or a repeat.
+    """
+    plural, one = what
+    if not isinstance(value, list):
+        raise _BadName("", f"must be an array of {plural}, got {_got(value)}")
+    out: list[str] = []
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not pattern.fullmatch(item):
+            raise _BadName(f"[{i}]", f"must be {one} ({pattern.pattern}), got {_got(item)}")
+        if item in out:
+            raise _BadName(f"[{i}]", f"repeats {item!r}")
+        out.append(item)
+    return tuple(out)
+
+
+def _parse_entry(entry: object, number: int, *, path: str, names: Mapping[str, int]) -> Lever:
+    where = f"#{number}"
+    if not isinstance(entry, Mapping):
+        raise _entry_error(path, where, "[[lever]]", f"must be a table, got {_got(entry)}")
+    unknown = sorted(set(entry) - set(_ENTRY_KEYS))
+    if unknown:
+        raise _entry_error(
+            path,
+            where,
+            ", ".join(unknown),
+            f"{'is not a key' if len(unknown) == 1 else 'are not keys'} of a lever "
+            f"(the keys: {', '.join(_ENTRY_KEYS)})",
+        )
+    for key in ("name", "type", "baseline", "variables", "rule"):
+        if key not in entry:
+            raise _entry_error(
+                path,
+                where,
+                key,
+                "is missing (every lever has name, type, baseline, variables and rule)",
+            )
+    name = entry["name"]
+    if not isinstance(name, str) or not _LEVER_NAME.fullmatch(name):
+        raise _entry_error(
+            path, where, "name", f"must be a lower-case name ([a-z][a-z0-9_]*), got {_got(name)}"
+        )
+    if name in _RESERVED:
+        raise _entry_error(path, where, "name", f"{name!r} is reserved; choose another name")
+    if name in names:
+        raise _entry_error(
+            path, repr(name), "name", f"is declared twice (entries #{names[name]} and {where})"
+        )
+    lever = repr(name)
+
+    def fail(key: str, problem: str, item: str = "") -> LeverDeclarationError:
+        return _entry_error(path, lever, key, problem, item)
+
+    kinds = {kind.value: kind for kind in Kind}
+    rules = {rule.value: rule for rule in Rule}
+    kind_text, rule_text = entry["type"], entry["rule"]
+    if not isinstance(kind_text, str) or kind_text not in kinds:
+        raise fail("type", f"must be one of {', '.join(kinds)}, got {_got(kind_text)}")
+    if not isinstance(rule_text, str) or rule_text not in rules:
+        raise fail("rule", f"must be one of {', '.join(rules)}, got {_got(rule_text)}")
+    kind, rule = kinds[kind_text], rules[rule_text]
+    if _RULE_KIND[rule] is not kind:
+        raise fail(
+            "rule",
+            f"{rule.value!r} works on {_RULE_KIND[rule].value} levers, not {kind.value} "
+            f"(a {kind.value} lever takes rule "
+            f"{' or '.join(repr(r.value) for r in Rule if _RULE_KIND[r] is kind)})",
+        )
+    try:
+        variables = _names_list(
+            entry["variables"],
+            pattern=_VARIABLE_NAME,
+            what=("environment variable names", "an environment variable name"),
+        )
+    except _BadName as bad:
+        raise fail("variables", bad.problem, bad.item) from None
+    kill = entry.get("kill")
+    if kill is not None:
+        if rule is not Rule.TOGGLE:
+            raise fail("kill", "is for toggles only (a kill switch forces a bool lever off)")
+        if not isinstance(kill, str) or not _VARIABLE_NAME.fullmatch(kill):
+            raise fail("kill", f"must be an environment variable name, got {_got(kill)}")
+    points: tuple[tuple[str, ...], ...] = ()
+    if rule is Rule.POINTS:
+        points = _parse_bands(entry.get("points"), fail)
+    elif "points" in entry:
+        raise fail("points", 'is for points levers only (type and rule "points")')
+    try:
+        value = _check_value(kind, entry["baseline"], bands=points)
+    except _BadValue as bad:
+        raise fail("baseline", str(bad)) from None
+    summary_name = entry.get("summary_name")
+    if summary_name is not None and (
+        not isinstance(summary_name, str) or not _LEVER_NAME.fullmatch(summary_name)
+    ):
+        raise fail(
+            "summary_name", f"must be a lower-case name ([a-z][a-z0-9_]*), got {_got(summary_name)}"
+        )
+    if summary_name in _RESERVED:
+        raise fail("summary_name", f"{summary_name!r} is reserved; choose another name")
+    about = entry.get("about", "")
+    if not isinstance(about, str):
+        raise fail("about", f"must be a string, got {_got(about)}")
+    return Lever(
+        name=name,
+        kind=kind,
+        baseline=value,
+        rule=rule,
+        variables=variables,
+        kill=kill,
+        points=points,
+        summary_name=summary_name,
+        about=about.strip(),
+    )
+
+
+def _parse_bands(
+    value: object, fail: Callable[[str, str, str], LeverDeclarationError]
+) -> tuple[tuple[str, ...], ...]:
+    example = 'e.g. points = [["mb1", "mb1_ku2"], ["mb4"]]'
+    if value is None:
+        raise fail("points", f"is missing: a points lever lists each band's names ({example})", "")
+    if not isinstance(value, list) or not value:
+        raise fail(
+            "points", f"must be a non-empty array of bands ({example}), got {_got(value)}", ""
+        )
+    bands: list[tuple[str, ...]] = []
+    for i, band in enumerate(value):
+        try:
+            names = _names_list(band, pattern=_POINT_NAME, what=("point names", "a point name"))
+        except _BadName as bad:
+            raise fail("points", bad.problem, f"[{i}]{bad.item}") from None
+        if not names:
+            raise fail("points", "is empty: a band accepts at least one name", f"[{i}]")
+        bands.append(names)
+    return tuple(bands)
+
+
+def _shown(value: object) -> str:
+    return "absent" if value is None else json.dumps(value)
+
+
+def _redeclared(row: Lever, builtin: Lever) -> str | None:
+    """The first key where ``row`` declares ``builtin`` differently, or None (a
+    ``summary_name`` equal to the name is the default spelled out)."""
+    mine, theirs = row.declaration(), builtin.declaration()
+    for key in ("type", "rule", "baseline", "variables", "kill", "points"):
+        if mine.get(key) != theirs.get(key):
+            return key
+    return None if row.label == builtin.label else "summary_name"
+
+
+def parse_tree_levers(doc: Mapping[str, object], *, path: str = _LEVERS_PATH) -> tuple[Lever, ...]:
+    """The tree's own levers in a parsed ``kernels/LEVERS.toml`` (pure), in file order.
+
+    An identical re-declaration of a built-in lever is dropped.
+
+    Raises:
+        DefaultsError: a top-level key other than ``lever``, or ``lever`` not an
+            array of tables.
+        LeverDeclarationError: a bad entry (a missing, unknown or ill-typed key, a
+            name declared twice or reserved, a type/rule mismatch, a baseline
+            that does not fit, a built-in lever declared differently, a summary
+            name another lever prints under).
+    """
+    extra = sorted(key for key in doc if key != "lever")
+    if extra:
+        raise DefaultsError(
+            f"{path}: {', '.join(extra)}: not a key of this file (it holds [[lever]] "
+            f"tables only); fix the file",
+            path=path,
+            key=", ".join(extra),
+        )
+    entries = doc.get("lever", [])
+    if not isinstance(entries, list):
+        raise DefaultsError(
+            f"{path}: lever must be an array of tables ([[lever]]), got {_got(entries)}; "
+            f"fix the file",
+            path=path,
+            key="lever",
+        )
+    names: dict[str, int] = {}
+    levers: list[Lever] = []
+    builtin_labels = {row.label for row in LEVERS} | set(_builtin_index())
+    previous_label = ""
+    labels: dict[str, str] = {}
+    for number, entry in enumerate(entries, start=1):
+        row = _parse_entry(entry, number, path=path, names=names)
+        names[row.name] = number
+        builtin = _builtin_index().get(row.name)
+        if builtin is not None:
+            key = _redeclared(row, builtin)
+            if key is not None:
+                mine, theirs = row.declaration().get(key), builtin.declaration().get(key)
+                raise _entry_error(
+                    path,
+                    repr(row.name),
+                    key,
+                    f"is {_shown(mine)} here but {_shown(theirs)} in the built-in "
+                    f"lever of that name; declare it as built in (or drop the entry)",
+                )
+            continue
+        label_key = "name" if row.summary_name is None else "summary_name"
+        if row.label in builtin_labels:
+            raise _entry_error(
+                path,
+                repr(row.name),
+                label_key,
+                f"{row.label!r} already prints in the summary line for a built-in lever; "
+                f"choose another",
+            )
+        if row.label in labels and row.label != previous_label:
+            raise _entry_error(
+                path,
+                repr(row.name),
+                label_key,
+                f"{row.label!r} already prints in the summary line for {labels[row.label]!r}; "
+                f"levers sharing a summary name are declared one after another",
+            )
+        labels.setdefault(row.label, row.name)
+        previous_label = row.label
+        levers.append(row)
+    return tuple(levers)
+
+
+def read_tree_levers(kernels_dir: Path | str) -> DeclaredLevers:
+    """Read and validate ``<kernels_dir>/LEVERS.toml`` (absent: no tree levers).
+
+    The one door for the check and the build: every [[lever]] rule of SPEC 2.5.
+
+    Raises:
+        DefaultsError: the file is a symlink or not a regular file, does not
+            parse, or holds a bad entry (:func:`parse_tree_levers`).
+    """
+    file = Path(kernels_dir) / LEVERS_TOML
+    path = _LEVERS_PATH
+    if file.is_symlink():
+        raise DefaultsError(f"{path}: is a symlink; make it a regular file in the tree", path=path)
+    if not file.exists():
+        return DeclaredLevers(file=None, levers=())
+    if not file.is_file():
+        what = "a directory" if file.is_dir() else "not a regular file"
+        raise DefaultsError(f"{path}: is {what}, not a TOML file: make it a file", path=path)
+    try:
+        doc = tomllib.loads(file.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise DefaultsError(f"{path}: does not parse ({exc}); fix the file", path=path) from None
+    return DeclaredLevers(file=file, levers=parse_tree_levers(doc, path=path))
 
 
 # --------------------------------------------------------------------------- the override grammar
@@ -605,9 +1185,25 @@ def resolve_batchm_max(default: int, raw: str | None) -> Resolved[int]:
 
 
 def resolve_max_m(default: int, raw: str | None) -> Resolved[int]:
-    """A W8A8 row cap: a u32 (0 = never) -> v (env); anything else keeps the declaration."""
+    """A row cap: a u32 (0 = never) -> v (env); anything else keeps the declaration."""
     value = None if raw is None else _parse_u32(raw)
     return _target(default) if value is None else _env(value)
+
+
+def resolve_points(
+    declared: tuple[str, ...], raw: str | None, bands: Sequence[Sequence[str]]
+) -> Resolved[tuple[str, ...]]:
+    """Schedule points: ``raw`` split on ``,``, each part trimmed; exactly one part per
+    band, each a name of its band (case-sensitive) -> those (env); anything else (a
+    trailing comma makes one part too many, the empty string is one part) keeps
+    the declaration."""
+    if raw is not None:
+        parts = tuple(part.strip(_WHITESPACE) for part in raw.split(","))
+        if len(parts) == len(bands) and all(
+            part in names for part, names in zip(parts, bands, strict=True)
+        ):
+            return _env(parts)
+    return _target(declared)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -662,10 +1258,12 @@ def resolve_policy(declared: str, raw: str | None) -> tuple[SplitkPolicy, bool]:
 
 # --------------------------------------------------------------------------- resolution
 
+TreeResolved = tuple[tuple[Lever, Resolved[Any]], ...]
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TargetLevers:
-    """Every lever of one declaration, resolved against a variable lookup."""
+    """Every built-in lever of one declaration, resolved against a variable lookup."""
 
     hw: str
     sm_count: int
@@ -683,11 +1281,34 @@ class TargetLevers:
     ffn_gateup_fused: Resolved[bool]
     w8a8_prefill_max_m_widening: Resolved[int]
     w8a8_prefill_max_m_narrowing: Resolved[int]
+    ffn_w4a16_tc_rows_max_m: Resolved[int]
+    ffn_w4a16_bf16_tile: Resolved[bool]
+    w8a8_gemv_entries: Resolved[tuple[str, ...]]
+
+    @property
+    def tree(self) -> TreeResolved:
+        """The tree's own levers, resolved (a :class:`TreeLevers` has some)."""
+        return ()
+
+    def items(self) -> Iterator[tuple[Lever, Resolved[Any]]]:
+        """(row, resolved value) of every lever: the built-in ones, then the tree's."""
+        for row in LEVERS:
+            yield row, getattr(self, row.name)
+        yield from self.tree
 
     def lever(self, name: str) -> Resolved[Any]:
-        """The resolved lever named ``name``."""
-        value: Resolved[Any] = getattr(self, name)
-        return value
+        """The resolved lever named ``name``.
+
+        Raises:
+            KeyError: no such lever.
+        """
+        if name in _builtin_index():
+            value: Resolved[Any] = getattr(self, name)
+            return value
+        for row, value in self.tree:
+            if row.name == name:
+                return value
+        raise KeyError(name)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON view: hw, sm_count and every lever's value and source."""
@@ -695,29 +1316,30 @@ class TargetLevers:
             "hw": self.hw,
             "sm_count": self.sm_count,
             "levers": {
-                row.name: {
-                    "value": _json_value(self.lever(row.name).value),
-                    "source": self.lever(row.name).source.value,
-                }
-                for row in LEVERS
+                row.name: {"value": _json_value(r.value), "source": r.source.value}
+                for row, r in self.items()
             },
         }
 
 
-def _json_value(value: object) -> LeverValue:
-    if isinstance(value, SplitkPolicy):
-        return value.label
-    assert isinstance(value, int | str)
-    return value
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TreeLevers(TargetLevers):
+    """The resolution of a :class:`TreeDefaults`: the built-in levers and the tree's own."""
+
+    #: (row, resolved value) per tree lever, in file order.
+    tree: TreeResolved
 
 
 def _resolve_one(
     row: Lever, declared: LeverValue, var: Callable[[str], str | None]
 ) -> Resolved[Any]:
-    raw = None if row.variable is None else var(row.variable)
+    # The first positive variable present decides (the umbrella comes second).
+    raw = None
+    for name in row.variables:
+        raw = var(name)
+        if raw is not None:
+            break
     if row.rule is Rule.TOGGLE:
-        if raw is None and row.umbrella is not None:
-            raw = var(row.umbrella)
         kill = row.kill is not None and var(row.kill) is not None
         return resolve_toggle(bool(declared), raw, kill)
     if row.rule is Rule.HEAD_BAND:
@@ -726,6 +1348,9 @@ def _resolve_one(
     if row.rule is Rule.ROW_CAP:
         assert isinstance(declared, int)
         return resolve_max_m(declared, raw)
+    if row.rule is Rule.POINTS:
+        assert isinstance(declared, tuple)
+        return resolve_points(declared, raw, row.points)
     policy, from_env = resolve_policy(str(declared), raw)
     return _env(policy) if from_env else _target(policy)
 
@@ -733,27 +1358,35 @@ def _resolve_one(
 def resolve(defaults: TargetDefaults, var: Callable[[str], str | None]) -> TargetLevers:
     """Every lever of ``defaults`` resolved against ``var`` (name -> value, None when unset).
 
-    Pure: tests and ``metrale-orch defaults`` pass ``environ.get``.
+    Pure: tests and ``metrale-orch defaults`` pass ``environ.get``. A
+    :class:`TreeDefaults` resolves to a :class:`TreeLevers`.
     """
-    values = {row.name: _resolve_one(row, defaults.value(row.name), var) for row in LEVERS}
-    return TargetLevers(hw=defaults.hw, sm_count=defaults.sm_count, **values)
+    values = {row.name: _resolve_one(row, getattr(defaults, row.name), var) for row in LEVERS}
+    if not defaults.tree:
+        return TargetLevers(hw=defaults.hw, sm_count=defaults.sm_count, **values)
+    tree = tuple((row, _resolve_one(row, value, var)) for row, value in defaults.tree)
+    return TreeLevers(hw=defaults.hw, sm_count=defaults.sm_count, tree=tree, **values)
 
 
-def _value_text(value: object) -> str:
+def _value_text(row: Lever, value: object) -> str:
     if isinstance(value, SplitkPolicy):
         return value.label
     if isinstance(value, bool):
         return "on" if value else "off"
-    return "max" if value == _U32_MAX else str(value)
+    if isinstance(value, tuple):
+        return "/".join(value)
+    return "max" if row.max_label and value == _U32_MAX else str(value)
 
 
 def format_levers(levers: TargetLevers) -> str:
-    """The summary line (SPEC 2.3): ``target defaults (<hw>): sm_count=<n> ...``."""
+    """The summary line (SPEC 2.3): ``target defaults (<hw>): sm_count=<n> ...``, the
+    built-in levers in SPEC order, then the tree's in file order."""
     parts = [f"target defaults ({levers.hw or 'unknown'}): sm_count={levers.sm_count}"]
-    for label, rows in _summary_items():
-        resolved_rows = [levers.lever(row.name) for row in rows]
-        text = "/".join(_value_text(r.value) for r in resolved_rows)
-        parts.append(f"{label}={text}{resolved_rows[0].source.tag}")
+    items = _builtin_summary() + _group([row for row, _ in levers.tree])
+    for label, rows in items:
+        resolved_rows = [(row, levers.lever(row.name)) for row in rows]
+        text = "/".join(_value_text(row, r.value) for row, r in resolved_rows)
+        parts.append(f"{label}={text}{resolved_rows[0][1].source.tag}")
     return " ".join(parts)
 
 
@@ -815,13 +1448,14 @@ def summary_line() -> str:
 # --------------------------------------------------------------------------- baked artefacts
 
 
-def render_defaults_json(defaults: TargetDefaults) -> dict[str, LeverValue]:
-    """``target_defaults.json``: hw, sm_count and every lever's declared value.
+def render_defaults_json(defaults: TargetDefaults) -> dict[str, JsonValue]:
+    """``target_defaults.json``: hw, sm_count and every lever's declared value (points as
+    an array), the tree's levers included.
 
     Dump with ``json.dumps(..., sort_keys=True)``; :func:`defaults_from_json` reads it back.
     """
-    out: dict[str, LeverValue] = {"hw": defaults.hw, "sm_count": defaults.sm_count}
-    out.update({row.name: defaults.value(row.name) for row in LEVERS})
+    out: dict[str, JsonValue] = {"hw": defaults.hw, "sm_count": defaults.sm_count}
+    out.update({row.name: _json_value(value) for row, value in defaults.items()})
     return out
 
 
@@ -840,13 +1474,16 @@ def _c_string(text: str) -> str:
 def _c_value(kind: Kind, value: LeverValue) -> str:
     if kind is Kind.BOOL:
         return "1" if value else "0"
-    if kind is Kind.SPLITK:
+    if kind is Kind.STRING:
         return _c_string(str(value))
+    if isinstance(value, tuple):
+        return _c_string("/".join(value))
     return f"{value}u"
 
 
 def render_defaults_header(defaults: TargetDefaults) -> str:
-    """``target_defaults.h``: one ``#define METRALE_<LEVER>`` per lever, the SM count and hw."""
+    """``target_defaults.h``: one ``#define METRALE_<LEVER>`` per lever (the tree's
+    included; points as one string joined by ``/``), the SM count and hw."""
     lines = [
         "/* Generated by metrale-orch from kernels/<hw>/HARDWARE.toml; do not edit. */",
         "#ifndef METRALE_TARGET_DEFAULTS_H",
@@ -855,9 +1492,7 @@ def render_defaults_header(defaults: TargetDefaults) -> str:
         f"#define METRALE_TARGET_HW {_c_string(defaults.hw)}",
         f"#define METRALE_TARGET_SM_COUNT {defaults.sm_count}",
     ]
-    lines += [
-        f"#define {row.macro} {_c_value(row.kind, defaults.value(row.name))}" for row in LEVERS
-    ]
+    lines += [f"#define {row.macro} {_c_value(row.kind, value)}" for row, value in defaults.items()]
     lines += ["", "#endif /* METRALE_TARGET_DEFAULTS_H */", ""]
     return "\n".join(lines)
 
@@ -879,34 +1514,53 @@ _RULE_TEXT: Mapping[Rule, str] = {
         f"1..={_MAX_DECODE_SPLITS}, trimmed and case-insensitive; anything else keeps the "
         "declaration (an unparseable declaration means `legacy`)"
     ),
+    Rule.POINTS: (
+        "the value split on `,`, each part trimmed; exactly one part per band, each a name "
+        "of its band (case-sensitive): those points; anything else (a trailing comma makes "
+        "one part too many, the empty string is one part) keeps the declaration"
+    ),
 }
+
+
+def _doc_type(row: Lever) -> str:
+    if row.rule is Rule.SPLITK:
+        return "string (split-K policy)"
+    if row.kind is Kind.POINTS:
+        return f"points ({len(row.points)} bands)"
+    return str(row.kind.value)
 
 
 def _doc_baseline(row: Lever) -> str:
     if row.kind is Kind.BOOL:
         return "`true`" if row.baseline else "`false`"
-    if row.kind is Kind.SPLITK:
-        return f'`"{row.baseline}"`'
-    return f"`{row.baseline}` (`max`)" if row.baseline == _U32_MAX else f"`{row.baseline}`"
+    if row.kind in (Kind.STRING, Kind.POINTS):
+        return f"`{_toml_repr(row.baseline)}`"
+    if row.max_label and row.baseline == _U32_MAX:
+        return f"`{row.baseline}` (`max`)"
+    return f"`{row.baseline}`"
 
 
 def _doc_variables(row: Lever) -> str:
     parts = []
-    if row.variable is not None:
-        parts.append(f"`{row.variable}`")
-    if row.umbrella is not None:
-        parts.append(f"`{row.umbrella}` (umbrella, read only when the own variable is unset)")
+    for i, variable in enumerate(row.variables):
+        if i == 0:
+            parts.append(f"`{variable}`")
+        else:
+            before = ", ".join(f"`{v}`" for v in row.variables[:i])
+            parts.append(f"`{variable}` (read only when {before} is unset)")
     if row.kill is not None:
         parts.append(f"`{row.kill}` (kill switch: set to anything, forces off)")
     return "; ".join(parts) if parts else "none"
 
 
-def _variable_rows() -> Iterator[tuple[str, str, str]]:
-    for row in LEVERS:
-        if row.variable is not None:
-            yield row.variable, row.name, f"overrides it ({row.rule.value})"
-        if row.umbrella is not None:
-            yield row.umbrella, row.name, "overrides it when its own variable is unset (toggle)"
+def _variable_rows(rows: Sequence[Lever]) -> Iterator[tuple[str, str, str]]:
+    for row in rows:
+        for i, variable in enumerate(row.variables):
+            if i == 0:
+                yield variable, row.name, f"overrides it ({row.rule.value})"
+            else:
+                before = ", ".join(f"`{v}`" for v in row.variables[:i])
+                yield variable, row.name, f"overrides it when {before} is unset ({row.rule.value})"
         if row.kill is not None:
             yield row.kill, row.name, "forces it off when present, whatever the value"
 
@@ -919,11 +1573,64 @@ sm_count = 132
 lm_head_batchm_max = 16
 attn_decode_splitk = "auto"
 ffn_gateup_fused = true
+w8a8_gemv_entries = ["mb1_ku2_o4", "mb2", "mb4_ku2_o2", "mb8", "mb16"]
 """
 
+_EXAMPLE_LEVERS_TOML = """\
+[[lever]]
+name = "moe_decode_tc"
+type = "bool"
+baseline = false
+variables = ["METRALE_MOE_DECODE_TC"]
+rule = "toggle"
+about = "tensor-core MoE decode"
 
-def render_docs() -> str:
-    """Markdown for the ``[defaults]`` table and every ``METRALE_*`` variable."""
+[[lever]]
+name = "moe_gemv_entries"
+type = "points"
+baseline = ["mb1", "mb4"]
+variables = ["METRALE_MOE_GEMV_ENTRIES"]
+rule = "points"
+points = [["mb1", "mb1_ku2"], ["mb4", "mb4_ku2"]]
+"""
+
+_EXAMPLE_TREE_DEFAULTS = """\
+[defaults]
+moe_decode_tc = true
+"""
+
+_ENTRY_DOCS: tuple[tuple[str, str, str], ...] = (
+    (
+        "name",
+        "required",
+        "a lower-case name (`[a-z][a-z0-9_]*`): the `[defaults]` key and, "
+        "upper-cased, the header's `METRALE_<NAME>`",
+    ),
+    ("type", "required", "`bool`, `u32`, `string` or `points`"),
+    ("baseline", "required", "the value a hardware that does not declare it gets, of that type"),
+    ("variables", "required", "the positive variables, the first present deciding (may be `[]`)"),
+    ("kill", "toggles only", "a variable whose presence alone forces the lever off"),
+    (
+        "rule",
+        "required",
+        "`toggle` (bool), `head-band` or `row-cap` (u32), `split-K` (string), `points` (points)",
+    ),
+    ("points", "points only", 'the names each band accepts, e.g. `[["mb1", "mb1_ku2"], ["mb4"]]`'),
+    (
+        "summary_name",
+        "optional",
+        "the name it prints under in the summary line (default: "
+        "`name`); levers declared one after another with one summary name print as "
+        "`<summary_name>=<a>/<b>`",
+    ),
+    ("about", "optional", "what it selects, for these docs"),
+)
+
+
+def render_docs(levers: Sequence[Lever] = ()) -> str:
+    """Markdown for the ``[defaults]`` table, every ``METRALE_*`` variable and
+    ``kernels/LEVERS.toml``; ``levers``: a tree's own, listed after the built-in ones."""
+    rows = (*LEVERS, *levers)
     example = parse_defaults("hopper", tomllib.loads(_EXAMPLE_TOML))
     out = [
         "## Target serving defaults",
@@ -937,16 +1644,30 @@ def render_docs() -> str:
         "",
         "A missing or unparseable HARDWARE.toml, or no `[defaults]` table, means the baseline. "
         "Each key present replaces its lever; an unknown key, a wrong type or an out-of-range "
-        "value is a build error naming the file and the key. u32 values are TOML integers in "
-        f"0..={_U32_MAX}; `{_U32_MAX}` means no cap and prints as `max`.",
+        "value is a build error naming the file and the key (all unknown keys at once). u32 "
+        f"values are TOML integers in 0..={_U32_MAX}; `{_U32_MAX}` means no cap, and the two "
+        "W8A8 prefill caps print it as `max`. A points value is an array of one name per band, "
+        "in band order, each trimmed and one of its band's names (below).",
         "",
         "| lever | type | baseline | variable(s) | rule | selects |",
         "|---|---|---|---|---|---|",
     ]
     out += [
-        f"| `{row.name}` | {row.kind.value} | {_doc_baseline(row)} | {_doc_variables(row)} "
-        f"| {row.rule.value} | {row.about} |"
-        for row in LEVERS
+        f"| `{row.name}` | {_doc_type(row)} | {_doc_baseline(row)} | {_doc_variables(row)} "
+        f"| {row.rule.value} | {row.about or f'declared in `{_LEVERS_PATH}`'} |"
+        for row in rows
+    ]
+    out += [
+        "",
+        "Schedule points: each band of a points lever accepts exactly these names.",
+        "",
+        "| lever | band | names |",
+        "|---|---|---|",
+    ]
+    out += [
+        f"| `{row.name}` | {band} | {', '.join(f'`{name}`' for name in names)} |"
+        for row in rows
+        for band, names in enumerate(row.points)
     ]
     out += [
         "",
@@ -963,14 +1684,14 @@ def render_docs() -> str:
         "|---|---|---|",
     ]
     out += [
-        f"| `{var}` | `{lever}` | {effect} |" for var, lever, effect in sorted(_variable_rows())
+        f"| `{var}` | `{lever}` | {effect} |" for var, lever, effect in sorted(_variable_rows(rows))
     ]
     out += [
         "",
-        "The build writes `target_defaults.json` (hw, sm_count and every lever) and "
-        "`target_defaults.h`, which defines `METRALE_<LEVER>` per lever (booleans as 0/1, u32 "
-        "values with a `u` suffix, the split-K policy as a string literal), "
-        "`METRALE_TARGET_SM_COUNT` and `METRALE_TARGET_HW`.",
+        "The build writes `target_defaults.json` (hw, sm_count and every lever; points as an "
+        "array) and `target_defaults.h`, which defines `METRALE_<LEVER>` per lever (booleans "
+        "as 0/1, u32 values with a `u` suffix, strings as a string literal, points as one "
+        "string literal joined by `/`), `METRALE_TARGET_SM_COUNT` and `METRALE_TARGET_HW`.",
         "",
         "Example (`kernels/hopper/HARDWARE.toml`):",
         "",
@@ -985,7 +1706,49 @@ def render_docs() -> str:
         "```",
         "",
     ]
+    out += _render_tree_docs()
     return "\n".join(out)
+
+
+def _render_tree_docs() -> list[str]:
+    tree = parse_tree_levers(tomllib.loads(_EXAMPLE_LEVERS_TOML))
+    example = parse_defaults("gb10", tomllib.loads(_EXAMPLE_TREE_DEFAULTS), levers=tree)
+    env = {"METRALE_MOE_GEMV_ENTRIES": "mb1_ku2, mb4"}
+    out = [
+        f"### Levers a tree declares (`{_LEVERS_PATH}`)",
+        "",
+        "Upstream adds levers every few weeks; a tree need not wait for a metrale-orch "
+        f"release: `{_LEVERS_PATH}` declares more, one `[[lever]]` table each:",
+        "",
+        "| key | | meaning |",
+        "|---|---|---|",
+    ]
+    out += [f"| `{key}` | {need} | {meaning} |" for key, need, meaning in _ENTRY_DOCS]
+    out += [
+        "",
+        "A declared lever behaves exactly like a built-in one: a `[defaults]` key of every "
+        "hardware, the same override rules, printed after the built-in ones in file order, "
+        "baked into both files, shown by `metrale-orch defaults` (`--docs` prints this page "
+        "with the tree's levers in the tables). Re-declaring a built-in lever identically is "
+        "allowed, differently an error; a bad entry is an error naming the file, the lever and "
+        "the key. The file is a dependency of every target.",
+        "",
+        f"Example (`{_LEVERS_PATH}`):",
+        "",
+        "```toml",
+        _EXAMPLE_LEVERS_TOML.rstrip("\n"),
+        "```",
+        "",
+        "With `moe_decode_tc = true` in `kernels/gb10/HARDWARE.toml`'s `[defaults]`, "
+        f'`METRALE_MOE_GEMV_ENTRIES="{env["METRALE_MOE_GEMV_ENTRIES"]}" metrale-orch defaults '
+        "gb10` prints (one line):",
+        "",
+        "```text",
+        format_levers(resolve(example, env.get)),
+        "```",
+        "",
+    ]
+    return out
 
 
 def write_docs(root: Path | str) -> tuple[Path, ...]:

@@ -9,7 +9,7 @@ Tasks (generated on every doit invocation from the tree, see
   default task): ``doit``, ``doit build``, ``doit 'build:hopper/*'``,
   ``doit -n 2 -P process build``, ``doit list --all --status``,
   ``doit clean``, ``doit forget`` behave as doit users expect.
-- ``check``: validate the whole tree (``metrale-orch check``).
+- ``check``: will the build accept this tree? (``metrale-orch check``).
 - ``smoke:<hw>``: after that hardware's builds (provided by
   :mod:`metrale_orch.smoke`; yielded by ``task_build`` so the tree resolves once).
 
@@ -27,6 +27,12 @@ build:metal/m/q``). doit expands wildcards before any task sees the selection,
 so the task loader reads the command line (``sys.argv``) to tell the two
 apart; callers driving doit through its API get the broad behaviour.
 
+Every view shows why: an error or skip sub-task's doc carries its reason (``doit
+list --status`` prints it on the target's line), and a target named on the
+command line that is not generated — the configuration or the walk of the tree
+failed, or the name is no target — becomes a failing sub-task with the reason
+(:func:`named_failures`) instead of doit's ``Invalid parameter``.
+
 No-op speed: generating the tasks (resolving every target, planning it) costs
 several times doit's own up-to-date checks, so ``task_build`` goes through a
 task cache (:func:`cached_build_specs`, ``metrale_orch._taskcache``,
@@ -42,10 +48,11 @@ Nothing here runs at import time: the config below only names classes.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +67,7 @@ from metrale_orch._tasks import (
     plan_build_task,
     plan_error_task,
     plan_skip_task,
+    rel_posix,
 )
 
 __all__ = ["DOIT_CONFIG", "task_build", "task_check"]  # what `import *` takes
@@ -110,9 +118,12 @@ def resolve_build_specs(
 
     Never raises for a tree, config or toolchain problem: those become failing
     (or, for a missing toolchain, skipping) sub-tasks. Always generates (with
-    plans and layouts); :func:`cached_build_specs` is the no-op fast path.
+    plans and layouts); :func:`cached_build_specs` is the no-op fast path. A target
+    named in ``argv`` that the tree does not generate gets a failing sub-task saying
+    why (:func:`named_failures`).
     """
-    return _generate(root, environ, argv)[0]
+    specs = _generate(root, environ, argv)[0]
+    return specs + named_failures(root, specs, explicit_targets(argv))
 
 
 def _generate(
@@ -124,6 +135,7 @@ def _generate(
     toolchains: Any = None,
 ) -> tuple[list[BuildSpec], bool]:
     """The specs, and whether they may be cached (no tree-wide error, no failed probe)."""
+    from metrale_orch._hip_mirror import scan_hip_compat
     from metrale_orch.compile import PlanMemo, plan_target
     from metrale_orch.config import load_config
     from metrale_orch.errors import MetraleError, is_printable, printable
@@ -161,7 +173,8 @@ def _generate(
 
     explicit = explicit_targets(argv)
     memo = PlanMemo(root)
-    found: dict[str, Any] = {}
+    found: dict[tuple[str, str], Any] = {}
+    hip_compat = None  # the project's HIP compat directory, read for the first HIP target
     cacheable = True
     specs: list[BuildSpec] = []
     # A manifest that is a directory: resolution passes over it; the build refuses it.
@@ -179,18 +192,20 @@ def _generate(
             continue
         try:
             toolchain = select_toolchain(layout.hardware, toolchains)
-            if toolchain.name not in found:
+            # The arch picks the compiler of some toolchains (SCALE's per-arch nvcc).
+            tool_key = (toolchain.name, layout.hardware.arch or "")
+            if tool_key not in found:
                 try:
-                    found[toolchain.name] = find_toolchain(
-                        toolchain, environ, state_dir=config.build_dir / ".state"
+                    found[tool_key] = find_toolchain(
+                        toolchain, environ, state_dir=config.build_dir / ".state", arch=tool_key[1]
                     )
                 except ToolchainMissing as missing:
-                    found[toolchain.name] = missing
+                    found[tool_key] = missing
                 except MetraleError as exc:
                     # A failed version probe may pass next time: never cached.
-                    found[toolchain.name] = exc
+                    found[tool_key] = exc
                     cacheable = False
-            tool = found[toolchain.name]
+            tool = found[tool_key]
             if isinstance(tool, ToolchainMissing):
                 reason = str(tool)
                 task = plan_skip_task(
@@ -202,8 +217,16 @@ def _generate(
                 continue
             if isinstance(tool, MetraleError):
                 raise tool
+            if toolchain.dialect == "hip" and hip_compat is None:
+                hip_compat = scan_hip_compat(root, config.hip_compat_dir)
             plan = plan_target(
-                root, layout, toolchains, identity=tool.identity, environ=environ, memo=memo
+                root,
+                layout,
+                toolchains,
+                identity=tool.identity,
+                environ=environ,
+                memo=memo,
+                hip_compat=hip_compat if toolchain.dialect == "hip" else None,
             )
         except MetraleError as exc:
             specs.append(error(name, str(exc), layout))
@@ -238,7 +261,7 @@ def cached_build_specs(
     cached when possible). The task dicts are the same either way.
     """
     specs, _smoke, how = _cached_tasks(root, environ, argv)
-    return specs, how
+    return specs + named_failures(root, specs, explicit_targets(argv)), how
 
 
 def _cached_tasks(
@@ -256,7 +279,7 @@ def _cached_tasks(
         config = load_config(root, environ)
         toolchains = load_toolchains(root)
     except MetraleError:
-        specs = resolve_build_specs(root, environ, argv)
+        specs = _generate(root, environ, argv)[0]
         return specs, None, "not cached: configuration error"
     key = generation_key(root, environ, config, toolchains)
     path = _taskcache.cache_path(config.build_dir / ".state", key)
@@ -352,6 +375,7 @@ def generation_key(
 
     import metrale_orch
     from metrale_orch import _taskcache
+    from metrale_orch._hip_mirror import scan_hip_compat
     from metrale_orch.toolchains import toolchain_stamp
 
     names = {"PATH", "HOME", "XDG_CACHE_HOME"}
@@ -380,6 +404,8 @@ def generation_key(
             name: toolchain_stamp(tc, environ, state_dir=state_dir)
             for name, tc in sorted(toolchains.items())
         },
+        # The HIP targets' file deps and identity list its files: a new one regenerates.
+        "hip_compat": scan_hip_compat(root, config.hip_compat_dir).digest,
     }
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
     return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogateescape"))
@@ -419,6 +445,93 @@ def _from_cached(root: Path, cached: Any, explicit: frozenset[str]) -> BuildSpec
     return BuildSpec(target=name, kind=cached.kind, message=cached.message, task=task)
 
 
+def named_failures(root: Path, specs: Sequence[BuildSpec], names: Iterable[str]) -> list[BuildSpec]:
+    """A failing sub-task for each of ``names`` (targets named on the command line) that
+    ``specs`` lacks, saying why the tree does not generate it (reads the tree).
+
+    doit answers a name it has no task for with ``Invalid parameter``; that happens
+    when the configuration or the walk of the tree failed (only the ``(tree)``
+    sub-task exists then), and for a name that is no target of the tree. The
+    reason, first that applies: the name is not ``hw/model/quant``; resolving the
+    target fails (its HARDWARE.toml, model or quant, with the resolver's
+    message); the tree-wide failure; the model has no such quant.
+    """
+    from metrale_orch.errors import printable
+    from metrale_orch.layout import LayoutError, Target, TreeSnapshot, discover
+
+    have = {spec.target for spec in specs}
+    missing = sorted(set(names) - have - {TREE_TASK})
+    if not missing:
+        return []
+    tree = next((s.message for s in specs if s.target == TREE_TASK), None)
+    snap = TreeSnapshot(root)
+    out: list[BuildSpec] = []
+    for name in missing:
+        canonical = False
+        try:
+            target = Target.parse(name)
+        except ValueError as exc:
+            message = f"{exc}; `doit list` shows every target"
+        else:
+            canonical = str(target) == name
+            try:
+                discover(root, target, snap)
+            except LayoutError as exc:
+                message = str(exc)
+            else:
+                message = tree if tree is not None else _not_a_target(target, have)
+        message = printable(message)
+        task = plan_error_task(root=root, target=name, message=message, clean=canonical)
+        out.append(BuildSpec(target=name, kind="error", message=message, task=task))
+    return out
+
+
+def _not_a_target(target: Any, have: Iterable[str]) -> str:
+    prefix = f"{target.hardware}/{target.model}/"
+    siblings = sorted(t for t in have if t.startswith(prefix))
+    known = f"its targets: {', '.join(siblings)}" if siblings else "it has no targets"
+    return (
+        f"{target} is not a target of this tree: model {target.hardware}/{target.model} has "
+        f"no quant directory {target.quant!r} ({known}); `doit list` shows every target"
+    )
+
+
+def spec_inputs(root: Path, spec: BuildSpec) -> frozenset[str]:
+    """The root-relative files ``spec``'s target reads, failing targets included (reads the
+    tree for those): a build's file dependencies; for a target that is skipped or whose
+    plan fails, what its resolved layout reaches (its inputs, the HARDWARE.toml and
+    MODEL.toml files resolution read, the tree files its includes reach beyond the
+    layout); for a target that does not resolve, the files its error names. Empty for a
+    spec from the task cache that is not a build (it carries no resolution).
+    """
+    from metrale_orch.errors import MetraleError
+    from metrale_orch.layout import Layout, LayoutError
+    from metrale_orch.staging import beyond_layout
+
+    if spec.kind == "build":
+        deps = set(spec.task.get("file_dep", ()))
+        if isinstance(spec.layout, Layout):
+            with contextlib.suppress(MetraleError, OSError):
+                beyond = beyond_layout(root, spec.layout).files.values()
+                deps.update(rel_posix(p, root) for p in beyond)
+        return frozenset(deps)
+    resolved = spec.resolved
+    files: set[Path] = set()
+    if isinstance(resolved, Layout):
+        files.update(resolved.inputs())
+        files.update(resolved.hardware_manifests)
+        files.update(resolved.model_manifests)
+        # An escaping include or an unreadable source: the plan's failure reports it.
+        with contextlib.suppress(MetraleError, OSError):
+            files.update(beyond_layout(root, resolved).files.values())
+    elif isinstance(resolved, LayoutError):
+        for name in ("path", "manifest", "winner", "loser"):
+            value = getattr(resolved, name, None)
+            if isinstance(value, Path):
+                files.add(value)
+    return frozenset(rel_posix(p, root) for p in files)
+
+
 def load_build_tasks(
     root: Path, environ: Mapping[str, str], argv: Sequence[str] = ()
 ) -> list[dict[str, Any]]:
@@ -452,7 +565,10 @@ def smoke_task_dicts(
     for spec in specs:
         if spec.target == TREE_TASK:
             continue
-        target = Target.parse(spec.target)
+        try:
+            target = Target.parse(spec.target)
+        except ValueError:  # a name given on the command line that is no target
+            continue
         by_hw.setdefault(target.hardware, []).append((target, spec.resolved))
     out: list[dict[str, Any]] = [
         {"basename": "smoke", "name": None, "doc": "smoke-test the built kernels of each hardware"}
@@ -471,9 +587,14 @@ def task_build() -> Iterator[dict[str, Any]]:
     enabled = gc.isenabled()
     gc.disable()
     try:
-        specs, smoke, _how = _cached_tasks(root, os.environ, sys.argv[1:])
+        argv = sys.argv[1:]
+        specs, smoke, _how = _cached_tasks(root, os.environ, argv)
         yield {"name": None, "doc": "build every target (skipping those without a toolchain)"}
         for spec in specs:
+            yield dict(spec.task)
+        # A target named on the command line but not generated fails with the reason
+        # (never doit's "Invalid parameter"); no smoke task depends on it.
+        for spec in named_failures(root, specs, explicit_targets(argv)):
             yield dict(spec.task)
         # HOOK(smoke): smoke:<hw> tasks (see smoke_task_dicts), replayed from the task
         # cache on a hit (the same dicts: plain data and the same action functions).
@@ -490,7 +611,7 @@ def task_build() -> Iterator[dict[str, Any]]:
 
 
 def task_check() -> dict[str, Any]:
-    """Validate the whole kernel tree (every target resolves, no symlinks, no dead shadows)."""
+    """Will the build accept this tree? Every problem at once, by file (metrale-orch check)."""
     from metrale_orch._actions import check_action
 
     return {

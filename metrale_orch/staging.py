@@ -21,22 +21,27 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 
 import xxhash
 
+from metrale_orch._beyond import TREE_DIR, Beyond, find_beyond_layout
 from metrale_orch._fsutil import write_atomic
 from metrale_orch.layout import Layout, Role
 from metrale_orch.toolchains import BuildError
 
 __all__ = [
+    "TREE_DIR",
+    "Beyond",
     "ContainmentError",
     "StageError",
     "StagedTarget",
+    "beyond_layout",
     "check_contained",
+    "layer_dir",
     "plan_stage",
     "role_dir",
     "stage",
@@ -157,8 +162,41 @@ def role_dir(layout: Layout, role: Role) -> str:
     return f"{layout.source_model}/{layout.target.quant}"
 
 
-def plan_stage(layout: Layout) -> Mapping[str, Path]:
-    """Staged relative path -> source path for every file the target may read.
+def layer_dir(root: Path, layout: Layout, stem_entry_layer: int) -> str:
+    """The directory of layer ``stem_entry_layer`` relative to ``kernels/`` (POSIX)."""
+    folder = layout.layers[stem_entry_layer].dir
+    kernels = Path(root) / "kernels"
+    try:
+        return folder.relative_to(kernels).as_posix()
+    except ValueError:
+        return os.path.relpath(folder, kernels).replace(os.sep, "/")
+
+
+def beyond_layout(
+    root: Path,
+    layout: Layout,
+    read: Callable[[Path], bytes] | None = None,
+    *,
+    allow: Iterable[str] = (),
+) -> Beyond:
+    """The tree files the target's compiles reach beyond its layout, and the includes that
+    escape ``kernels/`` (SPEC 3.3.1; see :mod:`metrale_orch._beyond`); includes into an
+    ``allow``-ed directory (the HIP compat directory) are neither. I/O: reads the
+    layout's sources (through ``read``, e.g. a memo shared by many targets)."""
+    staged = plan_stage(layout)
+    modules = {}
+    for _stem, entry in layout.modules():
+        base = role_dir(layout, layout.role_of(entry))
+        modules[f"{base}/{entry.name}"] = (base, layer_dir(root, layout, entry.layer))
+    return find_beyond_layout(
+        Path(root) / "kernels", modules, staged, read or (lambda p: p.read_bytes()), allow=allow
+    )
+
+
+def plan_stage(layout: Layout, extra: Mapping[str, Path] | None = None) -> Mapping[str, Path]:
+    """Staged relative path -> source path for every file the target may read: the
+    layout's, and ``extra`` (files beyond the layout, by path under ``kernels/``) under
+    :data:`TREE_DIR`.
 
     Raises :class:`StageError` when two files would land on one path or a file
     on a directory of another (e.g. a source model named ``common``).
@@ -185,6 +223,8 @@ def plan_stage(layout: Layout) -> Mapping[str, Path]:
                 if path.is_relative_to(top):
                     rel = path.relative_to(top).as_posix()
                     _add(plan, f"{base}/{name}/{rel}", path, target)
+    for rel, path in (extra or {}).items():
+        _add(plan, f"{TREE_DIR}/{rel}", path, target)
     dirs = {str(p) for rel in plan for p in PurePosixPath(rel).parents}
     clash = sorted(dirs.intersection(plan))
     if clash:
@@ -198,14 +238,21 @@ def _add(plan: dict[str, Path], rel: str, source: Path, target: str) -> None:
     plan[rel] = source
 
 
-def stage(layout: Layout, stage_dir: Path) -> StagedTarget:
-    """Make ``stage_dir`` hold exactly :func:`plan_stage`'s files with their current bytes.
+def stage(
+    layout: Layout,
+    stage_dir: Path,
+    extra: Mapping[str, Path] | None = None,
+    dirs: Iterable[str] = (),
+) -> StagedTarget:
+    """Make ``stage_dir`` hold exactly :func:`plan_stage`'s files with their current bytes,
+    and the (possibly empty) directories ``dirs`` (stage-relative): a compile's ``-I``
+    directory must exist for ``..`` to be walked through it.
 
     Raises :class:`StageError` when a source cannot be read or the stage
     cannot be written.
     """
     target = str(layout.target)
-    plan = plan_stage(layout)
+    plan = plan_stage(layout, extra)
     stage_dir = Path(stage_dir)
     written: list[str] = []
     hashes: dict[str, str] = {}
@@ -214,7 +261,13 @@ def stage(layout: Layout, stage_dir: Path) -> StagedTarget:
         stage_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise StageError(target, str(stage_dir), str(exc)) from None
-    removed = _remove_stale(stage_dir, plan, target)
+    dirs = sorted(set(dirs))
+    removed = _remove_stale(stage_dir, plan, target, dirs)
+    for rel in dirs:
+        try:
+            (stage_dir / rel).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StageError(target, rel, f"cannot create the directory: {exc}") from None
     for rel, source in plan.items():
         try:
             data = source.read_bytes()
@@ -255,9 +308,13 @@ def _write_atomic(dest: Path, data: bytes) -> None:
     write_atomic(dest, data)
 
 
-def _remove_stale(stage_dir: Path, plan: Mapping[str, Path], target: str) -> list[str]:
-    """Remove every file or directory under ``stage_dir`` that the plan does not hold."""
-    keep_dirs = {str(p) for rel in plan for p in PurePosixPath(rel).parents} - {"."}
+def _remove_stale(
+    stage_dir: Path, plan: Mapping[str, Path], target: str, dirs: Iterable[str] = ()
+) -> list[str]:
+    """Remove every file or directory under ``stage_dir`` that the plan (or ``dirs``) does
+    not hold."""
+    wanted = [*plan, *(f"{d}/." for d in dirs)]
+    keep_dirs = {str(p) for rel in wanted for p in PurePosixPath(rel).parents} - {"."}
     removed: list[str] = []
     try:
         for dirpath, dirnames, filenames in os.walk(stage_dir, topdown=True):

@@ -14,9 +14,21 @@ from metrale_orch.layout import dump
 from tests._layout_support import files, hw, kernel_toml, model, write
 
 
+def fake_path(root: Path) -> dict[str, str]:
+    """An environment whose PATH finds an ``nvcc`` that must never run (``check`` runs no
+    compiler): running it leaves ``ran-nvcc`` beside the root."""
+    bindir = root.parent / f"{root.name}-bin"
+    bindir.mkdir(exist_ok=True)
+    nvcc = bindir / "nvcc"
+    nvcc.write_text(f"#!/bin/sh\ntouch '{root.parent / 'ran-nvcc'}'\nexit 1\n")
+    nvcc.chmod(0o755)
+    return {"PATH": str(bindir)}
+
+
 def run(root: Path, *argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    code = main(["--root", str(root), *argv], environ={}, out=out, err=err)
+    code = main(["--root", str(root), *argv], environ=fake_path(root), out=out, err=err)
+    assert not (root.parent / "ran-nvcc").exists()
     return code, out.getvalue(), err.getvalue()
 
 
@@ -101,7 +113,7 @@ def test_check_clean_tree(tmp_path: Path) -> None:
     tree(tmp_path)
     code, out, err = run(tmp_path, "check")
     assert (code, err) == (0, "")
-    assert out == "check: ok (2 targets resolve; no symlinks, forks or duplicates)\n"
+    assert out == "check: ok (the build accepts all 2 targets)\n"
 
 
 def test_check_reports_every_problem_at_once(tmp_path: Path) -> None:
@@ -120,7 +132,8 @@ def test_check_reports_every_problem_at_once(tmp_path: Path) -> None:
     code, out, err = run(tmp_path, "check")
     assert code == 2 and out == ""
     lines = err.splitlines()
-    assert lines[-1] == "check: 5 problems"
+    # Grouped by the file each names (tree-wide ones first), then by message.
+    assert lines[-1] == "check: 5 problems in 3 files (2 of 3 targets affected)"
     problems = [ln for ln in lines if ln.startswith("problem: ")]
     assert len(problems) == 5
     text = "\n".join(problems)
@@ -172,7 +185,7 @@ def test_check_flags_a_redirect_out_of_kernels(tmp_path: Path) -> None:
         "problem: kernels/gb10/../../outside/bf16/evil.cu: lies outside kernels/; kernel trees "
         "build only their own files (reached through [model] kernel_source of "
         "kernels/gb10/stolen/MODEL.toml) [target gb10/stolen/bf16]",
-        "check: 1 problem",
+        "check: 1 problem in 1 file (1 of 3 targets affected)",
     ]
 
 

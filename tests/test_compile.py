@@ -147,8 +147,8 @@ def test_argv_is_relative_and_machine_independent(tmp_path: Path) -> None:
     small_tree(tmp_path)
     mods = {m.stem: m for m in _plan(tmp_path).modules}
     assert mods["add"].argv == (
-        "nvcc", "--ptx", "-arch=sm_90a", "-O3", "--Werror", "all-warnings",
-        "-DA=1", "-DX", "-DB=1", "-DC=1", "-I.", "add.cu", "-o", "vector_add.ptx",
+        "nvcc", "--ptx", "-arch=sm_90a", "-O3", "-DA=1", "-DX", "-DB=1", "-DC=1", "-I.",
+        "--Werror", "all-warnings", "add.cu", "-o", "vector_add.ptx",
     )  # fmt: skip
     assert (mods["add"].cwd, mods["add"].staged, mods["add"].role) == (
         "common", "common/add.cu", "common",

@@ -95,8 +95,16 @@ def test_hardware_manifests() -> None:
 
 
 def test_defaults_tables() -> None:
-    gb10 = toml(KERNELS / "gb10/HARDWARE.toml")["defaults"]
-    assert gb10 == {"w8a8_prefill_max_m_widening": 64, "w8a8_prefill_max_m_narrowing": 384}
+    # As in every real tree, each [defaults] table spells out all the levers.
+    for hw in ("gb10", "hopper", "b200"):
+        table = toml(KERNELS / hw / "HARDWARE.toml")["defaults"]
+        assert list(table) == [row.name for row in defaults_mod.LEVERS], hw
+    gb10 = defaults_mod.read_defaults(KERNELS, "gb10")
+    assert gb10 == dataclasses.replace(
+        defaults_mod.baseline("gb10"),
+        w8a8_prefill_max_m_widening=64,
+        w8a8_prefill_max_m_narrowing=384,
+    )
     hopper = defaults_mod.read_defaults(KERNELS, "hopper")
     baseline = defaults_mod.baseline("hopper")
     levers = set(toml(KERNELS / "hopper/HARDWARE.toml")["defaults"])

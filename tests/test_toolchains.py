@@ -35,21 +35,35 @@ def _hw(name: str = "h", vendor: str = "nvidia", doc: dict[str, object] | None =
     )
 
 
+_VENDORS = ("nvidia", "cuda", "amd", "rocm", "scale", "hip", "apple", "metal")
+
+
 @pytest.fixture(autouse=True)
 def _fresh_memo() -> None:
     reset_identity_memo()
 
 
 def test_builtins_cover_every_vendor_family() -> None:
+    """SPEC 3.3: each vendor goes to the compiler the reference build drives."""
     tcs = builtin_toolchains()
-    assert set(tcs) == {"hip", "metal", "nvcc"}
-    assert select_toolchain(_hw(vendor="nvidia"), tcs).name == "nvcc"
-    assert select_toolchain(_hw(vendor="cuda"), tcs).name == "nvcc"
-    assert select_toolchain(_hw(vendor="apple"), tcs).name == "metal"
-    assert select_toolchain(_hw(vendor="rocm"), tcs).name == "hip"
+    assert set(tcs) == {"hip", "metal", "nvcc", "scale"}
+    picked = {v: select_toolchain(_hw(vendor=v), tcs).name for v in _VENDORS}
+    assert picked == {
+        "nvidia": "nvcc", "cuda": "nvcc",
+        "amd": "scale", "rocm": "scale", "scale": "scale",
+        "hip": "hip",
+        "apple": "metal", "metal": "metal",
+    }  # fmt: skip
+    # Every vendor reads extra_nvcc_flags but Apple; there is no extra_hip_flags.
+    assert {n: t.flags_key for n, t in tcs.items()} == {
+        "nvcc": "extra_nvcc_flags", "scale": "extra_nvcc_flags",
+        "hip": "extra_nvcc_flags", "metal": "extra_metal_flags",
+    }  # fmt: skip
+    assert {n: (t.output, t.extension) for n, t in tcs.items()} == {
+        "nvcc": ("ptx", "ptx"), "scale": ("object", "o"),
+        "hip": ("hsaco", "co"), "metal": ("metallib", "metallib"),
+    }  # fmt: skip
     nvcc = tcs["nvcc"]
-    assert (nvcc.output, nvcc.extension, nvcc.flags_key) == ("ptx", "ptx", "extra_nvcc_flags")
-    assert tcs["metal"].flags_key == "extra_metal_flags"
     assert nvcc.env_prefixes == ("NVCC_",) and "CPATH" in nvcc.env_allowlist
     assert nvcc.dryrun_args and nvcc.depfile_args
     assert nvcc.file is None
@@ -69,9 +83,10 @@ def test_nvcc_argv_shape_per_output_kind(tmp_path: Path) -> None:
     tcs = load_toolchains(tmp_path)
     flags = ["-DA", "-lineinfo"]
     common = {"arch": "sm_90a", "include": ".", "source": "x.cu"}
+    # SPEC 3.3: --ptx -arch=<arch> -O3 <flags> -I<dir> --Werror all-warnings <src> -o <out>
     assert compile_argv(tcs["nvcc"], output="x.ptx", flags=flags, **common) == (
-        "nvcc", "--ptx", "-arch=sm_90a", "-O3", "--Werror", "all-warnings",
-        "-DA", "-lineinfo", "-I.", "x.cu", "-o", "x.ptx",
+        "nvcc", "--ptx", "-arch=sm_90a", "-O3", "-DA", "-lineinfo", "-I.",
+        "--Werror", "all-warnings", "x.cu", "-o", "x.ptx",
     )  # fmt: skip
     cubin = compile_argv(tcs["c"], output="x.cubin", flags=flags, **common)
     assert cubin[:3] == ("nvcc", "--cubin", "-arch=sm_90a")
@@ -114,6 +129,21 @@ _OK = '[toolchain]\nname = "x"\nprogram = "p"\nargv = ["{source}", "{output}"]\n
         ('[toolchain]\nname = "x"\nextends = "missing"\n', "extends"),
         ('[toolchain]\nname = "x"\nprogram = "p"\n', "argv"),
         ('[toolchian]\nname = "x"\n', "[toolchain]"),
+        ('[toolchain]\nname = "x"\nextends = "nvcc"\ndialect = "sycl"\n', "dialect"),
+        ('[toolchain]\nname = "x"\nextends = "nvcc"\nlink_argv = ["{output}"]\n', "argv"),
+        (
+            '[toolchain]\nname = "x"\nextends = "metal"\nlink_argv = ["{output}"]\n',
+            "link_argv",
+        ),
+        ('[toolchain]\nname = "x"\nextends = "metal"\nintermediate_extension = ""\n',
+         "intermediate_extension"),
+        ('[toolchain]\nname = "x"\nextends = "nvcc"\nprogram = "{root}/bin/nvcc"\n', "program"),
+        ('[toolchain]\nname = "x"\nextends = "nvcc"\nprogram = "/x/{arch}/nvcc"\n', "program"),
+        ('[toolchain]\nname = "x"\nextends = "scale"\nprogram = "/opt/{root}/nvcc"\n', "program"),
+        ('[toolchain]\nname = "x"\nextends = "nvcc"\nprogram = "{home}/nvcc"\n', "program"),
+        ('[toolchain]\nname = "x"\nextends = "nvcc"\nargv = ["a{flags}", "{source}", "{output}"]\n',
+         "argv[0]"),
+        ('[toolchain]\nname = "x"\nextends = "nvcc"\nstrict_args = "--Werror"\n', "strict_args"),
     ],
 )  # fmt: skip
 def test_bad_toolchain_file_names_file_and_key(tmp_path: Path, text: str, key: str) -> None:
@@ -142,8 +172,12 @@ def test_selection_errors_name_hardware_file(tmp_path: Path) -> None:
     assert "kernels/hx/HARDWARE.toml" in str(err.value)
     assert err.value.key == "[build] toolchain"
     assert "toolchains/nope.toml" in str(err.value)
-    with pytest.raises(ToolchainError, match="no toolchain builds vendor 'scale'"):
-        select_toolchain(_hw(vendor="scale"), tcs)
+    # A project file replacing a built-in does not inherit its vendors.
+    write(tmp_path, "toolchains/scale.toml", '[toolchain]\nextends = "scale"\n')
+    with pytest.raises(ToolchainError, match="no toolchain builds vendor 'amd'") as err:
+        select_toolchain(_hw(name="strix", vendor="amd"), load_toolchains(tmp_path))
+    assert "kernels/strix/HARDWARE.toml: [hardware] vendor:" in str(err.value)
+    (tmp_path / "toolchains/scale.toml").unlink()
     write(
         tmp_path,
         "toolchains/a.toml",
@@ -195,7 +229,7 @@ def test_missing_toolchain_says_what_to_install(tmp_path: Path) -> None:
     assert "pip install 'metrale-orch[cuda]'" in text
     with pytest.raises(ToolchainMissing, match="Xcode command line tools"):
         find_toolchain(tcs["metal"], env, site_dirs=[])
-    with pytest.raises(ToolchainMissing, match="ROCm"):
+    with pytest.raises(ToolchainMissing, match="install ROCm"):
         find_toolchain(tcs["hip"], env, site_dirs=[])
 
 

@@ -15,6 +15,12 @@ one ``doit build`` would act on. They never write the database.
   modules whose compile can read it (its source, or its textual include
   closure over the staged layout, as the cache keys it); a file no module
   includes (a manifest, an unused header) reaches the target but no module.
+  Failing targets are listed too, marked ``(failing: <reason>)`` (their inputs
+  are what their resolved layout reaches, or the files their tree error names),
+  and skipped ones ``(skipped: <reason>)``.
+
+Every view shows why: an error or a skip carries its reason; a target named
+exactly (``why``, ``status``) while the tree does not load fails with that reason.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from metrale_orch.errors import UsageError
+from metrale_orch.errors import MetraleError, UsageError
 
 __all__ = ["TargetStatus", "register", "target_statuses"]
 
@@ -124,7 +130,7 @@ def _statuses(
 ) -> tuple[list[TargetStatus], list[Any]]:
     from doit.task import dict_to_task
 
-    from metrale_orch.dodo import cached_build_specs
+    from metrale_orch.dodo import TREE_TASK, cached_build_specs, named_failures
 
     root = root.resolve()
     # The same task dicts `doit` would use, through its task cache (fast on a large tree).
@@ -132,6 +138,9 @@ def _statuses(
     if pattern is not None:
         pat = _strip(pattern)
         chosen = [s for s in specs if fnmatch.fnmatchcase(s.target, pat)]
+        if not chosen and "*" not in pat and any(s.target == TREE_TASK for s in specs):
+            # The tree does not load: a named target fails with the reason, as in doit.
+            chosen = named_failures(root, specs, [pat])
         if not chosen:
             raise NoSuchTarget(pattern, [s.target for s in specs])
     else:
@@ -291,7 +300,7 @@ def _rel_to_root(root: Path, text: str) -> str:
     raise UsageError(f"{text} is not under the project root {root}")
 
 
-def _modules_reaching(spec: Any, rel: str, root: Path) -> list[str]:
+def _modules_reaching(plan: Any, layout: Any, rel: str, root: Path) -> list[str]:
     """Names of the modules whose compile can read ``rel``: its own source, or a file in
     its include closure over the target's staged layout (the closure the cache keys on)."""
     import posixpath
@@ -306,7 +315,6 @@ def _modules_reaching(spec: Any, rel: str, root: Path) -> list[str]:
     )
     from metrale_orch.staging import plan_stage
 
-    plan, layout = spec.plan, spec.layout
     staged = {srel: rel_posix(src, root) for srel, src in plan_stage(layout).items()}
     includes: dict[str, Includes] = {}
     for srel, src_rel in staged.items():
@@ -329,17 +337,55 @@ def _modules_reaching(spec: Any, rel: str, root: Path) -> list[str]:
     return sorted(names)
 
 
+def _skipped_plan(root: Path, spec: Any, environ: Mapping[str, str]) -> Any:
+    """The plan of a target skipped for a missing compiler (no identity: never keyed), or
+    None when it cannot be planned."""
+    from metrale_orch.compile import plan_target
+    from metrale_orch.errors import MetraleError
+    from metrale_orch.layout import Layout
+    from metrale_orch.readiness import UNPROBED
+    from metrale_orch.toolchains import load_toolchains
+
+    if not isinstance(spec.resolved, Layout):
+        return None
+    try:
+        toolchains = load_toolchains(root)
+        return plan_target(root, spec.resolved, toolchains, identity=UNPROBED, environ=environ)
+    except MetraleError:
+        return None
+
+
+class BrokenTree(MetraleError):
+    """The configuration or the walk of the tree fails: no target is known."""
+
+    def __init__(self, command: str, message: str) -> None:
+        self.message = message
+        super().__init__(f"{command}: no target is known, the tree does not load: {message}")
+
+
 def _run_rdeps(args: argparse.Namespace, ctx: Any) -> int:
-    from metrale_orch.dodo import resolve_build_specs
+    from metrale_orch.dodo import TREE_TASK, resolve_build_specs, spec_inputs
 
     root = ctx.root.resolve()
     rel = _rel_to_root(root, args.file)
     specs = resolve_build_specs(root, ctx.environ)
+    if [s.target for s in specs] == [TREE_TASK]:
+        raise BrokenTree("rdeps", specs[0].message)
     hits: list[dict[str, Any]] = []
     for spec in specs:
-        if spec.kind != "build" or rel not in spec.task.get("file_dep", ()):
+        if spec.target == TREE_TASK or rel not in spec_inputs(root, spec):
             continue
-        hits.append({"target": spec.target, "modules": _modules_reaching(spec, rel, root)})
+        hit: dict[str, Any] = {"target": spec.target, "modules": []}
+        if spec.kind == "build":
+            hit["modules"] = _modules_reaching(spec.plan, spec.layout, rel, root)
+        elif spec.kind == "skip":
+            hit["skipped"] = spec.message
+            plan = _skipped_plan(root, spec, ctx.environ)
+            if plan is not None:
+                hit["modules"] = _modules_reaching(plan, spec.resolved, rel, root)
+        else:
+            hit["failing"] = spec.message
+        hits.append(hit)
     if args.json:
         ctx.out.write(json.dumps({"file": rel, "targets": hits}, indent=2, sort_keys=True) + "\n")
         return 0
@@ -347,9 +393,24 @@ def _run_rdeps(args: argparse.Namespace, ctx: Any) -> int:
         ctx.out.write(f"{rel} reaches no target\n")
         return 0
     for hit in hits:
-        mods = ", ".join(hit["modules"]) or "(an input; no module includes it)"
+        mods = ", ".join(hit["modules"])
+        if "failing" in hit:
+            mods = f"(failing: {hit['failing']})"
+        elif not mods:
+            mods = "(an input; no module includes it)"
+        if "skipped" in hit:
+            mods += f" (skipped: {hit['skipped']})"
         ctx.out.write(f"{hit['target']}: {mods}\n")
-    ctx.out.write(f"{rel} reaches {len(hits)} target(s)\n")
+    marks = [
+        f"{n} {word}"
+        for word, n in (
+            ("failing", sum("failing" in h for h in hits)),
+            ("skipped", sum("skipped" in h for h in hits)),
+        )
+        if n
+    ]
+    more = f" ({', '.join(marks)})" if marks else ""
+    ctx.out.write(f"{rel} reaches {len(hits)} target(s){more}\n")
     return 0
 
 

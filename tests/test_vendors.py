@@ -1,0 +1,969 @@
+"""SPEC 3.3: every vendor's compiler, driven as the reference build drives it.
+
+nvcc runs for real where the machine has it; SCALE, hipcc and xcrun are not
+installed here, so each is a fake compiler (a Python script on a private PATH,
+in a fake SCALE root, or named by ``$METRALE_HIPCC``) that logs its argv, its
+working directory and the text of every file it read, answers ``--version`` and
+a clang driver's ``-###``, follows quoted includes like a preprocessor (next to
+the including file, then the ``-I`` directories), writes the dependency list of
+``-MD -MF`` and an artefact holding the source it was handed. The tests assert
+the exact command lines and the text the compiler was handed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import xxhash
+
+from metrale_orch._hip_mirror import (
+    MIRROR_DIR,
+    HipCompat,
+    mirror_files,
+    mirror_text,
+    mirrored_source,
+    scan_hip_compat,
+    unmirror,
+    write_mirror,
+)
+from metrale_orch.compile import (
+    BuildConfigError,
+    TargetResult,
+    build_target,
+    plan_target,
+    reset_build_memo,
+)
+from metrale_orch.config import ConfigError, load_config
+from metrale_orch.dodo import resolve_build_specs
+from metrale_orch.layout import Target, discover
+from metrale_orch.toolchains import (
+    ToolchainError,
+    ToolchainMissing,
+    builtin_toolchains,
+    env_switches,
+    find_program,
+    find_root,
+    find_toolchain,
+    hip_flags,
+    load_toolchains,
+    probe_identity,
+    reset_identity_memo,
+    toolchain_stamp,
+)
+from tests._build_support import (
+    compiles,
+    fake_toolchain_env,
+    make_cache,
+    make_config,
+    small_tree,
+    write,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+#: Where the built-in toolchains look before PATH / HOME: a machine with them installed
+#: finds them first, which the discovery tests below cannot control.
+_SYSTEM_INSTALLS = [Path("/opt/rocm/bin/hipcc"), *Path("/opt").glob("scale*")]
+_needs_no_system_install = pytest.mark.skipif(
+    any(p.exists() for p in _SYSTEM_INSTALLS), reason="ROCm or SCALE is installed in /opt"
+)
+
+# ------------------------------------------------------------------------------ fakes
+
+FAKE = r'''#!{python}
+"""A fake {kind}: see tests/test_vendors.py."""
+import json, os, random, re, sys
+
+KIND = {kind!r}
+here = os.path.dirname(os.path.abspath(__file__))
+args = sys.argv[1:]
+tool = KIND
+if KIND == "xcrun":
+    if args[:2] != ["-sdk", "macosx"]:
+        sys.exit("xcrun: expected -sdk macosx, got %r" % args)
+    tool, args = args[2], args[3:]
+if "--version" in args:
+    print("fake %s version 9.9%s" % (tool, os.environ.get("FAKE_VERSION", "")))
+    print("Copyright (c) fake")
+    sys.exit(0)
+if "-###" in args:
+    tmp = os.environ.get("TMPDIR", "/tmp")
+    rnd = "%06x" % random.randrange(16 ** 6)
+    words = [os.path.join(here, "clang-99"), "-cc1", *os.environ.get("FAKE_DRYRUN", "").split(),
+             "-internal-isystem", os.path.normpath(os.path.join(here, "..", "include")),
+             "-o", "%s/metrale_probe-%s.o" % (tmp, rnd), *[a for a in args if a != "-###"]]
+    sys.stderr.write("fake clang version 99 (%s)\nInstalledDir: %s\n" % (tool, here))
+    sys.stderr.write(" " + " ".join('"%s"' % w for w in words) + "\n")
+    sys.exit(0)
+entry = {{"kind": KIND, "tool": tool, "argv": sys.argv, "cwd": os.getcwd(), "read": {{}}}}
+if tool == "metallib":
+    src, out = args[0], args[args.index("-o") + 1]
+    data = open(src).read()
+    entry["read"][src] = data
+    with open(os.environ["FAKE_LOG"], "a") as fh:
+        fh.write(json.dumps(entry) + "\n")
+    with open(out, "w") as fh:
+        fh.write("metallib\n" + data)
+    sys.exit(0)
+takes_value = {{"-o", "-MF", "-include", "-x"}}
+sources, dirs, pre = [], [], []
+i = 0
+while i < len(args):
+    a = args[i]
+    if a in takes_value:
+        if a == "-include":
+            pre.append(args[i + 1])
+        i += 2
+        continue
+    if a.startswith("-I"):
+        dirs.append(a[2:])
+    elif not a.startswith("-"):
+        sources.append(a)
+    i += 1
+out = args[args.index("-o") + 1]
+toolkit = os.path.normpath(os.path.join(here, "..", "include"))
+read = entry["read"]
+
+
+def find(name, base):
+    for d in ([base] if base is not None else []) + dirs + [toolkit]:
+        cand = name if d == "" else os.path.join(d, name)
+        if os.path.isfile(cand):
+            return cand
+    return None
+
+
+def visit(path):
+    if path in read:
+        return
+    text = open(path).read()
+    read[path] = text
+    for name in re.findall(r'^\s*#\s*include\s*"([^"]+)"', text, re.M):
+        found = find(name, os.path.dirname(path))
+        if found is not None:
+            visit(found)
+
+
+for name in pre:
+    found = find(name, None)
+    if found is None:
+        sys.exit("fake %s: cannot find -include %s" % (tool, name))
+    visit(found)
+src = sources[-1]
+visit(src)
+with open(os.environ["FAKE_LOG"], "a") as fh:
+    fh.write(json.dumps(entry) + "\n")
+if any("#error" in t for t in read.values()):
+    sys.stderr.write(src + ":1: error: the fake compiler was told to fail\n")
+    sys.exit(1)
+with open(out, "w") as fh:
+    fh.write("fake %s output\n%s" % (tool, read[src]))
+if "-MF" in args:
+    with open(args[args.index("-MF") + 1], "w") as fh:
+        fh.write(out + ": " + " ".join(p.replace(" ", "\\ ") for p in read) + "\n")
+'''
+
+
+def _script(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+def fake_compiler(path: Path, kind: str) -> Path:
+    """A fake ``kind`` (hipcc | scale | xcrun) at ``path``, with the ``clang-99`` its dry
+    run names beside it and a toolkit include directory (``hip/hip_runtime.h``) above it."""
+    _script(path, FAKE.format(python=sys.executable, kind=kind))
+    write(path.parent, "clang-99", "fake clang binary v1\n")
+    write(path.parent.parent, "include/hip/hip_runtime.h", "// toolkit hip_runtime.h\n")
+    return path
+
+
+def scale_root(root: Path, arches: tuple[str, ...] = ("gfx1151",)) -> Path:
+    """A SCALE installation: bin/scaleenv, targets/<arch>/bin/nvcc per arch."""
+    write(root, "bin/scaleenv", "# fake scaleenv\n")
+    for arch in arches:
+        fake_compiler(root / "targets" / arch / "bin" / "nvcc", "scale")
+    return root
+
+
+def logged(log: Path) -> list[dict[str, Any]]:
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines() if line]
+
+
+def _tree_digest(folder: Path) -> str:
+    h = xxhash.xxh3_128()
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            h.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+def _normalise(argv: list[str], entry: dict[str, Any]) -> list[str]:
+    """``argv`` with its temporary compile directory spelled ``<tmp>`` (absolute, or
+    relative to the compile's cwd as the depfile argument is)."""
+    out_arg = next(a for a in argv if a.endswith((".co", ".o", ".air", ".metallib", ".ptx")))
+    tmp = os.path.dirname(out_arg)
+    rel = os.path.relpath(tmp, entry["cwd"])
+    return [a.replace(tmp, "<tmp>").replace(rel, "<tmp>") for a in argv]
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> None:
+    reset_identity_memo()
+    reset_build_memo()
+
+
+def _build(root: Path, target: str, env: Mapping[str, str], **config: Any) -> TargetResult:
+    settings = make_config(
+        root, root.parent / "cache", build_dir=str(root.parent / "build"), **config
+    )
+    return build_target(
+        root, Target.parse(target), config=settings, cache=make_cache(settings), environ=env
+    )
+
+
+def _sample(tmp_path: Path) -> Path:
+    """A copy of the sample tree (its kernels/ only)."""
+    root = tmp_path / "proj"
+    shutil.copytree(REPO / "kernels", root / "kernels")
+    return root
+
+
+# ------------------------------------------------------------------------------ nvcc
+
+
+def test_nvcc_command_line_strict_and_extra_flags(tmp_path: Path) -> None:
+    """``--ptx -arch -O3 <E> --Werror all-warnings <$METRALE_EXTRA_NVCC_FLAGS> <src> -o``;
+    ``METRALE_KERNEL_NO_STRICT=1`` drops the strict pair; both change the keys."""
+    root = small_tree(tmp_path / "proj")
+    log = tmp_path / "nvcc.log"
+    env = fake_toolchain_env(tmp_path / "bin", log)
+    first = _build(root, "hw1/m1/q1", env)
+    by_entry = {c["argv"][c["argv"].index("-o") - 1]: c for c in compiles(log)}
+    leaf = by_entry["leaf.cu"]["argv"]  # the fake logs its arguments, not its own path
+    assert leaf[: leaf.index("-o")] == [
+        "--ptx", "-arch=sm_90a", "-O3",
+        "-DA=1", "-DX", "-DB=1", "-DC=1", "-I.", "--Werror", "all-warnings", "leaf.cu",
+    ]  # fmt: skip
+    assert leaf[-1].startswith("-Xcompiler=-MD,-MF,")
+
+    log.unlink()
+    reset_build_memo()
+    loose = {**env, "METRALE_KERNEL_NO_STRICT": "1", "METRALE_EXTRA_NVCC_FLAGS": "-DE=1 '-DS=a b'"}
+    second = _build(root, "hw1/m1/q1", loose)
+    leaf = next(c["argv"] for c in compiles(log) if "leaf.cu" in c["argv"])
+    assert leaf[: leaf.index("-o")] == [
+        "--ptx", "-arch=sm_90a", "-O3",
+        "-DA=1", "-DX", "-DB=1", "-DC=1", "-I.", "-DE=1", "-DS=a b", "leaf.cu",
+    ]  # fmt: skip
+    # Part of every key of the targets they change: nothing came from the cache.
+    assert {m.outcome for m in second.modules} == {"compiled"}
+    assert not {m.key for m in first.modules} & {m.key for m in second.modules}
+    # "0" keeps the strict flags: the same keys as unset.
+    reset_build_memo()
+    third = _build(root, "hw1/m1/q1", {**env, "METRALE_KERNEL_NO_STRICT": "0"})
+    assert [m.key for m in third.modules] == [m.key for m in first.modules]
+    assert {m.outcome for m in third.modules} == {"local"}
+
+
+def test_nvcc_switches_are_in_the_signature_and_env(tmp_path: Path) -> None:
+    root = small_tree(tmp_path)
+    layout = discover(root, Target.parse("hw1/m1/q1"))
+    tcs = load_toolchains(root)
+
+    def plan(env: dict[str, str]) -> Any:
+        return plan_target(root, layout, tcs, identity="id", environ=env)
+
+    base = plan({})
+    loose = plan({"METRALE_KERNEL_NO_STRICT": "1", "METRALE_EXTRA_NVCC_FLAGS": "-lineinfo"})
+    assert base.signature != loose.signature
+    assert dict(loose.env) == {
+        "METRALE_EXTRA_NVCC_FLAGS": "-lineinfo",
+        "METRALE_KERNEL_NO_STRICT": "1",
+    }
+    assert "--Werror" not in loose.modules[0].argv and "-lineinfo" in loose.modules[0].argv
+    assert plan({"METRALE_KERNEL_NO_STRICT": ""}).signature == base.signature
+
+
+def test_path_embedding_extra_flags_make_keys_checkout_specific(tmp_path: Path) -> None:
+    """-lineinfo through METRALE_EXTRA_NVCC_FLAGS embeds paths, as in [build] flags: no
+    hit may carry another checkout's paths."""
+    env = fake_toolchain_env(tmp_path / "bin")
+    keys: dict[tuple[str, str], set[str]] = {}
+    for checkout in ("a", "b"):
+        root = small_tree(tmp_path / checkout / "proj")
+        for extra in ("-DX=1", "-lineinfo"):
+            reset_build_memo()
+            built = _build(root, "hw1/m1/q1", {**env, "METRALE_EXTRA_NVCC_FLAGS": extra})
+            keys[(checkout, extra)] = {m.key for m in built.modules}
+    assert keys[("a", "-DX=1")] == keys[("b", "-DX=1")]
+    assert not keys[("a", "-lineinfo")] & keys[("b", "-lineinfo")]
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"METRALE_KERNEL_NO_STRICT": "yes"},
+         "environment METRALE_KERNEL_NO_STRICT: must be 1 (drop --Werror all-warnings) or 0, "
+         "got 'yes'"),
+        ({"METRALE_EXTRA_NVCC_FLAGS": "-DX='a"},
+         "environment METRALE_EXTRA_NVCC_FLAGS: cannot be split into flags"),
+    ],
+)  # fmt: skip
+def test_bad_switch_values_name_the_variable(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ToolchainError) as err:
+        env_switches(builtin_toolchains()["nvcc"], env)
+    assert str(err.value).startswith(message)
+    assert "\n" not in str(err.value)
+    # Toolchains without the switches never read them.
+    assert env_switches(builtin_toolchains()["hip"], env).env == {}
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_real_nvcc_strict_mode_and_extra_flags(tmp_path: Path) -> None:
+    """A warning fails the strict build; METRALE_KERNEL_NO_STRICT=1 lets it through and
+    METRALE_EXTRA_NVCC_FLAGS reaches the compile."""
+    root = small_tree(
+        tmp_path / "proj",
+        {
+            "kernels/hw1/m1/q1/leaf.cu": (
+                'extern "C" __global__ void leaf(int* o) { int unused = 3; o[0] = VALUE; }\n'
+            ),
+            "kernels/hw1/common/add.cu": 'extern "C" __global__ void add() {}\n',
+        },
+    )
+    env = dict(os.environ)
+    strict = _build(root, "hw1/m1/q1", {**env, "METRALE_EXTRA_NVCC_FLAGS": "-DVALUE=1234567"})
+    assert [f.module for f in strict.failures] == ["leaf"]
+    assert "--Werror all-warnings" in str(strict.failures[0])
+    assert '"unused" was declared but never referenced' in strict.failures[0].output
+    loose = _build(
+        root,
+        "hw1/m1/q1",
+        {**env, "METRALE_KERNEL_NO_STRICT": "1", "METRALE_EXTRA_NVCC_FLAGS": "-DVALUE=1234567"},
+    )
+    assert not loose.failures
+    ptx = (tmp_path / "build/hw1/m1/q1/leaf.ptx").read_text()
+    assert "1234567" in ptx and ".target sm_90a" in ptx
+
+
+# ------------------------------------------------------------------------------ SCALE
+
+
+def test_scale_root_discovery(tmp_path: Path) -> None:
+    scale = builtin_toolchains()["scale"]
+    home = tmp_path / "home"
+    older = scale_root(home / "scale-1.9")
+    newer = scale_root(home / "scale-1.10")
+    write(home, "scale-2.0/README", "not a root: no bin/scaleenv, no targets/\n")
+    env = {"HOME": str(home), "PATH": ""}
+    # ~/scale*, newest version that is a root.
+    assert find_root(scale, env) == newer
+    explicit = scale_root(tmp_path / "opt/sc")
+    assert find_root(scale, {**env, "SCALE_ROOT": str(explicit)}) == explicit
+    assert find_root(scale, {**env, "SCALE_HOME": str(older), "SCALE_ROOT": str(explicit)}) == older
+    # A set but invalid root is an error naming it, even when the next one is valid.
+    bad = str(home / "scale-2.0")
+    for var, given in (
+        ("SCALE_HOME", {"SCALE_HOME": bad, "SCALE_ROOT": str(explicit)}),
+        ("SCALE_ROOT", {"SCALE_ROOT": bad}),
+    ):
+        with pytest.raises(ToolchainError) as err:
+            find_root(scale, {**env, **given})
+        assert str(err.value) == (
+            f"environment {var}: '{bad}' is not a scale root (it has no bin/scaleenv); "
+            "point it at the installation's root directory, or unset it"
+        )
+    (explicit / "targets").rename(explicit / "targets.old")
+    with pytest.raises(ToolchainError, match=r"environment SCALE_HOME: .* \(it has no targets/\)"):
+        find_root(scale, {**env, "SCALE_HOME": str(explicit)})
+    # The globs in order: an earlier glob's root wins over a newer one of a later glob.
+    write(
+        tmp_path / "p",
+        "toolchains/scale.toml",
+        f'[toolchain]\nextends = "scale"\nvendors = ["amd"]\n'
+        f'root_globs = ["{tmp_path}/a/scale*", "{tmp_path}/b/scale*"]\n',
+    )
+    custom = load_toolchains(tmp_path / "p")["scale"]
+    a = scale_root(tmp_path / "a/scale-1.0")
+    scale_root(tmp_path / "b/scale-9.0")
+    assert find_root(custom, env) == a
+    assert find_root(custom, {"HOME": str(tmp_path / "nobody")}) == a
+    shutil.rmtree(tmp_path / "a")
+    shutil.rmtree(tmp_path / "b")
+    assert find_root(custom, env) is None
+
+
+@_needs_no_system_install
+def test_scale_compiler_is_picked_per_arch(tmp_path: Path) -> None:
+    scale = builtin_toolchains()["scale"]
+    root = scale_root(tmp_path / "scale", ("gfx1151", "gfx1100"))
+    env = {"SCALE_HOME": str(root), "PATH": "", "HOME": str(tmp_path / "home")}
+    found = find_toolchain(scale, env, arch="gfx1151")
+    assert found.program == root / "targets/gfx1151/bin/nvcc"
+    assert found.identity.startswith("fake scale version 9.9 | ")
+    assert find_program(scale, env, arch="gfx1100") == root / "targets/gfx1100/bin/nvcc"
+    # The dry run's include directory is a toolkit root (headers recorded below it).
+    assert str(root / "targets/gfx1151/include") in found.roots
+    with pytest.raises(ToolchainMissing) as err:
+        find_toolchain(scale, env, arch="gfx942")
+    assert str(err.value) == (
+        f"toolchain 'scale' is not installed: scale at {root} has no compiler for gfx942 "
+        f"(targets/gfx942/bin/nvcc); install {scale.install_hint}"
+    )
+    with pytest.raises(ToolchainMissing, match=r"no scale root was found \(\$SCALE_HOME, "
+                       r"\$SCALE_ROOT, ~/scale\*, /opt/scale\*\); install SCALE"):  # fmt: skip
+        find_toolchain(scale, {"PATH": "", "HOME": str(tmp_path / "home")}, arch="gfx1151")
+    with pytest.raises(ToolchainError, match=r"picked by \[hardware\] arch"):
+        find_toolchain(scale, env)
+    # The task cache's stamp covers every arch's compiler of the root.
+    stamp = toolchain_stamp(scale, env)
+    assert stamp[:2] == ["found", str(root)]
+    assert [arch for arch, _ in stamp[2]] == ["gfx1100", "gfx1151"]
+
+
+_STRIX = {
+    "kernels/strix/HARDWARE.toml": (
+        '[hardware]\nvendor = "amd"\narch = "gfx1151"\n'
+        '[build]\nextra_nvcc_flags = ["--fmad=false", "-DTQ_PLUS_SIGNS"]\n'
+    ),
+    "kernels/strix/common/KERNEL.toml": '[build]\nextra_nvcc_flags = ["-DHDIM=128"]\n',
+    "kernels/strix/common/util.cuh": "#pragma once\n#define MASK 0xffffffffu\n",
+    "kernels/strix/common/norm.cu": (
+        '#include "util.cuh"\n'
+        'extern "C" __global__ void norm() { __shfl_sync(0xffffffffu, 1, 0); }\n'
+    ),
+    "kernels/strix/m/MODEL.toml": "[model]\n",
+    "kernels/strix/m/q/KERNEL.toml": '[build]\nextra_nvcc_flags = ["-ffp-contract=off"]\n',
+    "kernels/strix/m/q/gemv.cu": (
+        '#include "../../common/util.cuh"\nextern "C" __global__ void gemv() {}\n'
+    ),
+}
+
+
+def test_scale_build_command_lines_and_cache(tmp_path: Path) -> None:
+    root = tmp_path / "proj"
+    for rel, text in _STRIX.items():
+        write(root, rel, text)
+    sc = scale_root(tmp_path / "scale")
+    log = tmp_path / "scale.log"
+    env = {"SCALE_HOME": str(sc), "PATH": "", "HOME": str(tmp_path / "home"), "FAKE_LOG": str(log)}
+    kernels = _tree_digest(root / "kernels")
+    result = _build(root, "strix/m/q", env)
+    assert not result.failures, result.failure_text()
+    program = str(sc / "targets/gfx1151/bin/nvcc")
+    lines = {Path(e["argv"][e["argv"].index("-o") - 1]).name: _normalise(e["argv"], e)
+             for e in logged(log)}  # fmt: skip
+    flags = ["--fmad=false", "-DTQ_PLUS_SIGNS", "-DHDIM=128", "-ffp-contract=off"]
+    assert lines == {
+        "gemv.cu": [program, "--cuda-device-only", "-c", "-O3", *flags, "-I.", "gemv.cu",
+                    "-o", "<tmp>/gemv.o", "-MD", "-MF", "<tmp>/deps.d"],
+        "norm.cu": [program, "--cuda-device-only", "-c", "-O3", *flags, "-I.", "norm.cu",
+                    "-o", "<tmp>/norm.o", "-MD", "-MF", "<tmp>/deps.d"],
+    }  # fmt: skip
+    # The sources as they are: no mirror for SCALE.
+    norm = next(e for e in logged(log) if "norm.cu" in e["argv"])
+    assert "__shfl_sync(0xffffffffu, 1, 0)" in norm["read"]["norm.cu"]
+    out = tmp_path / "build/strix/m/q"
+    assert sorted(p.name for p in out.glob("*.o")) == ["gemv.o", "norm.o"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["toolchain"]["name"] == "scale"
+    assert manifest["toolchain"]["identity"].startswith("fake scale version 9.9 | ")
+    assert _tree_digest(root / "kernels") == kernels
+    # A second run: every module from the cache, nothing compiled.
+    reset_build_memo()
+    log.unlink()
+    again = _build(root, "strix/m/q", env)
+    assert {m.outcome for m in again.modules} == {"local"} and not logged(log)
+
+
+# ------------------------------------------------------------------------------ HIP
+
+
+@_needs_no_system_install
+def test_hipcc_discovery_order(tmp_path: Path) -> None:
+    hip = builtin_toolchains()["hip"]
+    on_path = fake_compiler(tmp_path / "path/bin/hipcc", "hipcc")
+    named = fake_compiler(tmp_path / "named/bin/hipcc", "hipcc")
+    env = {"PATH": str(on_path.parent)}
+    assert find_program(hip, env) == on_path  # /opt/rocm/bin/hipcc is absent here
+    assert find_program(hip, {**env, "METRALE_HIPCC": str(named)}) == named
+    with pytest.raises(ToolchainError) as err:
+        find_program(hip, {**env, "METRALE_HIPCC": str(tmp_path / "nope/hipcc")})
+    assert str(err.value).startswith(
+        f"environment METRALE_HIPCC: '{tmp_path / 'nope/hipcc'}' is not an executable hipcc"
+    )
+    # program_paths come before PATH (the built-in's is /opt/rocm/bin/hipcc).
+    rocm = fake_compiler(tmp_path / "rocm/bin/hipcc", "hipcc")
+    write(
+        tmp_path / "p",
+        "toolchains/hip.toml",
+        f'[toolchain]\nextends = "hip"\nvendors = ["hip"]\nprogram_paths = ["{rocm}"]\n',
+    )
+    custom = load_toolchains(tmp_path / "p")["hip"]
+    assert find_program(custom, env) == rocm
+    assert find_program(custom, {**env, "METRALE_HIPCC": str(named)}) == named
+
+
+def test_hip_flags_translate_fmad() -> None:
+    assert hip_flags(
+        ["--fmad=false", "-DHDIM=128", "-ffp-contract=off", "--fmad=true", "--fmad=maybe",
+         "-fmad=false", "--fmadx"]
+    ) == ("-ffp-contract=off", "-DHDIM=128", "-ffp-contract=off", "-ffp-contract=fast",
+          "-ffp-contract=off", "--fmadx")  # fmt: skip
+
+
+def test_sample_strix_hip_target_builds_through_the_mirror(tmp_path: Path) -> None:
+    root = _sample(tmp_path)
+    compat = write(
+        root, "hip_compat/hip/hip_runtime.h", "// compat hip_runtime.h v1\n"
+    ).parent.parent
+    write(root, "hip_compat/cuda_bf16.h", "// compat cuda_bf16.h\n")
+    hipcc = fake_compiler(tmp_path / "rocm/bin/hipcc", "hipcc")
+    log = tmp_path / "hip.log"
+    env = {"METRALE_HIPCC": str(hipcc), "PATH": "", "FAKE_LOG": str(log)}
+    kernels = _tree_digest(root / "kernels")
+    result = _build(root, "strix-hip/llama3-8b/bf16", env, hip_compat_dir="hip_compat")
+    assert not result.failures, result.failure_text()
+    entries = {Path(e["argv"][e["argv"].index("-o") - 1]).name: e for e in logged(log)}
+    assert sorted(entries) == ["residual_add.cu", "rmsnorm.cu", "rope.cu", "silu_mul.cu"]
+    rms = entries["rmsnorm.cu"]
+    assert _normalise(rms["argv"], rms) == [
+        str(hipcc), "-x", "hip", "--genco", "--offload-arch=gfx1151", "-O3", f"-I{compat}",
+        "-include", "hip/hip_runtime.h", "-I.", f"../../{MIRROR_DIR}/llama3-8b/bf16/rmsnorm.cu",
+        "-o", "<tmp>/rmsnorm.co", "-MD", "-MF", "<tmp>/deps.d",
+    ]  # fmt: skip
+    assert rms["cwd"] == str(tmp_path / "build/stage/strix-hip/llama3-8b/bf16/llama3-8b/bf16")
+    # What hipcc was handed: the compat header, the mirrored source and header.
+    read = rms["read"]
+    assert read[str(compat / "hip/hip_runtime.h")] == "// compat hip_runtime.h v1\n"
+    mirrored_util = read[f"../../{MIRROR_DIR}/llama3-8b/bf16/bf16_util.cuh"]
+    original = (REPO / "kernels/gb10/common/bf16_util.cuh").read_text()
+    assert "__shfl_xor_sync(0xffffffffu, (v), (m))" in original
+    assert mirrored_util == original.replace(
+        "__shfl_xor_sync(0xffffffffu, (v), (m))", "__shfl_xor_sync(0xffffffffULL, (v), (m))"
+    )
+    assert (
+        read[f"../../{MIRROR_DIR}/llama3-8b/bf16/rmsnorm.cu"]
+        == (REPO / "kernels/gb10/common/rmsnorm.cu").read_text()
+    )
+    # kernels/ is never modified; the artefacts are code objects.
+    assert _tree_digest(root / "kernels") == kernels
+    out = tmp_path / "build/strix-hip/llama3-8b/bf16"
+    assert sorted(p.name for p in out.glob("*.co")) == [
+        "residual_add.co", "rmsnorm.co", "rope.co", "silu_mul.co",
+    ]  # fmt: skip
+    assert (out / "rmsnorm.co").read_text().startswith("fake hipcc output\n")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["toolchain"]["name"] == "hip"
+    assert " | hip mirror v1 | compat {root}/hip_compat " in manifest["toolchain"]["identity"]
+
+    # Rebuilt: all from the cache (the mirror's reads map back to the staged files).
+    reset_build_memo()
+    log.unlink()
+    again = _build(root, "strix-hip/llama3-8b/bf16", env, hip_compat_dir="hip_compat")
+    assert {m.outcome for m in again.modules} == {"local"} and not logged(log)
+    # An edited compat file is key material: every module recompiles.
+    reset_build_memo()
+    write(root, "hip_compat/hip/hip_runtime.h", "// compat hip_runtime.h v2\n")
+    edited = _build(root, "strix-hip/llama3-8b/bf16", env, hip_compat_dir="hip_compat")
+    assert {m.outcome for m in edited.modules} == {"compiled"}
+    assert not {m.key for m in again.modules} & {m.key for m in edited.modules}
+    # ... and so is a new one (it could shadow a toolkit header).
+    reset_build_memo()
+    write(root, "hip_compat/cuda_fp16.h", "// new\n")
+    added = _build(root, "strix-hip/llama3-8b/bf16", env, hip_compat_dir="hip_compat")
+    assert {m.outcome for m in added.modules} == {"compiled"}
+
+
+_HIP = {
+    "kernels/amd/HARDWARE.toml": (
+        '[hardware]\nvendor = "hip"\narch = "gfx1201"\n'
+        '[build]\nextra_nvcc_flags = ["--fmad=false", "-DHDIM=128"]\nextra_hip_flags = ["-DNO"]\n'
+    ),
+    "kernels/amd/common/KERNEL.toml": "",
+    "kernels/amd/common/reduce.cuh": (
+        "#pragma once\n"
+        "__device__ float red(float v) {\n"
+        "    unsigned int mask = __activemask();  // unsigned int stays in this comment\n"
+        "    unsigned int lanes = 32;\n"
+        "    return __shfl_down_sync(mask, v, 1) + __shfl_up_sync(0xFFFFFFFFUL, v, 1)\n"
+        "        + __ballot_sync(0x0000ffffLL, v > 0);\n"
+        "}\n"
+    ),
+    "kernels/amd/common/vendor/sub.cuh": "#define SUB_MASK __shfl_sync(0xffffffffu, 1, 0)\n",
+    "kernels/amd/m/MODEL.toml": "[model]\n",
+    "kernels/amd/m/q/KERNEL.toml": (
+        '[build]\nextra_nvcc_flags = ["-ffp-contract=off", "--fmad=true", "--fmad=maybe"]\n'
+    ),
+    "kernels/amd/m/q/k.cu": (
+        '#include "../../common/reduce.cuh"\n'
+        '#include "vendor/sub.cuh"\n'
+        'extern "C" __global__ void k(float* o) {\n'
+        "    o[0] = __shfl_xor_sync(0xffffffff, red(1.f), 1);\n"
+        "}\n"
+    ),
+    "kernels/amd/m/q/vendor/sub.cuh": "#define LEAF_SUB __shfl_sync(0xffffffffu, 2, 0)\n",
+}
+
+
+def test_hip_flags_mirror_and_unmirrored_subdirectories(tmp_path: Path) -> None:
+    """--fmad translated, no extra_hip_flags; the leaf's and common's files mirrored, a
+    subdirectory's header read from the stage as it is (as the reference reads it)."""
+    root = tmp_path / "proj"
+    for rel, text in _HIP.items():
+        write(root, rel, text)
+    hipcc = fake_compiler(tmp_path / "rocm/bin/hipcc", "hipcc")
+    log = tmp_path / "hip.log"
+    env = {"METRALE_HIPCC": str(hipcc), "PATH": "", "FAKE_LOG": str(log)}
+    result = _build(root, "amd/m/q", env)
+    assert not result.failures, result.failure_text()
+    (entry,) = logged(log)
+    assert _normalise(entry["argv"], entry) == [
+        str(hipcc), "-x", "hip", "--genco", "--offload-arch=gfx1201", "-O3",
+        "-include", "hip/hip_runtime.h",
+        "-ffp-contract=off", "-DHDIM=128", "-ffp-contract=off", "-ffp-contract=fast",
+        "-I.", f"../../{MIRROR_DIR}/m/q/k.cu", "-o", "<tmp>/k.co", "-MD", "-MF", "<tmp>/deps.d",
+    ]  # fmt: skip
+    read = entry["read"]
+    toolkit = str(tmp_path / "rocm/include/hip/hip_runtime.h")
+    mirror = f"../../{MIRROR_DIR}/m/q"
+    assert sorted(read) == sorted([
+        toolkit, f"{mirror}/k.cu", f"{mirror}/../../common/reduce.cuh", "./vendor/sub.cuh",
+    ])  # fmt: skip
+    assert read[f"{mirror}/k.cu"] == _HIP["kernels/amd/m/q/k.cu"].replace(
+        "0xffffffff,", "0xffffffffULL,"
+    )
+    assert read[f"{mirror}/../../common/reduce.cuh"] == (
+        "#pragma once\n"
+        "__device__ float red(float v) {\n"
+        "    unsigned long long mask = __activemask();  // unsigned int stays in this comment\n"
+        "    unsigned int lanes = 32;\n"
+        "    return __shfl_down_sync(mask, v, 1) + __shfl_up_sync(0xFFFFFFFFULL, v, 1)\n"
+        "        + __ballot_sync(0x0000ffffLL, v > 0);\n"
+        "}\n"
+    )
+    assert read["./vendor/sub.cuh"] == _HIP["kernels/amd/m/q/vendor/sub.cuh"]
+    # The mirror holds the leaf's and common's kernel files, nothing of subdirectories.
+    stage = tmp_path / "build/stage/amd/m/q"
+    mirrored = sorted(p.relative_to(stage / MIRROR_DIR).as_posix()
+                      for p in (stage / MIRROR_DIR).rglob("*") if p.is_file())  # fmt: skip
+    assert mirrored == [".mirrored.json", "common/reduce.cuh", "m/q/k.cu"]
+    # The cache entry records the staged files the mirror was made from, and the
+    # toolkit header below the dry run's include directory.
+    (module,) = result.modules
+    hit = make_cache(make_config(root, tmp_path / "cache")).get(module.key)
+    assert hit is not None
+    assert [tuple(i[:2]) for i in hit.meta["inputs"]] == [
+        ("stage", "../../common/reduce.cuh"), ("stage", "k.cu"), ("stage", "vendor/sub.cuh"),
+        ("toolkit0", "hip/hip_runtime.h"),
+    ]  # fmt: skip
+    plan = plan_target(
+        root, discover(root, Target.parse("amd/m/q")), load_toolchains(root), identity="i"
+    )
+    assert plan.modules[0].argv == (
+        "hipcc", "-x", "hip", "--genco", "--offload-arch=gfx1201", "-O3",
+        "-include", "hip/hip_runtime.h",
+        "-ffp-contract=off", "-DHDIM=128", "-ffp-contract=off", "-ffp-contract=fast",
+        "-I.", f"../../{MIRROR_DIR}/m/q/k.cu", "-o", "k.co",
+    )  # fmt: skip
+    assert plan.flags == ("--fmad=false", "-DHDIM=128", "-ffp-contract=off", "--fmad=true",
+                          "--fmad=maybe")  # fmt: skip
+    # An edit of a mirrored file reaches the next compile; a stale mirror file is removed.
+    write(
+        root,
+        "kernels/amd/common/reduce.cuh",
+        "#pragma once\n__device__ float red(float v) { return v; }\n",
+    )
+    write(root, "kernels/amd/common/extra.cuh", "// new header\n")
+    reset_build_memo()
+    log.unlink()
+    assert not _build(root, "amd/m/q", env).failures
+    (entry,) = logged(log)
+    assert "return v;" in entry["read"][f"{mirror}/../../common/reduce.cuh"]
+    (root / "kernels/amd/common/extra.cuh").unlink()
+    write(root, "kernels/amd/m/q/k.cu", _HIP["kernels/amd/m/q/k.cu"] + "// v2\n")
+    reset_build_memo()
+    assert not _build(root, "amd/m/q", env).failures
+    assert not (stage / MIRROR_DIR / "common/extra.cuh").exists()
+
+
+def test_hip_compat_is_file_deps_and_key_material(tmp_path: Path) -> None:
+    root = tmp_path / "proj"
+    for rel, text in _HIP.items():
+        write(root, rel, text)
+    write(root, "compat/cuda_runtime.h", "// v1\n")
+    layout = discover(root, Target.parse("amd/m/q"))
+    tcs = load_toolchains(root)
+
+    def plan(compat: HipCompat | None) -> Any:
+        return plan_target(root, layout, tcs, identity="hipcc 9", hip_compat=compat)
+
+    none = plan(None)
+    assert none.identity == "hipcc 9 | hip mirror v1"
+    scanned = scan_hip_compat(root, root / "compat")
+    assert scanned.spelled == "{root}/compat" and list(scanned.files) == ["cuda_runtime.h"]
+    with_compat = plan(scanned)
+    assert "compat/cuda_runtime.h" in with_compat.file_dep_rels
+    assert "compat/cuda_runtime.h" not in none.file_dep_rels
+    assert "-I{root}/compat" in with_compat.modules[0].argv
+    assert (
+        with_compat.identity == f"hipcc 9 | hip mirror v1 | compat {{root}}/compat {scanned.digest}"
+    )
+    assert str(tmp_path) not in json.dumps(dict(with_compat.signature))
+    write(root, "compat/cuda_runtime.h", "// v2\n")
+    changed = plan(scan_hip_compat(root, root / "compat"))
+    assert changed.identity != with_compat.identity
+    assert changed.signature != with_compat.signature
+    # The switches of nvcc do not touch a HIP target.
+    assert (
+        plan_target(
+            root, layout, tcs, identity="hipcc 9", environ={"METRALE_KERNEL_NO_STRICT": "1"}
+        ).signature
+        == none.signature
+    )
+    # A compat directory that went away fails the HIP targets, naming the setting.
+    broken = scan_hip_compat(root, root / "gone")
+    assert broken.problem
+    with pytest.raises(BuildConfigError, match=r"^configuration: hip_compat_dir: the HIP compat"):
+        plan(broken)
+
+
+def test_hip_compat_dir_setting(tmp_path: Path) -> None:
+    (tmp_path / "compat").mkdir()
+    assert load_config(tmp_path, {}).hip_compat_dir is None
+    cfg = load_config(tmp_path, {"METRALE_ORCH_HIP_COMPAT_DIR": "compat"})
+    assert cfg.hip_compat_dir == tmp_path / "compat"
+    assert cfg.to_dict()["hip_compat_dir"] == "compat" and cfg.sources["hip_compat_dir"] == "env"
+    assert load_config(tmp_path, {"METRALE_ORCH_HIP_COMPAT_DIR": ""}).hip_compat_dir is None
+    write(tmp_path, "pyproject.toml", '[tool.metrale-orch]\nhip_compat_dir = "missing"\n')
+    with pytest.raises(ConfigError) as err:
+        load_config(tmp_path, {})
+    assert str(err.value).startswith(
+        "pyproject.toml [tool.metrale-orch]: hip_compat_dir: 'missing' is not a directory"
+    )
+    write(tmp_path, "pyproject.toml", "[tool.metrale-orch]\nhip_compat_dir = 3\n")
+    with pytest.raises(ConfigError, match="hip_compat_dir: must be a path string, got int"):
+        load_config(tmp_path, {})
+    (tmp_path / "pyproject.toml").unlink()
+    with pytest.raises(
+        ConfigError, match=r"^environment METRALE_ORCH_HIP_COMPAT_DIR: hip_compat_dir: 'nope'"
+    ):
+        load_config(tmp_path, {"METRALE_ORCH_HIP_COMPAT_DIR": "nope"})
+
+
+# ------------------------------------------------------------------------------ Metal
+
+
+def test_sample_metal_target_builds_in_two_steps(tmp_path: Path) -> None:
+    root = _sample(tmp_path)
+    xcrun = fake_compiler(tmp_path / "xcode/bin/xcrun", "xcrun")
+    log = tmp_path / "metal.log"
+    env = {"PATH": str(xcrun.parent), "FAKE_LOG": str(log)}
+    result = _build(root, "metal/llama3-8b/bf16", env)
+    assert not result.failures, result.failure_text()
+    steps = [(e["tool"], _normalise(e["argv"], e)) for e in logged(log)]
+    rms = [argv for tool, argv in steps if any("rmsnorm" in a for a in argv)]
+    assert rms == [
+        [
+            str(xcrun), "-sdk", "macosx", "metal", "-std=metal3.1", "-c", "-O3",
+            "-std=metal3.1", "-I.", "rmsnorm.metal", "-o", "<tmp>/rmsnorm.air",
+            "-MD", "-MF", "<tmp>/deps.d",
+        ],
+        [str(xcrun), "-sdk", "macosx", "metallib", "<tmp>/rmsnorm.air", "-o",
+         "<tmp>/rmsnorm.metallib"],
+    ]  # fmt: skip
+    assert [tool for tool, _ in steps] == ["metal", "metallib"] * 2
+    out = tmp_path / "build/metal/llama3-8b/bf16"
+    assert sorted(p.name for p in out.iterdir() if p.suffix == ".metallib") == [
+        "rmsnorm.metallib", "silu_mul.metallib",
+    ]  # fmt: skip
+    assert (out / "rmsnorm.metallib").read_text().startswith("metallib\nfake metal output\n")
+    # The key's argv is both steps, with machine-independent names.
+    plan = plan_target(
+        root, discover(root, Target.parse("metal/llama3-8b/bf16")), load_toolchains(root),
+        identity="x",
+    )  # fmt: skip
+    rms_plan = next(m for m in plan.modules if m.stem == "rmsnorm")
+    assert rms_plan.argv == (
+        "xcrun", "-sdk", "macosx", "metal", "-std=metal3.1", "-c", "-O3", "-std=metal3.1", "-I.",
+        "rmsnorm.metal", "-o", "rmsnorm.air",
+        "&&", "xcrun", "-sdk", "macosx", "metallib", "rmsnorm.air", "-o", "rmsnorm.metallib",
+    )  # fmt: skip
+    reset_build_memo()
+    log.unlink()
+    again = _build(root, "metal/llama3-8b/bf16", env)
+    assert {m.outcome for m in again.modules} == {"local"} and not logged(log)
+
+
+def test_metal_step_failures_are_compile_errors(tmp_path: Path) -> None:
+    root = _sample(tmp_path)
+    write(root, "kernels/metal/common/rmsnorm.metal", "#error broken\n")
+    xcrun = fake_compiler(tmp_path / "xcode/bin/xcrun", "xcrun")
+    env = {"PATH": str(xcrun.parent), "FAKE_LOG": str(tmp_path / "log")}
+    result = _build(root, "metal/llama3-8b/bf16", env)
+    (failure,) = result.failures
+    assert failure.module == "rmsnorm" and failure.returncode == 1
+    assert failure.source == "kernels/metal/common/rmsnorm.metal"
+    assert " metal -std=metal3.1 -c -O3 " in str(failure)
+
+
+# ------------------------------------------------------------------------------ skips, probes
+
+
+@_needs_no_system_install
+def test_skip_messages_name_the_toolkit(tmp_path: Path) -> None:
+    root = _sample(tmp_path)
+    write(root, "kernels/strix/HARDWARE.toml", '[hardware]\nvendor = "amd"\narch = "gfx1151"\n')
+    write(root, "kernels/strix/m/MODEL.toml", "[model]\n")
+    write(root, "kernels/strix/m/q/k.cu", 'extern "C" __global__ void k() {}\n')
+    env = {"PATH": "", "HOME": str(tmp_path / "home")}
+    specs = {s.target: s for s in resolve_build_specs(root, env)}
+    skipped = {t: s.message for t, s in specs.items() if s.kind == "skip"}
+    assert "SCALE (https://docs.scale-lang.com)" in skipped["strix/m/q"]
+    assert "toolchain 'scale' is not installed" in skipped["strix/m/q"]
+    assert "install ROCm" in skipped["strix-hip/llama3-8b/bf16"]
+    assert "Xcode command line tools" in skipped["metal/llama3-8b/bf16"]
+
+
+def test_clang_dry_run_identity_is_stable_and_sees_through(tmp_path: Path) -> None:
+    hip = builtin_toolchains()["hip"]
+    hipcc = fake_compiler(tmp_path / "rocm/bin/hipcc", "hipcc")
+    env = {"PATH": ""}
+    first = probe_identity(hip, hipcc, env, arch="gfx1151")
+    reset_identity_memo()
+    # The dry run's temporary names are random: normalised away.
+    assert probe_identity(hip, hipcc, env, arch="gfx1151") == first
+    assert first.startswith("fake hipcc version 9.9 | ")
+    reset_identity_memo()
+    assert probe_identity(hip, hipcc, {**env, "FAKE_DRYRUN": "-DWRAPPED"}, arch="gfx1151") != first
+    reset_identity_memo()
+    assert probe_identity(hip, hipcc, env, arch="gfx1100") != first
+    # The real compiler the dry run names is hashed by content.
+    reset_identity_memo()
+    (hipcc.parent / "clang-99").write_text("fake clang binary v2\n")
+    assert probe_identity(hip, hipcc, env, arch="gfx1151") != first
+
+
+def test_a_compiler_without_dry_run_says_how_to_go_on(tmp_path: Path) -> None:
+    hip = builtin_toolchains()["hip"]
+    hipcc = _script(
+        tmp_path / "bin/hipcc",
+        f"#!{sys.executable}\nimport sys\n"
+        "if '--version' in sys.argv: print('hipcc 1'); sys.exit(0)\n"
+        "sys.exit('unknown option -###')\n",
+    )
+    with pytest.raises(ToolchainError) as err:
+        probe_identity(hip, hipcc, {"PATH": ""}, arch="gfx1151")
+    text = str(err.value)
+    assert text.startswith("toolchain 'hip': dryrun_args: the dry-run probe failed")
+    assert 'set dryrun_args = [] in a toolchains/hip.toml that extends "hip"' in text
+
+
+# ------------------------------------------------------------------------------ the mirror
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        ("__shfl_sync(0xffffffff, v, 0)", "__shfl_sync(0xffffffffULL, v, 0)"),
+        ("__shfl_sync(0xffffffffu, v, 0)", "__shfl_sync(0xffffffffULL, v, 0)"),
+        ("__shfl_up_sync(0xffffffffU, v, 1)", "__shfl_up_sync(0xffffffffULL, v, 1)"),
+        ("__shfl_down_sync(0xFFFFFFFFul, v, 1)", "__shfl_down_sync(0xFFFFFFFFULL, v, 1)"),
+        ("__shfl_xor_sync(0xffffffffl, v, 1)", "__shfl_xor_sync(0xffffffffULL, v, 1)"),
+        ("__ballot_sync( 0xffffffff , p)", "__ballot_sync( 0xffffffffULL , p)"),
+        ("__ballot_sync(0xffffffffLL, p)", "__ballot_sync(0xffffffffLL, p)"),
+        ("__ballot_sync(0xffffffffull, p)", "__ballot_sync(0xffffffffull, p)"),
+        ("__shfl_sync(0xffffffffULL, v, 0)", "__shfl_sync(0xffffffffULL, v, 0)"),
+        ("__shfl_sync(mask, v, 0)", "__shfl_sync(mask, v, 0)"),
+        ("__shfl_sync(4294967295u, v, 0)", "__shfl_sync(4294967295u, v, 0)"),
+        ("__shfl_sync(0xff | m, v, 0)", "__shfl_sync(0xff | m, v, 0)"),
+        ("__shfl_sync (0xffffffff, v, 0)", "__shfl_sync (0xffffffff, v, 0)"),
+        ("my__shfl_sync(0xffffffff, v, 0)", "my__shfl_sync(0xffffffff, v, 0)"),
+        ("__shfl_xor(v, 0xffffffff)", "__shfl_xor(v, 0xffffffff)"),
+        ("// __shfl_sync(0xffffffff, v, 0)", "// __shfl_sync(0xffffffff, v, 0)"),
+        ('puts("__shfl_sync(0xffffffff, v, 0)");', 'puts("__shfl_sync(0xffffffff, v, 0)");'),
+        ("unsigned int m = __activemask();", "unsigned long long m = __activemask();"),
+        ("const unsigned int m =\n  __activemask() & x;",
+         "const unsigned long long m =\n  __activemask() & x;"),
+        ("unsigned int a; unsigned int m = __activemask();",
+         "unsigned int a; unsigned long long m = __activemask();"),
+        ("{ unsigned int a = 1; }\nunsigned int b = __activemask();",
+         "{ unsigned int a = 1; }\nunsigned long long b = __activemask();"),
+        ("#define U unsigned int \nU m = __activemask();",
+         "#define U unsigned int \nU m = __activemask();"),
+        ("unsigned int m = 1; // __activemask()", "unsigned int m = 1; // __activemask()"),
+        ("unsigned int m = __activemask; ", "unsigned int m = __activemask; "),
+        ("unsigned int* p = f(__activemask());", "unsigned int* p = f(__activemask());"),
+        ("int n = 1'000; unsigned int m = __activemask();",
+         "int n = 1'000; unsigned long long m = __activemask();"),
+    ],
+)  # fmt: skip
+def test_mirror_rules(before: str, after: str) -> None:
+    assert mirror_text(before.encode()) == after.encode()
+
+
+def test_mirror_keeps_other_bytes_and_selects_files() -> None:
+    data = "caf\xe9 \u00e9 // not utf-8 safe? __shfl_sync(0xff, v, 0)\n".encode("latin-1")
+    assert mirror_text(data) == data
+    latin = b"\xff\xfe unsigned int m = __activemask();"
+    assert mirror_text(latin) == b"\xff\xfe unsigned long long m = __activemask();"
+    staged = ["m/q/k.cu", "m/q/h.cuh", "m/q/x.h", "m/q/sub/y.cuh", "common/c.cu", "common/v/z.h",
+              "other/o.cu", "m/q/notes.md"]  # fmt: skip
+    assert mirror_files(staged, "m/q") == ("common/c.cu", "m/q/h.cuh", "m/q/k.cu", "m/q/x.h")
+    assert mirror_files(staged, "common") == ("common/c.cu",)
+    assert mirrored_source("m/q", "k.cu") == "../../.hip/m/q/k.cu"
+    assert mirrored_source("common", "c.cu") == "../.hip/common/c.cu"
+    stage = "/b/stage/hw/m/q"
+    cwd = f"{stage}/m/q"
+    assert unmirror(
+        ["../../.hip/m/q/k.cu", "../../.hip/m/q/../../common/c.cuh", "./sub/y.cuh", "/abs/x.h"],
+        stage_dir=stage,
+        cwd=cwd,
+    ) == [f"{stage}/m/q/k.cu", f"{stage}/common/c.cuh", "./sub/y.cuh", "/abs/x.h"]
+    assert not re.search(r"\s", MIRROR_DIR)
+
+
+def test_write_mirror_rewrites_only_what_changed(tmp_path: Path) -> None:
+    stage = tmp_path / "stage"
+    files = {
+        "m/q/k.cu": "int a = __shfl_sync(0xffffffffu, v, 0);\n",
+        "common/c.cuh": "unsigned int m = __activemask();\n",
+    }
+    for rel, text in files.items():
+        write(stage, rel, text)
+    hashes = {rel: xxhash.xxh3_128_hexdigest(t.encode()) for rel, t in files.items()}
+    write_mirror(stage, sorted(files), hashes)
+    k = stage / MIRROR_DIR / "m/q/k.cu"
+    assert k.read_text() == "int a = __shfl_sync(0xffffffffULL, v, 0);\n"
+    before = k.stat()
+    write_mirror(stage, sorted(files), hashes)  # the next module: nothing rewritten
+    assert k.stat().st_ino == before.st_ino and k.stat().st_mtime_ns == before.st_mtime_ns
+    # A mirror file changed behind its back is mirrored again; so is a new staged content.
+    k.write_text("tampered\n")
+    write_mirror(stage, sorted(files), hashes)
+    assert k.read_text() == "int a = __shfl_sync(0xffffffffULL, v, 0);\n"
+    write(stage, "m/q/k.cu", "int b;\n")
+    write_mirror(stage, sorted(files), {**hashes, "m/q/k.cu": "new"})
+    assert k.read_text() == "int b;\n"
+    # A file no longer mirrored in a written directory is removed.
+    write_mirror(stage, ["common/c.cuh"], hashes)
+    write(stage, "m/q/j.cu", "int j;\n")
+    write_mirror(stage, ["m/q/j.cu"], {"m/q/j.cu": "j"})
+    assert not k.exists() and (stage / MIRROR_DIR / "m/q/j.cu").read_text() == "int j;\n"
+    assert (stage / MIRROR_DIR / "common/c.cuh").read_text() == (
+        "unsigned long long m = __activemask();\n"
+    )
