@@ -24,6 +24,7 @@ tree and what they reach); :func:`layer_include` is the per-module ``-I``.
 
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
 import re
@@ -79,8 +80,10 @@ class Beyond:
     errors: tuple[EscapingInclude, ...] = ()
 
 
-def quoted_includes(data: bytes) -> list[tuple[int, str]]:
-    """(line number, name) of every quoted include directive of a file, any branch (pure).
+@functools.lru_cache(maxsize=8192)
+def quoted_includes(data: bytes) -> tuple[tuple[int, str], ...]:
+    """(line number, name) of every quoted include directive of a file, any branch (pure;
+    memoised by content: the targets of a tree share most of their files).
 
     Line splices are joined (numbers then count the joined lines), ``%:`` and
     comments around the ``#`` understood.
@@ -91,7 +94,7 @@ def quoted_includes(data: bytes) -> list[tuple[int, str]]:
     for m in _QUOTED_RE.finditer(data):
         line = data.count(b"\n", 0, m.start()) + 1
         out.append((line, m.group("q").decode("utf-8", "surrogateescape")))
-    return out
+    return tuple(out)
 
 
 def layer_include(cwd: str, layer_dir: str) -> str:

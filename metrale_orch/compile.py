@@ -1172,6 +1172,10 @@ def build_target(
         dirs=lambda cwd, entry: include_dirs(cwd, argv_of.get(entry.source, plan.flags)),
     )
     includes = scan_includes(staged)
+    if layer_includes:
+        # Only the modules that reach a mirrored file get the extra -I (and a key that says
+        # so): the others keep sharing their keys with the same module of other targets.
+        layer_includes = _reaching_tree(plan, staged, includes, layer_includes)
     ctx = _Context(
         plan=plan,
         staged=staged,
@@ -1302,6 +1306,33 @@ def _layer_includes(root: Path, layout: Layout) -> dict[str, str]:
 
 def _layer_dirs(root: Path, layout: Layout) -> set[str]:
     return {layer_dir(root, layout, entry.layer) for _stem, entry in layout.modules()}
+
+
+def _reaching_tree(
+    plan: TargetPlan,
+    staged: StagedTarget,
+    includes: Mapping[str, Includes],
+    layer_includes: Mapping[str, str],
+) -> dict[str, str]:
+    """``layer_includes`` restricted to the modules whose scanned include closure (with
+    their layer directory on the path) reaches a file mirrored under ``.tree/``. A form
+    the scan misses fails that compile ("no such file"), never a wrong hit."""
+    out: dict[str, str] = {}
+    prefix = TREE_DIR + "/"
+    for module in plan.modules:
+        inc = layer_includes.get(module.staged)
+        if not inc:
+            continue
+        dirs = (
+            *include_dirs(module.cwd, plan.flags),
+            posixpath.normpath(posixpath.join(module.cwd, inc)),
+        )
+        closure = resolve_closure(
+            [module.staged], staged=staged.hashes, includes_of=includes, dirs=dirs
+        )
+        if any(p.startswith(prefix) for p in closure):
+            out[module.staged] = inc
+    return out
 
 
 def _beyond_stamps(root: Path, beyond: Beyond, staged: StagedTarget) -> dict[str, list[Any]]:

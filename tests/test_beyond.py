@@ -41,7 +41,7 @@ def test_quoted_includes_with_lines_and_forms() -> None:
         b'#include "a.h"\n%:include "b.h"\n#inc\\\nlude "c.h"\n'
         b'/* x */ # include "d.h"\n#include <e.h>\n'
     )
-    assert quoted_includes(text) == [(1, "a.h"), (2, "b.h"), (3, "c.h"), (4, "d.h")]
+    assert quoted_includes(text) == ((1, "a.h"), (2, "b.h"), (3, "c.h"), (4, "d.h"))
 
 
 def test_cross_model_include_is_found_and_mirrored(tmp_path: Path) -> None:
@@ -139,3 +139,27 @@ def test_escaping_include_fails_the_build_naming_file_and_line(tmp_path: Path) -
     assert run.returncode == 2, run.text
     assert "kernels/gb10/dsv4/nvfp4/kquant.cu:1:" in run.text and "outside kernels/" in run.text
     assert "Traceback" not in run.text
+
+
+@pytest.mark.nvcc
+def test_modules_that_reach_nothing_beyond_keep_their_keys(tmp_path: Path) -> None:
+    """Only the module that includes across models gets the extra -I in its key: its
+    siblings share keys (and cache entries) with the same module of other targets."""
+    import json
+
+    from tests._trust_support import base_env, doit_run, write_files
+
+    root = _tree(
+        tmp_path / "proj",
+        {"kernels/gb10/common/plain.cu": 'extern "C" __global__ void plain(int* o) { *o = 1; }\n'},
+    )
+    write_files(root, {})
+    run = doit_run(root, ["build"], base_env(tmp_path / "cache"))
+    assert run.returncode == 0, run.text
+
+    def keys(target: str) -> dict[str, str]:
+        doc = json.loads((root / "build" / target / "manifest.json").read_text())
+        return {m["name"]: m["key"] for m in doc["modules"]}
+
+    dsv4, qwen = keys("gb10/dsv4/nvfp4"), keys("gb10/qwen/nvfp4")
+    assert dsv4["plain"] == qwen["plain"]
