@@ -39,6 +39,7 @@ import logging
 import os
 import posixpath
 import re
+import shlex
 import shutil
 import tempfile
 import threading
@@ -743,20 +744,106 @@ def parse_includes(data: bytes) -> Includes:
     )
 
 
-def include_dirs(cwd: str, flags: Sequence[str]) -> tuple[str, ...]:
-    """Stage-relative ``-I`` directories of a compile in ``cwd`` (pure).
-
-    The role directory itself (``-I.``) first, then each relative ``-I``
-    / ``--include-path`` flag; absolute ones lie outside the stage and are skipped.
+def include_dirs(cwd: str, flags: Sequence[str], after: Sequence[str] = ()) -> tuple[str, ...]:
+    """Stage-relative include directories of a compile in ``cwd``, in the compiler's
+    search order (pure): ``-iquote`` ones, the ``-I`` ones of ``flags`` (which precede the
+    role directory on the command line), the role directory itself (``-I.``), the ``-I``
+    ones of ``after`` (flags placed after it), then ``-isystem`` and ``-idirafter`` ones.
+    Absolute directories lie outside the stage and are skipped (files read there are
+    recorded and verified by content).
     """
-    dirs = [cwd]
-    for value in _flag_values(
-        flags, ("-I", "--include-path", "-isystem", "--system-include", "-iquote", "-idirafter")
-    ):
-        for part in value.split(","):
-            if part and not part.startswith("/"):
-                dirs.append(posixpath.normpath(posixpath.join(cwd, part)))
+    both = [*flags, *after]
+
+    def rel(values: Iterator[str]) -> list[str]:
+        out: list[str] = []
+        for value in values:
+            for part in value.split(","):
+                if part and not part.startswith("/"):
+                    out.append(posixpath.normpath(posixpath.join(cwd, part)))
+        return out
+
+    dirs = [
+        *rel(_flag_values(both, ("-iquote",))),
+        *rel(_flag_values(flags, ("-I", "--include-path"))),
+        cwd,
+        *rel(_flag_values(after, ("-I", "--include-path"))),
+        *rel(_flag_values(both, ("-isystem", "--system-include"))),
+        *rel(_flag_values(both, ("-idirafter",))),
+    ]
     return tuple(dict.fromkeys(dirs))
+
+
+#: Options whose value names the host compiler (a program or its directory).
+_CCBIN_FLAGS = ("-ccbin", "--compiler-bindir")
+
+
+def effective_flags(
+    plan: TargetPlan, cwd_abs: str, switches_extra: Sequence[str] = ()
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the words the compiler sees before the role directory's ``-I.``, those after it)
+    (I/O: reads options files): ``NVCC_PREPEND_FLAGS``, the target's flags with every
+    options file expanded in place (nested ones too), then ``$METRALE_EXTRA_NVCC_FLAGS``
+    and ``NVCC_APPEND_FLAGS``; ``-Xcompiler=a,b`` contributes ``a`` and ``b``. What the
+    key's include scan must search, beyond ``plan.flags`` alone."""
+    env = plan.env
+
+    def split(text: str) -> list[str]:
+        try:
+            return shlex.split(text)
+        except ValueError:
+            return text.split()
+
+    before = [*split(env.get("NVCC_PREPEND_FLAGS", "")), *plan.flags]
+    after = [*switches_extra, *split(env.get("NVCC_APPEND_FLAGS", ""))]
+    return (
+        tuple(_expand_words(before, cwd_abs, split)),
+        tuple(_expand_words(after, cwd_abs, split)),
+    )
+
+
+def _expand_words(
+    words: Sequence[str], cwd_abs: str, split: Callable[[str], list[str]], depth: int = 0
+) -> Iterator[str]:
+    it = iter(words)
+    for word in it:
+        yield word
+        value = None
+        if word in ("--options-file", "-optf"):
+            value = next(it, None)
+            if value is not None:
+                yield value
+        elif word.startswith(("--options-file=", "-optf=")):
+            value = word.split("=", 1)[1]
+        elif word.startswith("-Xcompiler="):
+            yield from word[len("-Xcompiler=") :].split(",")
+        if value is None or depth >= 8:
+            continue
+        for name in value.split(","):
+            path = name if name.startswith("/") else os.path.join(cwd_abs, name)
+            try:
+                text = Path(path).read_text(encoding="utf-8", errors="surrogateescape")
+            except OSError:
+                continue
+            yield from _expand_words(split(text), cwd_abs, split, depth + 1)
+
+
+def read_files_of(words: Sequence[str]) -> tuple[str, ...]:
+    """Files the compiler reads because of ``words`` (pure; as written): options files,
+    ``-include``/``-imacros`` files, ``@response`` files, and the host compiler a
+    ``-ccbin`` names."""
+    out = list(flag_files(words))
+    it = iter(words)
+    for word in it:
+        if word.startswith("@") and len(word) > 1:
+            out.append(word[1:])
+        for name in _CCBIN_FLAGS:
+            if word == name:
+                nxt = next(it, None)
+                if nxt:
+                    out.append(nxt)
+            elif word.startswith(name + "="):
+                out.append(word[len(name) + 1 :])
+    return tuple(dict.fromkeys(out))
 
 
 def pre_includes(flags: Sequence[str]) -> tuple[str, ...]:
@@ -859,14 +946,12 @@ def embeds_paths(flags: Sequence[str]) -> bool:
 def _embeds_paths(plan: TargetPlan, staged: StagedTarget) -> bool:
     """Whether this target's compiles embed paths: through its flags, the flag variables
     the compiler reads (``NVCC_APPEND_FLAGS`` ...), or an options file's content."""
-    words = [*plan.flags]
+    words: list[str] = []
     for value in plan.env.values():
         words.extend(value.split())
-    for name in flag_files(plan.flags):
-        for cwd in {m.cwd for m in plan.modules}:
-            path = name if name.startswith("/") else str(staged.dir / cwd / name)
-            with contextlib.suppress(OSError, UnicodeDecodeError):
-                words.extend(Path(path).read_text(encoding="utf-8").split())
+    for cwd in {m.cwd for m in plan.modules}:
+        before, after = effective_flags(plan, os.path.abspath(staged.dir / cwd))
+        words.extend((*before, *after))
     return embeds_paths(words)
 
 
@@ -1095,6 +1180,8 @@ class _Context:
     environ: Mapping[str, str]
     tmp_root: Path
     log: logging.Logger
+    #: Module working directory -> :func:`effective_flags` there.
+    words: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = field(default_factory=dict)
     #: Staged source of a module -> the ``-I`` that makes ``.tree/<its layer directory>``
     #: its layer directory (only when the target reaches files beyond its layout).
     layer_includes: Mapping[str, str] = field(default_factory=dict)
@@ -1187,6 +1274,14 @@ def build_target(
         tmp_root=tmp_root,
         log=log,
         layer_includes=layer_includes,
+        words={
+            cwd: effective_flags(
+                plan,
+                os.path.abspath(staged.dir / cwd),
+                env_switches(plan.toolchain, plan.env).extra,
+            )
+            for cwd in {m.cwd for m in plan.modules}
+        },
     )
     checkout = os.path.abspath(staged.dir) if _embeds_paths(plan, staged) else ""
     counts = {"compiled": 0, "local": 0, "remote": 0, "memo": 0, "failed": 0}
@@ -1324,7 +1419,7 @@ def _reaching_tree(
         if not inc:
             continue
         dirs = (
-            *include_dirs(module.cwd, plan.flags),
+            *include_dirs(module.cwd, plan.flags, env_switches(plan.toolchain, plan.env).extra),
             posixpath.normpath(posixpath.join(module.cwd, inc)),
         )
         closure = resolve_closure(
@@ -1358,17 +1453,22 @@ def _module_key(
     """The action key of ``module``: its scanned closure over the stage (plus files named
     by flags) and everything in :func:`module_key_parts`."""
     plan, staged = ctx.plan, ctx.staged
-    dirs = include_dirs(module.cwd, plan.flags)
+    before, after = ctx.words.get(module.cwd, (plan.flags, ()))
+    dirs = include_dirs(module.cwd, before, after)
     layer_inc = ctx.layer_includes.get(module.staged, "")
     if layer_inc:
         dirs = (*dirs, posixpath.normpath(posixpath.join(module.cwd, layer_inc)))
     roots = [module.staged]
     flag_inputs: list[tuple[str, str]] = []
-    for path in pre_includes(plan.flags):
-        if path.startswith("/"):
-            flag_inputs.append((path, _HASHER.digest(path)))
+    for path in read_files_of((*before, *after)):
+        full = path if path.startswith("/") else os.path.join(ctx.staged.dir, module.cwd, path)
+        if os.path.isdir(full):  # -ccbin may name the compiler's directory
+            full = os.path.join(full, "gcc")
+        rel = posixpath.normpath(posixpath.join(module.cwd, path))
+        if not path.startswith("/") and rel in staged.hashes:
+            roots.append(rel)
         else:
-            roots.append(posixpath.normpath(posixpath.join(module.cwd, path)))
+            flag_inputs.append((path, _HASHER.digest(os.path.abspath(full))))
     closure = resolve_closure(roots, staged=staged.hashes, includes_of=includes, dirs=dirs)
     parts = module_key_parts(
         plan, module, closure, staged.hashes, flag_inputs=flag_inputs, checkout=checkout
@@ -1638,14 +1738,20 @@ def run_compile(
                 )
         else:
             includes = scan_includes(staged)
+            words = ctx.words.get(module.cwd, (plan.flags, ()))
             closure = resolve_closure(
                 [module.staged],
                 staged=staged.hashes,
                 includes_of=includes,
-                dirs=include_dirs(module.cwd, plan.flags),
+                dirs=include_dirs(module.cwd, *words),
             )
             read = [posixpath.relpath(p, module.cwd) for p in closure]
-        read = [*read, *pre_includes((*plan.flags, *switches.extra))]
+        before, after = ctx.words.get(module.cwd, (plan.flags, switches.extra))
+        files = [
+            os.path.join(p, "gcc") if os.path.isdir(os.path.join(cwd, p)) else p
+            for p in read_files_of((*before, *after))
+        ]
+        read = [*read, *files]
         recorded = record_inputs(
             read,
             stage_dir=os.path.abspath(staged.dir),

@@ -1005,10 +1005,16 @@ def keyed_environment(toolchain: Toolchain, environ: Mapping[str, str]) -> dict[
     its ``env_allowlist`` names and every name starting with one of its ``env_prefixes``."""
     prefixes = toolchain.env_prefixes
     return {
-        name: environ[name]
+        name: _printable(environ[name])
         for name in sorted(environ)
         if name in toolchain.env_allowlist or (prefixes and name.startswith(prefixes))
     }
+
+
+def _printable(value: str) -> str:
+    """``value`` with undecodable bytes (``os.environ``'s surrogate escapes) spelled as
+    ``\\xNN``: distinct bytes stay distinct and the value can be encoded into a key."""
+    return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def probe_identity(

@@ -80,3 +80,22 @@ def test_statistics_are_exact_under_threads(tmp_path: Path) -> None:
     compiled = sum(1 for m in modules if m["outcome"] == "compiled")
     assert stats["misses"] == compiled, (stats, compiled)
     assert stats["misses"] + stats["local_hits"] + stats["remote_hits"] <= len(modules)
+
+
+def test_undecodable_keyed_variable_is_keyed_not_a_traceback(tmp_path: Path) -> None:
+    root = small_tree(tmp_path / "p")
+    env = fake_toolchain_env(tmp_path / "bin", tmp_path / "log.jsonl")
+    config = make_config(root, tmp_path / "cache")
+    keys = []
+    for value in (b"/tmp/\xffd", b"/tmp/\xfed"):
+        reset_build_memo()
+        reset_identity_memo()
+        result = build_target(
+            root,
+            TARGET,
+            config=config,
+            cache=make_cache(config),
+            environ={**env, "CPATH": os.fsdecode(value)},
+        )
+        keys.append({m.name: m.key for m in result.modules})
+    assert keys[0] != keys[1]  # distinct bytes stay distinct in the key

@@ -222,6 +222,75 @@ CASES: tuple[Mutation, ...] = (
         outside=True,
         names=("p.cuh", "@EXT@/inc", "HARDWARE.toml"),
     ),
+    # ---- the search order and flags found outside the TOML flag list (an adversarial
+    # review's reproductions: each gave a wrong hit before the scan followed them)
+    Mutation(
+        "new-header-earlier-on-I",
+        _base(
+            {
+                HW: hardware("-Iinc"),
+                C + "k.cu": kernel("#include <p.cuh>"),
+                C + "p.cuh": P1,
+                C + "inc/.keep": "",
+            }
+        ),
+        edits={C + "inc/p.cuh": P2},
+    ),
+    Mutation(
+        "I-in-options-file",
+        _base(
+            {
+                HW: hardware("--options-file=cfg/opts"),
+                C + "cfg/opts": "-Iinc1 -Iinc2\n",
+                C + "k.cu": kernel("#include <p.cuh>"),
+                C + "inc2/p.cuh": P1,
+                C + "inc1/.keep": "",
+            }
+        ),
+        edits={C + "inc1/p.cuh": P2},
+    ),
+    Mutation(
+        "I-in-METRALE_EXTRA_NVCC_FLAGS",
+        _base(
+            {
+                C + "k.cu": kernel("#include <p.cuh>"),
+                C + "inc2/p.cuh": P1,
+                C + "inc1/.keep": "",
+            }
+        ),
+        edits={C + "inc1/p.cuh": P2},
+        env_before={"METRALE_EXTRA_NVCC_FLAGS": "-Iinc1 -Iinc2"},
+        env_after={"METRALE_EXTRA_NVCC_FLAGS": "-Iinc1 -Iinc2"},
+    ),
+    Mutation(
+        "nested-options-file",
+        _base(
+            {
+                HW: hardware("--options-file=cfg/a.txt"),
+                C + "cfg/a.txt": "--options-file=cfg/b.txt\n",
+                C + "cfg/b.txt": "-DX=1\n",
+                C + "k.cu": kernel(),
+            }
+        ),
+        edits={C + "cfg/b.txt": "-DX=2\n"},
+    ),
+    Mutation(
+        "gcc-response-file",
+        _base(
+            {
+                HW: hardware("-Xcompiler=@cfg/gccopts"),
+                C + "cfg/gccopts": "-DX=1\n",
+                C + "k.cu": kernel(),
+            }
+        ),
+        edits={C + "cfg/gccopts": "-DX=2\n"},
+    ),
+    Mutation(
+        "ccbin-wrapper-adds-define",
+        _base({HW: hardware("-ccbin=@EXT@/cc/bin/gcc"), C + "k.cu": kernel(GUARD)}),
+        outside_before={"ext/cc/bin/gcc": wrapper("@GCC@")},
+        outside_after={"ext/cc/bin/gcc": wrapper("@GCC@", "-DX=2")},
+    ),
     # ---- environment the compilers read
     _env_dir_case("CPATH"),
     Mutation(
