@@ -215,9 +215,10 @@ def test_resolve_closure_order_and_bounds() -> None:
         ),
         "common/sub/b.cuh": Includes(quoted=("../a.cuh",)),
     }
-    # Quoted: the including file's dir first (m/q/a.cuh), then -I; angled: -I only.
+    # Quoted: the including file's dir first (m/q/a.cuh), then -I; angled: -I only, the
+    # flags' -I before the role directory's -I. (their order on the command line).
     dirs = include_dirs("m/q", ["-I../../common", "-I/abs/ignored"])
-    assert dirs == ("m/q", "common")
+    assert dirs == ("common", "m/q")
     closure = resolve_closure(["m/q/x.cu"], staged=staged, includes_of=includes, dirs=dirs)
     assert closure == ("common/a.cuh", "common/sub/b.cuh", "m/q/a.cuh", "m/q/x.cu")
     # A computed include anywhere makes the closure every staged file.

@@ -50,7 +50,10 @@ def test_flag_files_every_form() -> None:
 
 def test_include_dirs_takes_isystem_forms() -> None:
     flags = ["-isystem=sys", "-isystem", "sys2", "-Iinc", "-I/abs", "-iquote", "q"]
-    assert include_dirs("m/q", flags) == ("m/q", "m/q/sys", "m/q/sys2", "m/q/inc", "m/q/q")
+    # The compiler's order: -iquote, the flags' -I, the role dir (-I.), -isystem.
+    assert include_dirs("m/q", flags) == ("m/q/q", "m/q/inc", "m/q", "m/q/sys", "m/q/sys2")
+    # Flags placed after -I. on the command line ($METRALE_EXTRA_NVCC_FLAGS ...) come after.
+    assert include_dirs("m/q", ["-Ia"], ["-Ib"]) == ("m/q/a", "m/q", "m/q/b")
 
 
 @pytest.mark.parametrize(
