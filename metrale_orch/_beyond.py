@@ -45,12 +45,16 @@ __all__ = [
 #: Stage subdirectory mirroring the tree files reached beyond the layout.
 TREE_DIR = ".tree"
 
-_SPLICE_RE = re.compile(rb"\\[ \t]*\r?\n")
-_QUOTED_RE = re.compile(
+#: Backslash-newline line splices, joined before directives are matched.
+SPLICE_RE = re.compile(rb"\\[ \t]*\r?\n")
+#: The start of an include directive, up to its operand: optional blanks and ``/* */``
+#: comments, ``#`` or its digraph ``%:``, then ``include``/``include_next``/``import``
+#: (the one spelling of it: the key's scan in ``compile`` builds on it too).
+DIRECTIVE = (
     rb"^[ \t\f\v]*(?:/\*.*?\*/[ \t\f\v]*)*(?:#|%:)[ \t\f\v]*(?:/\*.*?\*/[ \t\f\v]*)*"
-    rb'(?:include_next|include|import)\b[ \t\f\v]*(?:/\*.*?\*/[ \t\f\v]*)*"(?P<q>[^"\n]+)"',
-    re.MULTILINE,
+    rb"(?:include_next|include|import)\b[ \t\f\v]*(?:/\*.*?\*/[ \t\f\v]*)*"
 )
+_QUOTED_RE = re.compile(DIRECTIVE + rb'"(?P<q>[^"\n]+)"', re.MULTILINE)
 
 
 class EscapingInclude(MetraleError):
@@ -90,7 +94,7 @@ def quoted_includes(data: bytes) -> tuple[tuple[int, str], ...]:
     """
     out: list[tuple[int, str]] = []
     if b"\\" in data:
-        data = _SPLICE_RE.sub(b"", data)
+        data = SPLICE_RE.sub(b"", data)
     for m in _QUOTED_RE.finditer(data):
         line = data.count(b"\n", 0, m.start()) + 1
         out.append((line, m.group("q").decode("utf-8", "surrogateescape")))

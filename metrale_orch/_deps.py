@@ -38,13 +38,12 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-import xxhash
+from metrale_orch._fsutil import file_hash
 
 __all__ = [
     "FileHasher",
     "classify",
     "external_stamps",
-    "file_hash",
     "flag_files",
     "inputs_match",
     "parse_depfile",
@@ -185,14 +184,10 @@ class FileHasher:
             got = self._memo.get(path)
         if got is not None and got[0] == stamp:
             return got[1]
-        h = xxhash.xxh3_128()
         try:
-            with open(path, "rb") as fh:
-                while chunk := fh.read(1 << 20):
-                    h.update(chunk)
+            digest = file_hash(path)
         except OSError:
             return ""
-        digest = h.hexdigest()
         with self._lock:
             self._memo[path] = (stamp, digest)
         return digest
@@ -308,12 +303,3 @@ def external_stamps(inputs: Iterable[Sequence[str]], hasher: FileHasher) -> dict
         stamp = hasher.stamp(path)
         out[path] = [-1, -1, digest] if stamp is None else [stamp[0], stamp[1], digest]
     return dict(sorted(out.items()))
-
-
-def file_hash(path: str) -> str:
-    """xxh3-128 hex of a file's bytes (raises ``OSError``): the hash recorded inputs carry."""
-    h = xxhash.xxh3_128()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()

@@ -28,7 +28,17 @@ def file_digest(path: str) -> str:
     return h.hexdigest()
 
 
-__all__ = ["file_digest", "write_atomic", "write_if_changed"]
+def file_hash(path: str) -> str:
+    """xxh3-128 hex digest of a file's bytes (raises ``OSError``): the content hash of
+    files a compile read and of compiler binaries (cache keys and recorded inputs)."""
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_BLOCK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+__all__ = ["file_digest", "file_hash", "write_atomic", "write_if_changed"]
 
 
 def write_atomic(path: Path, data: bytes) -> None:

@@ -54,7 +54,7 @@ from typing import Any, Protocol
 import xxhash
 
 from metrale_orch import cache as cache_mod
-from metrale_orch._beyond import TREE_DIR, Beyond, layer_include
+from metrale_orch._beyond import DIRECTIVE, SPLICE_RE, TREE_DIR, Beyond, layer_include
 from metrale_orch._deps import (
     FileHasher,
     external_stamps,
@@ -693,18 +693,12 @@ def out_dir(build_dir: Path, target: Target) -> Path:
 
 # ------------------------------------------------------------------------------------ includes
 
-#: A directive line: optional blanks and ``/* */`` comments, ``#`` or its digraph ``%:``,
-#: blanks, then ``include``/``include_next``/``import`` and its operand.
 _INCLUDE_RE = re.compile(
-    rb"^[ \t\f\v]*(?:/\*.*?\*/[ \t\f\v]*)*(?:#|%:)[ \t\f\v]*"
-    rb"(?:/\*.*?\*/[ \t\f\v]*)*(?:include_next|include|import)\b[ \t\f\v]*"
-    rb'(?:/\*.*?\*/[ \t\f\v]*)*(?:"(?P<q>[^"\n]+)"|<(?P<a>[^>\n]+)>|(?P<c>[A-Za-z_]))',
-    re.MULTILINE,
+    DIRECTIVE + rb'(?:"(?P<q>[^"\n]+)"|<(?P<a>[^>\n]+)>|(?P<c>[A-Za-z_]))', re.MULTILINE
 )
 _HAS_INCLUDE_RE = re.compile(
     rb'__has_include(?:_next)?\s*\(\s*(?:"(?P<q>[^"\n]+)"|<(?P<a>[^>\n]+)>)'
 )
-_SPLICE_RE = re.compile(rb"\\[ \t]*\r?\n")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -726,7 +720,7 @@ def parse_includes(data: bytes) -> Includes:
     against what the compiler itself read (:mod:`metrale_orch._deps`).
     """
     if b"\\" in data:
-        data = _SPLICE_RE.sub(b"", data)
+        data = SPLICE_RE.sub(b"", data)
     quoted: list[str] = []
     angled: list[str] = []
     computed = False

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import xxhash
 
-from metrale_orch._fsutil import write_atomic
+from metrale_orch._fsutil import file_hash, write_atomic
 from metrale_orch._proc import ProcessError, run_process
 from metrale_orch.errors import MetraleError
 
@@ -1154,14 +1154,10 @@ class _FileHashes:
         if known is not None and len(known) == 5 and known[:4] == stamp:
             self.used[real] = known
             return str(known[4])
-        h = xxhash.xxh3_128()
         try:
-            with open(real, "rb") as fh:
-                while chunk := fh.read(1 << 20):
-                    h.update(chunk)
+            entry = [*stamp, file_hash(real)]
         except OSError:
             return None
-        entry = [*stamp, h.hexdigest()]
         self.known[real] = self.used[real] = entry
         self.dirty = True
         return str(entry[4])
