@@ -35,7 +35,7 @@ failed, or the name is no target — becomes a failing sub-task with the reason
 
 No-op speed: generating the tasks (resolving every target, planning it) costs
 several times doit's own up-to-date checks, so ``task_build`` goes through a
-task cache (:func:`cached_build_specs`, ``metrale_orch._taskcache``,
+task cache (:func:`cached_build_specs`, ``metrale_orch.tasks.taskcache``,
 ``<build_dir>/.state/build-tasks.*.cache``): while the tree's shape, its TOML
 files, the configuration, the toolchains, the relevant environment and this
 package are unchanged, the task dicts come from the cache, equal to what
@@ -57,10 +57,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from metrale_orch._actions import install_sigterm_handler
-from metrale_orch._checker import ContentChecker, TaskDataCodec
-from metrale_orch._reporter import BuildReporter, end_interrupted
-from metrale_orch._tasks import (
+from metrale_orch.tasks.actions import install_sigterm_handler
+from metrale_orch.tasks.checker import ContentChecker, TaskDataCodec
+from metrale_orch.tasks.dicts import (
     BUILD,
     build_task,
     explicit_targets,
@@ -69,6 +68,7 @@ from metrale_orch._tasks import (
     plan_skip_task,
     rel_posix,
 )
+from metrale_orch.tasks.reporter import BuildReporter, end_interrupted
 
 __all__ = ["DOIT_CONFIG", "task_build", "task_check"]  # what `import *` takes
 
@@ -101,7 +101,7 @@ class BuildSpec:
     kind: str
     #: The skip reason or error message; "" for a build.
     message: str = ""
-    #: The compile plan (``metrale_orch.compile.TargetPlan``) of a build, else None.
+    #: The compile plan (``metrale_orch.build.compile.TargetPlan``) of a build, else None.
     plan: Any = None
     #: The resolved layout of a build, else None.
     layout: Any = None
@@ -135,23 +135,23 @@ def _generate(
     toolchains: Any = None,
 ) -> tuple[list[BuildSpec], bool]:
     """The specs, and whether they may be cached (no tree-wide error, no failed probe)."""
-    from metrale_orch._hip_mirror import scan_hip_compat
-    from metrale_orch.compile import PlanMemo, plan_target
+    from metrale_orch.build.compile import PlanMemo, plan_target
+    from metrale_orch.build.hip_mirror import scan_hip_compat
+    from metrale_orch.build.toolchains import (
+        ToolchainMissing,
+        find_toolchain,
+        load_toolchains,
+        select_toolchain,
+    )
     from metrale_orch.config import load_config
     from metrale_orch.errors import MetraleError, is_printable, printable
-    from metrale_orch.layout import (
+    from metrale_orch.tree import (
         LayoutError,
         TreeSnapshot,
         layer_manifest_problem,
         misshapen_manifests,
         resolve_all,
         unnamable_message,
-    )
-    from metrale_orch.toolchains import (
-        ToolchainMissing,
-        find_toolchain,
-        load_toolchains,
-        select_toolchain,
     )
 
     def error(name: str, message: str, resolved: Any = None) -> BuildSpec:
@@ -254,7 +254,7 @@ def _generate(
 def cached_build_specs(
     root: Path, environ: Mapping[str, str], argv: Sequence[str] = ()
 ) -> tuple[list[BuildSpec], str]:
-    """:func:`resolve_build_specs` through the task cache (``metrale_orch._taskcache``).
+    """:func:`resolve_build_specs` through the task cache (``metrale_orch.tasks.taskcache``).
 
     Returns the specs and how they were obtained: ``"hit"`` (the specs carry no
     ``plan``/``layout``/``resolved``), or the reason of a miss (generated, and
@@ -270,10 +270,10 @@ def _cached_tasks(
     """The specs, the ``smoke`` task dicts when known (None: call
     :func:`smoke_task_dicts`), and how the specs were obtained."""
     import metrale_orch
-    from metrale_orch import _taskcache
+    from metrale_orch.build.toolchains import load_toolchains
     from metrale_orch.config import load_config
     from metrale_orch.errors import MetraleError
-    from metrale_orch.toolchains import load_toolchains
+    from metrale_orch.tasks import taskcache as _taskcache
 
     try:
         config = load_config(root, environ)
@@ -374,9 +374,9 @@ def generation_key(
     import xxhash
 
     import metrale_orch
-    from metrale_orch import _taskcache
-    from metrale_orch._hip_mirror import scan_hip_compat
-    from metrale_orch.toolchains import toolchain_stamp
+    from metrale_orch.build.hip_mirror import scan_hip_compat
+    from metrale_orch.build.toolchains import toolchain_stamp
+    from metrale_orch.tasks import taskcache as _taskcache
 
     names = {"PATH", "HOME", "XDG_CACHE_HOME"}
     names.update(k for k in environ if k.startswith("METRALE_"))
@@ -412,7 +412,7 @@ def generation_key(
 
 
 def _to_cached(spec: BuildSpec) -> Any:
-    from metrale_orch._taskcache import CachedSpec
+    from metrale_orch.tasks.taskcache import CachedSpec
 
     if spec.kind != "build":
         return CachedSpec(target=spec.target, kind=spec.kind, message=spec.message)
@@ -457,7 +457,7 @@ def named_failures(root: Path, specs: Sequence[BuildSpec], names: Iterable[str])
     message); the tree-wide failure; the model has no such quant.
     """
     from metrale_orch.errors import printable
-    from metrale_orch.layout import LayoutError, Target, TreeSnapshot, discover
+    from metrale_orch.tree import LayoutError, Target, TreeSnapshot, discover
 
     have = {spec.target for spec in specs}
     missing = sorted(set(names) - have - {TREE_TASK})
@@ -504,9 +504,9 @@ def spec_inputs(root: Path, spec: BuildSpec) -> frozenset[str]:
     layout); for a target that does not resolve, the files its error names. Empty for a
     spec from the task cache that is not a build (it carries no resolution).
     """
+    from metrale_orch.build.staging import beyond_layout
     from metrale_orch.errors import MetraleError
-    from metrale_orch.layout import Layout, LayoutError
-    from metrale_orch.staging import beyond_layout
+    from metrale_orch.tree import Layout, LayoutError
 
     if spec.kind == "build":
         deps = set(spec.task.get("file_dep", ()))
@@ -555,7 +555,7 @@ def smoke_task_dicts(
         return []
     from metrale_orch.config import load_config
     from metrale_orch.errors import MetraleError
-    from metrale_orch.layout import Target
+    from metrale_orch.tree import Target
 
     try:
         config = load_config(root, environ)
@@ -612,7 +612,7 @@ def task_build() -> Iterator[dict[str, Any]]:
 
 def task_check() -> dict[str, Any]:
     """Will the build accept this tree? Every problem at once, by file (metrale-orch check)."""
-    from metrale_orch._actions import check_action
+    from metrale_orch.tasks.actions import check_action
 
     return {
         "actions": [(check_action, [str(Path.cwd())])],

@@ -83,7 +83,7 @@ def install_sigterm_handler() -> bool:
     """Make SIGTERM end this process as Ctrl-C does (:func:`on_sigterm`); returns whether
     it was installed (only the main thread can set a handler).
 
-    The doit side installs its own equivalent (``metrale_orch._actions``), which
+    The doit side installs its own equivalent (``metrale_orch.tasks.actions``), which
     raises the same :class:`Interrupted`; this one spares the commands doit's import.
     """
     if threading.current_thread() is not threading.main_thread():

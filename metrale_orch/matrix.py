@@ -332,8 +332,8 @@ def scan_tree(root: Path) -> tuple[HardwareInfo, ...]:
     its error). Raises ``LayoutError`` when the tree cannot be walked and
     ``ToolchainError`` when a hardware's toolchain cannot be chosen.
     """
-    from metrale_orch.layout import LayoutError, TreeSnapshot, resolve_all
-    from metrale_orch.toolchains import load_toolchains, select_toolchain
+    from metrale_orch.build.toolchains import load_toolchains, select_toolchain
+    from metrale_orch.tree import LayoutError, TreeSnapshot, resolve_all
 
     snap = TreeSnapshot(root)
     toolchains = load_toolchains(root)

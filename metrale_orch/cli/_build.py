@@ -105,7 +105,7 @@ def _dependency(root: Path) -> Iterator[Any]:
         return
     from doit.dependency import Dependency, SqliteDB
 
-    from metrale_orch._checker import ContentChecker, TaskDataCodec
+    from metrale_orch.tasks.checker import ContentChecker, TaskDataCodec
 
     dep = Dependency(SqliteDB, str(db), checker_cls=ContentChecker, codec_cls=TaskDataCodec)
     try:
@@ -159,7 +159,7 @@ def _statuses(
 
 
 def _build_status(spec: Any, task: Any, tasks: Any, dep: Any, detailed: bool) -> TargetStatus:
-    from metrale_orch._checker import SIGNATURE_KEY, SignatureCheck
+    from metrale_orch.tasks.checker import SIGNATURE_KEY, SignatureCheck
 
     if dep is None or not dep._in(task.name):
         return TargetStatus(
@@ -305,15 +305,15 @@ def _modules_reaching(plan: Any, layout: Any, rel: str, root: Path) -> list[str]
     its include closure over the target's staged layout (the closure the cache keys on)."""
     import posixpath
 
-    from metrale_orch._tasks import rel_posix
-    from metrale_orch.compile import (
+    from metrale_orch.build.compile import (
         Includes,
         include_dirs,
         parse_includes,
         pre_includes,
         resolve_closure,
     )
-    from metrale_orch.staging import plan_stage
+    from metrale_orch.build.staging import plan_stage
+    from metrale_orch.tasks.dicts import rel_posix
 
     staged = {srel: rel_posix(src, root) for srel, src in plan_stage(layout).items()}
     includes: dict[str, Includes] = {}
@@ -340,11 +340,11 @@ def _modules_reaching(plan: Any, layout: Any, rel: str, root: Path) -> list[str]
 def _skipped_plan(root: Path, spec: Any, environ: Mapping[str, str]) -> Any:
     """The plan of a target skipped for a missing compiler (no identity: never keyed), or
     None when it cannot be planned."""
-    from metrale_orch.compile import plan_target
+    from metrale_orch.build.compile import plan_target
+    from metrale_orch.build.toolchains import load_toolchains
     from metrale_orch.errors import MetraleError
-    from metrale_orch.layout import Layout
     from metrale_orch.readiness import UNPROBED
-    from metrale_orch.toolchains import load_toolchains
+    from metrale_orch.tree import Layout
 
     if not isinstance(spec.resolved, Layout):
         return None

@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from metrale_orch import layout as lay
+from metrale_orch import tree as lay
 from metrale_orch.errors import UsageError, printable
 
 if TYPE_CHECKING:

@@ -54,7 +54,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from metrale_orch._cache_local import (
+from metrale_orch.cache.local import (
     DEFAULT_MAX_OBJECT_SIZE,
     STALE_TMP_SECONDS,
     EntryKind,
@@ -65,7 +65,7 @@ from metrale_orch._cache_local import (
     remove_entry,
     scan_objects,
 )
-from metrale_orch._cache_object import (
+from metrale_orch.cache.objects import (
     KEY_RE,
     SCHEMA,
     CorruptObject,
@@ -74,10 +74,10 @@ from metrale_orch._cache_object import (
     encode_object,
     key_of,
 )
-from metrale_orch._fsutil import write_atomic
-from metrale_orch._stores import RemoteFailure, RemoteOff, RemoteStore
+from metrale_orch.cache.remote import RemoteFailure, RemoteOff, RemoteStore
 from metrale_orch.config import CACHE_MODES
 from metrale_orch.errors import MetraleError
+from metrale_orch.fsutil import write_atomic
 
 if TYPE_CHECKING:
     from metrale_orch.config import Config

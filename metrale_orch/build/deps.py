@@ -38,7 +38,7 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from metrale_orch._fsutil import file_hash
+from metrale_orch.fsutil import file_hash
 
 __all__ = [
     "FileHasher",

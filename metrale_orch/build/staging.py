@@ -28,10 +28,10 @@ from types import MappingProxyType
 
 import xxhash
 
-from metrale_orch._beyond import TREE_DIR, Beyond, find_beyond_layout
-from metrale_orch._fsutil import write_atomic
-from metrale_orch.layout import Layout, Role
-from metrale_orch.toolchains import BuildError
+from metrale_orch.build.toolchains import BuildError
+from metrale_orch.fsutil import write_atomic
+from metrale_orch.tree import Layout, Role
+from metrale_orch.tree.beyond import TREE_DIR, Beyond, find_beyond_layout
 
 __all__ = [
     "TREE_DIR",
@@ -147,7 +147,7 @@ class StagedTarget:
     #: staged relative POSIX path -> xxh3-128 hex of its bytes (sorted).
     hashes: Mapping[str, str]
     #: source file in the tree -> xxh3-64 hex of the bytes staged from it (what a
-    #: build's saved state records: :func:`metrale_orch._fsutil.file_digest`).
+    #: build's saved state records: :func:`metrale_orch.fsutil.file_digest`).
     source_digests: Mapping[Path, str]
     #: staged paths written by this call (new or changed bytes), sorted.
     written: tuple[str, ...]
@@ -180,7 +180,7 @@ def beyond_layout(
     allow: Iterable[str] = (),
 ) -> Beyond:
     """The tree files the target's compiles reach beyond its layout, and the includes that
-    escape ``kernels/`` (SPEC 3.3.1; see :mod:`metrale_orch._beyond`); includes into an
+    escape ``kernels/`` (SPEC 3.3.1; see :mod:`metrale_orch.tree.beyond`); includes into an
     ``allow``-ed directory (the HIP compat directory) are neither. I/O: reads the
     layout's sources (through ``read``, e.g. a memo shared by many targets)."""
     staged = plan_stage(layout)

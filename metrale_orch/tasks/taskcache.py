@@ -11,7 +11,7 @@ far more than doit's own up-to-date checks. Its result is a function of:
   every run and puts them, by value, into the key);
 - the environment the generation reads, each toolchain's program as found on
   ``PATH`` (real path, size, mtime; see
-  :func:`~metrale_orch.toolchains.toolchain_stamp`), the root, the build dir,
+  :func:`~metrale_orch.build.toolchains.toolchain_stamp`), the root, the build dir,
   the versions of Python and doit, and the source files of this package.
 
 The first three go into a *key* computed on every run (cheap); the tree and
@@ -61,7 +61,7 @@ from typing import Any
 
 import xxhash
 
-from metrale_orch._fsutil import write_atomic
+from metrale_orch.fsutil import write_atomic
 
 __all__ = [
     "CACHE_GLOB",
@@ -95,7 +95,7 @@ _log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CachedSpec:
-    """What a ``build`` sub-task is made from (see ``metrale_orch._tasks``)."""
+    """What a ``build`` sub-task is made from (see ``metrale_orch.tasks.dicts``)."""
 
     target: str
     #: "build", "skip" or "error".

@@ -40,7 +40,7 @@ from typing import Any
 import xxhash
 from doit.dependency import FileChangedChecker, UptodateCalculator
 
-from metrale_orch._fsutil import file_digest, file_hash
+from metrale_orch.fsutil import file_digest, file_hash
 
 __all__ = [
     "EXTERNAL_KEY",

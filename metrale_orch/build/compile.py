@@ -1,6 +1,6 @@
 """Build steps of one target: plan it (pure), then stage, compile, cache and install it.
 
-:func:`plan_target` turns a resolved :class:`~metrale_orch.layout.Layout` into a
+:func:`plan_target` turns a resolved :class:`~metrale_orch.tree.Layout` into a
 :class:`TargetPlan`: the arch, the merged flags (own HARDWARE.toml ``[build]``
 then each KERNEL.toml in ``configs()`` order, exact duplicates dropped keeping
 the first), the modules with their ``[modules]`` renames, each module's
@@ -54,8 +54,7 @@ from typing import Any, Protocol
 import xxhash
 
 from metrale_orch import cache as cache_mod
-from metrale_orch._beyond import DIRECTIVE, SPLICE_RE, TREE_DIR, Beyond, layer_include
-from metrale_orch._deps import (
+from metrale_orch.build.deps import (
     FileHasher,
     external_stamps,
     flag_files,
@@ -63,9 +62,8 @@ from metrale_orch._deps import (
     parse_depfile,
     record_inputs,
 )
-from metrale_orch._dropped import Drop, drop_warnings, scan_drops, shadow_exemptions
-from metrale_orch._fsutil import file_digest, write_if_changed
-from metrale_orch._hip_mirror import (
+from metrale_orch.build.dropped import Drop, drop_warnings, scan_drops, shadow_exemptions
+from metrale_orch.build.hip_mirror import (
     MIRROR_DIR,
     HipCompat,
     hip_identity,
@@ -75,18 +73,7 @@ from metrale_orch._hip_mirror import (
     unmirror,
     write_mirror,
 )
-from metrale_orch._proc import ProcessError, format_argv, run_process
-from metrale_orch.config import Config
-from metrale_orch.defaults import (
-    DeclaredLevers,
-    TargetDefaults,
-    parse_defaults,
-    read_tree_levers,
-    render_defaults_header,
-    render_defaults_json,
-)
-from metrale_orch.layout import Hardware, Layout, Target, discover, read_manifest_warnings
-from metrale_orch.staging import (
+from metrale_orch.build.staging import (
     ContainmentError,
     StagedTarget,
     StageError,
@@ -97,7 +84,7 @@ from metrale_orch.staging import (
     stage,
     uncontained,
 )
-from metrale_orch.toolchains import (
+from metrale_orch.build.toolchains import (
     BuildError,
     Toolchain,
     ToolchainError,
@@ -110,6 +97,19 @@ from metrale_orch.toolchains import (
     load_toolchains,
     select_toolchain,
 )
+from metrale_orch.config import Config
+from metrale_orch.defaults import (
+    DeclaredLevers,
+    TargetDefaults,
+    parse_defaults,
+    read_tree_levers,
+    render_defaults_header,
+    render_defaults_json,
+)
+from metrale_orch.fsutil import file_digest, write_if_changed
+from metrale_orch.proc import ProcessError, format_argv, run_process
+from metrale_orch.tree import Hardware, Layout, Target, discover, read_manifest_warnings
+from metrale_orch.tree.beyond import DIRECTIVE, SPLICE_RE, TREE_DIR, Beyond, layer_include
 
 __all__ = [
     "MANIFEST_NAME",
@@ -290,7 +290,7 @@ def _rel_slow(path: Path, root: Path) -> str:
 class _RootRel:
     """Root-relative spellings of paths under one root, by string work (no ``Path`` math).
 
-    ``__call__`` is :func:`_rel`; :meth:`dep` is ``metrale_orch._tasks.rel_posix``
+    ``__call__`` is :func:`_rel`; :meth:`dep` is ``metrale_orch.tasks.dicts.rel_posix``
     (what doit's ``file_dep`` holds). Both equal their slow definitions.
     """
 
@@ -357,7 +357,7 @@ class PlanMemo:
     def argv(
         self, toolchain: Toolchain, arch: str, flags: tuple[str, ...], source: str, output: str
     ) -> tuple[str, ...]:
-        """:func:`~metrale_orch.toolchains.compile_argv` with the program name, memoised."""
+        """:func:`~metrale_orch.build.toolchains.compile_argv` with the program name, memoised."""
         key = (id(toolchain), arch, flags, source, output)
         got = self._argvs.get(key)
         if got is None:
@@ -369,7 +369,7 @@ class PlanMemo:
         return got
 
     def env(self, toolchain: Toolchain, environ: Mapping[str, str]) -> Mapping[str, str]:
-        """:func:`~metrale_orch.toolchains.keyed_environment`, memoised."""
+        """:func:`~metrale_orch.build.toolchains.keyed_environment`, memoised."""
         key = (id(toolchain), id(environ))
         got = self._envs.get(key)
         if got is None:
@@ -523,11 +523,11 @@ def plan_target(
     once per memo, ``kernels/LEVERS.toml``, a file dependency of every target).
 
     ``identity`` is the selected toolchain's probed identity
-    (:func:`~metrale_orch.toolchains.probe_identity`); ``environ`` supplies the
+    (:func:`~metrale_orch.build.toolchains.probe_identity`); ``environ`` supplies the
     toolchain's environment allow-list values; ``memo`` shares work between
     the plans of one resolution pass (see :class:`PlanMemo`); ``hip_compat`` is
     the project's HIP compat directory
-    (:func:`~metrale_orch._hip_mirror.scan_hip_compat`), read by the targets of a
+    (:func:`~metrale_orch.build.hip_mirror.scan_hip_compat`), read by the targets of a
     ``hip``-dialect toolchain: its files are their file dependencies and, with
     the mirror's rules, part of their identity. The environment switches of the
     toolchain (``METRALE_KERNEL_NO_STRICT``, ``METRALE_EXTRA_NVCC_FLAGS``) enter
@@ -717,7 +717,7 @@ def parse_includes(data: bytes) -> Includes:
     comments around the ``#`` are understood. Directives are matched per line, so
     a ``//``-commented one is skipped while one inside a ``/* */`` block counts
     (more, never less). This is the key's fast first guess: a hit is verified
-    against what the compiler itself read (:mod:`metrale_orch._deps`).
+    against what the compiler itself read (:mod:`metrale_orch.build.deps`).
     """
     if b"\\" in data:
         data = SPLICE_RE.sub(b"", data)
@@ -1198,7 +1198,7 @@ def build_target(
     modules go on. Raises ``LayoutError`` for a tree error,
     :class:`ToolchainMissing` when the compiler is not installed,
     :class:`ToolchainError` / :class:`BuildConfigError` / ``DefaultsError`` for
-    bad settings, :class:`~metrale_orch.staging.ContainmentError` for an input
+    bad settings, :class:`~metrale_orch.build.staging.ContainmentError` for an input
     outside ``kernels/`` and :class:`StageError` when the build dir cannot be
     written.
     """
@@ -1370,7 +1370,7 @@ def _digest_or_empty(path: Path) -> str:
 def _beyond_layout(root: Path, layout: Layout, compat: HipCompat | None) -> Beyond:
     """SPEC 3.3.1: the tree files this target's compiles reach beyond its layout (to be
     staged under ``.tree/``). Raises the first escaping include (naming the file and line)
-    and :class:`~metrale_orch.staging.ContainmentError` for a file reached through a
+    and :class:`~metrale_orch.build.staging.ContainmentError` for a file reached through a
     symlink."""
     allow = () if compat is None or compat.dir is None else (str(compat.dir),)
     beyond = beyond_layout(root, layout, allow=allow)
@@ -1479,7 +1479,7 @@ def _obtain(
     and the inputs its compile read.
 
     A memoised or cached artefact is taken only when every file its compile
-    read still has the content it had (:func:`metrale_orch._deps.inputs_match`);
+    read still has the content it had (:func:`metrale_orch.build.deps.inputs_match`);
     otherwise the module is compiled and the new entry replaces the local one.
     """
     plan, log = ctx.plan, ctx.log
@@ -1596,7 +1596,7 @@ def run_compile(
     """Compile one module in its staged role directory into a temporary directory.
 
     As the reference drives each compiler (SPEC 3.3): a ``hip``-dialect toolchain
-    compiles the module's mirror (:mod:`metrale_orch._hip_mirror`, written under
+    compiles the module's mirror (:mod:`metrale_orch.build.hip_mirror`, written under
     the stage) with the project's compat directory as ``-I``; a two-step
     toolchain (Metal) turns the first step's intermediate into the artefact;
     the toolchain's environment switches are those of the plan.
@@ -1774,7 +1774,7 @@ def manifest_dict(
     dropped: Sequence[Drop],
 ) -> dict[str, Any]:
     """The ``manifest.json`` document of SPEC 4.1 (pure); ``dropped``: the target's shadow
-    drops (:func:`metrale_orch._dropped.shadow_drops`), listed whether exempted or not."""
+    drops (:func:`metrale_orch.build.dropped.shadow_drops`), listed whether exempted or not."""
     return {
         "schema": MANIFEST_SCHEMA,
         "target": str(plan.target),

@@ -40,13 +40,13 @@ from typing import Any, NoReturn, TextIO
 from doit.exceptions import TaskFailed, UnmetDependency
 from doit.reporter import ConsoleReporter
 
-from metrale_orch._runlock import BuildLock
 from metrale_orch.errors import (
     EXIT_FAILURE,
     EXIT_USAGE,
     interrupt_exit_code,
     printable,
 )
+from metrale_orch.tasks.runlock import BuildLock
 
 __all__ = [
     "STATS_NAME",
@@ -314,13 +314,13 @@ def _brief(targets: list[str]) -> str:
 
 
 def _build_failed_type() -> type:
-    from metrale_orch._actions import BuildFailed
+    from metrale_orch.tasks.actions import BuildFailed
 
     return BuildFailed
 
 
 def _take_build_lock() -> BuildLock | None:
-    """The project's build lock (``metrale_orch._runlock``), taken; None when the
+    """The project's build lock (``metrale_orch.tasks.runlock``), taken; None when the
     configuration is broken (every target then fails with that error) or the build
     directory cannot hold a lock file (said on stderr)."""
     from metrale_orch.config import load_config

@@ -46,9 +46,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from metrale_orch.build.staging import StagedTarget, role_dir
 from metrale_orch.errors import printable
-from metrale_orch.layout import Entry, Layout, Role
-from metrale_orch.staging import StagedTarget, role_dir
+from metrale_orch.tree import Entry, Layout, Role
 
 __all__ = [
     "MAX_INCLUDE_DEPTH",

@@ -37,7 +37,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 from xml.etree import ElementTree as ET
 
-from metrale_orch._elf import (
+from metrale_orch.errors import MetraleError
+from metrale_orch.smoke.elf import (
     CubinInfo,
     ElfError,
     FatbinInfo,
@@ -46,15 +47,14 @@ from metrale_orch._elf import (
     parse_cubin,
     parse_fatbin,
 )
-from metrale_orch._ptx import PtxError, PtxInfo, parse_ptx
-from metrale_orch.errors import MetraleError
+from metrale_orch.smoke.ptx import PtxError, PtxInfo, parse_ptx
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
     from metrale_orch.config import Config
-    from metrale_orch.layout import Layout, LayoutError, Target
+    from metrale_orch.tree import Layout, LayoutError, Target
 
 __all__ = [
     "ARG_DTYPES",
@@ -1358,7 +1358,7 @@ def run_smoke(
     error of a target becomes a failed result; only a broken tree walk raises
     (``LayoutError``).
     """
-    from metrale_orch import layout as lay
+    from metrale_orch import tree as lay
 
     root = Path(root)
     out = Path(build_dir) if build_dir is not None else root / "build"

@@ -2,13 +2,13 @@
 
 Every function here is pure: it takes targets, plans, messages and paths, and
 returns the dicts doit's loader turns into tasks. The actions they name are
-module-level functions of :mod:`metrale_orch._actions` with string arguments
+module-level functions of :mod:`metrale_orch.tasks.actions` with string arguments
 only, so ``doit -n N -P process`` can pickle every task.
 
 Three kinds of ``build:<hw>/<model>/<quant>`` sub-task:
 
 - **build**: ``file_dep`` = exactly the plan's file dependencies (root-relative
-  POSIX), ``uptodate`` = a :class:`~metrale_orch._checker.SignatureCheck` over the
+  POSIX), ``uptodate`` = a :class:`~metrale_orch.tasks.checker.SignatureCheck` over the
   plan's signature, ``targets`` = the target's ``manifest.json`` (a deleted
   build directory rebuilds), ``clean`` removes the target's outputs.
 - **skip**: the target's toolchain is not installed. The action succeeds with
@@ -34,8 +34,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from metrale_orch import _actions
-from metrale_orch._checker import SignatureCheck, signature_parts
+from metrale_orch.tasks import actions as _actions
+from metrale_orch.tasks.checker import SignatureCheck, signature_parts
 
 __all__ = [
     "BUILD",
@@ -115,7 +115,7 @@ def build_task(
 ) -> dict[str, Any]:
     """:func:`plan_build_task` from its finished parts (pure): ``file_dep`` as doit
     will hold it (root-relative, unique, sorted; taken as is), the signature's
-    per-part digests (:func:`~metrale_orch._checker.signature_parts`) and the
+    per-part digests (:func:`~metrale_orch.tasks.checker.signature_parts`) and the
     root-relative manifest path. What the task cache rebuilds tasks with.
     """
     return {

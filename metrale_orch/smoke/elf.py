@@ -32,7 +32,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from metrale_orch._ptx import PtxError, PtxInfo, parse_ptx
+from metrale_orch.smoke.ptx import PtxError, PtxInfo, parse_ptx
 
 __all__ = [
     "EM_CUDA",

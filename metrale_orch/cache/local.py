@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from metrale_orch._cache_object import (
+from metrale_orch.cache.objects import (
     KEY_RE,
     PREFIX_SIZE,
     CorruptObject,

@@ -52,8 +52,8 @@ from urllib.parse import urlsplit
 
 import xxhash
 
-from metrale_orch._cache_local import DEFAULT_MAX_OBJECT_SIZE, publish_atomic, read_object_file
-from metrale_orch._cache_object import SCHEMA, CorruptObject, ObjectTooLarge
+from metrale_orch.cache.local import DEFAULT_MAX_OBJECT_SIZE, publish_atomic, read_object_file
+from metrale_orch.cache.objects import SCHEMA, CorruptObject, ObjectTooLarge
 
 __all__ = ["RemoteFailure", "RemoteStore", "extra_for", "remote_object_path"]
 

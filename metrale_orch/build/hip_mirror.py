@@ -52,8 +52,8 @@ from typing import Any
 
 import xxhash
 
-from metrale_orch._fsutil import write_atomic, write_if_changed
-from metrale_orch.staging import COMMON_DIR
+from metrale_orch.build.staging import COMMON_DIR
+from metrale_orch.fsutil import write_atomic, write_if_changed
 
 __all__ = [
     "MIRROR_DIR",

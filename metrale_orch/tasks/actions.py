@@ -26,8 +26,8 @@ from typing import Any
 
 from doit.exceptions import TaskFailed
 
-from metrale_orch._checker import EXTERNAL_KEY, INPUTS_KEY, OUTPUTS_KEY, encode_outputs
 from metrale_orch.errors import MetraleError
+from metrale_orch.tasks.checker import EXTERNAL_KEY, INPUTS_KEY, OUTPUTS_KEY, encode_outputs
 
 __all__ = [
     "LOG_NAME",
@@ -177,9 +177,9 @@ def build_action(root: str, target: str) -> dict[str, Any] | TaskFailed:
     from (consumed by the checker when doit saves the task's state) and the
     states of the files it installed (checked by the next run).
     """
+    from metrale_orch.build.compile import build_target
     from metrale_orch.cache import CacheStats
-    from metrale_orch.compile import build_target
-    from metrale_orch.layout import Target
+    from metrale_orch.tree import Target
 
     stats = CacheStats()
     try:

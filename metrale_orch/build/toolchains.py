@@ -42,12 +42,12 @@ from typing import TYPE_CHECKING, Any
 
 import xxhash
 
-from metrale_orch._fsutil import file_hash, write_atomic
-from metrale_orch._proc import ProcessError, run_process
 from metrale_orch.errors import MetraleError
+from metrale_orch.fsutil import file_hash, write_atomic
+from metrale_orch.proc import ProcessError, run_process
 
 if TYPE_CHECKING:  # only for annotations: the build's no-op path skips importing the resolver
-    from metrale_orch.layout import Hardware
+    from metrale_orch.tree import Hardware
 
 __all__ = [
     "DIALECTS",
@@ -94,7 +94,7 @@ OUTPUT_KINDS: Mapping[str, tuple[str, str]] = MappingProxyType(
 )
 
 #: How a toolchain adapts the CUDA sources and flags of a tree: "" (as they are) or
-#: "hip" (the warp-mask mirror of :mod:`metrale_orch._hip_mirror`, ``--fmad``
+#: "hip" (the warp-mask mirror of :mod:`metrale_orch.build.hip_mirror`, ``--fmad``
 #: translated by :func:`hip_flags`, the project's HIP compat directory as ``-I``).
 DIALECTS = ("", "hip")
 

@@ -1,0 +1,65 @@
+"""One home for the facts every area shares.
+
+The build directory's layout (``<build_dir>/<hw>/<model>/<quant>/manifest.json``,
+``<build_dir>/.state/``), the names of doit's database and of the task
+families, and the one root-relative spelling of a path. Imports nothing of the
+package, so every layer may use it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = [
+    "BUILD_TASK",
+    "CHECK_TASK",
+    "DB_NAME",
+    "LOG_NAME",
+    "MANIFEST_NAME",
+    "SMOKE_TASK",
+    "STATE_DIR",
+    "STATS_NAME",
+    "TREE_TASK",
+    "rel_posix",
+    "target_dir",
+]
+
+#: doit's dependency database, at the project root (``dep_file`` in ``DOIT_CONFIG``).
+DB_NAME = ".doit.db"
+#: The build's own state under ``build_dir``: probes, file hashes, the task cache, logs.
+STATE_DIR = ".state"
+#: Written last into each target's directory: what was built, from what, with which tools.
+MANIFEST_NAME = "manifest.json"
+#: Cache statistics of the last build, in ``build_dir``.
+STATS_NAME = "cache-stats.json"
+#: The shared build log, in ``build_dir``.
+LOG_NAME = "metrale-orch.log"
+
+#: Task base names, as users type them (``doit build:hopper/*``, ``doit smoke:hopper``).
+BUILD_TASK = "build"
+SMOKE_TASK = "smoke"
+CHECK_TASK = "check"
+#: The task that stands for the whole tree when it does not resolve.
+TREE_TASK = "(tree)"
+
+
+def target_dir(build_dir: Path, hardware: str, model: str, quant: str) -> Path:
+    """Where one target's artefacts and manifest are installed (pure)."""
+    return build_dir / hardware / model / quant
+
+
+def rel_posix(path: Path | str, root: Path | str) -> str:
+    """``path`` relative to ``root`` as POSIX text when it lies under ``root``, else ``path``
+    as POSIX text (pure: string work only, no ``resolve``; this runs once per edge on every
+    doit invocation). A relative ``path`` is returned as given."""
+    text = os.fspath(path)
+    if os.sep != "/":
+        text = text.replace(os.sep, "/")
+    if not text.startswith("/"):
+        return text
+    base = os.fspath(root)
+    if os.sep != "/":
+        base = base.replace(os.sep, "/")
+    prefix = base.rstrip("/") + "/"
+    return text[len(prefix) :] if text.startswith(prefix) and len(text) > len(prefix) else text
