@@ -27,9 +27,7 @@ from typing import Any, TypeVar
 import fsspec.core
 import pytest
 
-from metrale_orch import _cache_local, _stores
 from metrale_orch import cache as cache_mod
-from metrale_orch._cache_object import decode_object, encode_object
 from metrale_orch.cache import (
     Cache,
     CacheSettings,
@@ -41,6 +39,9 @@ from metrale_orch.cache import (
     read_stats,
     verify_local,
 )
+from metrale_orch.cache import local as _cache_local
+from metrale_orch.cache import remote as _stores
+from metrale_orch.cache.objects import decode_object, encode_object
 from metrale_orch.cli import main
 from tests._servers_support import (
     ObjectServer,

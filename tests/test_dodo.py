@@ -20,14 +20,14 @@ import pytest
 import xxhash
 from doit.dependency import Dependency, SqliteDB
 
-from metrale_orch._checker import (
+from metrale_orch.tasks.checker import (
     ContentChecker,
     SignatureCheck,
     TaskDataCodec,
     file_digest,
     signature_parts,
 )
-from metrale_orch._tasks import explicit_targets, plan_build_task, rel_posix
+from metrale_orch.tasks.dicts import explicit_targets, plan_build_task, rel_posix
 from tests._dodo_support import (
     DoitRun,
     doit,

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch._reporter import exit_status, format_interrupted
 from metrale_orch.cli import _layout as cli_layout
 from metrale_orch.cli import main
 from metrale_orch.errors import Interrupted, interrupt_exit_code, printable
+from metrale_orch.tasks.reporter import exit_status, format_interrupted
 from tests._dodo_support import (
     FILES,
     DoitRun,
@@ -219,7 +219,7 @@ def test_a_compile_failure_exits_1_a_tree_error_2(fake: tuple[Path, dict[str, st
 def test_exit_status_rules() -> None:
     from doit.exceptions import TaskError, TaskFailed, UnmetDependency
 
-    from metrale_orch._actions import BuildFailed
+    from metrale_orch.tasks.actions import BuildFailed
 
     assert exit_status([]) is None
     assert exit_status([("build", TaskFailed("x")), ("other", UnmetDependency("b"))]) == 1

@@ -1,4 +1,4 @@
-"""The build-task cache (``metrale_orch._taskcache`` through ``dodo.cached_build_specs``).
+"""The build-task cache (``metrale_orch.tasks.taskcache`` through ``dodo.cached_build_specs``).
 
 Every test compares the cached answer with a fresh generation, or proves a
 change makes the next lookup miss. Most run in-process against the project of
@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch import _taskcache
-from metrale_orch._checker import SignatureCheck
+from metrale_orch.build.toolchains import reset_identity_memo
 from metrale_orch.dodo import (
     TREE_TASK,
     BuildSpec,
@@ -29,7 +28,8 @@ from metrale_orch.dodo import (
     resolve_build_specs,
     smoke_task_dicts,
 )
-from metrale_orch.toolchains import reset_identity_memo
+from metrale_orch.tasks import taskcache as _taskcache
+from metrale_orch.tasks.checker import SignatureCheck
 from tests._dodo_support import doit, make_project, project_env, use_fake_compiler
 
 STATE = Path("build/.state")
@@ -112,7 +112,7 @@ def test_hit_equals_generation_including_skips_errors_and_smoke(
 
 
 def test_record_and_replay_task_dicts() -> None:
-    from metrale_orch import _actions
+    from metrale_orch.tasks import actions as _actions
 
     dicts = [{"name": "x", "actions": [(_actions.skip_action, ["a", "b", False])], "n": (1,)}]
     recorded = _record(dicts)
@@ -346,9 +346,9 @@ def test_damaged_cache_files_miss(
 
 
 def _key(root: Path, env: dict[str, str]) -> str:
+    from metrale_orch.build.toolchains import load_toolchains
     from metrale_orch.config import load_config
     from metrale_orch.dodo import generation_key
-    from metrale_orch.toolchains import load_toolchains
 
     return generation_key(root, env, load_config(root, env), load_toolchains(root))
 
@@ -460,8 +460,8 @@ def test_signature_check_declares_what_doit_would_inspect() -> None:
 
 
 def test_task_values_keep_nonzero_counters_only() -> None:
-    from metrale_orch._actions import _nonzero
     from metrale_orch.cache import CacheStats
+    from metrale_orch.tasks.actions import _nonzero
 
     assert _nonzero(CacheStats(misses=2, puts=1)) == {"misses": 2, "puts": 1}
 

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch.layout import Hardware
-from metrale_orch.toolchains import (
+from metrale_orch.build.toolchains import (
     ToolchainError,
     ToolchainMissing,
     builtin_toolchains,
@@ -20,6 +19,7 @@ from metrale_orch.toolchains import (
     reset_identity_memo,
     select_toolchain,
 )
+from metrale_orch.tree import Hardware
 from tests._build_support import fake_toolchain_env, write
 
 
