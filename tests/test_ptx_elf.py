@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch._elf import (
+from metrale_orch.smoke.elf import (
     EM_CUDA,
     ElfError,
     is_elf,
@@ -17,8 +17,8 @@ from metrale_orch._elf import (
     parse_cubin,
     parse_fatbin,
 )
-from metrale_orch._proc import run_process
-from metrale_orch._ptx import PtxError, looks_like_ptx, parse_ptx
+from metrale_orch.proc import run_process
+from metrale_orch.smoke.ptx import PtxError, looks_like_ptx, parse_ptx
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 

@@ -24,9 +24,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from metrale_orch import smoke
-from metrale_orch._proc import run_process
+from metrale_orch.proc import run_process
 from metrale_orch.config import load_config
-from metrale_orch.layout import Target, discover
+from metrale_orch.tree import Target, discover
 from metrale_orch.smoke import (
     DeviceInfo,
     DeviceStatus,
@@ -686,8 +686,8 @@ def test_gpu_synthetic_kernel(tmp_path: Path, kind: str) -> None:
 def test_gpu_sample_tree(tmp_path: Path) -> None:
     """Build every NVIDIA target of the sample tree for this device and run all its cases."""
     dev = _device_or_skip()
-    import metrale_orch.compile as compile_mod
-    from metrale_orch.layout import hardware, resolve_all
+    import metrale_orch.build.compile as compile_mod
+    from metrale_orch.tree import hardware, resolve_all
 
     repo = Path(__file__).resolve().parent.parent
     shutil.copytree(repo / "kernels", tmp_path / "kernels")
@@ -729,7 +729,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _sample_layouts() -> list[Any]:
-    from metrale_orch.layout import Layout, resolve_all
+    from metrale_orch.tree import Layout, resolve_all
 
     if not (REPO / "kernels" / smoke.REFS_FILE).is_file():
         pytest.skip("the sample tree has no kernels/smoke_refs.py")
@@ -758,7 +758,7 @@ def test_sample_cases_parse_and_references_match_shapes() -> None:
 @needs_nvcc
 def test_sample_target_static_checks(tmp_path: Path) -> None:
     """Build one sample NVIDIA target with the real build step; every static check passes."""
-    import metrale_orch.compile as compile_mod
+    import metrale_orch.build.compile as compile_mod
 
     layouts = [
         lay
