@@ -32,6 +32,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from metrale_orch.smoke.errors import SmokeError
 from metrale_orch.smoke.ptx import PtxError, PtxInfo, parse_ptx
 
 __all__ = [
@@ -69,7 +70,7 @@ _FATBIN_KIND = {1: "ptx", 2: "elf"}
 _FATBIN_COMPRESSED = {0x2000: "lz4", 0x8000: "zstd"}
 
 
-class ElfError(ValueError):
+class ElfError(SmokeError, ValueError):
     """The bytes are not a readable CUDA ELF (or fatbin); the message says what is wrong."""
 
 
