@@ -36,7 +36,8 @@ from metrale_orch.layout import (
     symlinks,
     walk,
 )
-from metrale_orch.smoke import make_inputs, scan_cases
+from metrale_orch.smoke import scan_cases
+from metrale_orch.smoke.dtypes import make_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "kernels"
