@@ -38,7 +38,7 @@ from metrale_orch.smoke.device import (
     probe_device,
 )
 from metrale_orch.smoke.errors import SmokeCaseError, SmokeError
-from metrale_orch.smoke.report import CaseResult, SmokeReport
+from metrale_orch.smoke.report import CaseResult, Outcome, SmokeReport
 from metrale_orch.tree import Layout, LayoutError, Target, TreeSnapshot, discover, walk
 
 __all__ = ["REFS_FILE", "Reference", "load_references", "run_smoke"]
@@ -109,8 +109,33 @@ class _Run:
             raise self._refs
         return self._refs
 
-    def add(self, result: CaseResult) -> None:
-        self.results.append(result)
+    def add(
+        self,
+        *,
+        target: str,
+        module: str,
+        case: str,
+        outcome: Outcome,
+        message: str,
+        detail: str = "",
+        max_abs_error: float | None = None,
+        seconds: float = 0.0,
+    ) -> None:
+        self.results.append(
+            CaseResult(
+                target=target,
+                module=module,
+                case=case,
+                outcome=outcome,
+                message=message,
+                detail=detail,
+                max_abs_error=max_abs_error,
+                seconds=seconds,
+            )
+        )
+
+    def manifest_result(self, target: str, case: str, outcome: Outcome, message: str) -> None:
+        self.add(target=target, module="(manifest)", case=case, outcome=outcome, message=message)
 
     def target(self, build_dir: Path, layout: Layout) -> None:
         target = str(layout.target)
@@ -123,25 +148,20 @@ class _Run:
             cases = scan_cases(self.root, layout)
         except SmokeCaseError as exc:
             self.add(
-                CaseResult(
-                    target=target,
-                    module="(cases)",
-                    case="parse",
-                    outcome="failed",
-                    message=str(exc),
-                )
+                target=target,
+                module="(cases)",
+                case="parse",
+                outcome="failed",
+                message=str(exc),
             )
             cases = ()
         if not manifest_path.is_file():
-            self.add(
-                CaseResult(
-                    target=target,
-                    module="(manifest)",
-                    case="build",
-                    outcome="skipped",
-                    message=f"{rel_manifest} is missing: the target was not built"
-                    " (toolchain not installed, or run `doit build` first)",
-                )
+            self.manifest_result(
+                target,
+                "build",
+                "skipped",
+                f"{rel_manifest} is missing: the target was not built"
+                " (toolchain not installed, or run `doit build` first)",
             )
             return
         try:
@@ -153,27 +173,21 @@ class _Run:
             if not isinstance(modules, list):
                 raise ValueError("modules is not a list")
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            self.add(
-                CaseResult(
-                    target=target,
-                    module="(manifest)",
-                    case="read",
-                    outcome="failed",
-                    message=f"{rel_manifest}: unreadable manifest ({exc}); rebuild the target",
-                )
+            self.manifest_result(
+                target,
+                "read",
+                "failed",
+                f"{rel_manifest}: unreadable manifest ({exc}); rebuild the target",
             )
             return
         declared = layout.hardware.arch
         if declared and declared != arch:
-            self.add(
-                CaseResult(
-                    target=target,
-                    module="(manifest)",
-                    case="arch",
-                    outcome="failed",
-                    message=f"{rel_manifest} says arch {arch!r} but"
-                    f" {rel_posix(layout.hardware.path, self.root)} declares {declared!r}; rebuild",
-                )
+            self.manifest_result(
+                target,
+                "arch",
+                "failed",
+                f"{rel_manifest} says arch {arch!r} but"
+                f" {rel_posix(layout.hardware.path, self.root)} declares {declared!r}; rebuild",
             )
         by_stem: dict[str, Mapping[str, object]] = {}
         for m in modules:
@@ -185,23 +199,19 @@ class _Run:
             entry = by_stem.get(stem)
             if entry is None:
                 self.add(
-                    CaseResult(
-                        target=target,
-                        module=stem,
-                        case="static",
-                        outcome="failed",
-                        message=f"module {stem!r} is not in {rel_manifest}; rebuild the target",
-                    )
+                    target=target,
+                    module=stem,
+                    case="static",
+                    outcome="failed",
+                    message=f"module {stem!r} is not in {rel_manifest}; rebuild the target",
                 )
                 for c in mod_cases:
                     self.add(
-                        CaseResult(
-                            target=target,
-                            module=stem,
-                            case=c.name,
-                            outcome="skipped",
-                            message="no artefact for the module",
-                        )
+                        target=target,
+                        module=stem,
+                        case=c.name,
+                        outcome="skipped",
+                        message="no artefact for the module",
                     )
                 continue
             plan = _ModulePlan(
@@ -241,17 +251,13 @@ class _Run:
             if not info.entries_complete:
                 detail += "\nentries not fully checked: compressed fatbin images"
         self.add(
-            CaseResult(
-                target=target,
-                module=label,
-                case="static",
-                outcome="failed" if problems else "passed",
-                message="; ".join(problems)
-                if problems
-                else f"{info.kind if info else '?'} {arch} ok",
-                detail=detail,
-                seconds=time.perf_counter() - start,
-            )
+            target=target,
+            module=label,
+            case="static",
+            outcome="failed" if problems else "passed",
+            message="; ".join(problems) if problems else f"{info.kind if info else '?'} {arch} ok",
+            detail=detail,
+            seconds=time.perf_counter() - start,
         )
         for case in plan.cases:
             self.case(target, label, arch, plan.artefact, info, case, static_ok=not problems)
@@ -271,13 +277,11 @@ class _Run:
         skip = ""
         if status.error:
             self.add(
-                CaseResult(
-                    target=target,
-                    module=label,
-                    case=case.name,
-                    outcome="failed",
-                    message=status.error,
-                )
+                target=target,
+                module=label,
+                case=case.name,
+                outcome="failed",
+                message=status.error,
             )
             return
         if status.device is None:
@@ -295,11 +299,7 @@ class _Run:
                     f" {case.min_cc[0]}.{case.min_cc[1]}, device is {cc[0]}.{cc[1]}"
                 )
         if skip:
-            self.add(
-                CaseResult(
-                    target=target, module=label, case=case.name, outcome="skipped", message=skip
-                )
-            )
+            self.add(target=target, module=label, case=case.name, outcome="skipped", message=skip)
             return
         # NumPy (the gpu extra) loads here, only when numbers run; see the module's docstring.
         from metrale_orch.smoke.dtypes import compare_outputs, make_inputs
@@ -326,38 +326,32 @@ class _Run:
             cmp = compare_outputs(case, got, want)
         except SmokeError as exc:
             self.add(
-                CaseResult(
-                    target=target,
-                    module=label,
-                    case=case.name,
-                    outcome="failed",
-                    message=str(exc),
-                    seconds=time.perf_counter() - start,
-                )
+                target=target,
+                module=label,
+                case=case.name,
+                outcome="failed",
+                message=str(exc),
+                seconds=time.perf_counter() - start,
             )
             return
         except Exception as exc:  # CuPy/CUDA errors on a present device are failures
             self.add(
-                CaseResult(
-                    target=target,
-                    module=label,
-                    case=case.name,
-                    outcome="failed",
-                    message=f"launch of {case.entry} failed: {type(exc).__name__}: {exc}",
-                    seconds=time.perf_counter() - start,
-                )
-            )
-            return
-        self.add(
-            CaseResult(
                 target=target,
                 module=label,
                 case=case.name,
-                outcome="passed" if cmp.ok else "failed",
-                message=cmp.message if not cmp.ok else f"max abs error {cmp.max_abs_error:.4g}",
-                max_abs_error=cmp.max_abs_error,
+                outcome="failed",
+                message=f"launch of {case.entry} failed: {type(exc).__name__}: {exc}",
                 seconds=time.perf_counter() - start,
             )
+            return
+        self.add(
+            target=target,
+            module=label,
+            case=case.name,
+            outcome="passed" if cmp.ok else "failed",
+            message=cmp.message if not cmp.ok else f"max abs error {cmp.max_abs_error:.4g}",
+            max_abs_error=cmp.max_abs_error,
+            seconds=time.perf_counter() - start,
         )
 
 
@@ -407,13 +401,11 @@ def run_smoke(
             continue
         if isinstance(result, LayoutError):
             run.add(
-                CaseResult(
-                    target=str(target),
-                    module="(layout)",
-                    case="resolve",
-                    outcome="failed",
-                    message=str(result),
-                )
+                target=str(target),
+                module="(layout)",
+                case="resolve",
+                outcome="failed",
+                message=str(result),
             )
             continue
         run.target(out, result)
