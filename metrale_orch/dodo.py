@@ -550,7 +550,7 @@ def smoke_task_dicts(
     is resolved once per doit invocation. Nothing when the module is absent.
     """
     try:
-        from metrale_orch.smoke import smoke_tasks
+        from metrale_orch.tasks.smoke import smoke_tasks
     except ImportError:
         return []
     from metrale_orch.config import load_config

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from metrale_orch.proc import run_process
+from metrale_orch.smoke import SmokeError
 from metrale_orch.smoke.elf import (
     EM_CUDA,
     ElfError,
@@ -192,11 +193,32 @@ def test_cubin_variant_comes_from_ptxas_options(built: Built) -> None:
 @needs_nvcc
 def test_cubin_truncations_fail_cleanly(built: Built) -> None:
     data = built.cubin["sm_90a"]
+    whole = parse_cubin(data)
+    # The reader needs the header, the section headers and the sections' data; what lies
+    # beyond them (the program headers) it does not read.
+    shoff = int.from_bytes(data[0x28:0x30], "little")
+    shnum = int.from_bytes(data[0x3C:0x3E], "little")
+    needed = shoff + shnum * 64
+    errors = 0
     for cut in range(0, len(data), max(1, len(data) // 97)):
-        try:
-            parse_cubin(data[:cut])
-        except ElfError:
+        if cut >= needed:
+            assert parse_cubin(data[:cut]) == whole, cut
             continue
+        with pytest.raises(ElfError) as caught:
+            parse_cubin(data[:cut])
+        errors += 1
+        assert isinstance(caught.value, SmokeError), cut
+        if cut < 4:
+            assert str(caught.value) == "not an ELF file (bad magic)", cut
+        elif cut < 64:
+            assert str(caught.value) == "ELF header truncated", cut
+        else:
+            assert re.fullmatch(
+                r"section headers run past the end of the file \(truncated\?\)"
+                r"|section '[^']*' runs past the end of the file",
+                str(caught.value),
+            ), (cut, str(caught.value))
+    assert errors > 50
 
 
 def test_not_a_cubin() -> None:

@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 
 from metrale_orch import defaults as defaults_mod
-from metrale_orch.smoke import make_inputs, scan_cases
+from metrale_orch.smoke import scan_cases
+from metrale_orch.smoke.dtypes import make_inputs
 from metrale_orch.tree import (
     HEADER_EXTS,
     Layout,

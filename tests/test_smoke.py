@@ -32,19 +32,21 @@ from metrale_orch.smoke import (
     SmokeCase,
     SmokeCaseError,
     arch_runnable,
+    merge_cases,
+    parse_smoke_doc,
+    probe_device,
+    run_smoke,
+    scan_cases,
+)
+from metrale_orch.smoke import dtypes as smoke_dtypes
+from metrale_orch.smoke.dtypes import (
     bf16_decode,
     bf16_encode,
     fp8e4m3_decode,
     fp8e4m3_encode,
     make_inputs,
-    merge_cases,
-    parse_smoke_doc,
-    probe_device,
-    run_smoke,
-    run_smoke_action,
-    scan_cases,
-    smoke_tasks,
 )
+from metrale_orch.tasks.smoke import run_smoke_action, smoke_tasks
 from metrale_orch.tree import Target, discover
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
@@ -169,12 +171,12 @@ def test_fp8e4m3_encode() -> None:
 
 def test_f16_and_int_encoding() -> None:
     x = np.array([1.0 + 2.0**-11, 65520.0], np.float32)  # a tie, an overflow
-    assert smoke.encode("f16", x).dtype == np.float16
-    assert smoke.decode("f16", smoke.encode("f16", x))[0] == 1.0
-    assert np.isinf(smoke.decode("f16", smoke.encode("f16", x))[1])
-    assert smoke.encode("i8", np.array([-128, 127])).dtype == np.int8
+    assert smoke_dtypes.encode("f16", x).dtype == np.float16
+    assert smoke_dtypes.decode("f16", smoke_dtypes.encode("f16", x))[0] == 1.0
+    assert np.isinf(smoke_dtypes.decode("f16", smoke_dtypes.encode("f16", x))[1])
+    assert smoke_dtypes.encode("i8", np.array([-128, 127])).dtype == np.int8
     with pytest.raises(ValueError, match="out of u8 range"):
-        smoke.encode("u8", np.array([256]))
+        smoke_dtypes.encode("u8", np.array([256]))
 
 
 # ------------------------------------------------------------------ cases and inputs

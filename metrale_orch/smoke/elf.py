@@ -25,6 +25,13 @@ documented older format):
   each kernel's ``.nv.shared.<name>`` size when the module references
   ``.nv.reservedSmem*``; :attr:`CubinKernel.shared_bytes` subtracts it so it
   equals what ``ptxas -v`` prints as ``smem``.
+
+Why not pyelftools: its symbol record splits ``st_other`` into a 3-bit ``local``
+field, 2 bits of padding and the visibility, so ``STO_CUDA_ENTRY`` (bit 4, the
+only mark of a kernel as opposed to a device function) is dropped; the
+``.nv.info`` records and the fatbin container are not ELF either, and it costs
+~40 ms to import. Errors are :class:`ElfError`, a
+:class:`~metrale_orch.smoke.errors.SmokeError`.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from metrale_orch.smoke.errors import SmokeError
 from metrale_orch.smoke.ptx import PtxError, PtxInfo, parse_ptx
 
 __all__ = [
@@ -69,8 +77,11 @@ _FATBIN_KIND = {1: "ptx", 2: "elf"}
 _FATBIN_COMPRESSED = {0x2000: "lz4", 0x8000: "zstd"}
 
 
-class ElfError(ValueError):
-    """The bytes are not a readable CUDA ELF (or fatbin); the message says what is wrong."""
+class ElfError(SmokeError, ValueError):
+    """The bytes are not a readable CUDA ELF (or fatbin); the message says what is wrong.
+
+    A ``ValueError`` too, as it was before the smoke errors had one base.
+    """
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,10 +12,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from metrale_orch.smoke.errors import SmokeError
+
 __all__ = ["PtxEntry", "PtxError", "PtxInfo", "looks_like_ptx", "parse_ptx", "strip_comments"]
 
 
-class PtxError(ValueError):
+class PtxError(SmokeError, ValueError):
     """The text is not PTX (no ``.target`` directive, or not text at all)."""
 
 

@@ -1,0 +1,28 @@
+"""The smoke area's errors: one base, :class:`SmokeError`, under the package's ``MetraleError``.
+
+Every error that leaves :mod:`metrale_orch.smoke` is one of these; the artefact
+readers' :class:`~metrale_orch.smoke.elf.ElfError` and
+:class:`~metrale_orch.smoke.ptx.PtxError` are part of the family too.
+"""
+
+from __future__ import annotations
+
+from metrale_orch.errors import MetraleError
+
+__all__ = ["SmokeCaseError", "SmokeError"]
+
+
+class SmokeError(MetraleError):
+    """Base of the smoke area's errors."""
+
+
+class SmokeCaseError(SmokeError):
+    """A ``SMOKE.toml`` case is malformed; names the file, the case and the key."""
+
+    def __init__(self, path: str, case: str, key: str, problem: str) -> None:
+        self.path = path
+        self.case = case
+        self.key = key
+        self.problem = problem
+        where = f"{path}: case {case!r}" if case else path
+        super().__init__(f"{where}: {key}: {problem} (see the smoke case format)")

@@ -1,0 +1,95 @@
+"""The ``smoke:<hw>`` tasks: their dicts and their doit action.
+
+:func:`smoke_tasks` makes one task dict per hardware (pure), depending on every
+``build:<target>`` of that hardware and always running (it is a test);
+:func:`run_smoke_action` runs :func:`~metrale_orch.smoke.run.run_smoke`, writes
+``<build_dir>/smoke-<hw>.xml`` and turns a failure into doit's ``TaskFailed``.
+
+This module is loaded on every doit invocation (the task cache replays
+``run_smoke_action`` by module and name), so it imports the smoke run itself only
+when the action runs: the tree, the artefact readers and the references stay off
+the no-op path.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
+
+from doit.exceptions import TaskFailed
+
+from metrale_orch.paths import BUILD_TASK, rel_posix
+
+if TYPE_CHECKING:
+    from metrale_orch.config import Config
+    from metrale_orch.tree import Layout, LayoutError, Target
+
+__all__ = ["SmokeTaskDict", "run_smoke_action", "smoke_tasks"]
+
+#: Smoke's own logger name (the shared log shows it), wherever the code lives.
+log = logging.getLogger("metrale_orch.smoke")
+
+
+class SmokeTaskDict(TypedDict):
+    """One ``smoke:<hw>`` sub-task, as doit reads it."""
+
+    name: str
+    doc: str
+    actions: list[tuple[Callable[..., object], list[object]]]
+    task_dep: list[str]
+    uptodate: list[bool]
+    verbosity: int
+
+
+def run_smoke_action(
+    root: str, hw: str, targets: list[str], build_dir: str
+) -> dict[str, object] | TaskFailed:
+    """doit python-action of ``smoke:<hw>``: run, write ``<build_dir>/smoke-<hw>.xml``.
+
+    Returns a dict of values (``summary``: the console line, ``report``: the
+    XML path, counts) on success, ``doit.exceptions.TaskFailed`` (message: the
+    summary and each failure) when a check failed.
+    """
+    # Deferred: see the module's docstring (this is the no-op path's only smoke import).
+    from metrale_orch.smoke import run_smoke, write_junit
+
+    report = run_smoke(root, hw, build_dir=build_dir, targets=targets)
+    xml = write_junit(report, Path(build_dir) / f"smoke-{hw}.xml")
+    summary = report.summary_line()
+    log.info("%s (report: %s)", summary, xml)
+    if report.ok:
+        return {
+            "summary": summary,
+            "report": rel_posix(xml, Path(root)),
+            "passed": report.count("passed"),
+            "skipped": report.count("skipped"),
+            "failed": 0,
+        }
+    lines = [summary] + [
+        f"  FAIL {r.target} {r.module}::{r.case}: {r.message}" for r in report.failures()
+    ]
+    return TaskFailed("\n".join(lines))
+
+
+def smoke_tasks(
+    root: Path,
+    config: Config,
+    layouts_by_hw: Mapping[str, Sequence[tuple[Target, Layout | LayoutError]]],
+) -> Iterator[SmokeTaskDict]:
+    """Sub-task dicts of ``smoke``: one ``smoke:<hw>`` per hardware, after its builds. Pure.
+
+    Yield them from the ``task_smoke`` generator; each depends on every
+    ``build:<target>`` of its hardware and always runs (it is a test).
+    """
+    for hw in sorted(layouts_by_hw):
+        targets = sorted(str(t) for t, _ in layouts_by_hw[hw])
+        yield {
+            "name": hw,
+            "doc": f"smoke-test {hw}'s artefacts (static checks; numbers on a CUDA device)",
+            "actions": [(run_smoke_action, [str(root), hw, targets, str(config.build_dir)])],
+            "task_dep": [f"{BUILD_TASK}:{t}" for t in targets],
+            "uptodate": [False],
+            "verbosity": 2,
+        }
