@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from metrale_orch import defaults as defaults_mod
-from metrale_orch.layout import (
+from metrale_orch.tree import (
     HEADER_EXTS,
     Layout,
     ManifestError,
