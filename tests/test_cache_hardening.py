@@ -27,10 +27,6 @@ from typing import Any, TypeVar
 import fsspec.core
 import pytest
 
-from metrale_orch.cache import local as local_mod
-from metrale_orch.cache import remote as remote_mod
-from metrale_orch import cache as cache_mod
-from metrale_orch.cache.objects import decode_object, encode_object
 from metrale_orch.cache import (
     Cache,
     CacheSettings,
@@ -42,6 +38,10 @@ from metrale_orch.cache import (
     read_stats,
     verify_local,
 )
+from metrale_orch.cache import local as local_mod
+from metrale_orch.cache import maintenance as maintenance_mod
+from metrale_orch.cache import remote as remote_mod
+from metrale_orch.cache.objects import decode_object, encode_object
 from metrale_orch.cli import main
 from tests._servers_support import (
     ObjectServer,
@@ -326,7 +326,7 @@ def test_gc_and_verify_report_what_they_cannot_remove(
     def refuse(path: Path) -> None:
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(cache_mod, "remove_entry", refuse)
+    monkeypatch.setattr(maintenance_mod, "remove_entry", refuse)
     result = gc_local(local, 0)
     (problem,) = result.problems
     assert str(_path(local, key)) in problem and "remove it by hand" in problem
