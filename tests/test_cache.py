@@ -20,8 +20,6 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metrale_orch.cache import remote as remote_mod
-from metrale_orch.cache.objects import CorruptObject, decode_object, encode_object
 from metrale_orch.cache import (
     SCHEMA,
     CacheKeyError,
@@ -38,6 +36,8 @@ from metrale_orch.cache import (
     verify_local,
     write_stats,
 )
+from metrale_orch.cache import remote as remote_mod
+from metrale_orch.cache.objects import CorruptObject, decode_object, encode_object
 from metrale_orch.cli import main
 from metrale_orch.config import load_config
 

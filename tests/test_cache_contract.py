@@ -18,9 +18,9 @@ from typing import Any
 import fsspec.core
 import pytest
 
+from metrale_orch.cache import Cache, CacheSettings, cache_key, open_cache
 from metrale_orch.cache.objects import CorruptObject, decode_object, encode_object
 from metrale_orch.cache.remote import RemoteStore, remote_object_path
-from metrale_orch.cache import Cache, CacheSettings, cache_key, open_cache
 from tests._servers_support import (
     DNS_FAILURE_ENDPOINT,
     ObjectServer,

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from metrale_orch import defaults as defaults_mod
+from metrale_orch.smoke import make_inputs, scan_cases
 from metrale_orch.tree import (
     HEADER_EXTS,
     Layout,
@@ -36,7 +37,6 @@ from metrale_orch.tree import (
     symlinks,
     walk,
 )
-from metrale_orch.smoke import make_inputs, scan_cases
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "kernels"

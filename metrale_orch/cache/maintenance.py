@@ -116,14 +116,7 @@ def gc_local(
         for e in scan.entries
         if not e.temporary and (e.kind != "file" or e.size > max_object_size)
     ]
-    unusable_removed = 0
-    for entry in unusable:
-        try:
-            remove_entry(entry.path)
-        except OSError as exc:
-            problems.append(_unremovable(entry.path, exc))
-        else:
-            unusable_removed += 1
+    unusable_removed = _remove_all([e.path for e in unusable], problems)
     temps = [e for e in scan.entries if e.temporary and now - e.mtime > STALE_TMP_SECONDS]
     objs = sorted(
         (o for o in scan.objects() if o.size <= max_object_size), key=lambda o: (o.mtime, o.key)
@@ -145,14 +138,7 @@ def gc_local(
             removed += 1
             removed_bytes += obj.size
         total -= obj.size
-    temps_removed = 0
-    for tmp in temps:
-        try:
-            remove_entry(tmp.path)
-        except OSError as exc:
-            problems.append(_unremovable(tmp.path, exc))
-        else:
-            temps_removed += 1
+    temps_removed = _remove_all([tmp.path for tmp in temps], problems)
     _gc_locks(local_dir, now)
     return GcResult(
         max_size=max_size,
@@ -166,6 +152,19 @@ def gc_local(
         unusable_removed=unusable_removed,
         problems=tuple(problems),
     )
+
+
+def _remove_all(paths: list[Path], problems: list[str]) -> int:
+    """Remove each entry; returns how many went (each one that cannot goes to ``problems``)."""
+    removed = 0
+    for path in paths:
+        try:
+            remove_entry(path)
+        except OSError as exc:
+            problems.append(_unremovable(path, exc))
+        else:
+            removed += 1
+    return removed
 
 
 def _gc_locks(local_dir: Path, now: float) -> None:
