@@ -20,11 +20,11 @@ from __future__ import annotations
 import json
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TypeVar
 
 from metrale_orch.errors import MetraleError
 
@@ -52,7 +52,12 @@ class ConfigError(MetraleError):
         super().__init__(f"{where}: {key}: {problem}")
 
 
-def _empty() -> Mapping[str, Any]:
+T = TypeVar("T")
+#: A converted setting: text, a path, seconds, a count, a table, or None (no directory).
+Setting = str | Path | float | int | Mapping[str, object] | None
+
+
+def _empty() -> Mapping[str, T]:
     return MappingProxyType({})
 
 
@@ -70,7 +75,7 @@ class Config:
     #: Deadline in seconds for each remote call.
     cache_timeout: float = 2.0
     local_cache: Path
-    storage_options: Mapping[str, Any] = field(default_factory=_empty)
+    storage_options: Mapping[str, object] = field(default_factory=_empty)
     log_max_bytes: int = 4 * 1024 * 1024
     log_backups: int = 3
     #: The HIP compat directory (absolute), or None for none.
@@ -78,7 +83,7 @@ class Config:
     #: key -> "default" | "pyproject" | "env" | "cli"
     sources: Mapping[str, str] = field(default_factory=_empty)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """JSON-ready view (paths as strings; the local cache is per user, so absolute)."""
         return {
             "build_dir": _rel(self.build_dir, self.root),
@@ -98,6 +103,8 @@ class Config:
 
 
 def _rel(path: Path, root: Path) -> str:
+    # Not paths.rel_posix: the root itself is "." here (messages say "'.' is the project
+    # root"), and a relative path under a relative root is made relative to it.
     try:
         return path.relative_to(root).as_posix()
     except ValueError:
@@ -132,6 +139,7 @@ def default_local_cache(environ: Mapping[str, str]) -> Path:
     home = environ.get("HOME")
     if home:
         return Path(home) / ".cache" / "metrale-orch"
+    # platformdirs costs ~13 ms to import and is needed only without XDG_CACHE_HOME and HOME.
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("metrale-orch"))
@@ -146,7 +154,9 @@ def find_root(start: Path) -> Path:
     return start
 
 
-def _convert(kind: str, value: Any, where: str, key: str, root: Path, from_text: bool) -> Any:
+def _convert(
+    kind: str, value: object, where: str, key: str, root: Path, from_text: bool
+) -> Setting:
     if kind == "str":
         if not isinstance(value, str):
             raise ConfigError(where, key, f"must be a string, got {type(value).__name__}")
@@ -168,7 +178,7 @@ def _convert(kind: str, value: Any, where: str, key: str, root: Path, from_text:
             raise ConfigError(where, key, f"must be one of {', '.join(CACHE_MODES)}, got {value!r}")
         return value.strip().lower()
     if kind == "seconds":
-        if from_text:
+        if from_text and isinstance(value, str):
             try:
                 value = float(value)
             except ValueError:
@@ -179,7 +189,7 @@ def _convert(kind: str, value: Any, where: str, key: str, root: Path, from_text:
             raise ConfigError(where, key, f"must be a positive number of seconds, got {value!r}")
         return float(value)
     if kind == "count":
-        if from_text:
+        if from_text and isinstance(value, str):
             try:
                 value = int(value)
             except ValueError:
@@ -188,7 +198,7 @@ def _convert(kind: str, value: Any, where: str, key: str, root: Path, from_text:
             raise ConfigError(where, key, f"must be a non-negative integer, got {value!r}")
         return value
     if kind == "table":
-        if from_text:
+        if from_text and isinstance(value, str):
             try:
                 value = json.loads(value)
             except json.JSONDecodeError as exc:
@@ -202,7 +212,7 @@ def _convert(kind: str, value: Any, where: str, key: str, root: Path, from_text:
 def load_config(
     root: Path,
     environ: Mapping[str, str] | None = None,
-    overrides: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, object] | None = None,
 ) -> Config:
     """Read ``<root>/pyproject.toml`` ``[tool.metrale-orch]``, then the environment, then overrides.
 
@@ -211,7 +221,7 @@ def load_config(
     """
     env = os.environ if environ is None else environ
     root = Path(root)
-    values: dict[str, Any] = {
+    values: dict[str, Setting] = {
         "build_dir": root / "build",
         "local_cache": default_local_cache(env),
     }
@@ -255,18 +265,22 @@ def load_config(
         )
         sources[key] = "cli"
 
-    problem = build_dir_problem(root, values["build_dir"])
+    build_dir = values["build_dir"]
+    assert isinstance(build_dir, Path)
+    problem = build_dir_problem(root, build_dir)
     if problem:
         raise ConfigError(_where("build_dir", sources["build_dir"]), "build_dir", problem)
     compat = values.get("hip_compat_dir")
-    if compat is not None and not compat.is_dir():
+    if isinstance(compat, Path) and not compat.is_dir():
         raise ConfigError(
             _where("hip_compat_dir", sources["hip_compat_dir"]),
             "hip_compat_dir",
             f"{_rel(compat, root)!r} is not a directory; create it or point the setting "
             "at the project's HIP compat headers",
         )
-    return Config(root=root, sources=MappingProxyType(sources), **values)
+    # One keyword per setting in _KEYS, each converted to its field's type by _convert.
+    make: Callable[..., Config] = Config
+    return make(root=root, sources=MappingProxyType(sources), **values)
 
 
 def _where(key: str, source: str) -> str:

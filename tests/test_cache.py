@@ -36,7 +36,7 @@ from metrale_orch.cache import (
     verify_local,
     write_stats,
 )
-from metrale_orch.cache import remote as _stores
+from metrale_orch.cache import remote as remote_mod
 from metrale_orch.cache.objects import CorruptObject, decode_object, encode_object
 from metrale_orch.cli import main
 from metrale_orch.config import load_config
@@ -264,15 +264,15 @@ def test_breaker_after_success_needs_threshold_failures(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[str] = []
-    real_get = _stores.RemoteStore._get
+    real_get = remote_mod.RemoteStore._get
 
-    def flaky(self: _stores.RemoteStore, key: str, decode: Any) -> Any:
+    def flaky(self: remote_mod.RemoteStore, key: str, decode: Any) -> Any:
         calls.append(key)
         if len(calls) == 1:
             return real_get(self, key, decode)
         raise ConnectionError("flaky network")
 
-    monkeypatch.setattr(_stores.RemoteStore, "_get", flaky)
+    monkeypatch.setattr(remote_mod.RemoteStore, "_get", flaky)
     url = f"memory://breaker-{uuid.uuid4().hex[:8]}/p"
     cache = open_cache(_local(tmp_path, remote=url, failure_threshold=3))
     for _ in range(6):

@@ -27,7 +27,6 @@ from typing import Any, TypeVar
 import fsspec.core
 import pytest
 
-from metrale_orch import cache as cache_mod
 from metrale_orch.cache import (
     Cache,
     CacheSettings,
@@ -39,8 +38,9 @@ from metrale_orch.cache import (
     read_stats,
     verify_local,
 )
-from metrale_orch.cache import local as _cache_local
-from metrale_orch.cache import remote as _stores
+from metrale_orch.cache import local as local_mod
+from metrale_orch.cache import maintenance as maintenance_mod
+from metrale_orch.cache import remote as remote_mod
 from metrale_orch.cache.objects import decode_object, encode_object
 from metrale_orch.cli import main
 from tests._servers_support import (
@@ -209,7 +209,7 @@ def _refuse_open(monkeypatch: pytest.MonkeyPatch, victim: Path) -> None:
             raise PermissionError(errno.EACCES, "Permission denied", str(victim))
         return real_open(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(_cache_local.os, "open", fake_open)
+    monkeypatch.setattr(local_mod.os, "open", fake_open)
 
 
 def test_unreadable_object_is_an_error_and_removed(
@@ -238,7 +238,7 @@ def test_bad_entry_that_cannot_be_removed_is_reported_once(
     def refuse(self: Any, key: str) -> None:
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(_cache_local.LocalTier, "remove", refuse)
+    monkeypatch.setattr(local_mod.LocalTier, "remove", refuse)
     for _ in range(3):
         assert cache.get(key) is None
     (warning,) = cache.warnings()
@@ -326,7 +326,7 @@ def test_gc_and_verify_report_what_they_cannot_remove(
     def refuse(path: Path) -> None:
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(cache_mod, "remove_entry", refuse)
+    monkeypatch.setattr(maintenance_mod, "remove_entry", refuse)
     result = gc_local(local, 0)
     (problem,) = result.problems
     assert str(_path(local, key)) in problem and "remove it by hand" in problem
@@ -350,7 +350,7 @@ def test_unlistable_shard_is_a_problem_not_a_crash(
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
         return real_scandir(path)
 
-    monkeypatch.setattr(_cache_local.os, "scandir", fake_scandir)
+    monkeypatch.setattr(local_mod.os, "scandir", fake_scandir)
     result = verify_local(local)
     assert result.checked == 0 and len(result.problems) == 1
     assert "cannot be listed (Permission denied)" in result.problems[0]
@@ -522,7 +522,7 @@ def test_proven_remote_goes_off_after_threshold_garbage_answers(tmp_path: Path) 
         writer.put(good, OUTPUTS, META)
     bad = [_key(f"bad{i}") for i in range(5)]
     for key in bad:
-        fs.pipe_file(_stores.remote_object_path(root, "", key), b"garbage" * 10)
+        fs.pipe_file(remote_mod.remote_object_path(root, "", key), b"garbage" * 10)
     cache = open_cache(_settings(tmp_path, remote=url, mode="read-only", failure_threshold=3))
     assert cache.get(_key("absent")) is None  # a clean not-found proves the remote
     assert cache.get(bad[0]) is None and cache.get(bad[1]) is None
@@ -538,7 +538,7 @@ def test_proven_remote_goes_off_after_threshold_garbage_answers(tmp_path: Path) 
 def test_fifo_in_a_file_remote_is_refused_without_blocking(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/remote"
     key = _key("fifo")
-    path = Path(_stores.remote_object_path(str(tmp_path / "remote"), "", key))
+    path = Path(remote_mod.remote_object_path(str(tmp_path / "remote"), "", key))
     path.parent.mkdir(parents=True)
     os.mkfifo(path)
     cache = open_cache(_settings(tmp_path, remote=url, mode="read-only", timeout=5.0))
@@ -667,13 +667,13 @@ def test_track_counts_background_uploads_queued_inside_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gate = threading.Event()
-    real_put = _stores.RemoteStore.put
+    real_put = remote_mod.RemoteStore.put
 
-    def slow_put(self: _stores.RemoteStore, key: str, data: bytes) -> bool:
+    def slow_put(self: remote_mod.RemoteStore, key: str, data: bytes) -> bool:
         assert gate.wait(30)
         return real_put(self, key, data)
 
-    monkeypatch.setattr(_stores.RemoteStore, "put", slow_put)
+    monkeypatch.setattr(remote_mod.RemoteStore, "put", slow_put)
     url = f"memory://track-{uuid.uuid4().hex[:8]}/p"
     cache = open_cache(_settings(tmp_path, remote=url, background_uploads=True))
     with cache.track() as outer:

@@ -23,7 +23,6 @@ import re
 import struct
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
 
 import xxhash
 
@@ -72,7 +71,7 @@ class ObjectTooLarge(CorruptObject):
     """The object is larger than the reader's size limit (refused unread, not proven bad)."""
 
 
-def _canon(value: Any, where: str) -> Any:
+def _canon(value: object, where: str) -> object:
     """A type-tagged, order-free JSON value: two inputs encode equally iff they are equal."""
     if value is None:
         return "n"
@@ -91,11 +90,12 @@ def _canon(value: Any, where: str) -> Any:
     if isinstance(value, bytes | bytearray | memoryview):
         return ["b", bytes(value).hex()]
     if isinstance(value, Mapping):
-        items = []
+        # (key, value) pairs: json writes a tuple as the same array a list would be.
+        items: list[tuple[str, object]] = []
         for k in value:
             if not isinstance(k, str):
                 raise TypeError(f"{where}: mapping key {k!r} is not a string")
-            items.append([k, _canon(value[k], f"{where}.{k}")])
+            items.append((k, _canon(value[k], f"{where}.{k}")))
         items.sort(key=lambda kv: kv[0])
         return ["m", items]
     if isinstance(value, list | tuple):
@@ -106,7 +106,7 @@ def _canon(value: Any, where: str) -> Any:
     )
 
 
-def canonical_key_bytes(namespace: str, parts: Mapping[str, Any]) -> bytes:
+def canonical_key_bytes(namespace: str, parts: Mapping[str, object]) -> bytes:
     """The canonical encoding hashed by :func:`key_of`. Raises ``TypeError`` for odd values."""
     if not isinstance(namespace, str):
         raise TypeError(f"namespace must be a string, got {type(namespace).__name__}")
@@ -115,12 +115,12 @@ def canonical_key_bytes(namespace: str, parts: Mapping[str, Any]) -> bytes:
     return text.encode("utf-8")
 
 
-def key_of(namespace: str, parts: Mapping[str, Any]) -> str:
+def key_of(namespace: str, parts: Mapping[str, object]) -> str:
     """xxh3-128 hex of :func:`canonical_key_bytes`."""
     return xxhash.xxh3_128_hexdigest(canonical_key_bytes(namespace, parts))
 
 
-def encode_object(key: str, outputs: Mapping[str, bytes], meta: Mapping[str, Any]) -> bytes:
+def encode_object(key: str, outputs: Mapping[str, bytes], meta: Mapping[str, object]) -> bytes:
     """The object bytes for ``outputs`` (name -> bytes) and ``meta`` (JSON-able values)."""
     names = sorted(outputs)
     entries = []
@@ -140,7 +140,7 @@ class DecodedObject:
 
     __slots__ = ("meta", "outputs", "size")
 
-    def __init__(self, outputs: Mapping[str, bytes], meta: Mapping[str, Any], size: int) -> None:
+    def __init__(self, outputs: Mapping[str, bytes], meta: Mapping[str, object], size: int) -> None:
         self.outputs = outputs
         self.meta = meta
         self.size = size
@@ -161,7 +161,9 @@ def header_length(prefix: bytes) -> int:
     return int(hlen)
 
 
-def _parse_header(prefix: bytes, head: bytes | memoryview) -> tuple[Any, Any, Any, list[Spec]]:
+def _parse_header(
+    prefix: bytes, head: bytes | memoryview
+) -> tuple[object, object, dict[str, object], list[Spec]]:
     if xxhash.xxh3_128_digest(head) != _PREFIX.unpack_from(prefix)[2]:
         raise CorruptObject("header hash mismatch")
     try:

@@ -47,7 +47,7 @@ import socket
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 import xxhash
@@ -120,17 +120,20 @@ def remote_object_path(root: str, namespace: str, key: str) -> str:
     return f"{base}/{namespace_segment(namespace)}/v{SCHEMA}/{key[:2]}/{key}"
 
 
+#: A blocking call and the future that receives its result.
+_Job = tuple[Callable[[], object], concurrent.futures.Future[object]]
+
+
 class _Worker:
     """One daemon thread running blocking calls; abandoned (never joined) if a call overruns."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]]
-        self._jobs = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
     def call(self, fn: Callable[[], T], timeout: float) -> T:
-        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        fut: concurrent.futures.Future[object] = concurrent.futures.Future()
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -140,7 +143,7 @@ class _Worker:
             jobs = self._jobs
             jobs.put((fn, fut))
         try:
-            return fut.result(timeout)
+            return cast(T, fut.result(timeout))  # the future holds what fn returned
         except concurrent.futures.TimeoutError:
             with self._lock:
                 if self._jobs is jobs:  # the thread is stuck: leave it, start afresh next time
@@ -166,7 +169,7 @@ def _stop() -> None:
 
 
 def _work(
-    jobs: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]],
+    jobs: queue.SimpleQueue[_Job],
 ) -> None:
     while True:
         fn, fut = jobs.get()
@@ -179,6 +182,10 @@ def _work(
             return
         except BaseException as exc:
             fut.set_exception(exc)
+
+
+def _not_open(*args: object, **kwargs: object) -> object:
+    raise AssertionError("the remote store is used before it is opened")
 
 
 def _is_forbidden(exc: BaseException) -> bool:
@@ -239,7 +246,7 @@ class RemoteStore:
         self,
         url: str,
         *,
-        storage_options: Mapping[str, Any],
+        storage_options: Mapping[str, object],
         namespace: str,
         timeout: float,
         failure_threshold: int,
@@ -261,7 +268,9 @@ class RemoteStore:
         self._failures = 0
         self.disabled = False
         self._opened = False
+        # An fsspec filesystem: fsspec is untyped, so its objects are Any here.
         self._fs: Any = None
+        self._sync: Callable[..., object] = _not_open
         self._root = ""
         self._protocol = ""
         self._worker = _Worker()
@@ -436,8 +445,12 @@ class RemoteStore:
                     "using the local cache only"
                 )
                 raise RemoteOff(f"{module} missing") from None
+        # fsspec takes ~180 ms to import; only a remote cache needs it, and a no-op build
+        # opens none: so it is imported here, on first use, and nowhere else.
+        import fsspec.asyn
         import fsspec.core
 
+        self._sync = fsspec.asyn.sync
         options = dict(self._options)
         try:
             fs, root = self._worker.call(
@@ -457,21 +470,18 @@ class RemoteStore:
             # Building the client (botocore models, credentials) is local work that can take
             # a good part of a second on a busy machine: give it its own deadline so the
             # first request's deadline measures the remote, not our CPU.
-            import fsspec.asyn
-
             fsspec.asyn.sync(fs.loop, fs.set_session, timeout=self.timeout)
         self._fs, self._root, self._protocol = fs, root, protocol
         self._opened = True
 
     # -- per-protocol calls --------------------------------------------------------------------
 
-    def _run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Call an fs method under the deadline (async: cancelled on timeout)."""
+    def _run(self, fn: Callable[..., object], *args: object, **kwargs: object) -> Any:
+        """Call an fs method under the deadline (async: cancelled on timeout); its result is
+        untyped, as fsspec is."""
         fs = self._fs
         if getattr(fs, "async_impl", False) and getattr(fs, "loop", None) is not None:
-            import fsspec.asyn
-
-            return fsspec.asyn.sync(fs.loop, fn, *args, timeout=self.timeout, **kwargs)
+            return self._sync(fs.loop, fn, *args, timeout=self.timeout, **kwargs)
         if self._protocol == "memory":  # an in-process dict: cannot block
             return fn(*args, **kwargs)
         return self._worker.call(lambda: fn(*args, **kwargs), self.timeout)

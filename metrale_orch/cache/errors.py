@@ -1,0 +1,69 @@
+"""The cache's errors: raised for a misuse or an unreadable file, never for store trouble.
+
+Each carries its data as attributes (the setting, the key part, the file) and
+says what to do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from metrale_orch.errors import MetraleError
+
+__all__ = [
+    "CacheError",
+    "CacheKeyError",
+    "CacheSettingsError",
+    "CacheStatsError",
+    "SizeError",
+    "why",
+]
+
+
+class CacheError(MetraleError):
+    """Base of the cache's errors (a misuse or unreadable file; store trouble never raises)."""
+
+
+class CacheSettingsError(CacheError):
+    """A cache setting is out of range; names the setting and the value."""
+
+    def __init__(self, setting: str, value: object, problem: str) -> None:
+        self.setting = setting
+        self.value = value
+        super().__init__(f"cache setting {setting}={value!r}: {problem}")
+
+
+class CacheKeyError(CacheError):
+    """A key is malformed, or key parts / meta hold a value that cannot be encoded."""
+
+    def __init__(self, what: str, problem: str) -> None:
+        self.what = what
+        self.problem = problem
+        super().__init__(f"cache key {what}: {problem}")
+
+
+class CacheStatsError(CacheError):
+    """A statistics file cannot be read; names the file."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        self.path = path
+        self.problem = problem
+        super().__init__(f"{path}: {problem} (delete it; the next build writes a fresh one)")
+
+
+class SizeError(CacheError):
+    """A size such as ``500M`` cannot be parsed."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        super().__init__(
+            f"size {text!r} is not understood: use bytes or a number with K, M, G or T "
+            "(powers of 1024), e.g. 500M or 2G"
+        )
+
+
+def why(exc: OSError) -> str:
+    """A short reason for an ``OSError`` (its strerror, else its type and text)."""
+    if exc.strerror:
+        return f"{type(exc).__name__}: {exc.strerror}"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -1,0 +1,73 @@
+"""What a cache needs: :class:`CacheSettings`, checked on construction (pure).
+
+Built from a project's :class:`~metrale_orch.config.Config` or by hand in tests;
+frozen, with ``storage_options`` held as a read-only mapping.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+from metrale_orch.cache.errors import CacheSettingsError
+from metrale_orch.cache.local import DEFAULT_MAX_OBJECT_SIZE
+from metrale_orch.config import CACHE_MODES, Config
+
+__all__ = ["CacheSettings"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CacheSettings:
+    """Everything a cache needs; build one with :meth:`from_config` or by hand in tests."""
+
+    local_dir: Path
+    #: fsspec URL of the remote tier, "" for none.
+    remote: str = ""
+    mode: str = "read-write"
+    namespace: str = ""
+    #: Deadline in seconds of every remote call.
+    timeout: float = 2.0
+    storage_options: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
+    #: Consecutive failures (after a first success) that switch the remote off.
+    failure_threshold: int = 3
+    #: Upload in a background thread (``Cache.close`` waits); False: upload inside ``put``.
+    background_uploads: bool = True
+    #: The largest object stored or read, in bytes: a bigger one is refused, never read whole.
+    max_object_size: int = DEFAULT_MAX_OBJECT_SIZE
+
+    def __post_init__(self) -> None:
+        if self.mode not in CACHE_MODES:
+            raise CacheSettingsError("mode", self.mode, f"must be one of {', '.join(CACHE_MODES)}")
+        if isinstance(self.timeout, bool) or not (
+            isinstance(self.timeout, int | float)
+            and math.isfinite(self.timeout)
+            and self.timeout > 0
+        ):
+            raise CacheSettingsError("timeout", self.timeout, "must be a positive number")
+        if isinstance(self.failure_threshold, bool) or not (
+            isinstance(self.failure_threshold, int) and self.failure_threshold >= 1
+        ):
+            raise CacheSettingsError("failure_threshold", self.failure_threshold, "must be >= 1")
+        if isinstance(self.max_object_size, bool) or not (
+            isinstance(self.max_object_size, int) and self.max_object_size >= 1
+        ):
+            raise CacheSettingsError(
+                "max_object_size", self.max_object_size, "must be a positive number of bytes"
+            )
+        object.__setattr__(self, "local_dir", Path(self.local_dir))
+        object.__setattr__(self, "storage_options", MappingProxyType(dict(self.storage_options)))
+
+    @classmethod
+    def from_config(cls, config: Config) -> CacheSettings:
+        """The settings of a project's :class:`~metrale_orch.config.Config`."""
+        return cls(
+            local_dir=config.local_cache,
+            remote=config.cache,
+            mode=config.cache_mode,
+            namespace=config.cache_namespace,
+            timeout=config.cache_timeout,
+            storage_options=config.storage_options,
+        )

@@ -1,0 +1,153 @@
+"""Cache statistics: :class:`CacheStats` counters, their summary line and their JSON file.
+
+The counters are plain integers (and the seconds saved); the file is written
+atomically with sorted keys and read back strictly (:class:`CacheStatsError`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from metrale_orch.cache.errors import CacheStatsError
+from metrale_orch.fsutil import write_atomic
+
+__all__ = ["CacheStats", "read_stats", "write_stats"]
+
+
+_COUNTERS = (
+    "local_hits",
+    "remote_hits",
+    "misses",
+    "rejected",
+    "errors",
+    "timeouts",
+    "corrupt",
+    "puts",
+    "uploads",
+    "bytes_up",
+    "bytes_down",
+    "remote_disabled",
+)
+
+
+@dataclass(slots=True, kw_only=True)
+class CacheStats:
+    """Counters of one process (or, added up, one run). Mutable; ``Cache.stats`` is live."""
+
+    local_hits: int = 0
+    remote_hits: int = 0
+    misses: int = 0
+    #: Misses where an entry verified but ``accept`` refused it (stale for the current inputs).
+    rejected: int = 0
+    #: Failed store calls (remote errors, unreadable local files).
+    errors: int = 0
+    #: Remote calls that ran past their deadline.
+    timeouts: int = 0
+    #: Objects that failed verification (never returned).
+    corrupt: int = 0
+    #: Objects this process published to the local tier.
+    puts: int = 0
+    #: Objects this process published to the remote tier.
+    uploads: int = 0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    #: Compile time recorded in the objects that hit.
+    seconds_saved: float = 0.0
+    #: Processes whose remote was switched off (breaker, missing extra).
+    remote_disabled: int = 0
+
+    def to_dict(self) -> dict[str, int | float]:
+        out: dict[str, int | float] = {name: getattr(self, name) for name in _COUNTERS}
+        out["seconds_saved"] = round(self.seconds_saved, 3)
+        return dict(sorted(out.items()))
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, object]) -> CacheStats:
+        """Inverse of :meth:`to_dict`; missing counters are 0. Raises ``ValueError``."""
+        kwargs: dict[str, int] = {}
+        for name in _COUNTERS:
+            value = doc.get(name, 0)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+            kwargs[name] = value
+        saved = doc.get("seconds_saved", 0.0)
+        if isinstance(saved, bool) or not isinstance(saved, int | float) or saved < 0:
+            raise ValueError(f"seconds_saved must be a non-negative number, got {saved!r}")
+        return cls(seconds_saved=float(saved), **kwargs)
+
+    def __add__(self, other: CacheStats) -> CacheStats:
+        if not isinstance(other, CacheStats):
+            return NotImplemented
+        return CacheStats(
+            seconds_saved=self.seconds_saved + other.seconds_saved,
+            **{name: getattr(self, name) + getattr(other, name) for name in _COUNTERS},
+        )
+
+    def copy(self) -> CacheStats:
+        return CacheStats(**{f.name: getattr(self, f.name) for f in fields(self)})
+
+    @property
+    def lookups(self) -> int:
+        return self.local_hits + self.remote_hits + self.misses
+
+    def summary_line(self) -> str:
+        """One line, e.g. ``cache: 12 local hits, 3 remote hits, 2 misses; ...``."""
+        parts = [
+            f"{self.local_hits} local hit{_s(self.local_hits)}",
+            f"{self.remote_hits} remote hit{_s(self.remote_hits)}",
+            f"{self.misses} miss{'es' if self.misses != 1 else ''}",
+        ]
+        if self.rejected:
+            parts.append(f"{self.rejected} rejected as stale")
+        trouble = [
+            f"{n} {label}"
+            for n, label in (
+                (self.errors, "errors" if self.errors != 1 else "error"),
+                (self.timeouts, "timeouts" if self.timeouts != 1 else "timeout"),
+                (self.corrupt, "corrupt"),
+            )
+            if n
+        ]
+        moved = f"{_human(self.bytes_down)} down, {_human(self.bytes_up)} up"
+        line = "cache: " + ", ".join(parts)
+        if trouble:
+            line += " (" + ", ".join(trouble) + ")"
+        line += f"; {moved}; {self.seconds_saved:.1f} s of compiling saved"
+        if self.remote_disabled:
+            line += "; remote off"
+        return line
+
+
+def _s(n: int) -> str:
+    return "" if n == 1 else "s"
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError  # pragma: no cover
+
+
+def write_stats(path: Path, stats: CacheStats) -> None:
+    """Write ``stats`` as JSON to ``path`` atomically (temp file + rename)."""
+    write_atomic(path, (json.dumps(stats.to_dict(), indent=2, sort_keys=True) + "\n").encode())
+
+
+def read_stats(path: Path) -> CacheStats:
+    """Read a file written by :func:`write_stats`.
+
+    Raises ``FileNotFoundError`` if absent and :class:`CacheStatsError` if malformed.
+    """
+    text = path.read_text(encoding="utf-8")
+    try:
+        doc = json.loads(text)
+        if not isinstance(doc, dict):
+            raise ValueError("not a JSON object")
+        return CacheStats.from_dict(doc)
+    except (ValueError, TypeError) as exc:
+        raise CacheStatsError(path, f"not a cache statistics file: {exc}") from None

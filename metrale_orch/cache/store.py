@@ -1,0 +1,431 @@
+"""The two-tier cache: :class:`Cache` (get, put, track, flush, close) and :func:`cache_key`.
+
+A local directory tier in front of an optional remote; every read verifies
+the object, a bad one is a miss (reported once, deleted), a remote hit fills
+the local tier, uploads run in a background thread. Store trouble never
+raises: it is counted in :class:`~metrale_orch.cache.stats.CacheStats`, warned
+once (:meth:`Cache.warnings`) and logged. Knows nothing of doit; prints nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+from metrale_orch.cache.errors import CacheKeyError, why
+from metrale_orch.cache.local import LocalTier, key_lock
+from metrale_orch.cache.objects import (
+    KEY_RE,
+    CorruptObject,
+    ObjectTooLarge,
+    decode_object,
+    encode_object,
+    key_of,
+)
+from metrale_orch.cache.remote import RemoteFailure, RemoteOff, RemoteStore
+from metrale_orch.cache.settings import CacheSettings
+from metrale_orch.cache.stats import CacheStats
+
+__all__ = ["Accept", "Cache", "Hit", "cache_key", "open_cache"]
+
+# Named for the package, as before the split: the shared log file shows the logger's name.
+log = logging.getLogger("metrale_orch.cache")
+
+
+def cache_key(namespace: str, parts: Mapping[str, object]) -> str:
+    """The action key (32 hex chars) of ``parts`` in ``namespace`` (pure).
+
+    ``parts`` may hold str, bytes (hashed by value, never by path), int, float,
+    bool, None, lists/tuples and string-keyed mappings; mapping order does not
+    matter, list order does. The schema version is always mixed in. Raises
+    :class:`CacheKeyError` for any other value.
+    """
+    try:
+        return key_of(namespace, parts)
+    except TypeError as exc:
+        raise CacheKeyError("parts", str(exc)) from None
+
+
+def _check_key(key: str) -> None:
+    if not isinstance(key, str) or not KEY_RE.fullmatch(key):
+        raise CacheKeyError(repr(key), "must be 32 lowercase hex characters (from cache_key)")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hit:
+    """A verified entry: ``outputs`` (name -> bytes), ``meta``, and the ``tier`` it came from."""
+
+    key: str
+    outputs: Mapping[str, bytes]
+    meta: Mapping[str, object]
+    #: "local" | "remote"
+    tier: str
+
+
+#: A verified entry is valid for the caller's current inputs (called with its ``meta``).
+Accept = Callable[[Mapping[str, object]], bool]
+
+_Trackers = tuple[tuple["Cache", CacheStats], ...]
+_UploadJob = tuple[str, bytes, _Trackers]
+
+#: The :meth:`Cache.track` statistics active in the current context, with the cache each
+#: belongs to. A context variable, not a registry: each thread (and each task a caller runs
+#: with ``contextvars.copy_context()``) sees only the trackers it opened itself.
+_TRACKERS: contextvars.ContextVar[_Trackers] = contextvars.ContextVar(
+    "metrale_orch_cache_trackers", default=()
+)
+
+
+class Cache:
+    """A two-tier cache; obtain one with :func:`open_cache`. Thread-safe."""
+
+    def __init__(self, settings: CacheSettings) -> None:
+        self.settings = settings
+        self.stats = CacheStats()
+        self._lock = threading.Lock()
+        self._warnings: list[str] = []
+        self._off_seen = False
+        self._enabled = settings.mode != "off"
+        self._local = (
+            LocalTier(settings.local_dir, settings.max_object_size) if self._enabled else None
+        )
+        self._remote: RemoteStore | None = None
+        if self._enabled and settings.remote:
+            self._remote = RemoteStore(
+                settings.remote,
+                storage_options=settings.storage_options,
+                namespace=settings.namespace,
+                timeout=float(settings.timeout),
+                failure_threshold=settings.failure_threshold,
+                writable=settings.mode == "read-write",
+                warn=self._remote_warn,
+                max_size=settings.max_object_size,
+            )
+        self._uploads: queue.Queue[_UploadJob | None] = queue.Queue()
+        self._uploader: threading.Thread | None = None
+        self._closed = False
+
+    # -- warnings and counters --
+
+    def warnings(self) -> list[str]:
+        """One-line warnings so far (each at most once), in order."""
+        with self._lock:
+            return list(self._warnings)
+
+    def _warn(self, message: str) -> None:
+        with self._lock:
+            if message in self._warnings:
+                return
+            self._warnings.append(message)
+        log.warning("%s", message)
+
+    def _remote_warn(self, message: str) -> None:
+        # The store warns once when it switches itself off (and once if it refuses writes).
+        with self._lock:
+            newly_off = self._remote is not None and self._remote.disabled and not self._off_seen
+            self._off_seen = self._off_seen or newly_off
+        if newly_off:
+            self._count(remote_disabled=1)
+        self._warn(message)
+
+    def _count(self, **deltas: float) -> None:
+        """Add ``deltas`` to the process total and to this context's trackers of this cache."""
+        targets = [self.stats, *(stats for owner, stats in _TRACKERS.get() if owner is self)]
+        with self._lock:
+            for stats in targets:
+                for name, delta in deltas.items():
+                    if delta:
+                        setattr(stats, name, getattr(stats, name) + delta)
+
+    def _count_failure(self, exc: RemoteFailure) -> None:
+        if exc.timeout:
+            self._count(timeouts=1)
+        else:
+            self._count(errors=1)
+
+    @contextlib.contextmanager
+    def track(self) -> Iterator[CacheStats]:
+        """Count this context's calls apart: yields a fresh :class:`CacheStats`.
+
+        Every count made by a call of this cache in the ``with`` block, in this
+        thread, goes to the yielded stats as well as to ``Cache.stats``;
+        uploads queued by ``put`` inside the block count there even when they
+        finish after it (:meth:`flush` waits for them). Nested blocks all
+        count. Work handed to other threads counts only if they run in a copy
+        of this context (``contextvars.copy_context().run``).
+        """
+        stats = CacheStats()
+        token = _TRACKERS.set((*_TRACKERS.get(), (self, stats)))
+        try:
+            yield stats
+        finally:
+            _TRACKERS.reset(token)
+
+    def key(self, parts: Mapping[str, object]) -> str:
+        """:func:`cache_key` in this cache's namespace."""
+        return cache_key(self.settings.namespace, parts)
+
+    @property
+    def enabled(self) -> bool:
+        return self._enabled
+
+    # -- lookups --
+
+    def get(self, key: str, *, accept: Accept | None = None) -> Hit | None:
+        """The verified entry of ``key``: local tier first, then one remote GET; None on a miss.
+
+        With ``accept``, a verified entry counts only if ``accept(meta)`` is
+        true; a rejected local entry is kept (replace it with
+        ``put(..., replace=True)``) and the remote is asked, a rejected remote
+        entry is not copied to the local tier. A rejected lookup counts as a
+        miss and as ``rejected``. A remote hit is written to the local tier.
+        Raises only :class:`CacheKeyError` (and whatever ``accept`` raises).
+        """
+        _check_key(key)
+        if not self._enabled or self._local is None:
+            return None
+        hit, rejected = self._get_local(self._local, key, accept)
+        if hit is None and self._remote is not None:
+            hit, remote_rejected = self._get_remote(
+                self._remote, self._local, key, accept, replace_local=rejected
+            )
+            rejected = rejected or remote_rejected
+        if hit is None:
+            self._count(misses=1, rejected=int(rejected))
+        return hit
+
+    def _get_local(
+        self, local: LocalTier, key: str, accept: Accept | None
+    ) -> tuple[Hit | None, bool]:
+        """(hit, rejected by ``accept``)."""
+        try:
+            data = local.read(key)
+            if data is None:
+                return None, False
+            obj = decode_object(key, data)
+        except CorruptObject as exc:
+            self._count(corrupt=1)
+            self._drop_local(local, key, f"is corrupt ({exc.reason})")
+            return None, False
+        except OSError as exc:
+            self._count(errors=1)
+            self._drop_local(local, key, f"cannot be read ({why(exc)})")
+            return None, False
+        if accept is not None and not accept(obj.meta):
+            return None, True
+        local.touch(key)
+        self._count(local_hits=1, seconds_saved=_seconds(obj.meta))
+        return Hit(key=key, outputs=obj.outputs, meta=obj.meta, tier="local"), False
+
+    def _drop_local(self, local: LocalTier, key: str, problem: str) -> None:
+        """Remove a bad local entry; warn once (per process and key) either way."""
+        path = local.path(key)
+        try:
+            local.remove(key)
+        except OSError as exc:
+            self._warn(
+                f"cache object {key} in the local cache {local.dir} {problem} and cannot be "
+                f"removed ({why(exc)}); treating it as a miss: remove {path} by hand"
+            )
+        else:
+            self._warn(f"cache object {key} in the local cache {local.dir} {problem}; deleted it")
+
+    def _get_remote(
+        self,
+        remote: RemoteStore,
+        local: LocalTier,
+        key: str,
+        accept: Accept | None,
+        *,
+        replace_local: bool,
+    ) -> tuple[Hit | None, bool]:
+        """(hit, rejected by ``accept``); ``replace_local``: overwrite a rejected local entry."""
+        try:
+            got = remote.get(key, lambda data: (data, decode_object(key, data)))
+        except RemoteOff:
+            return None, False
+        except RemoteFailure as exc:
+            self._count_failure(exc)
+            return None, False
+        except CorruptObject as exc:
+            self._count(corrupt=1, bytes_down=exc.received)
+            deleted = ""
+            # an object over this reader's limit is not proven bad: leave it to others
+            if remote.writable and not remote.disabled and not isinstance(exc, ObjectTooLarge):
+                try:
+                    remote.delete(key)
+                    deleted = "; deleted it"
+                except (RemoteOff, RemoteFailure):
+                    pass
+            self._warn(
+                f"cache object {key} in the remote cache {remote.url} is corrupt "
+                f"({exc.reason}){deleted}"
+            )
+            return None, False
+        if got is None:
+            return None, False
+        data, obj = got
+        self._count(bytes_down=len(data))
+        if accept is not None and not accept(obj.meta):
+            return None, True
+        try:
+            if local.write(key, data, replace=replace_local):
+                self._count(puts=1)
+        except OSError as exc:
+            self._count(errors=1)
+            self._warn(f"local cache {local.dir} cannot be written ({why(exc)}); not filling it")
+        self._count(remote_hits=1, seconds_saved=_seconds(obj.meta))
+        return Hit(key=key, outputs=obj.outputs, meta=obj.meta, tier="remote"), False
+
+    # -- publishing --
+
+    def put(
+        self,
+        key: str,
+        outputs: Mapping[str, bytes],
+        meta: Mapping[str, object],
+        *,
+        replace: bool = False,
+    ) -> None:
+        """Publish ``outputs`` under ``key`` in the local tier and (read-write) the remote.
+
+        ``meta`` holds JSON values: command, toolchain, producer, compile_seconds.
+        An existing entry wins (create-only) unless ``replace``: then the local
+        entry is overwritten atomically; the remote stays create-only (an
+        existing remote object is left as it is). An object larger than
+        ``max_object_size`` is not stored (one warning). Store trouble is
+        counted and warned, never raised; raises :class:`CacheKeyError` for a
+        bad key or meta.
+        """
+        _check_key(key)
+        if not self._enabled or self._local is None:
+            return
+        try:
+            data = encode_object(key, outputs, meta)
+        except (TypeError, ValueError) as exc:
+            raise CacheKeyError(key, f"outputs or meta cannot be stored: {exc}") from None
+        limit = self.settings.max_object_size
+        if len(data) > limit:
+            self._warn(
+                f"cache object {key} would be {len(data)} bytes, more than the {limit}-byte "
+                "limit on an object (max_object_size); not storing it"
+            )
+            return
+        try:
+            if self._local.write(key, data, replace=replace):
+                self._count(puts=1)
+        except OSError as exc:
+            self._count(errors=1)
+            self._warn(f"local cache {self._local.dir} cannot be written ({why(exc)}); not storing")
+        remote = self._remote
+        if remote is None or not remote.writable or remote.disabled:
+            return
+        if self.settings.background_uploads:
+            self._start_uploader()
+            self._uploads.put((key, data, _TRACKERS.get()))
+        else:
+            self._upload(remote, key, data)
+
+    def _upload(self, remote: RemoteStore, key: str, data: bytes) -> None:
+        try:
+            created = remote.put(key, data)
+        except RemoteOff:
+            return
+        except RemoteFailure as exc:
+            self._count_failure(exc)
+            return
+        if created:
+            self._count(uploads=1, bytes_up=len(data))
+
+    def _start_uploader(self) -> None:
+        with self._lock:
+            if self._uploader is not None or self._closed:
+                return
+            self._uploader = threading.Thread(
+                target=self._upload_loop, name="metrale-cache-upload", daemon=True
+            )
+            self._uploader.start()
+
+    def _upload_loop(self) -> None:
+        while True:
+            job = self._uploads.get()
+            try:
+                if job is None:
+                    return
+                key, data, trackers = job
+                if self._remote is not None:
+                    # count in the trackers that were active where ``put`` queued the job
+                    token = _TRACKERS.set(trackers)
+                    try:
+                        self._upload(self._remote, key, data)
+                    finally:
+                        _TRACKERS.reset(token)
+            finally:
+                self._uploads.task_done()
+
+    def flush(self) -> None:
+        """Wait until every queued upload is done (or failed)."""
+        if self._uploader is not None:
+            self._uploads.join()
+
+    def close(self) -> None:
+        """Finish queued uploads (each bounded by the deadline; none once the remote is off)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            uploader = self._uploader
+        if uploader is not None:
+            self._uploads.put(None)
+            uploader.join()
+        if self._remote is not None:
+            self._remote.close()
+
+    def __enter__(self) -> Cache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- coordination --
+
+    @contextlib.contextmanager
+    def key_lock(self, key: str, timeout: float | None = None) -> Iterator[None]:
+        """Serialise processes working on ``key`` (an ``flock`` under the local dir).
+
+        The second process to ask waits, then usually hits. With ``timeout``, it
+        goes on unlocked after that many seconds. A no-op when the cache is off
+        or the local dir is not writable.
+        """
+        _check_key(key)
+        if not self._enabled:
+            yield
+            return
+        try:
+            lock = key_lock(self.settings.local_dir, key, timeout)
+            lock.__enter__()
+        except OSError as exc:
+            self._warn(f"local cache {self.settings.local_dir} cannot hold locks ({exc})")
+            yield
+            return
+        try:
+            yield
+        finally:
+            lock.__exit__(None, None, None)
+
+
+def _seconds(meta: Mapping[str, object]) -> float:
+    value = meta.get("compile_seconds", 0.0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        return 0.0
+    return float(value)
+
+
+def open_cache(settings: CacheSettings) -> Cache:
+    """A :class:`Cache` for ``settings``. Touches no store until the first call."""
+    return Cache(settings)
