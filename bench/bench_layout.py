@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gen_tree import generate
 
-from metrale_orch.layout import LayoutError, resolve_all
+from metrale_orch.tree import LayoutError, resolve_all
 
 
 def floor(root: Path) -> int:

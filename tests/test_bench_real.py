@@ -26,10 +26,10 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from metrale_orch.layout import LayoutError, resolve_all, walk
 
 from metrale_orch.cli import main
 from metrale_orch.defaults import LEVERS, parse_defaults
-from metrale_orch.layout import LayoutError, resolve_all, walk
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch._beyond import TREE_DIR, layer_include, quoted_includes
-from metrale_orch.layout import Target, discover
-from metrale_orch.staging import beyond_layout, stage
+from metrale_orch.build.staging import beyond_layout, stage
+from metrale_orch.tree import Target, discover
+from metrale_orch.tree.beyond import TREE_DIR, layer_include, quoted_includes
 
 HW = '[hardware]\nvendor = "nvidia"\narch = "sm_121f"\n'
 KQUANT = (

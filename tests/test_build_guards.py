@@ -7,11 +7,11 @@ import os
 from pathlib import Path
 
 import pytest
-
 from metrale_orch.compile import build_target, reset_build_memo
 from metrale_orch.layout import Target
 from metrale_orch.staging import ContainmentError, uncontained
 from metrale_orch.toolchains import reset_identity_memo
+
 from tests._build_support import fake_toolchain_env, make_cache, make_config, small_tree
 from tests._dodo_support import doit, make_project, project_env, use_fake_compiler
 

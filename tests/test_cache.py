@@ -19,9 +19,9 @@ import pytest
 import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from metrale_orch._cache_object import CorruptObject, decode_object, encode_object
 
 from metrale_orch import _stores
-from metrale_orch._cache_object import CorruptObject, decode_object, encode_object
 from metrale_orch.cache import (
     SCHEMA,
     CacheKeyError,

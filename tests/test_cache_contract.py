@@ -17,9 +17,9 @@ from typing import Any
 
 import fsspec.core
 import pytest
-
 from metrale_orch._cache_object import CorruptObject, decode_object, encode_object
 from metrale_orch._stores import RemoteStore, remote_object_path
+
 from metrale_orch.cache import Cache, CacheSettings, cache_key, open_cache
 from tests._servers_support import (
     DNS_FAILURE_ENDPOINT,

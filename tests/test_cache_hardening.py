@@ -26,10 +26,10 @@ from typing import Any, TypeVar
 
 import fsspec.core
 import pytest
+from metrale_orch._cache_object import decode_object, encode_object
 
 from metrale_orch import _cache_local, _stores
 from metrale_orch import cache as cache_mod
-from metrale_orch._cache_object import decode_object, encode_object
 from metrale_orch.cache import (
     Cache,
     CacheSettings,

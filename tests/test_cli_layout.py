@@ -9,8 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from metrale_orch.cli import main
 from metrale_orch.layout import dump
+
+from metrale_orch.cli import main
 from tests._layout_support import files, hw, kernel_toml, model, write
 
 

@@ -12,7 +12,6 @@ import pytest
 import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from metrale_orch.compile import (
     BuildConfigError,
     CompileError,
@@ -32,6 +31,7 @@ from metrale_orch.toolchains import (
     find_program,
     reset_identity_memo,
 )
+
 from tests._build_support import (
     compiles,
     fake_toolchain_env,

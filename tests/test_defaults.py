@@ -2011,6 +2011,7 @@ def test_the_build_bakes_the_trees_levers(tmp_path: Path) -> None:
     from metrale_orch.compile import build_target, reset_build_memo
     from metrale_orch.layout import Target
     from metrale_orch.toolchains import reset_identity_memo
+
     from tests._build_support import fake_toolchain_env, make_cache, make_config, small_tree
 
     reset_build_memo()

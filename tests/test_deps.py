@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from metrale_orch._deps import (
     FileHasher,
     classify,

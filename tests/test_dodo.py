@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 import xxhash
 from doit.dependency import Dependency, SqliteDB
-
 from metrale_orch._checker import (
     ContentChecker,
     SignatureCheck,
@@ -28,6 +27,7 @@ from metrale_orch._checker import (
     signature_parts,
 )
 from metrale_orch._tasks import explicit_targets, plan_build_task, rel_posix
+
 from tests._dodo_support import (
     DoitRun,
     doit,

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from metrale_orch._dropped import (
     MAX_INCLUDE_DEPTH,
     MAX_MACRO_HOPS,
@@ -34,6 +33,7 @@ from metrale_orch.compile import BuildConfigError, build_target, reset_build_mem
 from metrale_orch.layout import Target, discover
 from metrale_orch.staging import stage
 from metrale_orch.toolchains import reset_identity_memo
+
 from tests._build_support import (
     compiles,
     fake_toolchain_env,

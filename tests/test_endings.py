@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from metrale_orch._reporter import exit_status, format_interrupted
+
 from metrale_orch.cli import _layout as cli_layout
 from metrale_orch.cli import main
 from metrale_orch.errors import Interrupted, interrupt_exit_code, printable
@@ -218,7 +218,6 @@ def test_a_compile_failure_exits_1_a_tree_error_2(fake: tuple[Path, dict[str, st
 
 def test_exit_status_rules() -> None:
     from doit.exceptions import TaskError, TaskFailed, UnmetDependency
-
     from metrale_orch._actions import BuildFailed
 
     assert exit_status([]) is None

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch import layout as L
+from metrale_orch import tree as L
 from metrale_orch.errors import MetraleError
-from metrale_orch.layout import (
+from metrale_orch.tree import (
     HEADER_EXTS,
     DeadShadow,
     Entry,

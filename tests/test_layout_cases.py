@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from metrale_orch.layout import SymlinkError, Target, discover, dump, walk
+from metrale_orch.tree import SymlinkError, Target, discover, dump, walk
 from tests._layout_support import symlink
 
 CASES = Path(__file__).parent / "cases" / "layout"

@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from metrale_orch.layout import (
+from metrale_orch.tree import (
     DeadShadow,
     Layout,
     LayoutError,

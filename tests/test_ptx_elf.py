@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from metrale_orch._elf import (
     EM_CUDA,
     ElfError,

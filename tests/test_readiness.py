@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-
 from metrale_orch._tasks import one_line, plan_error_task, plan_skip_task
+
 from metrale_orch.readiness import check_tree, file_of
 from tests._dodo_support import (
     FILES,

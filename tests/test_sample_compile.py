@@ -14,7 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 from metrale_orch.compile import TargetResult, build_target, reset_build_memo
 from metrale_orch.layout import Layout, resolve_all
 from metrale_orch.toolchains import (
@@ -24,6 +23,7 @@ from metrale_orch.toolchains import (
     reset_identity_memo,
     select_toolchain,
 )
+
 from tests._build_support import make_cache, make_config
 
 ROOT = Path(__file__).resolve().parent.parent

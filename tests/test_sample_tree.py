@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from metrale_orch import defaults as defaults_mod
 from metrale_orch.layout import (
     HEADER_EXTS,
     Layout,
@@ -36,6 +34,8 @@ from metrale_orch.layout import (
     symlinks,
     walk,
 )
+
+from metrale_orch import defaults as defaults_mod
 from metrale_orch.smoke import make_inputs, scan_cases
 
 ROOT = Path(__file__).resolve().parent.parent

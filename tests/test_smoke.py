@@ -22,11 +22,11 @@ import pytest
 import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
+from metrale_orch._proc import run_process
+from metrale_orch.layout import Target, discover
 
 from metrale_orch import smoke
-from metrale_orch._proc import run_process
 from metrale_orch.config import load_config
-from metrale_orch.layout import Target, discover
 from metrale_orch.smoke import (
     DeviceInfo,
     DeviceStatus,

@@ -16,9 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from metrale_orch._checker import SignatureCheck
+from metrale_orch.toolchains import reset_identity_memo
 
 from metrale_orch import _taskcache
-from metrale_orch._checker import SignatureCheck
 from metrale_orch.dodo import (
     TREE_TASK,
     BuildSpec,
@@ -29,7 +30,6 @@ from metrale_orch.dodo import (
     resolve_build_specs,
     smoke_task_dicts,
 )
-from metrale_orch.toolchains import reset_identity_memo
 from tests._dodo_support import doit, make_project, project_env, use_fake_compiler
 
 STATE = Path("build/.state")
@@ -346,9 +346,10 @@ def test_damaged_cache_files_miss(
 
 
 def _key(root: Path, env: dict[str, str]) -> str:
+    from metrale_orch.toolchains import load_toolchains
+
     from metrale_orch.config import load_config
     from metrale_orch.dodo import generation_key
-    from metrale_orch.toolchains import load_toolchains
 
     return generation_key(root, env, load_config(root, env), load_toolchains(root))
 
@@ -461,6 +462,7 @@ def test_signature_check_declares_what_doit_would_inspect() -> None:
 
 def test_task_values_keep_nonzero_counters_only() -> None:
     from metrale_orch._actions import _nonzero
+
     from metrale_orch.cache import CacheStats
 
     assert _nonzero(CacheStats(misses=2, puts=1)) == {"misses": 2, "puts": 1}

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from metrale_orch.layout import Hardware
 from metrale_orch.toolchains import (
     ToolchainError,
@@ -20,6 +19,7 @@ from metrale_orch.toolchains import (
     reset_identity_memo,
     select_toolchain,
 )
+
 from tests._build_support import fake_toolchain_env, write
 
 
