@@ -13,26 +13,6 @@ from metrale_orch.errors import MetraleError, printable
 from metrale_orch.tree.names import HARDWARE_TOML, VENDOR_EXT, toml_key
 from metrale_orch.tree.values import Role, Target
 
-__all__ = [
-    "DeadShadow",
-    "InheritsError",
-    "LayoutError",
-    "ManifestError",
-    "NoKernelDirectory",
-    "RedirectError",
-    "RetiredKey",
-    "SelfShadow",
-    "SymlinkError",
-    "UndeclaredShadow",
-    "UnknownHardware",
-    "UnknownModel",
-    "UnknownVendor",
-    "UnnamableFile",
-    "UseCollides",
-    "UseError",
-    "unnamable_message",
-]
-
 
 class LayoutError(MetraleError):
     """Base of every layout resolution error; ``str()`` names the file(s) involved."""
