@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch._tasks import one_line, plan_error_task, plan_skip_task
-from metrale_orch.readiness import check_tree, file_of
+from metrale_orch.tasks.check import check_tree, file_of
+from metrale_orch.tasks.dicts import one_line, plan_error_task, plan_skip_task
 from tests._dodo_support import (
     FILES,
     DoitRun,

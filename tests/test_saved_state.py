@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from metrale_orch._checker import ContentChecker, encode_outputs, stale_outputs
-from metrale_orch._fsutil import file_digest
-from metrale_orch._runlock import BuildLock
+from metrale_orch.fsutil import file_digest
+from metrale_orch.tasks.checker import ContentChecker, TaskDataCodec, encode_outputs, stale_outputs
+from metrale_orch.tasks.runlock import BuildLock
 
 
 def test_state_saved_is_the_content_built(tmp_path: Path) -> None:
@@ -72,7 +72,7 @@ def test_build_lock_second_holder_waits_and_names_the_first(tmp_path: Path) -> N
     holder = (build / ".lock.holder").read_text()
     assert f"pid {os.getpid()}" in holder
     code = (
-        "import sys; from pathlib import Path; from metrale_orch._runlock import BuildLock\n"
+        "import sys; from pathlib import Path; from metrale_orch.tasks.runlock import BuildLock\n"
         f"lock = BuildLock(Path({str(build)!r}))\n"
         "lock.acquire(lambda line: print(line, flush=True))\n"
         "print('acquired', flush=True)\n"
@@ -90,7 +90,6 @@ def test_build_lock_second_holder_waits_and_names_the_first(tmp_path: Path) -> N
 
 
 def test_task_data_codec_round_trips_and_reads_json() -> None:
-    from metrale_orch._checker import TaskDataCodec
 
     codec = TaskDataCodec()
     record = {

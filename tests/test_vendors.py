@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 import xxhash
-
 from metrale_orch._hip_mirror import (
     MIRROR_DIR,
     HipCompat,
@@ -42,8 +41,6 @@ from metrale_orch.compile import (
     plan_target,
     reset_build_memo,
 )
-from metrale_orch.config import ConfigError, load_config
-from metrale_orch.dodo import resolve_build_specs
 from metrale_orch.layout import Target, discover
 from metrale_orch.toolchains import (
     ToolchainError,
@@ -59,6 +56,9 @@ from metrale_orch.toolchains import (
     reset_identity_memo,
     toolchain_stamp,
 )
+
+from metrale_orch.config import ConfigError, load_config
+from metrale_orch.tasks.specs import resolve_build_specs
 from tests._build_support import (
     compiles,
     fake_toolchain_env,
