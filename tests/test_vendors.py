@@ -57,7 +57,7 @@ from metrale_orch.build.toolchains import (
     toolchain_stamp,
 )
 from metrale_orch.config import ConfigError, load_config
-from metrale_orch.dodo import resolve_build_specs
+from metrale_orch.tasks.specs import resolve_build_specs
 from metrale_orch.tree import Target, discover
 from tests._build_support import (
     compiles,

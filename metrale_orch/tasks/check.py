@@ -33,6 +33,12 @@ warns about likely typos in manifests.
 
 Problems are one line each, naming the file (and key) at fault, grouped by
 that file (sorted by it, then by message), each with the targets it breaks.
+:func:`report_lines` is the text both the ``check`` doit task and ``metrale-orch
+check`` show.
+
+Why here, in the doit integration: the check runs the build's and smoke's own
+validators, so it sits above ``build`` and ``smoke`` (not in ``tree``, which
+imports neither), beside the task that runs it; the CLI only prints its lines.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import xxhash
 
@@ -68,7 +75,7 @@ from metrale_orch.defaults import read_tree_levers
 from metrale_orch.errors import MetraleError, is_printable, printable
 from metrale_orch.smoke import scan_cases
 
-__all__ = ["UNPROBED", "CheckReport", "check_tree"]
+__all__ = ["UNPROBED", "CheckReport", "check_tree", "report_lines"]
 
 #: The toolchain identity ``check`` plans with: it runs no compiler.
 UNPROBED = "unprobed"
@@ -224,6 +231,30 @@ def check_tree(
         skipping=len(set().union(*skipped.values())) if skipped else 0,
         files=len({file_of(m) for m in found.by_message} - {""}),
     )
+
+
+def report_lines(report: CheckReport) -> list[tuple[Literal["out", "err"], str]]:
+    """What ``check`` shows, line by line, each with its stream (pure): warnings, skipped
+    targets and problems on stderr, then the verdict (stderr with problems, else stdout)."""
+    lines: list[tuple[Literal["out", "err"], str]] = []
+    lines += [("err", f"warning: {line}") for line in report.warnings]
+    lines += [("err", f"skipped: {line}") for line in report.skipped]  # the build skips them
+    if report.problems:
+        lines += [("err", f"problem: {line}") for line in report.problems]
+        count, files = len(report.problems), report.files
+        where = f" in {files} file{'s' if files != 1 else ''}" if files else ""
+        lines.append(
+            (
+                "err",
+                f"check: {count} problem{'s' if count != 1 else ''}{where} "
+                f"({report.failing} of {report.targets} targets affected)",
+            )
+        )
+        return lines
+    skipped = report.skipping
+    how = f"; {skipped} skipped: compiler not installed" if skipped else ""
+    lines.append(("out", f"check: ok (the build accepts all {report.targets} targets{how})"))
+    return lines
 
 
 # ---------------------------------------------------------------------------- the build's rules
