@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch.compile import build_target, reset_build_memo
-from metrale_orch.layout import Target
-from metrale_orch.staging import ContainmentError, uncontained
-from metrale_orch.toolchains import reset_identity_memo
+from metrale_orch.build.compile import build_target, reset_build_memo
+from metrale_orch.tree import Target
+from metrale_orch.build.staging import ContainmentError, uncontained
+from metrale_orch.build.toolchains import reset_identity_memo
 from tests._build_support import fake_toolchain_env, make_cache, make_config, small_tree
 from tests._dodo_support import doit, make_project, project_env, use_fake_compiler
 

@@ -13,7 +13,7 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metrale_orch.compile import (
+from metrale_orch.build.compile import (
     BuildConfigError,
     CompileError,
     Includes,
@@ -25,8 +25,8 @@ from metrale_orch.compile import (
     reset_build_memo,
     resolve_closure,
 )
-from metrale_orch.layout import Target, discover
-from metrale_orch.toolchains import (
+from metrale_orch.tree import Target, discover
+from metrale_orch.build.toolchains import (
     ToolchainMissing,
     builtin_toolchains,
     find_program,
@@ -470,7 +470,7 @@ def test_missing_toolchain_raises_with_install_hint(tmp_path: Path) -> None:
 def test_process_door_reports_argv_exit_code_and_tail(tmp_path: Path) -> None:
     import sys
 
-    from metrale_orch._proc import ProcessError, run_process
+    from metrale_orch.proc import ProcessError, run_process
 
     script = "import sys; print('out'); sys.stderr.write('x' * 5000 + 'END'); sys.exit(7)"
     with pytest.raises(ProcessError) as err:

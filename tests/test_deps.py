@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch._deps import (
+from metrale_orch.build.deps import (
     FileHasher,
     classify,
     flag_files,
@@ -16,7 +16,7 @@ from metrale_orch._deps import (
     parse_depfile,
     record_inputs,
 )
-from metrale_orch.compile import embeds_paths, include_dirs, parse_includes, pre_includes
+from metrale_orch.build.compile import embeds_paths, include_dirs, parse_includes, pre_includes
 
 
 def test_parse_depfile_nvcc_and_gcc_forms() -> None:

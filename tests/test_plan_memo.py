@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from metrale_orch._tasks import rel_posix
-from metrale_orch.compile import PlanMemo, _rel, _rel_slow, _RootRel, plan_target
-from metrale_orch.layout import Layout, resolve_all
-from metrale_orch.toolchains import load_toolchains
+from metrale_orch.tasks.dicts import rel_posix
+from metrale_orch.build.compile import PlanMemo, _rel, _rel_slow, _RootRel, plan_target
+from metrale_orch.tree import Layout, resolve_all
+from metrale_orch.build.toolchains import load_toolchains
 from tests._dodo_support import make_project
 
 REPO = Path(__file__).resolve().parent.parent

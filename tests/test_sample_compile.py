@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch.compile import TargetResult, build_target, reset_build_memo
-from metrale_orch.layout import Layout, resolve_all
-from metrale_orch.toolchains import (
+from metrale_orch.build.compile import TargetResult, build_target, reset_build_memo
+from metrale_orch.tree import Layout, resolve_all
+from metrale_orch.build.toolchains import (
     ToolchainMissing,
     builtin_toolchains,
     find_program,
@@ -130,7 +130,7 @@ def _tiny_tree(root: Path) -> Path:
 
 
 def test_output_kinds_and_checkout_independence(tmp_path: Path) -> None:
-    from metrale_orch.layout import Target
+    from metrale_orch.tree import Target
 
     reset_build_memo()
     environ = dict(os.environ)

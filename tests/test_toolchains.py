@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch.layout import Hardware
-from metrale_orch.toolchains import (
+from metrale_orch.tree import Hardware
+from metrale_orch.build.toolchains import (
     ToolchainError,
     ToolchainMissing,
     builtin_toolchains,

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import xxhash
 
-from metrale_orch._hip_mirror import (
+from metrale_orch.build.hip_mirror import (
     MIRROR_DIR,
     HipCompat,
     mirror_files,
@@ -35,7 +35,7 @@ from metrale_orch._hip_mirror import (
     unmirror,
     write_mirror,
 )
-from metrale_orch.compile import (
+from metrale_orch.build.compile import (
     BuildConfigError,
     TargetResult,
     build_target,
@@ -44,8 +44,8 @@ from metrale_orch.compile import (
 )
 from metrale_orch.config import ConfigError, load_config
 from metrale_orch.dodo import resolve_build_specs
-from metrale_orch.layout import Target, discover
-from metrale_orch.toolchains import (
+from metrale_orch.tree import Target, discover
+from metrale_orch.build.toolchains import (
     ToolchainError,
     ToolchainMissing,
     builtin_toolchains,
