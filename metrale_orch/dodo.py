@@ -135,14 +135,11 @@ def _generate(
     toolchains: Any = None,
 ) -> tuple[list[BuildSpec], bool]:
     """The specs, and whether they may be cached (no tree-wide error, no failed probe)."""
-    from metrale_orch.build.compile import PlanMemo, plan_target
+    from metrale_orch.build.errors import ToolchainMissing
     from metrale_orch.build.hip_mirror import scan_hip_compat
-    from metrale_orch.build.toolchains import (
-        ToolchainMissing,
-        find_toolchain,
-        load_toolchains,
-        select_toolchain,
-    )
+    from metrale_orch.build.plan import PlanMemo, plan_target
+    from metrale_orch.build.probe import find_toolchain
+    from metrale_orch.build.toolchains import load_toolchains, select_toolchain
     from metrale_orch.config import load_config
     from metrale_orch.errors import MetraleError, is_printable, printable
     from metrale_orch.tree import (
@@ -375,7 +372,7 @@ def generation_key(
 
     import metrale_orch
     from metrale_orch.build.hip_mirror import scan_hip_compat
-    from metrale_orch.build.toolchains import toolchain_stamp
+    from metrale_orch.build.probe import toolchain_stamp
     from metrale_orch.tasks import taskcache as _taskcache
 
     names = {"PATH", "HOME", "XDG_CACHE_HOME"}

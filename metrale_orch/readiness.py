@@ -46,23 +46,13 @@ from pathlib import Path
 import xxhash
 
 from metrale_orch import tree as lay
-from metrale_orch.build.compile import (
-    BuildConfigError,
-    PlanMemo,
-    merge_flags,
-    module_names,
-    plan_target,
-)
 from metrale_orch.build.dropped import shadow_exemptions
+from metrale_orch.build.errors import BuildConfigError, ToolchainMissing
 from metrale_orch.build.hip_mirror import HipCompat, scan_hip_compat
+from metrale_orch.build.locate import locate_toolchain
+from metrale_orch.build.plan import PlanMemo, merge_flags, module_names, plan_target
 from metrale_orch.build.staging import beyond_layout, plan_stage, uncontained
-from metrale_orch.build.toolchains import (
-    Toolchain,
-    ToolchainMissing,
-    load_toolchains,
-    locate_toolchain,
-    select_toolchain,
-)
+from metrale_orch.build.toolchains import Toolchain, load_toolchains, select_toolchain
 from metrale_orch.config import Config, load_config
 from metrale_orch.defaults import read_tree_levers
 from metrale_orch.errors import MetraleError, is_printable, printable

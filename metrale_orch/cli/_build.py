@@ -305,7 +305,7 @@ def _modules_reaching(plan: Any, layout: Any, rel: str, root: Path) -> list[str]
     its include closure over the target's staged layout (the closure the cache keys on)."""
     import posixpath
 
-    from metrale_orch.build.compile import (
+    from metrale_orch.build.includes import (
         Includes,
         include_dirs,
         parse_includes,
@@ -340,7 +340,7 @@ def _modules_reaching(plan: Any, layout: Any, rel: str, root: Path) -> list[str]
 def _skipped_plan(root: Path, spec: Any, environ: Mapping[str, str]) -> Any:
     """The plan of a target skipped for a missing compiler (no identity: never keyed), or
     None when it cannot be planned."""
-    from metrale_orch.build.compile import plan_target
+    from metrale_orch.build.plan import plan_target
     from metrale_orch.build.toolchains import load_toolchains
     from metrale_orch.errors import MetraleError
     from metrale_orch.readiness import UNPROBED
