@@ -39,7 +39,7 @@ from metrale_orch.tasks.checker import EXTERNAL_KEY, INPUTS_KEY, OUTPUTS_KEY, en
 from metrale_orch.tree import Target
 
 if TYPE_CHECKING:
-    from metrale_orch.build.compile import TargetResult
+    from metrale_orch.build.results import TargetResult
     from metrale_orch.cache import Cache, CacheStats
 
 __all__ = [
@@ -163,11 +163,8 @@ def summarise_result(result: TargetResult) -> dict[str, object]:
     ``outcome``: ``built`` (at least one module compiled), ``cached`` (every
     module restored from a cache), ``failed``.
     """
-    data = result.to_dict() if hasattr(result, "to_dict") else {}
-    modules = data.get("modules", []) or []
-    outcomes = [str(m.get("outcome", "")) for m in modules if isinstance(m, dict)]
-    failed = bool(getattr(result, "failed", False))
-    if failed:
+    outcomes = [str(m.outcome) for m in result.modules]
+    if result.failed:
         outcome = "failed"
     elif outcomes and all(o in ("local", "remote") for o in outcomes):
         outcome = "cached"

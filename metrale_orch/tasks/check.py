@@ -13,7 +13,7 @@ hardware rather than restating their rules:
   (:func:`~metrale_orch.build.toolchains.select_toolchain`), ``[build]`` flag types
   (:func:`~metrale_orch.build.compile.merge_flags`), ``[modules]`` names
   (:func:`~metrale_orch.build.compile.module_names`), the whole plan
-  (:func:`~metrale_orch.build.compile.plan_target`: ``[hardware] arch``, ``[defaults]``),
+  (:func:`~metrale_orch.build.plan.plan_target`: ``[hardware] arch``, ``[defaults]``),
   its ``[shadow_exempt]`` tables (``_dropped.shadow_exemptions``), its
   ``SMOKE.toml`` cases (:func:`~metrale_orch.smoke.scan_cases`) and the includes
   that escape ``kernels/`` (:func:`~metrale_orch.build.staging.beyond_layout`);
@@ -53,23 +53,13 @@ from typing import Literal
 import xxhash
 
 from metrale_orch import tree as lay
-from metrale_orch.build.compile import (
-    BuildConfigError,
-    PlanMemo,
-    merge_flags,
-    module_names,
-    plan_target,
-)
 from metrale_orch.build.dropped import shadow_exemptions
+from metrale_orch.build.errors import BuildConfigError, ToolchainMissing
 from metrale_orch.build.hip_mirror import HipCompat, scan_hip_compat
+from metrale_orch.build.locate import locate_toolchain
+from metrale_orch.build.plan import PlanMemo, merge_flags, module_names, plan_target
 from metrale_orch.build.staging import beyond_layout, plan_stage, uncontained
-from metrale_orch.build.toolchains import (
-    Toolchain,
-    ToolchainMissing,
-    load_toolchains,
-    locate_toolchain,
-    select_toolchain,
-)
+from metrale_orch.build.toolchains import Toolchain, load_toolchains, select_toolchain
 from metrale_orch.config import Config, load_config
 from metrale_orch.defaults import read_tree_levers
 from metrale_orch.errors import MetraleError, is_printable, printable
@@ -296,7 +286,7 @@ class _Steps:
         return self._compat
 
     def plan(self, layout: lay.Layout, toolchains: Mapping[str, Toolchain]) -> None:
-        """:func:`~metrale_orch.build.compile.plan_target` as the build calls it (``dodo``)."""
+        """:func:`~metrale_orch.build.plan.plan_target` as the build calls it (``dodo``)."""
         toolchain = select_toolchain(layout.hardware, toolchains)
         plan_target(
             self.root,

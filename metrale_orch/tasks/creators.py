@@ -31,7 +31,8 @@ import xxhash
 
 import metrale_orch
 from metrale_orch.build.hip_mirror import scan_hip_compat
-from metrale_orch.build.toolchains import Toolchain, load_toolchains, toolchain_stamp
+from metrale_orch.build.probe import toolchain_stamp
+from metrale_orch.build.toolchains import Toolchain, load_toolchains
 from metrale_orch.config import Config, load_config
 from metrale_orch.errors import MetraleError, printable
 from metrale_orch.paths import STATE_DIR, TREE_TASK

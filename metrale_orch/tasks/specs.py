@@ -16,17 +16,12 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from metrale_orch.build.compile import PlanMemo, plan_target
+from metrale_orch.build.errors import ToolchainMissing
 from metrale_orch.build.hip_mirror import HipCompat, scan_hip_compat
+from metrale_orch.build.plan import PlanMemo, plan_target
+from metrale_orch.build.probe import FoundToolchain, find_toolchain
 from metrale_orch.build.staging import beyond_layout
-from metrale_orch.build.toolchains import (
-    FoundToolchain,
-    Toolchain,
-    ToolchainMissing,
-    find_toolchain,
-    load_toolchains,
-    select_toolchain,
-)
+from metrale_orch.build.toolchains import Toolchain, load_toolchains, select_toolchain
 from metrale_orch.config import Config, load_config
 from metrale_orch.errors import MetraleError, is_printable, printable
 from metrale_orch.paths import (

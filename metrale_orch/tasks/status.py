@@ -20,15 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from metrale_orch.build.compile import (
+from metrale_orch.build.includes import (
     Includes,
-    TargetPlan,
     include_dirs,
     parse_includes,
-    plan_target,
     pre_includes,
     resolve_closure,
 )
+from metrale_orch.build.plan import TargetPlan, plan_target
 from metrale_orch.build.staging import plan_stage
 from metrale_orch.build.toolchains import load_toolchains
 from metrale_orch.errors import MetraleError, UsageError
