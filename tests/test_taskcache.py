@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch.build.toolchains import load_toolchains, reset_identity_memo
+from metrale_orch.build.probe import reset_identity_memo
+from metrale_orch.build.toolchains import load_toolchains
 from metrale_orch.cache import CacheStats
 from metrale_orch.config import load_config
 from metrale_orch.paths import TREE_TASK
