@@ -99,4 +99,4 @@ def rel_posix(path: Path | str, root: Path | str) -> str:
     if os.sep != "/":
         base = base.replace(os.sep, "/")
     prefix = base.rstrip("/") + "/"
-    return text[len(prefix) :] if text.startswith(prefix) and len(text) > len(prefix) else text
+    return text[len(prefix) :] if text.startswith(prefix) else text

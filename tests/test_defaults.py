@@ -1968,7 +1968,7 @@ def test_cli_a_bad_lever_declaration_exits_2_with_one_line(
 
 
 def _plan_small_tree(root: Path) -> Any:
-    from metrale_orch.build.compile import plan_target
+    from metrale_orch.build.plan import plan_target
     from metrale_orch.build.toolchains import builtin_toolchains
     from metrale_orch.tree import Target, discover
 
@@ -2008,8 +2008,9 @@ def test_levers_toml_is_a_file_dependency_and_part_of_every_signature(tmp_path: 
 
 
 def test_the_build_bakes_the_trees_levers(tmp_path: Path) -> None:
-    from metrale_orch.build.compile import build_target, reset_build_memo
-    from metrale_orch.build.toolchains import reset_identity_memo
+    from metrale_orch.build.compile import build_target
+    from metrale_orch.build.memo import reset_build_memo
+    from metrale_orch.build.probe import reset_identity_memo
     from metrale_orch.tree import Target
     from tests._build_support import fake_toolchain_env, make_cache, make_config, small_tree
 
