@@ -13,20 +13,13 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import posixpath
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from metrale_orch.build.includes import (
-    Includes,
-    include_dirs,
-    parse_includes,
-    pre_includes,
-    resolve_closure,
-)
+from metrale_orch.build.includes import Includes, module_closure, parse_includes
 from metrale_orch.build.plan import TargetPlan, plan_target
 from metrale_orch.build.staging import plan_stage
 from metrale_orch.build.toolchains import load_toolchains
@@ -273,7 +266,9 @@ class Reach:
 
 def _modules_reaching(plan: TargetPlan, layout: Layout, rel: str, root: Path) -> list[str]:
     """Names of the modules whose compile can read ``rel``: its own source, or a file in
-    its include closure over the target's staged layout (the closure the cache keys on)."""
+    its include closure over the target's staged layout: the build's own
+    :func:`~metrale_orch.build.includes.module_closure`, seen from the plan (the closure the
+    cache keys on, without the flags only the build adds)."""
     staged = {srel: rel_posix(src, root) for srel, src in plan_stage(layout).items()}
     includes: dict[str, Includes] = {}
     for srel, src_rel in staged.items():
@@ -283,15 +278,8 @@ def _modules_reaching(plan: TargetPlan, layout: Layout, rel: str, root: Path) ->
             includes[srel] = Includes()
     names = []
     for module in plan.modules:
-        roots = [module.staged] + [
-            posixpath.normpath(posixpath.join(module.cwd, p))
-            for p in pre_includes(plan.flags)
-            if not p.startswith("/")
-        ]
-        closure = resolve_closure(
-            roots, staged=staged, includes_of=includes, dirs=include_dirs(module.cwd, plan.flags)
-        )
-        if rel_posix(module.source, root) == rel or any(staged[c] == rel for c in closure):
+        closure = module_closure(module, staged=staged, includes_of=includes, before=plan.flags)
+        if rel_posix(module.source, root) == rel or any(staged[c] == rel for c in closure.files):
             names.append(module.name)
     return sorted(names)
 
