@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from metrale_orch import tree as lay
 from metrale_orch.errors import UsageError, printable
 from metrale_orch.tasks.check import check_tree, report_lines
+from metrale_orch.tree.picture import FORMATS, draw_layout
 
 if TYPE_CHECKING:
     from metrale_orch.cli import Context
@@ -23,7 +24,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Show how a target resolves. Without TARGET, list every target.",
     )
     p.add_argument("target", nargs="?", help="hw/model/quant")
-    p.add_argument("--json", action="store_true", help="print the dump format (SPEC 1.7)")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--json", action="store_true", help="print the dump format (SPEC 1.7)")
+    shape.add_argument(
+        "--format",
+        choices=FORMATS,
+        help="draw TARGET as a graph: layers as clusters, shadows struck through with their "
+        "reason, `use` and redirects as edges (Graphviz dot, or Mermaid for Markdown)",
+    )
     p.set_defaults(run=run_layout)
 
     c = sub.add_parser(
@@ -54,6 +62,8 @@ def _parse_target(text: str) -> lay.Target:
 def run_layout(args: argparse.Namespace, ctx: Context) -> int:
     root = ctx.root
     if args.target is None:
+        if args.format:
+            raise UsageError(f"--format {args.format} needs a TARGET (hw/model/quant)")
         if args.json:
             print(json.dumps(lay.dump(root), indent=2, sort_keys=True), file=ctx.out)
             return 0
@@ -70,6 +80,9 @@ def run_layout(args: argparse.Namespace, ctx: Context) -> int:
     if args.json:
         view = {str(target): lay.layout_to_dict(layout, root)}
         print(json.dumps(view, indent=2, sort_keys=True), file=ctx.out)
+        return 0
+    if args.format:
+        ctx.out.write(draw_layout(layout, root, args.format))
         return 0
     _print_layout(layout, snap, ctx)
     return 0

@@ -1,0 +1,186 @@
+"""One resolved target drawn as a graph: Graphviz ``dot`` or Mermaid text (pure).
+
+The picture shows what ``metrale-orch layout TARGET`` lists, in the shape of the tree:
+each of the target's layers is a cluster, each entry a node in the layer that
+contributed it, each declared shadow a struck-through loser with an edge from its
+winner labelled with the declared reason, each ``[sources] use`` an edge from the file
+taken to the entry, and a model redirect an edge between the two model names.
+
+Everything is root-relative POSIX text and emitted in a fixed order (layers by index,
+entries by name, shadows as the layout orders them), so the same tree always draws the
+same text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from metrale_orch.paths import rel_posix
+from metrale_orch.tree.values import Entry, Layout
+
+__all__ = ["FORMATS", "PictureFormat", "draw_layout"]
+
+PictureFormat = Literal["dot", "mermaid"]
+#: The formats :func:`draw_layout` writes.
+FORMATS: tuple[PictureFormat, ...] = ("dot", "mermaid")
+
+#: U+0336 COMBINING LONG STROKE OVERLAY: strikes text through wherever it is shown
+#: (Mermaid labels have no strike-through markup).
+_STRIKE = "\u0336"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Node:
+    id: str
+    label: str
+    #: Index of the layer cluster the node sits in; ``None`` outside every layer.
+    layer: int | None
+    kind: Literal["entry", "loser", "file", "model"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Edge:
+    tail: str
+    head: str
+    label: str
+    kind: Literal["use", "shadow", "redirect"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Graph:
+    title: str
+    clusters: tuple[tuple[int, str], ...]
+    nodes: tuple[_Node, ...]
+    edges: tuple[_Edge, ...]
+
+
+def draw_layout(layout: Layout, root: Path, fmt: PictureFormat) -> str:
+    """The layout as ``dot`` or ``mermaid`` text ending in a newline (pure)."""
+    graph = _graph(layout, root)
+    lines = _dot(graph) if fmt == "dot" else _mermaid(graph)
+    return "\n".join(lines) + "\n"
+
+
+def _graph(layout: Layout, root: Path) -> _Graph:
+    clusters = tuple(
+        (i, f"{i} {layer.role.value} {layer.tier.value}: {rel_posix(layer.dir, root)}")
+        for i, layer in enumerate(layout.layers)
+    )
+    nodes: list[_Node] = []
+    edges: list[_Edge] = []
+    by_source: dict[tuple[str, Path], str] = {}
+    entries: list[tuple[str, str, Entry]] = [
+        (role, name, entry)
+        for role, entries_of in (("leaf", layout.leaf), ("common", layout.common))
+        for name, entry in sorted(entries_of.items())
+    ]
+    for n, (role, name, entry) in enumerate(entries):
+        node_id = f"e{n}"
+        nodes.append(_Node(id=node_id, label=name, layer=entry.layer, kind="entry"))
+        by_source[(role, entry.source)] = node_id
+        if entry.used:
+            file_id = f"u{n}"
+            nodes.append(
+                _Node(id=file_id, label=rel_posix(entry.source, root), layer=None, kind="file")
+            )
+            edges.append(_Edge(tail=file_id, head=node_id, label="use", kind="use"))
+    for n, shadow in enumerate(layout.shadows):
+        loser_id = f"s{n}"
+        layer = next(
+            (i for i, lay in enumerate(layout.layers) if shadow.loser.parent == lay.dir), None
+        )
+        label = shadow.name if layer is not None else rel_posix(shadow.loser, root)
+        nodes.append(_Node(id=loser_id, label=label, layer=layer, kind="loser"))
+        winner_id = by_source.get((shadow.role.value, shadow.winner))
+        if winner_id is None:
+            winner_id = f"w{n}"
+            nodes.append(
+                _Node(id=winner_id, label=rel_posix(shadow.winner, root), layer=None, kind="file")
+            )
+        reason = " ".join(shadow.reason.split())
+        edges.append(
+            _Edge(tail=winner_id, head=loser_id, label=f"shadows: {reason}", kind="shadow")
+        )
+    target = layout.target
+    if layout.source_model != target.model:
+        nodes.append(_Node(id="m0", label=f"model {target.model}", layer=None, kind="model"))
+        nodes.append(_Node(id="m1", label=f"model {layout.source_model}", layer=None, kind="model"))
+        edges.append(_Edge(tail="m0", head="m1", label="redirect", kind="redirect"))
+    return _Graph(title=str(target), clusters=clusters, nodes=tuple(nodes), edges=tuple(edges))
+
+
+# ------------------------------------------------------------------------------------ dot
+
+
+def _dot_text(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ") + '"'
+
+
+def _html(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _dot_node(node: _Node) -> str:
+    if node.kind == "loser":
+        return f"{node.id} [label=<<S>{_html(node.label)}</S>>, style=dashed, fontcolor=gray40];"
+    shape = {"entry": "box", "file": "note", "model": "ellipse"}[node.kind]
+    return f"{node.id} [label={_dot_text(node.label)}, shape={shape}];"
+
+
+def _dot(graph: _Graph) -> Iterator[str]:
+    yield f"digraph {_dot_text(graph.title)} {{"
+    yield "  rankdir=LR;"
+    yield '  node [shape=box, fontname="monospace"];'
+    for index, title in graph.clusters:
+        yield f"  subgraph cluster_L{index} {{"
+        yield f"    label={_dot_text(title)};"
+        for node in graph.nodes:
+            if node.layer == index:
+                yield f"    {_dot_node(node)}"
+        yield "  }"
+    for node in graph.nodes:
+        if node.layer is None:
+            yield f"  {_dot_node(node)}"
+    styles = {"use": "solid", "shadow": "dashed", "redirect": "bold"}
+    for edge in graph.edges:
+        yield (
+            f"  {edge.tail} -> {edge.head} "
+            f"[label={_dot_text(edge.label)}, style={styles[edge.kind]}];"
+        )
+    yield "}"
+
+
+# ------------------------------------------------------------------------------------ mermaid
+
+
+def _mermaid_text(text: str) -> str:
+    return '"' + text.replace('"', "#quot;").replace("\n", " ") + '"'
+
+
+def _mermaid_node(node: _Node) -> str:
+    if node.kind == "loser":
+        struck = "".join(ch + _STRIKE for ch in node.label)
+        return f"{node.id}[{_mermaid_text(struck)}]:::shadowed"
+    if node.kind == "model":
+        return f"{node.id}([{_mermaid_text(node.label)}])"
+    return f"{node.id}[{_mermaid_text(node.label)}]"
+
+
+def _mermaid(graph: _Graph) -> Iterator[str]:
+    yield "flowchart LR"
+    for index, title in graph.clusters:
+        yield f"  subgraph L{index}[{_mermaid_text(title)}]"
+        for node in graph.nodes:
+            if node.layer == index:
+                yield f"    {_mermaid_node(node)}"
+        yield "  end"
+    for node in graph.nodes:
+        if node.layer is None:
+            yield f"  {_mermaid_node(node)}"
+    arrows = {"use": "-->", "shadow": "-.->", "redirect": "==>"}
+    for edge in graph.edges:
+        yield f"  {edge.tail} {arrows[edge.kind]}|{_mermaid_text(edge.label)}| {edge.head}"
+    yield "  classDef shadowed stroke-dasharray: 4 3,color:#888"
