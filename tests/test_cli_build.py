@@ -53,6 +53,9 @@ def test_status_all_wildcards_and_text(built: tuple[Path, dict[str, str]]) -> No
     assert out.splitlines()[0].split() == ["up", "to", "date", "gb10/qwen/w4"]
     code, _, err = cli(root, env, "status", "nothing/*")
     assert code == 2 and "no target matches 'nothing/*'" in err
+    # --exit-code: a skipped target (no compiler here) is not a change.
+    assert cli(root, env, "status", "--exit-code")[0] == 0
+    assert cli(root, env, "status", "--exit-code", "--json")[0] == 0
 
 
 def test_why_and_status_name_what_changed(
@@ -72,6 +75,12 @@ def test_why_and_status_name_what_changed(
         assert st["hopper/qwen/w4"]["added"] == ["kernels/hopper/qwen/w4/extra.cuh"]
         assert "layout" in st["hopper/qwen/w4"]["signature"]  # type: ignore[operator]
         assert "flags" in st["gb10/qwen/w4"]["signature"]  # type: ignore[operator]
+        # Like `git diff --exit-code`: 1 when anything is stale, only with the flag.
+        code, out, _ = cli(root, env, "status", "--exit-code")
+        assert code == 1 and "stale    hopper/qwen/w8  (1 changed input(s))" in out
+        assert cli(root, env, "status", "--exit-code", "--json")[0] == 1
+        assert cli(root, env, "status")[0] == 0
+        assert cli(root, env, "status", "--exit-code", "apple/*")[0] == 0
 
         code, out, _ = cli(root, env, "why", "gb10/qwen/w8")
         assert code == 0

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -53,7 +54,7 @@ def _run_status(args: argparse.Namespace, ctx: Context) -> int:
             "counts": dict(sorted(counts.items())),
         }
         ctx.out.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-        return 0
+        return _status_code(args, counts)
     width = max((len(st.status) for st in statuses), default=0)
     for st in statuses:
         line = f"{st.status:<{width}}  {st.target}"
@@ -62,7 +63,13 @@ def _run_status(args: argparse.Namespace, ctx: Context) -> int:
         ctx.out.write(line + "\n")
     summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
     ctx.out.write(f"{len(statuses)} target(s): {summary}\n" if statuses else "no targets\n")
-    return 0
+    return _status_code(args, counts)
+
+
+def _status_code(args: argparse.Namespace, counts: Mapping[str, int]) -> int:
+    """0, or with ``--exit-code`` 1 when a target is stale or in error (as ``git diff
+    --exit-code``); skipped targets (no compiler here) are not a change."""
+    return 1 if args.exit_code and (counts.get("stale") or counts.get("error")) else 0
 
 
 def _run_why(args: argparse.Namespace, ctx: Context) -> int:
@@ -153,6 +160,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("pattern", nargs="?", help="targets to show, e.g. 'hopper/*' (default: all)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument(
+        "--exit-code",
+        action="store_true",
+        help="exit 1 when any target is stale or in error (for CI: 'is anything to build?')",
+    )
     p.set_defaults(run=_run_status)
 
     p = sub.add_parser("why", help="say why a target is stale")
