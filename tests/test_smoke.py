@@ -48,6 +48,7 @@ from metrale_orch.smoke.dtypes import (
 )
 from metrale_orch.tasks.smoke import run_smoke_action, smoke_tasks
 from metrale_orch.tree import Target, discover
+from tests._dodo_support import DODO, doit, project_env
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
@@ -593,7 +594,9 @@ def test_real_skip_reason_reaches_junit(tmp_path: Path) -> None:
         pytest.skip("a CUDA device is present here")
     values = run_smoke_action(str(tmp_path), "hw1", ["hw1/m/q"], str(tmp_path / "build"))
     assert isinstance(values, dict) and values["failed"] == 0, values
-    assert values["summary"].startswith("smoke:hw1: 2 passed, 0 failed, 1 skipped")
+    assert values["summary"] == (
+        f"smoke hw1: 2 static passed, 1 numeric skipped ({status.reason.split(':')[0]}), 0 failed"
+    )
     assert values["report"] == "build/smoke-hw1.xml"
     doc = ET.parse(tmp_path / "build" / "smoke-hw1.xml").getroot()
     assert doc.tag == "testsuites"
@@ -782,3 +785,22 @@ def test_sample_target_static_checks(tmp_path: Path) -> None:
     statics = [r for r in report.results if r.case == "static"]
     assert statics and all(r.outcome == "passed" for r in statics), report.failures()
     assert all(r.outcome == "skipped" for r in report.results if r.case != "static")
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_doit_smoke_ends_with_its_summary_line(tmp_path: Path) -> None:
+    """`doit smoke:<hw>` as a user runs it: a real build, then one line saying what passed
+    (static checks) and what did not run (numbers without a device), and why."""
+    make_tree(tmp_path)
+    (tmp_path / "dodo.py").write_text(DODO)
+    env = project_env(tmp_path)
+    run = doit(tmp_path, ["smoke:hw1"], env)
+    assert run.returncode == 0, run.text
+    last = run.out.rstrip("\n").splitlines()[-1]
+    status = probe_device()
+    if status.device is None:
+        short = status.reason.split(":", 1)[0]
+        assert last == f"smoke hw1: 2 static passed, 1 numeric skipped ({short}), 0 failed"
+    else:
+        assert last.startswith("smoke hw1: 2 static passed, 1 numeric passed (on ")

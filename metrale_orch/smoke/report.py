@@ -54,18 +54,30 @@ class SmokeReport:
         return self.count("failed") == 0
 
     def summary_line(self) -> str:
-        """``smoke:hopper: 12 passed, 0 failed, 8 skipped (numbers: no CUDA device: ...)``."""
-        where = (
-            f"on {self.device.device.describe()}"
-            if self.device.device
-            else f"numbers skipped: {self.device.reason}"
-            if not self.device.error
-            else f"device error: {self.device.error}"
-        )
-        return (
-            f"smoke:{self.hw}: {self.count('passed')} passed, {self.count('failed')} failed,"
-            f" {self.count('skipped')} skipped ({where})"
-        )
+        """``smoke hopper: 57 static passed, 57 numeric skipped (no CUDA device), 0 failed``.
+
+        Static checks (``case == "static"``) and numeric cases are counted apart; a
+        count of zero is left out except the static passes and the failures; the
+        numeric part says where numbers ran, or in a few words why they did not.
+        """
+        device = self.device
+        parts: list[str] = []
+        for kind in ("static", "numeric"):
+            group = [r for r in self.results if (r.case == "static") == (kind == "static")]
+            for outcome in ("passed", "skipped"):
+                n = sum(1 for r in group if r.outcome == outcome)
+                if not n and (kind, outcome) != ("static", "passed"):
+                    continue
+                part = f"{n} {kind} {outcome}"
+                if kind == "numeric" and outcome == "passed" and device.device:
+                    part += f" (on {device.device.describe()})"
+                elif kind == "numeric" and outcome == "skipped" and not device.device:
+                    part += f" ({device.reason.split(':', 1)[0] or 'no device'})"
+                parts.append(part)
+        failed = f"{self.count('failed')} failed"
+        if device.error:
+            failed += f" (device error: {device.error})"
+        return f"smoke {self.hw}: {', '.join(parts)}, {failed}"
 
     def failures(self) -> tuple[CaseResult, ...]:
         """The failed results, in order."""

@@ -48,7 +48,7 @@ from metrale_orch.errors import (
     interrupt_exit_code,
     printable,
 )
-from metrale_orch.paths import BUILD_TASK, STATS_NAME
+from metrale_orch.paths import BUILD_TASK, SMOKE_TASK, STATS_NAME
 from metrale_orch.tasks.actions import BuildFailed
 from metrale_orch.tasks.dicts import KIND
 from metrale_orch.tasks.doit_api import Task
@@ -63,6 +63,7 @@ __all__ = [
 ]
 
 _BASE = BUILD_TASK + ":"
+_SMOKE_BASE = SMOKE_TASK + ":"
 
 
 def format_summary(counts: dict[str, int], seconds: float) -> str:
@@ -154,6 +155,8 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         self._any_build = False
         self._ran = False
         self._lock: BuildLock | None = None
+        #: ``smoke:<hw>`` summary lines, printed last (after the build's own summary).
+        self._smoke_lines: list[str] = []
 
     # -- doit's interface -----------------------------------------------------------------------
 
@@ -195,6 +198,10 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
 
     def add_success(self, task: Task) -> None:
         if not _is_build(task):
+            if task.name.startswith(_SMOKE_BASE):  # its one line: what passed, what did not
+                summary = dict(getattr(task, "values", None) or {}).get("summary")
+                if summary:
+                    self._smoke_lines.append(str(summary))
             return
         self._any_build = True
         values = dict(getattr(task, "values", None) or {})
@@ -264,8 +271,12 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             self.write("Execution aborted.\n")
             self.write("\n".join(self.runtime_errors))
             self.write("\n")
-        if not self._any_build:
-            return
+        if self._any_build:
+            self._complete_build()
+        for line in self._smoke_lines:
+            self.write(line + "\n")
+
+    def _complete_build(self) -> None:
         seconds = time.perf_counter() - self._start
         self.write(format_summary(self._counts, seconds) + "\n")
         for reason, targets in sorted(self._skipped.items()):
