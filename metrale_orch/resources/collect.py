@@ -271,7 +271,9 @@ def _collect_target(
         path = tdir / module.artefact
         kernels = _artefact_kernels(run, toolchain, path, arch, identity)
         out.append(
-            ModuleResources(module=module.name, artefact=rel_posix(path, run.root), kernels=kernels)
+            ModuleResources(
+                module=module.name, artefact=rel_posix(path, build_dir), kernels=kernels
+            )
         )
     return TargetResources(target=str(target), status="ok", arch=arch, modules=tuple(out))
 

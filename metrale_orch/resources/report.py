@@ -6,8 +6,9 @@ what a cubin records about itself (no spill counts: a cubin does not keep them);
 :func:`diff_reports` compares two :class:`ResourceReport` values kernel by kernel.
 
 Invariants: every tuple is sorted (targets by name, modules by artefact, kernels by name,
-changes by target, kernel, arch); paths are root-relative POSIX text; ``to_dict`` and
-``from_dict`` round-trip.
+changes by target, kernel, arch); a report's ``build_dir`` is root-relative POSIX text
+(absolute only for a build directory outside the root), its artefacts relative to it;
+``to_dict`` and ``from_dict`` round-trip.
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ class KernelResources:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModuleResources:
-    """The kernels of one installed artefact (root-relative ``artefact``)."""
+    """The kernels of one installed artefact; ``artefact`` is its path under the build
+    directory (``hopper/qwen3-8b/bf16/rmsnorm.ptx``), so two builds' reports compare."""
 
     module: str
     artefact: str
