@@ -61,7 +61,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run_resources(args: argparse.Namespace, ctx: Context) -> int:
-    environ = dict(ctx.environ)
+    environ = ctx.environ
     build_dir = ctx.config().build_dir
     if args.diff is not None:
         old = collect_resources(ctx.root, args.diff, args.pattern, environ)

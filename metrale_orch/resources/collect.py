@@ -21,6 +21,7 @@ import fnmatch
 import json
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,7 +97,7 @@ def select_targets(targets: list[Target], pattern: str | None) -> list[Target]:
     return chosen
 
 
-def run_ptxas(ptxas: Path, ptx: Path, arch: str, environ: dict[str, str]) -> str:
+def run_ptxas(ptxas: Path, ptx: Path, arch: str, environ: Mapping[str, str]) -> str:
     """Assemble ``ptx`` for ``arch`` with ``ptxas -v`` (output discarded) and return its
     report (stdout and stderr). Raises :class:`~metrale_orch.proc.ProcessError`."""
     done = run_process(
@@ -108,13 +109,14 @@ def run_ptxas(ptxas: Path, ptx: Path, arch: str, environ: dict[str, str]) -> str
 
 
 def collect_resources(
-    root: Path, build_dir: Path, pattern: str | None, environ: dict[str, str]
+    root: Path, build_dir: Path, pattern: str | None, environ: Mapping[str, str]
 ) -> Collected:
     """The register report of ``build_dir`` for the targets ``pattern`` selects (all when
     None), sorted by target.
 
     Raises ``LayoutError`` when the tree does not resolve, :class:`NoTargetMatches` when
     the pattern selects nothing; a problem of one target is that target's ``error`` line.
+    A run over every target (no pattern) also drops cache entries it did not use.
     """
     root = Path(os.path.abspath(root))
     build_dir = Path(os.path.abspath(build_dir))
@@ -143,8 +145,9 @@ def collect_resources(
                 continue
             out.append(_collect_target(run, target, toolchain, build_dir))
         except MetraleError as exc:  # the package's own: this target's line, then the next
-            out.append(TargetResources(target=str(target), status="error", detail=str(exc)))
-    run.cache.save()
+            detail = "; ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())
+            out.append(TargetResources(target=str(target), status="error", detail=detail))
+    run.cache.save(prune=pattern is None)
     report = ResourceReport(build_dir=rel_posix(build_dir, root), targets=tuple(out))
     return Collected(report=report, ptxas_runs=run.ptxas_runs, cache_hits=run.cache_hits)
 
@@ -154,11 +157,13 @@ def collect_resources(
 
 @dataclass(slots=True)
 class _Cache:
-    """``key -> kernels`` of earlier ptxas runs; ``dirty`` when this run added some."""
+    """``key -> kernels`` of earlier ptxas runs; ``dirty`` when this run added some,
+    ``used`` the keys this run asked for."""
 
     path: Path
     entries: dict[str, list[dict[str, object]]]
     dirty: bool = False
+    used: set[str] = field(default_factory=set)
 
     @classmethod
     def load(cls, path: Path) -> _Cache:
@@ -169,12 +174,15 @@ class _Cache:
         except (OSError, ValueError) as exc:
             log.warning("%s: ignoring an unreadable resource cache (%s)", path, exc)
             return cls(path=path, entries={})
-        entries = doc.get("entries") if isinstance(doc, dict) else None
-        if doc.get("schema") != _CACHE_SCHEMA or not isinstance(entries, dict):
+        if not isinstance(doc, dict) or doc.get("schema") != _CACHE_SCHEMA:
+            return cls(path=path, entries={})
+        entries = doc.get("entries")
+        if not isinstance(entries, dict):
             return cls(path=path, entries={})
         return cls(path=path, entries=entries)
 
     def get(self, key: str) -> tuple[KernelResources, ...] | None:
+        self.used.add(key)
         found = self.entries.get(key)
         if not isinstance(found, list):
             return None
@@ -187,7 +195,10 @@ class _Cache:
         self.entries[key] = [k.to_dict() for k in kernels]
         self.dirty = True
 
-    def save(self) -> None:
+    def save(self, *, prune: bool) -> None:
+        if prune and self.entries.keys() - self.used:
+            self.entries = {k: v for k, v in self.entries.items() if k in self.used}
+            self.dirty = True
         if not self.dirty:
             return
         doc = {"schema": _CACHE_SCHEMA, "entries": self.entries}
@@ -200,7 +211,7 @@ class _Cache:
 @dataclass(slots=True)
 class _Run:
     root: Path
-    environ: dict[str, str]
+    environ: Mapping[str, str]
     cache: _Cache
     ptxas_runs: int = 0
     cache_hits: int = 0
