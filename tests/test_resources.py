@@ -262,6 +262,11 @@ def test_cli_report_text_and_json(sample_build: Path) -> None:
     assert "metal/llama3-8b/bf16: no register report for toolchain 'metal'" in out
     assert "gb10/qwen3-8b/bf16: not built (no " in out
     assert lines[-1].startswith("resources: ") and "1 spilling" in lines[-1]
+    # A run over every target keeps only the cache entries it used: one per PTX artefact.
+    cached = json.loads((sample_build / STATE_DIR / CACHE_NAME).read_text())["entries"]
+    assert len(cached) == len(list((sample_build / "hopper").rglob("*.ptx"))) + len(
+        list((sample_build / "b200").rglob("*.ptx"))
+    )
 
     code, out, err = _cli([*argv, "build:hopper/*", "--json"], environ)
     assert (code, err) == (0, "")
