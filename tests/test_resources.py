@@ -331,6 +331,14 @@ def test_no_matching_target_and_broken_manifest(sample_build: Path, tmp_path: Pa
         "target (quote a wildcard: 'hopper/*')\n"
     )
 
+    code, out, err = _cli(
+        ["--root", str(ROOT), "resources", "--diff", str(tmp_path / "nowhere")], environ
+    )
+    assert (code, out) == (2, "")
+    assert err.startswith("error: --diff ") and err.endswith(
+        ": not a directory; name the build directory to compare with\n"
+    )
+
     broken = tmp_path / "broken"
     (broken / HOPPER).mkdir(parents=True)
     (broken / HOPPER / "manifest.json").write_text("{not json")

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from metrale_orch.errors import EXIT_FAILURE, EXIT_OK, printable
+from metrale_orch.errors import EXIT_FAILURE, EXIT_OK, UsageError, printable
 from metrale_orch.resources import (
     Collected,
     KernelChange,
@@ -64,6 +64,10 @@ def run_resources(args: argparse.Namespace, ctx: Context) -> int:
     environ = ctx.environ
     build_dir = ctx.config().build_dir
     if args.diff is not None:
+        if not args.diff.is_dir():
+            raise UsageError(
+                f"--diff {args.diff}: not a directory; name the build directory to compare with"
+            )
         old = collect_resources(ctx.root, args.diff, args.pattern, environ)
         new = collect_resources(ctx.root, build_dir, args.pattern, environ)
         return _print_diff(old.report, new.report, args.json, ctx)
