@@ -16,10 +16,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from metrale_orch.resources.errors import ReportParseError
-from metrale_orch.smoke.elf import CubinInfo
+
+if TYPE_CHECKING:
+    from metrale_orch.smoke.elf import CubinInfo
 
 __all__ = [
     "ChangeKind",
