@@ -17,6 +17,9 @@ import xxhash
 
 _BLOCK = 1 << 20
 
+#: ``[mtime_ns, size, digest]`` of a file as a build left or read it (saved states).
+FileState = list[int | str]
+
 
 def file_digest(path: str) -> str:
     """xxh3-64 hex digest of a file's bytes (raises ``OSError``): the one digest of file
@@ -38,7 +41,7 @@ def file_hash(path: str) -> str:
     return h.hexdigest()
 
 
-__all__ = ["file_digest", "file_hash", "write_atomic", "write_if_changed"]
+__all__ = ["FileState", "file_digest", "file_hash", "write_atomic", "write_if_changed"]
 
 
 def write_atomic(path: Path, data: bytes) -> None:

@@ -18,10 +18,14 @@ __all__ = [
     "LOG_NAME",
     "MANIFEST_NAME",
     "SMOKE_TASK",
+    "STAGE_DIR",
     "STATE_DIR",
     "STATS_NAME",
+    "TMP_DIR",
     "TREE_TASK",
     "rel_posix",
+    "root_relative",
+    "stage_dir",
     "target_dir",
 ]
 
@@ -36,6 +40,11 @@ STATS_NAME = "cache-stats.json"
 #: The shared build log, in ``build_dir``.
 LOG_NAME = "metrale-orch.log"
 
+#: Under ``build_dir``: each target's staged copy of what its layout reaches.
+STAGE_DIR = "stage"
+#: Under ``build_dir``: the compiles' temporary directories.
+TMP_DIR = ".tmp"
+
 #: Task base names, as users type them (``doit build:hopper/*``, ``doit smoke:hopper``).
 BUILD_TASK = "build"
 SMOKE_TASK = "smoke"
@@ -47,6 +56,34 @@ TREE_TASK = "(tree)"
 def target_dir(build_dir: Path, hardware: str, model: str, quant: str) -> Path:
     """Where one target's artefacts and manifest are installed (pure)."""
     return build_dir / hardware / model / quant
+
+
+def stage_dir(build_dir: Path, hardware: str, model: str, quant: str) -> Path:
+    """Where one target is staged: ``<build_dir>/stage/<hw>/<model>/<quant>`` (pure)."""
+    return build_dir / STAGE_DIR / hardware / model / quant
+
+
+def root_relative(path: Path, root: Path) -> str:
+    """``path`` relative to ``root`` as POSIX text, lexically when it is spelled under
+    ``root``, else after resolving both (symlinks, ``..``: I/O); ``path`` as POSIX text
+    when it lies outside ``root``. How manifests, errors and warnings name a tree file;
+    :func:`rel_posix` is the string-only spelling doit's ``file_dep`` holds."""
+    text = os.fspath(path)
+    prefix = os.fspath(root)
+    if not prefix.endswith(os.sep):
+        prefix += os.sep
+    if text.startswith(prefix) and len(text) > len(prefix):
+        text = text[len(prefix) :]
+        return text if os.sep == "/" else text.replace(os.sep, "/")
+    path, root = Path(path), Path(root)
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        pass
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return path.as_posix()
 
 
 def rel_posix(path: Path | str, root: Path | str) -> str:

@@ -9,6 +9,7 @@ the tail of the program's output, so callers can report it without a traceback.
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -25,8 +26,6 @@ TAIL_CHARS = 4000
 
 def format_argv(argv: Sequence[str]) -> str:
     """The argv as one shell-quoted line, for logs and error messages."""
-    import shlex
-
     return shlex.join(argv)
 
 

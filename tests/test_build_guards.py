@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch.build.compile import build_target, reset_build_memo
-from metrale_orch.build.staging import ContainmentError, uncontained
-from metrale_orch.build.toolchains import reset_identity_memo
+from metrale_orch.build.compile import build_target
+from metrale_orch.build.errors import ContainmentError
+from metrale_orch.build.memo import reset_build_memo
+from metrale_orch.build.probe import reset_identity_memo
+from metrale_orch.build.staging import uncontained
 from metrale_orch.tree import Target
 from tests._build_support import fake_toolchain_env, make_cache, make_config, small_tree
 from tests._dodo_support import doit, make_project, project_env, use_fake_compiler

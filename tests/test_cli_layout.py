@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from metrale_orch.cli import main
-from metrale_orch.tree import dump
+from metrale_orch.tree import discover, dump, manifest_warnings, read_manifest_warnings
 from tests._layout_support import files, hw, kernel_toml, model, write
 
 
@@ -241,7 +241,6 @@ def test_check_warns_about_likely_typos_and_still_passes(tmp_path: Path) -> None
 
 
 def test_manifest_warnings_is_pure_and_knows_each_kind() -> None:
-    from metrale_orch.tree import manifest_warnings
 
     assert manifest_warnings("k/MODEL.toml", {"model": {"kernel_source": "x"}}, "model") == []
     assert manifest_warnings(
@@ -268,7 +267,6 @@ def test_manifest_warnings_is_pure_and_knows_each_kind() -> None:
 
 
 def test_read_manifest_warnings_covers_what_a_target_read(tmp_path: Path) -> None:
-    from metrale_orch.tree import discover, read_manifest_warnings
 
     tree(tmp_path)
     model(tmp_path, "hopper", "qwen", raw='[model]\nsuported_quants = ["bf16"]\n')

@@ -13,24 +13,15 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metrale_orch.build.compile import (
-    BuildConfigError,
-    CompileError,
-    Includes,
-    TargetResult,
-    build_target,
-    include_dirs,
-    parse_includes,
-    plan_target,
-    reset_build_memo,
-    resolve_closure,
-)
-from metrale_orch.build.toolchains import (
-    ToolchainMissing,
-    builtin_toolchains,
-    find_program,
-    reset_identity_memo,
-)
+from metrale_orch.build.compile import build_target
+from metrale_orch.build.errors import BuildConfigError, CompileError, ToolchainMissing
+from metrale_orch.build.includes import Includes, include_dirs, parse_includes, resolve_closure
+from metrale_orch.build.locate import find_program
+from metrale_orch.build.memo import reset_build_memo
+from metrale_orch.build.plan import plan_target
+from metrale_orch.build.probe import reset_identity_memo
+from metrale_orch.build.results import TargetResult
+from metrale_orch.build.toolchains import builtin_toolchains
 from metrale_orch.tree import Target, discover
 from tests._build_support import (
     compiles,

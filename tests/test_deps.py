@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch.build.compile import embeds_paths, include_dirs, parse_includes, pre_includes
 from metrale_orch.build.deps import (
     FileHasher,
     classify,
@@ -17,6 +16,8 @@ from metrale_orch.build.deps import (
     parse_depfile,
     record_inputs,
 )
+from metrale_orch.build.includes import include_dirs, parse_includes, pre_includes
+from metrale_orch.build.keys import embeds_paths
 
 
 def test_parse_depfile_nvcc_and_gcc_forms() -> None:

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metrale_orch.build.compile import BuildConfigError, build_target, reset_build_memo
+from metrale_orch.build.compile import build_target
 from metrale_orch.build.dropped import (
     MAX_INCLUDE_DEPTH,
     MAX_MACRO_HOPS,
@@ -31,8 +31,10 @@ from metrale_orch.build.dropped import (
     shadow_drops,
     shadow_exemptions,
 )
+from metrale_orch.build.errors import BuildConfigError
+from metrale_orch.build.memo import reset_build_memo
+from metrale_orch.build.probe import reset_identity_memo
 from metrale_orch.build.staging import stage
-from metrale_orch.build.toolchains import reset_identity_memo
 from metrale_orch.tree import Target, discover
 from tests._build_support import (
     compiles,

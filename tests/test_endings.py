@@ -25,9 +25,11 @@ from pathlib import Path
 
 import pytest
 
+from metrale_orch import dodo
 from metrale_orch.cli import _layout as cli_layout
 from metrale_orch.cli import main
 from metrale_orch.errors import Interrupted, interrupt_exit_code, printable
+from metrale_orch.tasks.actions import BuildFailed
 from metrale_orch.tasks.reporter import exit_status, format_interrupted
 from tests._dodo_support import (
     FILES,
@@ -128,12 +130,11 @@ def test_sigterm_under_process_workers_is_one_line_too(fake: tuple[Path, dict[st
 
 
 def test_interrupt_while_tasks_load_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    from metrale_orch import dodo
 
     def stopped(*args: object) -> None:
         raise Interrupted(signal.SIGTERM)
 
-    monkeypatch.setattr(dodo, "_cached_tasks", stopped)
+    monkeypatch.setattr(dodo, "cached_tasks", stopped)
     err = io.StringIO()
     monkeypatch.setattr(sys, "stderr", err)
     sigint = signal.getsignal(signal.SIGINT)  # the ending ignores a second Ctrl-C
@@ -218,8 +219,6 @@ def test_a_compile_failure_exits_1_a_tree_error_2(fake: tuple[Path, dict[str, st
 
 def test_exit_status_rules() -> None:
     from doit.exceptions import TaskError, TaskFailed, UnmetDependency
-
-    from metrale_orch.tasks.actions import BuildFailed
 
     assert exit_status([]) is None
     assert exit_status([("build", TaskFailed("x")), ("other", UnmetDependency("b"))]) == 1

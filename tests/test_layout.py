@@ -8,6 +8,7 @@ attributes and the important parts of its message.
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -53,6 +54,7 @@ from metrale_orch.tree import (
     symlinks,
     walk,
 )
+from metrale_orch.tree.files import child_maker
 from tests._layout_support import files, hw, kernel_toml, model, rel, symlink, write
 
 ERRORS = [
@@ -2090,3 +2092,23 @@ def test_dump_empty_tree(tmp_path: Path) -> None:
     (tmp_path / "kernels").mkdir()
     got = dump(tmp_path)
     assert (json.loads(got) if isinstance(got, str) else got) == {}
+
+
+def test_child_maker_matches_joinpath() -> None:
+    # The one private pathlib method the tree uses (files.child_maker): same result as `/`.
+
+    for parent in (Path("/a/b"), Path("rel"), Path(".")):
+        child = child_maker(parent)("c.cu")
+        assert type(child) is type(parent / "c.cu")
+        assert child == parent / "c.cu" and str(child) == str(parent / "c.cu")
+
+
+def test_entry_and_layer_values_compare_hash_and_pickle() -> None:
+
+    entry = Entry(name="a.cu", source=Path("/k/a.cu"), layer=0, used=False)
+    twin = pickle.loads(pickle.dumps(entry))
+    assert twin == entry and hash(twin) == hash(entry)
+    assert repr(entry) == "Entry(name='a.cu', source=PosixPath('/k/a.cu'), layer=0, used=False)"
+    layer = Layer(role=Role.LEAF, tier=Tier.OWN, hardware="h", dir=Path("/k"), manifest=None)
+    assert pickle.loads(pickle.dumps(layer)) == layer
+    assert hash(layer) == hash(Layer(**{f: getattr(layer, f) for f in layer.__slots__}))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch.readiness import check_tree, file_of
+from metrale_orch.tasks.check import check_tree, file_of
 from metrale_orch.tasks.dicts import one_line, plan_error_task, plan_skip_task
 from tests._dodo_support import (
     FILES,

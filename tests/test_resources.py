@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch.build.compile import build_target, reset_build_memo
+from metrale_orch.build.compile import build_target
+from metrale_orch.build.memo import reset_build_memo
 from metrale_orch.cli import main
 from metrale_orch.paths import STATE_DIR
 from metrale_orch.resources import (

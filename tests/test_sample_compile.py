@@ -15,14 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch.build.compile import TargetResult, build_target, reset_build_memo
-from metrale_orch.build.toolchains import (
-    ToolchainMissing,
-    builtin_toolchains,
-    find_program,
-    reset_identity_memo,
-    select_toolchain,
-)
+from metrale_orch.build.compile import build_target
+from metrale_orch.build.errors import ToolchainMissing
+from metrale_orch.build.locate import find_program
+from metrale_orch.build.memo import reset_build_memo
+from metrale_orch.build.probe import reset_identity_memo
+from metrale_orch.build.results import TargetResult
+from metrale_orch.build.toolchains import builtin_toolchains, select_toolchain
 from metrale_orch.tree import Layout, resolve_all
 from tests._build_support import make_cache, make_config
 

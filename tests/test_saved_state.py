@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from metrale_orch.fsutil import file_digest
-from metrale_orch.tasks.checker import ContentChecker, encode_outputs, stale_outputs
+from metrale_orch.tasks.checker import ContentChecker, TaskDataCodec, encode_outputs, stale_outputs
 from metrale_orch.tasks.runlock import BuildLock
 
 
@@ -90,7 +90,6 @@ def test_build_lock_second_holder_waits_and_names_the_first(tmp_path: Path) -> N
 
 
 def test_task_data_codec_round_trips_and_reads_json() -> None:
-    from metrale_orch.tasks.checker import TaskDataCodec
 
     codec = TaskDataCodec()
     record = {

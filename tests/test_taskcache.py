@@ -1,4 +1,4 @@
-"""The build-task cache (``metrale_orch.tasks.taskcache`` through ``dodo.cached_build_specs``).
+"""The build-task cache (``tasks.taskcache`` through ``tasks.specs.cached_build_specs``).
 
 Every test compares the cached answer with a fresh generation, or proves a
 change makes the next lookup miss. Most run in-process against the project of
@@ -17,19 +17,23 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch.build.toolchains import reset_identity_memo
-from metrale_orch.dodo import (
-    TREE_TASK,
-    BuildSpec,
-    _cached_tasks,
-    _record,
-    _replay,
+from metrale_orch.build.probe import reset_identity_memo
+from metrale_orch.build.toolchains import load_toolchains
+from metrale_orch.cache import CacheStats
+from metrale_orch.config import load_config
+from metrale_orch.paths import TREE_TASK
+from metrale_orch.tasks import actions as _actions
+from metrale_orch.tasks import taskcache as _taskcache
+from metrale_orch.tasks.actions import _nonzero
+from metrale_orch.tasks.checker import SignatureCheck
+from metrale_orch.tasks.creators import _record, _replay, cached_tasks, generation_key
+from metrale_orch.tasks.dicts import BuildSpec
+from metrale_orch.tasks.specs import (
+    GENERATION,
     cached_build_specs,
     resolve_build_specs,
     smoke_task_dicts,
 )
-from metrale_orch.tasks import taskcache as _taskcache
-from metrale_orch.tasks.checker import SignatureCheck
 from tests._dodo_support import doit, make_project, project_env, use_fake_compiler
 
 STATE = Path("build/.state")
@@ -106,13 +110,12 @@ def test_hit_equals_generation_including_skips_errors_and_smoke(
     assert kinds["hopper/qwen/w4"] == "build"
     fresh = resolve_build_specs(root, env)
     # The smoke tasks are replayed (same dicts, same action functions), not recomputed.
-    _specs, replayed, how = _cached_tasks(root, env, ())
+    _specs, replayed, how = cached_tasks(root, env, (), lambda: GENERATION)
     assert how == "hit" and replayed is not None
     assert repr(replayed) == repr(smoke_task_dicts(root, env, fresh)) != "[]"
 
 
 def test_record_and_replay_task_dicts() -> None:
-    from metrale_orch.tasks import actions as _actions
 
     dicts = [{"name": "x", "actions": [(_actions.skip_action, ["a", "b", False])], "n": (1,)}]
     recorded = _record(dicts)
@@ -346,9 +349,6 @@ def test_damaged_cache_files_miss(
 
 
 def _key(root: Path, env: dict[str, str]) -> str:
-    from metrale_orch.build.toolchains import load_toolchains
-    from metrale_orch.config import load_config
-    from metrale_orch.dodo import generation_key
 
     return generation_key(root, env, load_config(root, env), load_toolchains(root))
 
@@ -460,9 +460,6 @@ def test_signature_check_declares_what_doit_would_inspect() -> None:
 
 
 def test_task_values_keep_nonzero_counters_only() -> None:
-    from metrale_orch.cache import CacheStats
-    from metrale_orch.tasks.actions import _nonzero
-
     assert _nonzero(CacheStats(misses=2, puts=1)) == {"misses": 2, "puts": 1}
 
 

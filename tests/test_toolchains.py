@@ -7,18 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch.build.toolchains import (
-    ToolchainError,
-    ToolchainMissing,
-    builtin_toolchains,
-    compile_argv,
-    find_program,
-    find_toolchain,
-    load_toolchains,
-    probe_identity,
-    reset_identity_memo,
-    select_toolchain,
-)
+from metrale_orch.build.argv import compile_argv
+from metrale_orch.build.errors import ToolchainError, ToolchainMissing
+from metrale_orch.build.locate import find_program
+from metrale_orch.build.probe import find_toolchain, probe_identity, reset_identity_memo
+from metrale_orch.build.toolchains import builtin_toolchains, load_toolchains, select_toolchain
 from metrale_orch.tree import Hardware
 from tests._build_support import fake_toolchain_env, write
 

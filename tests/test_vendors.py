@@ -25,13 +25,9 @@ from typing import Any
 import pytest
 import xxhash
 
-from metrale_orch.build.compile import (
-    BuildConfigError,
-    TargetResult,
-    build_target,
-    plan_target,
-    reset_build_memo,
-)
+from metrale_orch.build.argv import env_switches, hip_flags
+from metrale_orch.build.compile import build_target
+from metrale_orch.build.errors import BuildConfigError, ToolchainError, ToolchainMissing
 from metrale_orch.build.hip_mirror import (
     MIRROR_DIR,
     HipCompat,
@@ -42,22 +38,19 @@ from metrale_orch.build.hip_mirror import (
     unmirror,
     write_mirror,
 )
-from metrale_orch.build.toolchains import (
-    ToolchainError,
-    ToolchainMissing,
-    builtin_toolchains,
-    env_switches,
-    find_program,
-    find_root,
+from metrale_orch.build.locate import find_program, find_root
+from metrale_orch.build.memo import reset_build_memo
+from metrale_orch.build.plan import plan_target
+from metrale_orch.build.probe import (
     find_toolchain,
-    hip_flags,
-    load_toolchains,
     probe_identity,
     reset_identity_memo,
     toolchain_stamp,
 )
+from metrale_orch.build.results import TargetResult
+from metrale_orch.build.toolchains import builtin_toolchains, load_toolchains
 from metrale_orch.config import ConfigError, load_config
-from metrale_orch.dodo import resolve_build_specs
+from metrale_orch.tasks.specs import resolve_build_specs
 from metrale_orch.tree import Target, discover
 from tests._build_support import (
     compiles,

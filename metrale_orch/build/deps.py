@@ -36,9 +36,8 @@ import posixpath
 import stat
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
 
-from metrale_orch.fsutil import file_hash
+from metrale_orch.fsutil import FileState, file_hash
 
 __all__ = [
     "FileHasher",
@@ -292,11 +291,11 @@ def inputs_match(
     return True
 
 
-def external_stamps(inputs: Iterable[Sequence[str]], hasher: FileHasher) -> dict[str, list[Any]]:
+def external_stamps(inputs: Iterable[Sequence[str]], hasher: FileHasher) -> dict[str, FileState]:
     """``path -> [mtime_ns, size, xxh3-128]`` of the ``abs`` inputs among ``inputs``, as
     they were when hashed (verified or recorded) in this process; a file whose stamp
     is unknown gets ``[-1, -1, hash]``, which the next check sees as changed."""
-    out: dict[str, list[Any]] = {}
+    out: dict[str, FileState] = {}
     for kind, path, digest in inputs:
         if kind != "abs":
             continue

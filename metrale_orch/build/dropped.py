@@ -38,16 +38,16 @@ Pure: :func:`entry_points`, :func:`missing_kernels`, :func:`shadow_drops`,
 
 from __future__ import annotations
 
-import os
 import posixpath
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from metrale_orch.build.staging import StagedTarget, role_dir
 from metrale_orch.errors import printable
+from metrale_orch.paths import root_relative
 from metrale_orch.tree import Entry, Layout, Role
 
 __all__ = [
@@ -492,7 +492,7 @@ class Exemptions:
 _EXAMPLE = '["<kernel>", ...]'
 
 
-def shadow_exemptions(docs: Iterable[tuple[str, Mapping[str, Any]]]) -> Exemptions:
+def shadow_exemptions(docs: Iterable[tuple[str, Mapping[str, object]]]) -> Exemptions:
     """The union of ``[shadow_exempt] <module> = ["<kernel>", ...]`` over ``docs``
     (root-relative path, parsed KERNEL.toml), and every malformed entry (pure).
 
@@ -563,17 +563,10 @@ def drop_warnings(
         out.append(
             printable(
                 f"{target}: module {drop.module} drops kernel {drop.kernel}: "
-                f"{_rel(drop.leaf, root)} replaces {_rel(drop.common, root)}, which defines "
+                f"{root_relative(drop.leaf, root)} replaces "
+                f"{root_relative(drop.common, root)}, which defines "
                 f'it; if intended, list it in a KERNEL.toml: [shadow_exempt] {key} = ["'
                 f'{drop.kernel}"]'
             )
         )
     return tuple(out)
-
-
-def _rel(path: Path, root: Path) -> str:
-    text = os.path.abspath(path)
-    base = os.path.abspath(root)
-    if text.startswith(base + os.sep):
-        return text[len(base) + 1 :].replace(os.sep, "/")
-    return Path(text).as_posix()

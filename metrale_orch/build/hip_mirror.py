@@ -48,7 +48,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
 
 import xxhash
 
@@ -233,7 +232,7 @@ def _stamp(path: Path) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
 
 
-def _read_record(path: Path) -> dict[str, list[Any]]:
+def _read_record(path: Path) -> dict[str, list[int | str]]:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

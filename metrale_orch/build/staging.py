@@ -28,7 +28,7 @@ from types import MappingProxyType
 
 import xxhash
 
-from metrale_orch.build.toolchains import BuildError
+from metrale_orch.build.errors import ContainmentError, StageError
 from metrale_orch.fsutil import write_atomic
 from metrale_orch.tree import Layout, Role
 from metrale_orch.tree.beyond import TREE_DIR, Beyond, find_beyond_layout
@@ -36,8 +36,6 @@ from metrale_orch.tree.beyond import TREE_DIR, Beyond, find_beyond_layout
 __all__ = [
     "TREE_DIR",
     "Beyond",
-    "ContainmentError",
-    "StageError",
     "StagedTarget",
     "beyond_layout",
     "check_contained",
@@ -49,28 +47,6 @@ __all__ = [
 ]
 
 COMMON_DIR = "common"
-
-
-class StageError(BuildError):
-    """A target cannot be staged (colliding staged paths, unwritable build dir)."""
-
-    def __init__(self, target: str, path: str, problem: str) -> None:
-        self.target = target
-        self.path = path
-        self.problem = problem
-        super().__init__(f"{target}: staging {path}: {problem}")
-
-
-class ContainmentError(StageError):
-    """A file the build would stage lies outside ``kernels/`` or is reached through a symlink."""
-
-    exit_code = 2
-
-    def __init__(self, target: str, path: str, problem: str) -> None:
-        self.target = target
-        self.path = path
-        self.problem = problem
-        BuildError.__init__(self, f"{target}: {path}: {problem}")
 
 
 def uncontained(kernels: Path, paths: Iterable[Path]) -> list[tuple[Path, str]]:

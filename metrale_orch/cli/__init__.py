@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from metrale_orch.cli import _build, _cache, _defaults, _layout, _matrix, _resources
 from metrale_orch.config import Config, find_root, load_config
 from metrale_orch.errors import (
     MetraleError,
@@ -59,8 +60,6 @@ class Context:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from metrale_orch.cli import _build, _cache, _defaults, _layout, _matrix, _resources
-
     parser = argparse.ArgumentParser(
         prog="metrale-orch",
         description="Build orchestrator for GPU kernel trees.",

@@ -1,5 +1,5 @@
 """``metrale-orch layout`` and ``metrale-orch check``: look at the tree, and ask whether
-the build will accept it (the checks live in :mod:`metrale_orch.readiness`)."""
+the build will accept it (the checks live in :mod:`metrale_orch.tasks.check`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from metrale_orch import tree as lay
 from metrale_orch.errors import UsageError, printable
+from metrale_orch.tasks.check import check_tree, report_lines
 
 if TYPE_CHECKING:
     from metrale_orch.cli import Context
@@ -141,26 +142,8 @@ def _print_layout(layout: lay.Layout, snap: lay.TreeSnapshot, ctx: Context) -> N
 
 
 def run_check(args: argparse.Namespace, ctx: Context) -> int:
-    from metrale_orch.readiness import check_tree
-
     del args
     report = check_tree(ctx.root, ctx.environ, ctx.overrides)
-    for line in report.warnings:
-        print(f"warning: {line}", file=ctx.err)
-    for line in report.skipped:  # not a problem: the build skips them
-        print(f"skipped: {line}", file=ctx.err)
-    if report.problems:
-        for line in report.problems:
-            print(f"problem: {line}", file=ctx.err)
-        count, files = len(report.problems), report.files
-        where = f" in {files} file{'s' if files != 1 else ''}" if files else ""
-        print(
-            f"check: {count} problem{'s' if count != 1 else ''}{where} "
-            f"({report.failing} of {report.targets} targets affected)",
-            file=ctx.err,
-        )
-        return 2
-    skipped = report.skipping
-    how = f"; {skipped} skipped: compiler not installed" if skipped else ""
-    print(f"check: ok (the build accepts all {report.targets} targets{how})", file=ctx.out)
-    return 0
+    for stream, line in report_lines(report):
+        print(line, file=ctx.out if stream == "out" else ctx.err)
+    return 0 if report.ok else 2

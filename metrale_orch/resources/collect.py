@@ -27,14 +27,11 @@ from pathlib import Path
 
 import xxhash
 
-from metrale_orch.build.toolchains import (
-    Toolchain,
-    load_toolchains,
-    locate_toolchain,
-    select_toolchain,
-)
+from metrale_orch.build.locate import locate_toolchain
+from metrale_orch.build.toolchains import Toolchain, load_toolchains, select_toolchain
 from metrale_orch.errors import MetraleError
 from metrale_orch.fsutil import write_atomic
+from metrale_orch.manifest import Manifest, ManifestError, read_manifest
 from metrale_orch.paths import MANIFEST_NAME, STATE_DIR, rel_posix, target_dir
 from metrale_orch.proc import run_process
 from metrale_orch.resources.errors import (
@@ -232,36 +229,19 @@ class _Run:
         return self.ptxas[memo]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Module:
-    name: str
-    artefact: str
-
-
-def _read_manifest(path: Path, shown: str) -> tuple[str, str, tuple[_Module, ...]]:
-    """(arch, toolchain identity, modules) of a ``manifest.json``; raises BadManifest."""
+def _read_manifest(path: Path, shown: str) -> Manifest:
+    """The target's manifest (:func:`~metrale_orch.manifest.read_manifest`); raises
+    :class:`BadManifest` naming ``shown``."""
     try:
-        doc = json.loads(path.read_bytes())
-    except (OSError, ValueError) as exc:
+        manifest = read_manifest(path)
+    except OSError as exc:
+        raise BadManifest(shown, f"cannot be read ({exc.strerror or exc})") from None
+    except ManifestError as exc:
         raise BadManifest(shown, f"cannot be read ({exc})") from None
-    if not isinstance(doc, dict):
-        raise BadManifest(shown, "is not a JSON object")
-    arch, toolchain, modules = doc.get("arch"), doc.get("toolchain"), doc.get("modules")
-    if not isinstance(arch, str) or not arch:
-        raise BadManifest(shown, "has no 'arch'")
-    identity = toolchain.get("identity") if isinstance(toolchain, dict) else None
-    if not isinstance(identity, str):
-        raise BadManifest(shown, "has no 'toolchain.identity'")
-    if not isinstance(modules, list):
-        raise BadManifest(shown, "has no 'modules' list")
-    out = []
-    for i, m in enumerate(modules):
-        name = m.get("name") if isinstance(m, dict) else None
-        artefact = m.get("artefact") if isinstance(m, dict) else None
-        if not isinstance(name, str) or not isinstance(artefact, str) or "/" in artefact:
-            raise BadManifest(shown, f"'modules[{i}]' has no usable 'name' and 'artefact'")
-        out.append(_Module(name=name, artefact=artefact))
-    return arch, identity, tuple(sorted(out, key=lambda m: (m.artefact, m.name)))
+    for module in manifest.modules:
+        if "/" in module.artefact or module.artefact in ("", ".", ".."):
+            raise BadManifest(shown, f"artefact {module.artefact!r} is not a file name")
+    return manifest
 
 
 def _collect_target(
@@ -276,11 +256,12 @@ def _collect_target(
             status="not-built",
             detail=f"not built (no {shown})",
         )
-    arch, identity, modules = _read_manifest(manifest, shown)
+    doc = _read_manifest(manifest, shown)
+    arch = doc.arch
     out = []
-    for module in modules:
+    for module in sorted(doc.modules, key=lambda m: (m.artefact, m.name)):
         path = tdir / module.artefact
-        kernels = _artefact_kernels(run, toolchain, path, arch, identity)
+        kernels = _artefact_kernels(run, toolchain, path, arch, doc.toolchain_identity)
         out.append(
             ModuleResources(
                 module=module.name, artefact=rel_posix(path, build_dir), kernels=kernels

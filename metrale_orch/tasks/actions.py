@@ -7,10 +7,15 @@ the doit-side wrapper of the build steps: the one broad ``except`` for package
 errors (turned into a one-line ``TaskFailed``), the per-process build log and
 cache, and a small JSON-ready value per task that the reporter aggregates.
 
-Per-process state (:data:`_PROCESS`): the build log handler and the opened
-cache, so a remote tier's circuit breaker and connections live once per
-worker rather than once per target. It is explicit and resettable
-(:func:`reset_process_state`).
+Per-process state (:data:`_PROCESS`): the opened cache, so a remote tier's
+circuit breaker and connections live once per worker rather than once per
+target. It is explicit and resettable (:func:`reset_process_state`).
+
+Deferred imports: doit imports this module on every invocation (the task dicts
+name its functions), and a no-op run calls none of them; so the build step, the
+cache, the log handler and the whole-tree check are imported by the action that
+runs them (:func:`_build_step`, :func:`configure_build_log`, :func:`check_action`),
+and nowhere else.
 """
 
 from __future__ import annotations
@@ -19,15 +24,23 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import threading
 from pathlib import Path
-from types import FrameType
-from typing import Any
+from types import FrameType, ModuleType
+from typing import TYPE_CHECKING
 
 from doit.exceptions import TaskFailed
 
-from metrale_orch.errors import MetraleError
+from metrale_orch.config import Config, load_config
+from metrale_orch.errors import Interrupted, MetraleError, printable
+from metrale_orch.paths import BUILD_TASK, LOG_NAME
 from metrale_orch.tasks.checker import EXTERNAL_KEY, INPUTS_KEY, OUTPUTS_KEY, encode_outputs
+from metrale_orch.tree import Target
+
+if TYPE_CHECKING:
+    from metrale_orch.build.results import TargetResult
+    from metrale_orch.cache import Cache, CacheStats
 
 __all__ = [
     "LOG_NAME",
@@ -42,13 +55,10 @@ __all__ = [
     "skip_action",
 ]
 
-#: File name of the shared rotating build log under the build directory.
-LOG_NAME = "metrale-orch.log"
-
 _log = logging.getLogger("metrale_orch.build")
 
 #: Per-process state; see the module docstring.
-_PROCESS: dict[str, Any] = {}
+_PROCESS: dict[str, tuple[tuple[str, ...], Cache]] = {}
 
 
 class BuildFailed(TaskFailed):  # type: ignore[misc]
@@ -57,7 +67,7 @@ class BuildFailed(TaskFailed):  # type: ignore[misc]
     doit saves no values for a failed task; the reporter reads them from here.
     """
 
-    def __init__(self, msg: str, values: dict[str, Any] | None = None) -> None:
+    def __init__(self, msg: str, values: dict[str, object] | None = None) -> None:
         super().__init__(msg)
         self.values = dict(values or {})
 
@@ -71,8 +81,6 @@ def reset_process_state() -> None:
 
 
 def _sigterm(signum: int, frame: FrameType | None) -> None:
-    from metrale_orch.errors import Interrupted
-
     raise Interrupted(signum)
 
 
@@ -130,34 +138,33 @@ def configure_build_log(build_dir: Path, *, max_bytes: int, backups: int) -> log
 # ------------------------------------------------------------------------------ actions
 
 
-def _config(root: str) -> Any:
-    from metrale_orch.config import load_config
+def _build_step() -> tuple[ModuleType, ModuleType]:
+    """The build step and the cache (:mod:`metrale_orch.build.compile`,
+    :mod:`metrale_orch.cache`), imported when a build runs (see the module docstring)."""
+    from metrale_orch import cache
+    from metrale_orch.build import compile as build
 
-    return load_config(Path(root), os.environ)
+    return build, cache
 
 
-def _cache(config: Any) -> Any:
+def _cache(config: Config, cache_mod: ModuleType) -> Cache:
     key = ("cache", str(config.root), config.cache, config.cache_mode, str(config.local_cache))
     got = _PROCESS.get("cache")
     if got is not None and got[0] == key:
         return got[1]
-    from metrale_orch.cache import CacheSettings, open_cache
-
-    cache = open_cache(CacheSettings.from_config(config))
+    cache: Cache = cache_mod.open_cache(cache_mod.CacheSettings.from_config(config))
     _PROCESS["cache"] = (key, cache)
     return cache
 
 
-def summarise_result(result: Any) -> dict[str, Any]:
+def summarise_result(result: TargetResult) -> dict[str, object]:
     """The small JSON value a build task saves and the reporter aggregates (pure).
 
     ``outcome``: ``built`` (at least one module compiled), ``cached`` (every
     module restored from a cache), ``failed``.
     """
-    data: dict[str, Any] = result.to_dict() if hasattr(result, "to_dict") else {}
-    outcomes = [str(m.get("outcome", "")) for m in data.get("modules", []) or []]
-    failed = bool(getattr(result, "failed", False))
-    if failed:
+    outcomes = [str(m.outcome) for m in result.modules]
+    if result.failed:
         outcome = "failed"
     elif outcomes and all(o in ("local", "remote") for o in outcomes):
         outcome = "cached"
@@ -169,7 +176,7 @@ def summarise_result(result: Any) -> dict[str, Any]:
     return {"outcome": outcome, "modules": dict(sorted(counts.items()))}
 
 
-def build_action(root: str, target: str) -> dict[str, Any] | TaskFailed:
+def build_action(root: str, target: str) -> dict[str, object] | TaskFailed:
     """Build one target (doit action). Package errors become one-line failures.
 
     The values carry this target's own cache statistics (exact under threads:
@@ -177,19 +184,16 @@ def build_action(root: str, target: str) -> dict[str, Any] | TaskFailed:
     from (consumed by the checker when doit saves the task's state) and the
     states of the files it installed (checked by the next run).
     """
-    from metrale_orch.build.compile import build_target
-    from metrale_orch.cache import CacheStats
-    from metrale_orch.tree import Target
-
-    stats = CacheStats()
+    build, cache_mod = _build_step()
+    stats: CacheStats = cache_mod.CacheStats()
     try:
-        config = _config(root)
+        config = load_config(Path(root), os.environ)
         log = configure_build_log(
             config.build_dir, max_bytes=config.log_max_bytes, backups=config.log_backups
         )
-        cache = _cache(config)
+        cache = _cache(config, cache_mod)
         with cache.track() as stats:
-            result = build_target(
+            result: TargetResult = build.build_target(
                 Path(root),
                 Target.parse(target),
                 config=config,
@@ -199,13 +203,13 @@ def build_action(root: str, target: str) -> dict[str, Any] | TaskFailed:
             )
             cache.flush()  # uploads finish before doit may end this worker
     except MetraleError as exc:
-        _log.error("build:%s: %s", target, exc)
-        failed: dict[str, Any] = {
+        _log.error("%s:%s: %s", BUILD_TASK, target, exc)
+        failed: dict[str, object] = {
             "outcome": "failed",
             "cache": _nonzero(stats),
             "exit_code": exc.exit_code,
         }
-        return BuildFailed(f"build:{target}: {exc}", failed)
+        return BuildFailed(f"{BUILD_TASK}:{target}: {exc}", failed)
     values = summarise_result(result)
     values["cache"] = _nonzero(stats)
     values[INPUTS_KEY] = dict(result.inputs)
@@ -220,39 +224,39 @@ def build_action(root: str, target: str) -> dict[str, Any] | TaskFailed:
     return values
 
 
-def _nonzero(stats: Any) -> dict[str, Any]:
+def _nonzero(stats: CacheStats) -> dict[str, int | float]:
     """A task's cache statistics without the zero counters: the value is saved with the
     task in doit's database and read back on every run, so it stays small
     (``CacheStats.from_dict`` reads a missing counter as 0)."""
     return {k: v for k, v in stats.to_dict().items() if v}
 
 
-def _failure_text(target: str, result: Any) -> str:
+def _failure_text(target: str, result: TargetResult) -> str:
     describe = getattr(result, "failure_text", None)
     if callable(describe):
         return str(describe())
     errors = getattr(result, "errors", None)
     if errors:
-        return f"build:{target}: " + "\n".join(str(e) for e in errors)
-    return f"build:{target}: failed (see the build log)"
+        return f"{BUILD_TASK}:{target}: " + "\n".join(str(e) for e in errors)
+    return f"{BUILD_TASK}:{target}: failed (see the build log)"
 
 
-def skip_action(target: str, reason: str, explicit: bool) -> dict[str, Any] | TaskFailed:
+def skip_action(target: str, reason: str, explicit: bool) -> dict[str, object] | TaskFailed:
     """A target whose toolchain is missing: skipped when selected broadly, failed when named."""
     if explicit:
-        return BuildFailed(f"build:{target}: {reason}", {"outcome": "failed", "skipped": reason})
+        return BuildFailed(
+            f"{BUILD_TASK}:{target}: {reason}", {"outcome": "failed", "skipped": reason}
+        )
     return {"outcome": "skipped", "skipped": reason}
 
 
 def error_action(target: str, message: str) -> TaskFailed:
     """A target that does not resolve: fail with the resolver's one-line message."""
-    return BuildFailed(f"build:{target}: {message}", {"outcome": "failed"})
+    return BuildFailed(f"{BUILD_TASK}:{target}: {message}", {"outcome": "failed"})
 
 
 def clean_action(root: str, target: str) -> TaskFailed | None:
     """Remove a target's outputs (its artefact directory and its stage)."""
-    from metrale_orch.config import load_config
-
     try:
         config = load_config(Path(root), os.environ)
     except MetraleError as exc:
@@ -270,6 +274,13 @@ def _output_dirs(build_dir: Path, target: str) -> list[Path]:
 
 def check_action(root: str) -> bool:
     """Validate the whole tree (``metrale-orch check``); its report is the task's output."""
-    from metrale_orch.cli import main
+    from metrale_orch.tasks.check import check_tree, report_lines  # see the module docstring
 
-    return main(["--root", root, "check"]) == 0
+    try:
+        report = check_tree(Path(root), os.environ)
+    except MetraleError as exc:
+        print(printable(f"error: {exc}"), file=sys.stderr)
+        return False
+    for stream, line in report_lines(report):
+        print(line, file=sys.stdout if stream == "out" else sys.stderr)
+    return report.ok

@@ -35,12 +35,12 @@ import marshal
 import os
 from array import array
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 import xxhash
 from doit.dependency import FileChangedChecker, UptodateCalculator
 
 from metrale_orch.fsutil import file_digest, file_hash
+from metrale_orch.tasks.doit_api import Dependency, Task, store_state, stored_state
 
 __all__ = [
     "EXTERNAL_KEY",
@@ -72,7 +72,7 @@ EXTERNAL_KEY = "external"
 _CHANGED_DURING_BUILD = (0, -1)
 
 
-def signature_parts(signature: Mapping[str, Any]) -> dict[str, str]:
+def signature_parts(signature: Mapping[str, object]) -> dict[str, str]:
     """One short digest per top-level part of a plan's signature (pure).
 
     Each part is encoded as canonical JSON (sorted keys, no spaces; values that
@@ -104,10 +104,10 @@ class TaskDataCodec:
     runs again.
     """
 
-    def encode(self, data: Any) -> str:
+    def encode(self, data: dict[str, object]) -> str:
         return _MARSHAL_TAG + marshal.dumps(data, 4).decode("latin-1")
 
-    def decode(self, text: str) -> Any:
+    def decode(self, text: str) -> object:
         try:
             if text.startswith(_MARSHAL_TAG):
                 return marshal.loads(text[len(_MARSHAL_TAG) :].encode("latin-1"))
@@ -127,7 +127,7 @@ class ContentChecker(FileChangedChecker):  # type: ignore[misc]
         self._stats: dict[str, os.stat_result] = {}
         self._failed: dict[str, OSError] = {}
         self._digests: dict[str, tuple[int, int, str]] = {}
-        self._dep: Any = None
+        self._dep: Dependency | None = None
         self._task: str | None = None
         #: Number of saved states refreshed in this invocation (for tests/benchmarks).
         self.refreshed = 0
@@ -156,8 +156,8 @@ class ContentChecker(FileChangedChecker):  # type: ignore[misc]
         self._stats[file_path] = st
         return st
 
-    def check_modified(self, file_path: str, file_stat: os.stat_result, state: Any) -> bool:
-        if state.__class__ is list and len(state) == 3:
+    def check_modified(self, file_path: str, file_stat: os.stat_result, state: object) -> bool:
+        if type(state) is list and len(state) == 3:
             # What doit hands over (a JSON list): the common case, tested without isinstance.
             mtime_ns, size, digest = state
         elif isinstance(state, tuple) and len(state) == 3:
@@ -177,7 +177,7 @@ class ContentChecker(FileChangedChecker):  # type: ignore[misc]
         self._refresh(file_path, state, [file_stat.st_mtime_ns, size, digest])
         return False
 
-    def get_state(self, dep: str, current_state: Any) -> list[Any] | None:
+    def get_state(self, dep: str, current_state: object) -> list[object] | None:
         expected = self._expected.get(dep)
         if expected is not None:
             return self._compiled_state(dep, expected)
@@ -193,14 +193,14 @@ class ContentChecker(FileChangedChecker):  # type: ignore[misc]
 
     # -- the saved state is what was built ----------------------------------------------------
 
-    def expect(self, inputs: Mapping[str, Any]) -> None:
+    def expect(self, inputs: Mapping[str, object]) -> None:
         """Say what the build about to be saved used: file dependency -> xxh3-64 of the
         content it compiled ("" when the file changed while it ran). doit saves a
         task's file states after its action, so an edit made during the build would
         otherwise be recorded as built; :meth:`get_state` records what was built."""
         self._expected = {str(k): str(v) for k, v in inputs.items()}
 
-    def _compiled_state(self, dep: str, expected: str) -> list[Any]:
+    def _compiled_state(self, dep: str, expected: str) -> list[object]:
         try:
             st = os.stat(dep)
             current = self._digest(dep, st) if expected else ""
@@ -212,19 +212,19 @@ class ContentChecker(FileChangedChecker):  # type: ignore[misc]
 
     # -- binding (see SignatureCheck) -----------------------------------------------------------
 
-    def bind(self, dep_manager: Any, task_name: str) -> None:
+    def bind(self, dep_manager: Dependency, task_name: str) -> None:
         """Say which task's file dependencies doit is about to check."""
         self._dep = dep_manager
         self._task = task_name
 
-    def _refresh(self, file_path: str, old: Any, new: list[Any]) -> None:
+    def _refresh(self, file_path: str, old: object, new: list[object]) -> None:
         dep, task = self._dep, self._task
         if dep is None or task is None:
             return
         # Only when doit handed us the very state stored for the bound task.
-        if dep._get(task, file_path) is not old:
+        if stored_state(dep, task, file_path) is not old:
             return
-        dep._set(task, file_path, new)
+        store_state(dep, task, file_path, new)
         self.refreshed += 1
 
     def _digest(self, file_path: str, st: os.stat_result) -> str:
@@ -258,18 +258,18 @@ class SignatureCheck(UptodateCalculator):  # type: ignore[misc]
     def __init__(self, parts: Mapping[str, str]) -> None:
         super().__init__()
         self.parts = dict(sorted(parts.items()))
-        self._dep_manager: Any = None
-        self._task: Any = None
+        self._dep_manager: Dependency | None = None
+        self._task: Task | None = None
         #: Installed files found missing or altered by the last call (for ``why``).
         self.stale_outputs: tuple[str, ...] = ()
         #: Files read outside the tree found changed by the last call (for ``why``).
         self.stale_external: tuple[str, ...] = ()
 
-    def setup(self, dep_manager: Any, tasks_dict: Any) -> None:
+    def setup(self, dep_manager: Dependency, tasks_dict: Mapping[str, Task]) -> None:
         super().setup(dep_manager, tasks_dict)
         self._dep_manager = dep_manager
 
-    def __call__(self, task: Any, values: Mapping[str, Any]) -> bool:
+    def __call__(self, task: Task, values: Mapping[str, object]) -> bool:
         checker = getattr(self._dep_manager, "checker", None)
         if isinstance(checker, ContentChecker):
             checker.bind(self._dep_manager, task.name)
@@ -281,7 +281,7 @@ class SignatureCheck(UptodateCalculator):  # type: ignore[misc]
         self.stale_external = tuple(stale_external(values.get(EXTERNAL_KEY)))
         return not (self.stale_outputs or self.stale_external)
 
-    def saved_values(self) -> dict[str, Any]:
+    def saved_values(self) -> dict[str, object]:
         """What the task saves on success (doit calls this via ``value_savers``, just
         before it saves the task's file states): hands the build's input digests to
         the checker (they are not stored) and keeps the signature."""
@@ -294,7 +294,7 @@ class SignatureCheck(UptodateCalculator):  # type: ignore[misc]
         return {SIGNATURE_KEY: dict(self.parts)}
 
 
-def encode_outputs(states: Mapping[str, Sequence[Any]]) -> list[str]:
+def encode_outputs(states: Mapping[str, Sequence[int | str]]) -> list[str]:
     """The ``OUTPUTS_KEY`` record of installed files (path -> ``[mtime_ns, size,
     xxh3-64]``, all in one directory): ``[fingerprint, directory + "/", names,
     states]``, the last two ``\0``-joined. doit decodes every task's values on every
@@ -318,7 +318,7 @@ def _fingerprint(stamps: Sequence[tuple[int, int]]) -> str:
     return xxhash.xxh3_64_hexdigest(flat.tobytes())
 
 
-def stale_outputs(saved: Any) -> list[str]:
+def stale_outputs(saved: object) -> list[str]:
     """The installed files of a build record (``OUTPUTS_KEY``, :func:`encode_outputs`) that
     are missing or no longer hold what was installed, sorted.
 
@@ -362,7 +362,7 @@ def _digest_or_empty(digest_of: Callable[[str], str], path: str) -> str:
         return ""
 
 
-def stale_external(saved: Any) -> list[str]:
+def stale_external(saved: object) -> list[str]:
     """The files of a build's ``EXTERNAL_KEY`` record (path -> ``[mtime_ns, size,
     xxh3-128]``) that changed since the build read them, sorted."""
     if not isinstance(saved, Mapping):

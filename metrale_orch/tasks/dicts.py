@@ -24,50 +24,69 @@ Three kinds of ``build:<hw>/<model>/<quant>`` sub-task:
   answering ``Invalid parameter``.
 
 Skip and error tasks carry their reason in ``doc``: ``doit list --status`` prints
-it on the target's own line.
+it on the target's own line. :class:`BuildSpec` is one such sub-task with what it
+came from (what ``metrale-orch status/why/rdeps`` read).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Literal
 
+from metrale_orch.paths import BUILD_TASK, rel_posix
 from metrale_orch.tasks import actions as _actions
 from metrale_orch.tasks.checker import SignatureCheck, signature_parts
+
+if TYPE_CHECKING:
+    from metrale_orch.build.plan import TargetPlan
+    from metrale_orch.tree import Layout, LayoutError
 
 __all__ = [
     "BUILD",
     "KIND",
+    "BuildSpec",
+    "SpecKind",
+    "TaskDict",
     "build_task",
     "explicit_targets",
     "one_line",
     "plan_build_task",
     "plan_error_task",
     "plan_skip_task",
-    "rel_posix",
 ]
 
 #: Base name of the build tasks.
-BUILD = "build"
+BUILD = BUILD_TASK
 
 #: Key in a task's ``meta`` saying which kind of build sub-task it is (build, skip, error).
 KIND = "metrale_orch"
 
+#: A doit task dict (doit reads it by key; values are doit's own kinds of thing).
+TaskDict = dict[str, object]
 
-def rel_posix(path: Path | str, root: Path) -> str:
-    """``path`` relative to ``root`` as POSIX text when it lies under ``root``, else as given.
+#: The kinds of ``build`` sub-task: built, skipped (toolchain missing), failing.
+SpecKind = Literal["build", "skip", "error"]
 
-    String work only (this runs once per edge on every doit invocation).
-    """
-    text = os.fspath(path)
-    if os.sep != "/":
-        text = text.replace(os.sep, "/")
-    if not text.startswith("/"):
-        return text
-    prefix = root.as_posix().rstrip("/") + "/"
-    return text[len(prefix) :] if text.startswith(prefix) else text
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BuildSpec:
+    """One ``build`` sub-task with what it came from (for ``metrale-orch status/why/rdeps``)."""
+
+    target: str
+    #: "build", "skip" (toolchain missing) or "error" (tree, config or plan error).
+    kind: SpecKind
+    #: The skip reason or error message; "" for a build.
+    message: str = ""
+    #: The compile plan of a build, else None (also None for a spec from the task cache).
+    plan: TargetPlan | None = None
+    #: The resolved layout of a build, else None.
+    layout: Layout | None = None
+    #: The doit task dict.
+    task: Mapping[str, object]
+    #: What resolution gave: the Layout, the LayoutError, or None (tree-wide failure).
+    resolved: Layout | LayoutError | None = None
 
 
 def explicit_targets(argv: Sequence[str], base: str = BUILD) -> frozenset[str]:
@@ -89,10 +108,10 @@ def plan_build_task(
     root: Path,
     target: str,
     file_deps: Iterable[Path | str],
-    signature: Mapping[str, Any],
+    signature: Mapping[str, object],
     manifest: Path,
     doc: str = "",
-) -> dict[str, Any]:
+) -> TaskDict:
     """The task dict of a target that can be built (pure)."""
     return build_task(
         root=root,
@@ -112,7 +131,7 @@ def build_task(
     parts: Mapping[str, str],
     manifest: str,
     doc: str = "",
-) -> dict[str, Any]:
+) -> TaskDict:
     """:func:`plan_build_task` from its finished parts (pure): ``file_dep`` as doit
     will hold it (root-relative, unique, sorted; taken as is), the signature's
     per-part digests (:func:`~metrale_orch.tasks.checker.signature_parts`) and the
@@ -137,7 +156,7 @@ def one_line(text: str) -> str:
     return " ".join(part.strip() for part in text.splitlines() if part.strip())
 
 
-def plan_skip_task(*, root: Path, target: str, reason: str, explicit: bool) -> dict[str, Any]:
+def plan_skip_task(*, root: Path, target: str, reason: str, explicit: bool) -> TaskDict:
     """The task dict of a target whose toolchain is missing (pure). Its doc carries the
     reason, so ``doit list --status`` shows it on the target's line."""
     return {
@@ -151,14 +170,14 @@ def plan_skip_task(*, root: Path, target: str, reason: str, explicit: bool) -> d
     }
 
 
-def plan_error_task(*, root: Path, target: str, message: str, clean: bool = True) -> dict[str, Any]:
+def plan_error_task(*, root: Path, target: str, message: str, clean: bool = True) -> TaskDict:
     """The task dict of a target that does not resolve or plan (pure). Its doc carries the
     message, so ``doit list --status`` shows it on the target's line.
 
     ``clean=False`` for a name that is not a target of the tree (e.g. one named on the
     command line, see :func:`explicit_targets`): ``doit clean`` then removes nothing.
     """
-    task: dict[str, Any] = {
+    task: TaskDict = {
         "name": target,
         "doc": f"build {target} (error: {one_line(message)})",
         "actions": [(_actions.error_action, [target, message])],

@@ -33,23 +33,28 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import NoReturn, TextIO
 
 from doit.exceptions import TaskFailed, UnmetDependency
 from doit.reporter import ConsoleReporter
 
+from metrale_orch.config import load_config
 from metrale_orch.errors import (
     EXIT_FAILURE,
     EXIT_USAGE,
+    MetraleError,
     interrupt_exit_code,
     printable,
 )
+from metrale_orch.paths import BUILD_TASK, STATS_NAME
+from metrale_orch.tasks.actions import BuildFailed
+from metrale_orch.tasks.dicts import KIND
+from metrale_orch.tasks.doit_api import Task
 from metrale_orch.tasks.runlock import BuildLock
 
 __all__ = [
-    "STATS_NAME",
     "BuildReporter",
     "end_interrupted",
     "exit_status",
@@ -57,10 +62,7 @@ __all__ = [
     "format_summary",
 ]
 
-_BASE = "build:"
-
-#: File name, under the build directory, of the run's aggregated cache statistics.
-STATS_NAME = "cache-stats.json"
+_BASE = BUILD_TASK + ":"
 
 
 def format_summary(counts: dict[str, int], seconds: float) -> str:
@@ -96,7 +98,7 @@ def end_interrupted(exc: BaseException, finished: int, stream: TextIO) -> NoRetu
     raise SystemExit(interrupt_exit_code(exc)) from None
 
 
-def exit_status(failures: Iterable[tuple[str, BaseException | Any]]) -> int | None:
+def exit_status(failures: Iterable[tuple[str, object]]) -> int | None:
     """The exit status of a run from its failures, ``(task kind, doit failure)`` each (pure).
 
     None without failures. A dependency left unmet (the group ``build`` after
@@ -125,13 +127,13 @@ def exit_status(failures: Iterable[tuple[str, BaseException | Any]]) -> int | No
     return status
 
 
-def _is_build(task: Any) -> bool:
+def _is_build(task: Task) -> bool:
     return str(task.name).startswith(_BASE)
 
 
-def _kind(task: Any) -> str:
+def _kind(task: Task) -> str:
     meta = getattr(task, "meta", None) or {}
-    return str(meta.get("metrale_orch", "build"))
+    return str(meta.get(KIND, "build"))
 
 
 class BuildReporter(ConsoleReporter):  # type: ignore[misc]
@@ -139,14 +141,14 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
 
     desc = "metrale-orch: progress and one summary line"
 
-    def __init__(self, outstream: Any, options: Any) -> None:
+    def __init__(self, outstream: TextIO, options: Mapping[str, object]) -> None:
         super().__init__(outstream, options)
         self._start = time.perf_counter()
         self._total = 0
         self._started = 0
         self._counts: dict[str, int] = {}
         self._skipped: dict[str, list[str]] = {}
-        self._stats: list[dict[str, Any]] = []
+        self._stats: list[dict[str, int]] = []
         self._warnings: list[str] = []
         self._failed_names: list[str] = []
         self._any_build = False
@@ -155,7 +157,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
 
     # -- doit's interface -----------------------------------------------------------------------
 
-    def initialize(self, tasks: Any, selected_tasks: Any) -> None:
+    def initialize(self, tasks: Mapping[str, Task], selected_tasks: Iterable[str] | None) -> None:
         # doit calls this before its first up-to-date check of a run that executes
         # tasks (never for `list`/`info`): one build per project from here to the end.
         self._lock = _take_build_lock()
@@ -171,7 +173,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
                 )
         self._total = len(names)
 
-    def execute_task(self, task: Any) -> None:
+    def execute_task(self, task: Task) -> None:
         if _is_build(task):
             self._any_build = True
             if _kind(task) != "build":
@@ -181,17 +183,17 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             width = len(str(max(self._total, self._started)))
             total = max(self._total, self._started)
             self.write(f"[{self._started:>{width}}/{total}] {task.name}\n")
-        elif task.actions and not task.name.startswith("_") and task.name != "build":
+        elif task.actions and not task.name.startswith("_") and task.name != BUILD_TASK:
             self.write(f".  {task.title()}\n")
 
-    def skip_uptodate(self, task: Any) -> None:
+    def skip_uptodate(self, task: Task) -> None:
         if _is_build(task):
             self._any_build = True
             self._bump("uptodate")
-        elif task.name != "build" and not task.name.startswith("_"):
+        elif task.name != BUILD_TASK and not task.name.startswith("_"):
             self.write(f"-- {task.title()}\n")
 
-    def add_success(self, task: Any) -> None:
+    def add_success(self, task: Task) -> None:
         if not _is_build(task):
             return
         self._any_build = True
@@ -205,8 +207,8 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             self._bump("cached" if outcome == "cached" else "built")
         self._take(values)
 
-    def add_failure(self, task: Any, fail: Any) -> None:
-        if task.name == "build":
+    def add_failure(self, task: Task, fail: BaseException) -> None:
+        if task.name == BUILD_TASK:
             # The group fails because sub-tasks did; they were reported already.
             self.failures.append({"task": task, "exception": fail})
             return
@@ -223,7 +225,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         if not message.startswith(_BASE):
             message = f"{task.name}: {message}"
         self.write(f"FAILED {message.rstrip()}\n")
-        if traceback and not isinstance(fail, _build_failed_type()):
+        if traceback and not isinstance(fail, BuildFailed):
             self.write(traceback)
         self.failures.append({"task": task, "exception": fail})
 
@@ -278,21 +280,20 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
     def _bump(self, key: str) -> None:
         self._counts[key] = self._counts.get(key, 0) + 1
 
-    def _take(self, values: dict[str, Any]) -> None:
+    def _take(self, values: Mapping[str, object]) -> None:
         stats = values.get("cache")
         if isinstance(stats, dict) and stats:
             self._stats.append(stats)
-        for warning in values.get("warnings", ()) or ():
+        warnings = values.get("warnings", ()) or ()
+        for warning in warnings if isinstance(warnings, list | tuple) else ():
             if warning not in self._warnings:
                 self._warnings.append(str(warning))
 
     def _write_stats(self) -> None:
         """Aggregate the cache statistics, print their line, write cache-stats.json."""
-        try:
-            from metrale_orch import cache as cache_mod
-            from metrale_orch.config import load_config
-        except ImportError:
-            return
+        # Imported only after a run that built: a no-op never needs the cache.
+        from metrale_orch import cache as cache_mod
+
         try:
             config = load_config(Path.cwd(), os.environ)
             total = cache_mod.CacheStats()
@@ -313,19 +314,10 @@ def _brief(targets: list[str]) -> str:
     return f"{', '.join(shown[:3])}, … {len(shown) - 3} more"
 
 
-def _build_failed_type() -> type:
-    from metrale_orch.tasks.actions import BuildFailed
-
-    return BuildFailed
-
-
 def _take_build_lock() -> BuildLock | None:
     """The project's build lock (``metrale_orch.tasks.runlock``), taken; None when the
     configuration is broken (every target then fails with that error) or the build
     directory cannot hold a lock file (said on stderr)."""
-    from metrale_orch.config import load_config
-    from metrale_orch.errors import MetraleError
-
     try:
         config = load_config(Path.cwd(), os.environ)
     except MetraleError:

@@ -13,7 +13,7 @@ hardware rather than restating their rules:
   (:func:`~metrale_orch.build.toolchains.select_toolchain`), ``[build]`` flag types
   (:func:`~metrale_orch.build.compile.merge_flags`), ``[modules]`` names
   (:func:`~metrale_orch.build.compile.module_names`), the whole plan
-  (:func:`~metrale_orch.build.compile.plan_target`: ``[hardware] arch``, ``[defaults]``),
+  (:func:`~metrale_orch.build.plan.plan_target`: ``[hardware] arch``, ``[defaults]``),
   its ``[shadow_exempt]`` tables (``_dropped.shadow_exemptions``), its
   ``SMOKE.toml`` cases (:func:`~metrale_orch.smoke.scan_cases`) and the includes
   that escape ``kernels/`` (:func:`~metrale_orch.build.staging.beyond_layout`);
@@ -33,6 +33,12 @@ warns about likely typos in manifests.
 
 Problems are one line each, naming the file (and key) at fault, grouped by
 that file (sorted by it, then by message), each with the targets it breaks.
+:func:`report_lines` is the text both the ``check`` doit task and ``metrale-orch
+check`` show.
+
+Why here, in the doit integration: the check runs the build's and smoke's own
+validators, so it sits above ``build`` and ``smoke`` (not in ``tree``, which
+imports neither), beside the task that runs it; the CLI only prints its lines.
 """
 
 from __future__ import annotations
@@ -42,33 +48,24 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import xxhash
 
 from metrale_orch import tree as lay
-from metrale_orch.build.compile import (
-    BuildConfigError,
-    PlanMemo,
-    merge_flags,
-    module_names,
-    plan_target,
-)
 from metrale_orch.build.dropped import shadow_exemptions
+from metrale_orch.build.errors import BuildConfigError, ToolchainMissing
 from metrale_orch.build.hip_mirror import HipCompat, scan_hip_compat
+from metrale_orch.build.locate import locate_toolchain
+from metrale_orch.build.plan import PlanMemo, merge_flags, module_names, plan_target
 from metrale_orch.build.staging import beyond_layout, plan_stage, uncontained
-from metrale_orch.build.toolchains import (
-    Toolchain,
-    ToolchainMissing,
-    load_toolchains,
-    locate_toolchain,
-    select_toolchain,
-)
+from metrale_orch.build.toolchains import Toolchain, load_toolchains, select_toolchain
 from metrale_orch.config import Config, load_config
 from metrale_orch.defaults import read_tree_levers
 from metrale_orch.errors import MetraleError, is_printable, printable
 from metrale_orch.smoke import scan_cases
 
-__all__ = ["UNPROBED", "CheckReport", "check_tree"]
+__all__ = ["UNPROBED", "CheckReport", "check_tree", "report_lines"]
 
 #: The toolchain identity ``check`` plans with: it runs no compiler.
 UNPROBED = "unprobed"
@@ -226,6 +223,30 @@ def check_tree(
     )
 
 
+def report_lines(report: CheckReport) -> list[tuple[Literal["out", "err"], str]]:
+    """What ``check`` shows, line by line, each with its stream (pure): warnings, skipped
+    targets and problems on stderr, then the verdict (stderr with problems, else stdout)."""
+    lines: list[tuple[Literal["out", "err"], str]] = []
+    lines += [("err", f"warning: {line}") for line in report.warnings]
+    lines += [("err", f"skipped: {line}") for line in report.skipped]  # the build skips them
+    if report.problems:
+        lines += [("err", f"problem: {line}") for line in report.problems]
+        count, files = len(report.problems), report.files
+        where = f" in {files} file{'s' if files != 1 else ''}" if files else ""
+        lines.append(
+            (
+                "err",
+                f"check: {count} problem{'s' if count != 1 else ''}{where} "
+                f"({report.failing} of {report.targets} targets affected)",
+            )
+        )
+        return lines
+    skipped = report.skipping
+    how = f"; {skipped} skipped: compiler not installed" if skipped else ""
+    lines.append(("out", f"check: ok (the build accepts all {report.targets} targets{how})"))
+    return lines
+
+
 # ---------------------------------------------------------------------------- the build's rules
 
 
@@ -265,7 +286,7 @@ class _Steps:
         return self._compat
 
     def plan(self, layout: lay.Layout, toolchains: Mapping[str, Toolchain]) -> None:
-        """:func:`~metrale_orch.build.compile.plan_target` as the build calls it (``dodo``)."""
+        """:func:`~metrale_orch.build.plan.plan_target` as the build calls it (``dodo``)."""
         toolchain = select_toolchain(layout.hardware, toolchains)
         plan_target(
             self.root,

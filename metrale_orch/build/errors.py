@@ -1,0 +1,135 @@
+"""The build steps' errors: one base (:class:`BuildError`) and a class per case.
+
+Each error keeps its data as attributes and says what and where in its text
+(file and key, target and module, the command line and the compiler's
+output). Imports nothing of the build package, so every build module may
+raise them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from metrale_orch.errors import MetraleError
+from metrale_orch.proc import format_argv
+
+__all__ = [
+    "BuildConfigError",
+    "BuildError",
+    "CompileError",
+    "ContainmentError",
+    "StageError",
+    "ToolchainError",
+    "ToolchainMissing",
+]
+
+
+class BuildError(MetraleError):
+    """Base of every error of the build steps (toolchains, staging, compiling)."""
+
+    exit_code = 1
+
+
+class ToolchainError(BuildError):
+    """A toolchain definition or selection is wrong; names the file and the key."""
+
+    exit_code = 2
+
+    def __init__(self, where: str, key: str, problem: str) -> None:
+        self.where = where
+        self.key = key
+        self.problem = problem
+        super().__init__(f"{where}: {key}: {problem}" if key else f"{where}: {problem}")
+
+
+class ToolchainMissing(BuildError):
+    """The selected toolchain's program is not installed; says what to install."""
+
+    exit_code = 1
+
+    def __init__(self, toolchain: str, program: str, hint: str, *, detail: str = "") -> None:
+        self.toolchain = toolchain
+        self.program = program
+        self.hint = hint
+        self.detail = detail
+        what = detail or f"`{program}` was not found"
+        super().__init__(f"toolchain {toolchain!r} is not installed: {what}; install {hint}")
+
+
+class BuildConfigError(BuildError):
+    """A build setting in a manifest is wrong; names the file and the key."""
+
+    exit_code = 2
+
+    def __init__(self, path: str, key: str, problem: str) -> None:
+        self.path = path
+        self.key = key
+        self.problem = problem
+        super().__init__(f"{path}: {key}: {problem}")
+
+
+class CompileError(BuildError):
+    """The compiler failed on one module (or wrote no output)."""
+
+    def __init__(
+        self,
+        *,
+        target: str,
+        module: str,
+        argv: Sequence[str],
+        returncode: int | None,
+        output: str,
+        reason: str = "",
+        source: str = "",
+    ) -> None:
+        self.target = target
+        self.module = module
+        #: The module's source in the tree (root-relative), when known: the compiler's
+        #: messages name the staged copy in the role directory.
+        self.source = source
+        self.argv = tuple(argv)
+        self.returncode = returncode
+        self.output = output
+        self.reason = reason or (
+            f"exited with status {returncode}" if returncode is not None else "did not finish"
+        )
+        where = f" ({source})" if source else ""
+        text = (
+            f"{target}: module {module}{where}: the compiler {self.reason}\n  $ {format_argv(argv)}"
+        )
+        if output.strip():
+            text += "\n" + output.rstrip()
+        super().__init__(text)
+
+    def to_dict(self) -> dict[str, str | int | None]:
+        return {
+            "target": self.target,
+            "module": self.module,
+            "source": self.source,
+            "command": format_argv(self.argv),
+            "exit_code": self.returncode,
+            "reason": self.reason,
+            "output": self.output,
+        }
+
+
+class StageError(BuildError):
+    """A target cannot be staged (colliding staged paths, unwritable build dir)."""
+
+    def __init__(self, target: str, path: str, problem: str) -> None:
+        self.target = target
+        self.path = path
+        self.problem = problem
+        super().__init__(f"{target}: staging {path}: {problem}")
+
+
+class ContainmentError(StageError):
+    """A file the build would stage lies outside ``kernels/`` or is reached through a symlink."""
+
+    exit_code = 2
+
+    def __init__(self, target: str, path: str, problem: str) -> None:
+        self.target = target
+        self.path = path
+        self.problem = problem
+        BuildError.__init__(self, f"{target}: {path}: {problem}")

@@ -1,0 +1,123 @@
+"""Install one target's outputs: artefacts, baked defaults, and the manifest last.
+
+Order keeps every manifest on disk truthful: the old manifest goes first when
+anything changes, the new one (:class:`~metrale_orch.manifest.Manifest`) is
+written last, vouching for the files beside it; files no longer produced are
+removed. Each write is atomic and skipped when the bytes are already there.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import xxhash
+
+from metrale_orch.build.dropped import Drop
+from metrale_orch.build.errors import StageError
+from metrale_orch.build.plan import TargetPlan, shadow_dict
+from metrale_orch.build.results import ModuleResult
+from metrale_orch.defaults import render_defaults_header, render_defaults_json
+from metrale_orch.fsutil import FileState, write_if_changed
+from metrale_orch.manifest import Manifest, ManifestModule, ManifestShadow
+from metrale_orch.paths import MANIFEST_NAME, root_relative, target_dir
+from metrale_orch.tree import Layout
+
+__all__ = ["DEFAULTS_HEADER", "DEFAULTS_JSON", "install", "plan_manifest"]
+
+DEFAULTS_JSON = "target_defaults.json"
+DEFAULTS_HEADER = "target_defaults.h"
+
+
+def plan_manifest(
+    root: Path,
+    plan: TargetPlan,
+    layout: Layout,
+    results: Sequence[ModuleResult],
+    *,
+    dropped: Sequence[Drop],
+) -> Manifest:
+    """The ``manifest.json`` of SPEC 4.1 (pure); ``dropped``: the target's shadow drops
+    (:func:`metrale_orch.build.dropped.shadow_drops`), listed whether exempted or not."""
+    return Manifest(
+        target=str(plan.target),
+        arch=plan.arch,
+        toolchain_name=plan.toolchain.name,
+        toolchain_identity=plan.identity,
+        flags=plan.flags,
+        modules=tuple(
+            ManifestModule(
+                name=r.name,
+                stem=r.stem,
+                source=r.source,
+                artefact=r.artefact,
+                xxh3=r.xxh3,
+                key=r.key,
+                outcome=r.outcome,
+            )
+            for r in results
+        ),
+        shadows=tuple(ManifestShadow(**shadow_dict(s, root)) for s in layout.shadows),
+        shadowed_dropped=tuple(sorted((d.module, d.kernel) for d in dropped)),
+        defaults=render_defaults_json(plan.defaults),
+    )
+
+
+def install(
+    root: Path,
+    plan: TargetPlan,
+    layout: Layout,
+    results: Sequence[ModuleResult],
+    outputs: Mapping[str, bytes],
+    *,
+    failed: bool,
+    build_dir: Path,
+    dropped: Sequence[Drop],
+) -> tuple[str, dict[Path, FileState]]:
+    """Install artefacts, defaults and (unless failed) the manifest; remove stale files.
+
+    Returns the root-relative manifest path ("" when failed) and, per installed
+    file, ``[mtime_ns, size, xxh3-64]`` of what was installed.
+
+    Order keeps every manifest on disk truthful: the old manifest goes first
+    when anything changes, the new one is written last.
+    """
+    target = str(plan.target)
+    dest = target_dir(build_dir, plan.target.hardware, plan.target.model, plan.target.quant)
+    manifest_path = dest / MANIFEST_NAME
+    new_manifest = b""
+    if not failed:
+        manifest = plan_manifest(root, plan, layout, results, dropped=dropped)
+        new_manifest = manifest.encode()
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+        old = manifest_path.read_bytes() if manifest_path.is_file() else None
+        if old is not None and old != new_manifest:
+            manifest_path.unlink()
+        defaults_json = json.dumps(render_defaults_json(plan.defaults), indent=2, sort_keys=True)
+        files = {
+            **{dest / artefact: data for artefact, data in sorted(outputs.items())},
+            dest / DEFAULTS_JSON: (defaults_json + "\n").encode(),
+            dest / DEFAULTS_HEADER: render_defaults_header(plan.defaults).encode(),
+        }
+        if not failed:
+            files[manifest_path] = new_manifest  # last: it vouches for the others
+        for path, data in files.items():
+            write_if_changed(path, data)
+        keep = {*outputs, DEFAULTS_JSON, DEFAULTS_HEADER}
+        if not failed:
+            keep.add(MANIFEST_NAME)
+        for child in dest.iterdir():
+            if child.name not in keep and (child.is_file() or child.is_symlink()):
+                child.unlink()
+    except OSError as exc:
+        raise StageError(target, str(dest), f"cannot install the artefacts: {exc}") from None
+    states: dict[Path, FileState] = {}
+    for path, data in files.items():
+        try:
+            st = path.stat()
+        except OSError as exc:
+            raise StageError(target, str(path), f"cannot install the artefacts: {exc}") from None
+        states[path] = [st.st_mtime_ns, st.st_size, xxhash.xxh3_64_hexdigest(data)]
+    return ("" if failed else root_relative(manifest_path, root)), states

@@ -1,0 +1,123 @@
+"""The build's per-process state: artefacts already obtained, file hashes, swept dirs.
+
+One explicit, resettable cache (:func:`reset_build_memo`): a module whose key
+was compiled or fetched earlier in this process is reused from memory when
+the files its compile read still match; hashes of files outside the stage are
+memoised by ``stat``. :class:`ArtefactCache` is what the build needs of the
+artefact cache (:class:`metrale_orch.cache.Cache`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from metrale_orch import cache as cache_mod
+from metrale_orch.build.deps import FileHasher
+
+__all__ = [
+    "ARTEFACT_MEMO",
+    "HASHER",
+    "TMP_SWEPT",
+    "ArtefactCache",
+    "ArtefactMemo",
+    "Obtained",
+    "reset_build_memo",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Obtained:
+    """An artefact and the inputs its compile read (``[kind, path, hash]``)."""
+
+    data: bytes
+    inputs: tuple[tuple[str, str, str], ...]
+
+
+class ArtefactMemo:
+    """Per-process: artefacts compiled or fetched by key, and one in-flight owner per key.
+
+    Bounded by bytes (oldest dropped first); the cache is the durable store. A
+    memoised artefact is reused only when its recorded inputs still match, like
+    a cache entry (two targets may share a key while a file the scan missed
+    differs between their stages).
+    """
+
+    def __init__(self, max_bytes: int = 256 * 1024 * 1024) -> None:
+        self._lock = threading.Lock()
+        self._data: OrderedDict[tuple[str, str], Obtained] = OrderedDict()
+        self._size = 0
+        self._max = max_bytes
+        self._claims: dict[str, threading.Lock] = {}
+
+    @contextlib.contextmanager
+    def claim(self, key: str) -> Iterator[None]:
+        with self._lock:
+            lock = self._claims.setdefault(key, threading.Lock())
+        with lock:
+            yield
+
+    def get(self, key: str, artefact: str) -> Obtained | None:
+        with self._lock:
+            got = self._data.get((key, artefact))
+            if got is not None:
+                self._data.move_to_end((key, artefact))
+            return got
+
+    def put(self, key: str, artefact: str, obtained: Obtained) -> None:
+        size = len(obtained.data)
+        with self._lock:
+            if size > self._max:
+                return
+            old = self._data.pop((key, artefact), None)
+            if old is not None:
+                self._size -= len(old.data)
+            self._data[(key, artefact)] = obtained
+            self._size += size
+            while self._size > self._max:
+                _, dropped = self._data.popitem(last=False)
+                self._size -= len(dropped.data)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+            self._claims.clear()
+            self._size = 0
+
+
+ARTEFACT_MEMO = ArtefactMemo()
+#: Content hashes of files outside the stage (toolkit and system headers), per process.
+HASHER = FileHasher()
+TMP_SWEPT: set[str] = set()
+
+
+def reset_build_memo() -> None:
+    """Forget the artefacts and file hashes this process built, fetched or read (tests)."""
+    ARTEFACT_MEMO.clear()
+    HASHER.clear()
+    TMP_SWEPT.clear()
+
+
+class ArtefactCache(Protocol):
+    """What the build needs of :class:`metrale_orch.cache.Cache`."""
+
+    def get(
+        self, key: str, *, accept: Callable[[Mapping[str, object]], bool] | None = None
+    ) -> cache_mod.Hit | None: ...
+
+    def put(
+        self,
+        key: str,
+        outputs: Mapping[str, bytes],
+        meta: Mapping[str, object],
+        *,
+        replace: bool = False,
+    ) -> None: ...
+
+    def key_lock(
+        self, key: str, timeout: float | None = None
+    ) -> contextlib.AbstractContextManager[None]: ...

@@ -1,0 +1,491 @@
+"""The build plan of one target (pure): what is compiled, with which flags, into what.
+
+:func:`plan_target` turns a resolved :class:`~metrale_orch.tree.Layout` into a
+:class:`TargetPlan`: the arch, the merged flags (own HARDWARE.toml ``[build]``
+then each KERNEL.toml in ``configs()`` order, exact duplicates dropped keeping
+the first), the modules with their ``[modules]`` renames, each module's
+machine-independent compile argv, the baked defaults, the file dependencies
+and a JSON signature of everything file dependencies cannot see. It reads only
+the already-parsed manifests (``*.doc``) and, once per :class:`PlanMemo`,
+``kernels/LEVERS.toml``. Plans made with a memo equal those made without.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+from metrale_orch import cache as cache_mod
+from metrale_orch.build.argv import compile_argv, env_switches, keyed_environment, link_argv
+from metrale_orch.build.errors import BuildConfigError
+from metrale_orch.build.hip_mirror import MIRROR_DIR, HipCompat, hip_identity, mirrored_source
+from metrale_orch.build.staging import role_dir
+from metrale_orch.build.toolchains import Toolchain, select_toolchain
+from metrale_orch.defaults import (
+    DeclaredLevers,
+    TargetDefaults,
+    parse_defaults,
+    read_tree_levers,
+    render_defaults_json,
+)
+from metrale_orch.defaults.levers import JsonValue
+from metrale_orch.paths import root_relative
+from metrale_orch.tree import Entry, Hardware, Layout, Shadow, Target
+
+__all__ = [
+    "PLAN_SCHEMA",
+    "ModulePlan",
+    "PlanMemo",
+    "RootRel",
+    "TargetPlan",
+    "config_docs",
+    "merge_flags",
+    "module_names",
+    "plan_target",
+    "shadow_dict",
+]
+
+#: Version of the plan/key layout defined here; part of every key and signature.
+PLAN_SCHEMA = 2
+_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModulePlan:
+    """One module of a target: what is compiled, where, into which artefact."""
+
+    stem: str
+    #: The stem after ``[modules]`` renames (the artefact's base name).
+    name: str
+    role: str
+    #: The entry (file) name in its role directory.
+    entry: str
+    source: Path
+    #: ``source`` relative to the root (POSIX): how manifests and errors name it.
+    source_rel: str
+    #: Staged path of the source, relative to the stage root (POSIX).
+    staged: str
+    #: The role directory relative to the stage root: the compile's cwd.
+    cwd: str
+    #: ``<name>.<ext>``
+    artefact: str
+    #: The compile argv, machine-independent: program name, cwd-relative paths,
+    #: output = the artefact's file name.
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TargetPlan:
+    """Everything a build of one target needs, decided before any file is touched."""
+
+    target: Target
+    hardware: str
+    arch: str
+    toolchain: Toolchain
+    identity: str
+    flags: tuple[str, ...]
+    modules: tuple[ModulePlan, ...]
+    defaults: TargetDefaults
+    #: Environment allow-list values (name -> value) of the toolchain, sorted.
+    env: Mapping[str, str]
+    #: Files whose content decides the build: inputs, manifests read, toolchain file;
+    #: ordered by their root-relative spelling.
+    file_deps: tuple[Path, ...]
+    #: JSON-ready: what file deps cannot see (layout map, flags, names, toolchain, defaults).
+    signature: Mapping[str, object]
+    #: ``file_deps`` as doit's ``file_dep`` spells them: root-relative POSIX text for a
+    #: file under the root (else the path as given), unique, sorted.
+    file_dep_rels: tuple[str, ...] = ()
+    #: The project's HIP compat directory, for a toolchain of the ``hip`` dialect.
+    hip_compat: HipCompat | None = None
+
+    @property
+    def toolchain_name(self) -> str:
+        return self.toolchain.name
+
+
+class RootRel:
+    """Root-relative spellings of paths under one root, by string work (no ``Path`` math).
+
+    ``__call__`` is :func:`~metrale_orch.paths.root_relative`; :meth:`dep` is
+    :func:`~metrale_orch.paths.rel_posix`
+    (what doit's ``file_dep`` holds). Both equal their slow definitions.
+    """
+
+    __slots__ = ("_dep_prefix", "_n", "_prefix", "root")
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        text = os.fspath(root)
+        self._prefix = text if text.endswith(os.sep) else text + os.sep
+        self._n = len(self._prefix)
+        self._dep_prefix = root.as_posix().rstrip("/") + "/"
+
+    def __call__(self, path: Path) -> str:
+        text = os.fspath(path)
+        if text.startswith(self._prefix) and len(text) > self._n:
+            text = text[self._n :]
+            return text if os.sep == "/" else text.replace(os.sep, "/")
+        return root_relative(path, self.root)
+
+    def dep(self, path: Path) -> str:
+        text = os.fspath(path)
+        if os.sep != "/":
+            text = text.replace(os.sep, "/")
+        if text.startswith("/") and text.startswith(self._dep_prefix):
+            return text[len(self._dep_prefix) :]
+        return text
+
+
+class PlanMemo:
+    """What the plans of one resolution pass share, so each is computed once.
+
+    Root-relative spellings, compile argvs (a module of one entry name, arch,
+    flags and toolchain recurs across models and quants), the tree's own levers
+    (``kernels/LEVERS.toml``, read once) and each hardware's parsed and
+    rendered defaults. Plans made with a memo equal those made without. Use
+    one memo per tree snapshot (manifests are told apart by the identity of
+    their parsed documents, which the memo keeps alive); not thread-safe.
+    """
+
+    __slots__ = ("_argvs", "_defaults", "_envs", "_keep", "_levers", "rel", "root")
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.rel = RootRel(self.root)
+        self._envs: dict[tuple[int, int], Mapping[str, str]] = {}
+        self._argvs: dict[tuple[int, str, tuple[str, ...], str, str], tuple[str, ...]] = {}
+        self._defaults: dict[tuple[str, int], tuple[TargetDefaults, dict[str, JsonValue]]] = {}
+        self._levers: DeclaredLevers | None = None
+        #: Objects whose id() keys an entry above, kept alive so no id is reused.
+        self._keep: dict[int, object] = {}
+
+    def argv(
+        self, toolchain: Toolchain, arch: str, flags: tuple[str, ...], source: str, output: str
+    ) -> tuple[str, ...]:
+        """:func:`~metrale_orch.build.toolchains.compile_argv` with the program name, memoised."""
+        key = (id(toolchain), arch, flags, source, output)
+        got = self._argvs.get(key)
+        if got is None:
+            got = compile_argv(
+                toolchain, arch=arch, flags=flags, include=".", source=source, output=output
+            )
+            self._keep[id(toolchain)] = toolchain
+            self._argvs[key] = got
+        return got
+
+    def env(self, toolchain: Toolchain, environ: Mapping[str, str]) -> Mapping[str, str]:
+        """:func:`~metrale_orch.build.toolchains.keyed_environment`, memoised."""
+        key = (id(toolchain), id(environ))
+        got = self._envs.get(key)
+        if got is None:
+            got = MappingProxyType(keyed_environment(toolchain, environ))
+            self._keep[id(toolchain)] = toolchain
+            self._keep[id(environ)] = environ
+            self._envs[key] = got
+        return got
+
+    def tree_levers(self) -> DeclaredLevers:
+        """``kernels/LEVERS.toml`` of the root, read and validated once.
+
+        Raises:
+            DefaultsError: the file is bad (:func:`~metrale_orch.defaults.read_tree_levers`).
+        """
+        if self._levers is None:
+            self._levers = read_tree_levers(self.root / "kernels")
+        return self._levers
+
+    def defaults(self, hw: Hardware) -> tuple[TargetDefaults, dict[str, JsonValue]]:
+        """The hardware's parsed defaults (with the tree's own levers) and a fresh copy
+        of their JSON rendering."""
+        key = (hw.name, id(hw.doc))
+        got = self._defaults.get(key)
+        if got is None:
+            parsed = parse_defaults(hw.name, hw.doc, levers=self.tree_levers().levers)
+            got = (parsed, dict(render_defaults_json(parsed)))
+            self._keep[id(hw.doc)] = hw.doc
+            self._defaults[key] = got
+        return got[0], dict(got[1])
+
+
+def config_docs(layout: Layout) -> list[tuple[Path, Mapping[str, object]]]:
+    """(path, parsed doc) of ``configs()``, least specific first."""
+    return [
+        (layer.manifest.path, layer.manifest.doc)
+        for layer in reversed(layout.layers)
+        if layer.manifest is not None
+    ]
+
+
+def merge_flags(layout: Layout, flags_key: str, root: Path) -> tuple[str, ...]:
+    """``[build] <flags_key>`` of the own HARDWARE.toml, then of each KERNEL.toml in
+    ``configs()`` order; exact duplicates dropped keeping the first (pure).
+
+    Raises :class:`BuildConfigError` naming the file and key for a ``[build]``
+    that is not a table, a value that is not an array, or a non-string flag.
+    """
+    return _merge_flags(layout, config_docs(layout), flags_key, RootRel(Path(root)))
+
+
+def _merge_flags(
+    layout: Layout,
+    docs: Sequence[tuple[Path, Mapping[str, object]]],
+    flags_key: str,
+    rel: RootRel,
+) -> tuple[str, ...]:
+    seen: set[str] = set()
+    flags: list[str] = []
+    for path, doc in ((layout.hardware.path, layout.hardware.doc), *docs):
+        build = doc.get("build")
+        if build is None:
+            continue
+        if not isinstance(build, Mapping):
+            raise BuildConfigError(rel(path), "[build]", "must be a table")
+        value = build.get(flags_key)
+        if value is None:
+            continue
+        if not isinstance(value, list):
+            raise BuildConfigError(
+                rel(path),
+                f"[build] {flags_key}",
+                'must be an array of strings, e.g. ["-lineinfo"]',
+            )
+        for i, flag in enumerate(value):
+            if not isinstance(flag, str):
+                raise BuildConfigError(
+                    rel(path),
+                    f"[build] {flags_key}[{i}]",
+                    f"must be a string, got {type(flag).__name__} {flag!r}; quote it",
+                )
+            if flag not in seen:
+                seen.add(flag)
+                flags.append(flag)
+    return tuple(flags)
+
+
+def module_names(layout: Layout, root: Path) -> Mapping[str, str]:
+    """stem -> module name: ``[modules] <stem> = "<name>"`` merged across ``configs()``,
+    more specific winning; stems without a rename keep their name (pure).
+
+    Raises :class:`BuildConfigError` for a bad ``[modules]`` table or value, or
+    two modules ending up with one name.
+    """
+    return _module_names(config_docs(layout), layout.modules(), RootRel(Path(root)))
+
+
+def _module_names(
+    docs: Sequence[tuple[Path, Mapping[str, object]]],
+    modules: Sequence[tuple[str, Entry]],
+    rel: RootRel,
+) -> Mapping[str, str]:
+    renames: dict[str, tuple[str, str]] = {}
+    for path, doc in docs:
+        table = doc.get("modules")
+        if table is None:
+            continue
+        where = rel(path)
+        if not isinstance(table, Mapping):
+            raise BuildConfigError(where, "[modules]", 'must be a table of stem = "name"')
+        for stem, name in table.items():
+            if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+                raise BuildConfigError(
+                    where,
+                    f"[modules] {stem}",
+                    f"must be a module name (letters, digits, '_', '.', '+', '-'), got {name!r}",
+                )
+            renames[stem] = (name, where)
+    if not renames:
+        names = {stem: stem for stem, _entry in modules}
+        if len(names) == len(modules):
+            return MappingProxyType(names)
+    names = {}
+    owner: dict[str, tuple[str, str]] = {}
+    for stem, _entry in modules:
+        name, where = renames.get(stem, (stem, ""))
+        if name in owner:
+            other, other_where = owner[name]
+            at, key = (where, stem) if where else (other_where, other)
+            raise BuildConfigError(
+                at,
+                f"[modules] {key}",
+                f"modules {other!r} and {stem!r} would both be named {name!r}; rename one",
+            )
+        owner[name] = (stem, where)
+        names[stem] = name
+    return MappingProxyType(names)
+
+
+def plan_target(
+    root: Path,
+    layout: Layout,
+    toolchains: Mapping[str, Toolchain],
+    *,
+    identity: str,
+    environ: Mapping[str, str] | None = None,
+    memo: PlanMemo | None = None,
+    hip_compat: HipCompat | None = None,
+) -> TargetPlan:
+    """The build plan of ``layout`` (pure given its inputs: reads only ``layout.*.doc`` and,
+    once per memo, ``kernels/LEVERS.toml``, a file dependency of every target).
+
+    ``identity`` is the selected toolchain's probed identity
+    (:func:`~metrale_orch.build.probe.probe_identity`); ``environ`` supplies the
+    toolchain's environment allow-list values; ``memo`` shares work between
+    the plans of one resolution pass (see :class:`PlanMemo`); ``hip_compat`` is
+    the project's HIP compat directory
+    (:func:`~metrale_orch.build.hip_mirror.scan_hip_compat`), read by the targets of a
+    ``hip``-dialect toolchain: its files are their file dependencies and, with
+    the mirror's rules, part of their identity. The environment switches of the
+    toolchain (``METRALE_KERNEL_NO_STRICT``, ``METRALE_EXTRA_NVCC_FLAGS``) enter
+    the argv and ``env`` of the targets they change. Raises
+    :class:`ToolchainError`, :class:`BuildConfigError` or ``DefaultsError`` for
+    a wrong setting.
+    """
+    root = Path(root)
+    if memo is None or memo.root != root:
+        memo = PlanMemo(root)
+    rel = memo.rel
+    env_in = environ or {}
+    hw = layout.hardware
+    toolchain = select_toolchain(hw, toolchains)
+    if not hw.arch:
+        raise BuildConfigError(
+            rel(hw.path), "[hardware] arch", 'is required to build (e.g. arch = "sm_90a")'
+        )
+    arch = hw.arch
+    docs = config_docs(layout)
+    flags = _merge_flags(layout, docs, toolchain.flags_key, rel)
+    layout_modules = layout.modules()
+    names = _module_names(docs, layout_modules, rel)
+    defaults, defaults_doc = memo.defaults(hw)
+    env = memo.env(toolchain, env_in)
+    switches = env_switches(toolchain, env_in)
+    if switches.env:
+        env = MappingProxyType(dict(sorted({**env, **switches.env}.items())))
+    compat: HipCompat | None = None
+    if toolchain.dialect == "hip":
+        compat = hip_compat or HipCompat()
+        if compat.problem:
+            raise BuildConfigError("configuration", "hip_compat_dir", compat.problem)
+        if layout.source_model == MIRROR_DIR:
+            raise BuildConfigError(
+                f"kernels/{hw.name}/{layout.source_model}",
+                "(directory)",
+                f"a model named {MIRROR_DIR!r} would share the HIP mirror's stage directory; "
+                "rename the model directory",
+            )
+        identity = hip_identity(identity, compat)
+    plain = not (switches.env or toolchain.link_argv or compat is not None)
+    ext = toolchain.extension
+    modules: list[ModulePlan] = []
+    for stem, entry in layout_modules:
+        role = layout.role_of(entry)
+        cwd = role_dir(layout, role)
+        name = names[stem]
+        artefact = f"{name}.{ext}"
+        if plain:
+            argv = memo.argv(toolchain, arch, flags, entry.name, artefact)
+        else:
+            # As run_compile runs it, with the program's name and the artefact's: the
+            # mirrored source (HIP), the switches, and a second step after "&&".
+            inter = f"{name}.{toolchain.intermediate_extension}" if toolchain.link_argv else ""
+            argv = compile_argv(
+                toolchain,
+                arch=arch,
+                flags=flags,
+                include=".",
+                source=entry.name if compat is None else mirrored_source(cwd, entry.name),
+                output=artefact,
+                intermediate=inter,
+                switches=switches,
+                compat_include=compat.spelled if compat is not None else "",
+            )
+            if inter:
+                link = link_argv(toolchain, arch=arch, intermediate=inter, output=artefact)
+                argv = (*argv, "&&", *link)
+        modules.append(
+            ModulePlan(
+                stem=stem,
+                name=name,
+                role=role.value,
+                entry=entry.name,
+                source=entry.source,
+                source_rel=rel(entry.source),
+                staged=f"{cwd}/{entry.name}",
+                cwd=cwd,
+                artefact=artefact,
+                argv=argv,
+            )
+        )
+    deps: set[Path] = set(layout.inputs())
+    deps.update(layout.hardware_manifests)
+    deps.update(layout.model_manifests)
+    if toolchain.file is not None:
+        deps.add(toolchain.file)
+    if compat is not None:
+        deps.update(compat.paths)
+    tree_levers = memo.tree_levers()
+    if tree_levers.file is not None:
+        deps.add(tree_levers.file)
+    dep_of = rel.dep
+    keyed = sorted([(dep_of(p), p) for p in deps])
+    signature = {
+        "schema": PLAN_SCHEMA,
+        "cache_schema": cache_mod.SCHEMA,
+        "target": str(layout.target),
+        "arch": arch,
+        "toolchain": {
+            "name": toolchain.name,
+            "identity": identity,
+            "argv": list(toolchain.argv),
+            "link_argv": list(toolchain.link_argv),
+            "output": toolchain.output,
+            "extension": ext,
+        },
+        "env": dict(env),
+        "flags": list(flags),
+        "layout": {
+            "source_model": layout.source_model,
+            "leaf": {n: rel(e.source) for n, e in layout.leaf.items()},
+            "common": {n: rel(e.source) for n, e in layout.common.items()},
+            "leaf_subdirs": {n: rel(p) for n, p in layout.leaf_subdirs.items()},
+            "common_subdirs": {n: rel(p) for n, p in layout.common_subdirs.items()},
+            "shadows": [shadow_dict(s, rel) for s in layout.shadows],
+        },
+        "modules": [
+            {"stem": m.stem, "name": m.name, "staged": m.staged, "argv": list(m.argv)}
+            for m in modules
+        ],
+        "defaults": defaults_doc,
+        "levers": tree_levers.to_dict(),
+    }
+    return TargetPlan(
+        target=layout.target,
+        hardware=hw.name,
+        arch=arch,
+        toolchain=toolchain,
+        identity=identity,
+        flags=flags,
+        modules=tuple(modules),
+        defaults=defaults,
+        env=env,
+        file_deps=tuple(p for _, p in keyed),
+        signature=MappingProxyType(signature),
+        file_dep_rels=tuple(dict.fromkeys(r for r, _ in keyed)),
+        hip_compat=compat,
+    )
+
+
+def shadow_dict(shadow: Shadow, root: Path | RootRel) -> dict[str, str]:
+    rel = root if isinstance(root, RootRel) else RootRel(Path(root))
+    return {
+        "role": shadow.role.value,
+        "name": shadow.name,
+        "winner": rel(shadow.winner),
+        "loser": rel(shadow.loser),
+        "reason": shadow.reason,
+    }

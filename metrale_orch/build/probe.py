@@ -1,0 +1,398 @@
+"""What a toolchain's compiler is: its probed identity, once per process (I/O).
+
+:func:`probe_toolchain` runs the compiler's version and dry-run probes and
+hashes the real binaries they name (see its docstring); only those content
+hashes are remembered across processes (``<state_dir>/file-hashes.json``).
+:func:`find_toolchain` locates and probes; :func:`toolchain_stamp` is what the
+task cache compares. The identity is part of every action key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import re
+import shutil
+import stat
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import xxhash
+
+from metrale_orch.build.argv import keyed_environment
+from metrale_orch.build.dryrun import (
+    SEARCH_PATH_VARS,
+    dryrun_files,
+    dryrun_roots,
+    run_dryrun,
+    run_tool,
+    search_dirs,
+)
+from metrale_orch.build.errors import ToolchainError, ToolchainMissing
+from metrale_orch.build.locate import executable, find_program, find_root, locate_toolchain
+from metrale_orch.build.toolchains import Toolchain
+from metrale_orch.errors import MetraleError
+from metrale_orch.fsutil import file_hash, write_atomic
+from metrale_orch.proc import ProcessError
+
+__all__ = [
+    "FoundToolchain",
+    "Probe",
+    "Stamp",
+    "find_toolchain",
+    "probe_identity",
+    "probe_toolchain",
+    "reset_identity_memo",
+    "toolchain_stamp",
+]
+
+#: :func:`toolchain_stamp`'s JSON-ready value: ``["missing"]``, ``["error", text]``,
+#: ``["found", program, identity]`` or ``["found", root, [[arch, identity], ...]]``.
+Stamp = list[str | list[list[str]]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FoundToolchain:
+    """A toolchain whose program was found and probed."""
+
+    toolchain: Toolchain
+    program: Path
+    identity: str
+    #: Toolkit directories (see :class:`Probe`).
+    roots: tuple[str, ...] = ()
+    #: The host compiler's system include directories (see :class:`Probe`).
+    system_dirs: tuple[str, ...] = ()
+
+
+_IDENTITY_MEMO: dict[str, Probe] = {}
+_IDENTITY_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Probe:
+    """What probing a compiler found: its identity and the toolkit directories it reads."""
+
+    #: Human-readable version text plus a digest of everything that decides the output.
+    identity: str
+    #: Normalised absolute toolkit directories (the dry run's ``TOP`` and include
+    #: directories): files the compiler reads below them are recorded relative to them.
+    roots: tuple[str, ...] = ()
+    #: The host compiler's own include directories (without the user's ``CPATH`` and
+    #: friends): files read below them are system headers.
+    system_dirs: tuple[str, ...] = ()
+
+
+def reset_identity_memo() -> None:
+    """Forget the identities probed by this process (tests)."""
+    with _IDENTITY_LOCK:
+        _IDENTITY_MEMO.clear()
+
+
+def _host_compiler(toolchain: Toolchain, environ: Mapping[str, str]) -> Path | None:
+    name = (environ.get(toolchain.host_compiler_env) if toolchain.host_compiler_env else None) or (
+        toolchain.host_compiler
+    )
+    if not name:
+        return None
+    if os.sep in name:
+        path = Path(name)
+        if path.is_dir():  # nvcc's -ccbin / NVCC_CCBIN may name the compiler's directory
+            path = path / (toolchain.host_compiler or "gcc")
+        return path if executable(path) else None
+    found = shutil.which(name, path=environ.get("PATH", os.defpath))
+    return Path(found) if found else None
+
+
+def _version_text(output: str) -> str:
+    lines = [ln.strip() for ln in output.splitlines()]
+    kept = [ln for ln in lines if ln and "copyright" not in ln.lower()]
+    return "; ".join(kept)
+
+
+def probe_identity(
+    toolchain: Toolchain,
+    program: Path,
+    environ: Mapping[str, str],
+    *,
+    state_dir: Path | None = None,
+    arch: str = "",
+) -> str:
+    """The compiler's identity (see :func:`probe_toolchain`)."""
+    return probe_toolchain(toolchain, program, environ, state_dir=state_dir, arch=arch).identity
+
+
+def probe_toolchain(
+    toolchain: Toolchain,
+    program: Path,
+    environ: Mapping[str, str],
+    *,
+    state_dir: Path | None = None,
+    arch: str = "",
+) -> Probe:
+    """Probe what really runs when ``program`` is called, once per process.
+
+    A wrapper script, a shim reading a version file or an environment variable,
+    or an ``update-alternatives`` link can switch the real compiler without any
+    change a ``stat`` of ``program`` would see, so nothing here is remembered
+    across processes except the content hashes of the real binaries (by their
+    ``stat``, in ``<state_dir>/file-hashes.json``). The identity covers:
+
+    - the version output (``version_args``);
+    - the dry run (``dryrun_args``, e.g. ``nvcc --dryrun``, or a clang driver's
+      ``-###`` for SCALE, hipcc and metal; ``{arch}`` tokens are dropped when no
+      ``arch`` is given): every command and flag the compiler would run, a
+      wrapper's additions included, with temporary names and the probe directory
+      normalised;
+    - the content of the programs it names (the real ``nvcc``, ``cicc``,
+      ``ptxas``, libdevice ...) and of ``program`` itself;
+    - the host compiler: its version output, its own dry run
+      (``host_compiler_probe_args``, e.g. ``gcc -###``, which shows the defines a
+      wrapper adds and the real ``cc1plus``) and the content of both;
+    - the environment variables the compilers read (:func:`keyed_environment`).
+
+    Raises :class:`ToolchainMissing` when the host compiler is absent and
+    :class:`ToolchainError` when a probe fails.
+    """
+    host = None
+    if toolchain.host_compiler or toolchain.host_compiler_env:
+        host = _host_compiler(toolchain, environ)
+        if host is None:
+            name = (
+                environ.get(toolchain.host_compiler_env, "") if toolchain.host_compiler_env else ""
+            ) or toolchain.host_compiler
+            raise ToolchainMissing(
+                toolchain.name,
+                toolchain.program,
+                f"a host C++ compiler ({name}) on PATH",
+                detail=f"its host compiler `{name}` was not found",
+            )
+    env = keyed_environment(toolchain, environ)
+    # Only a probe that names the arch differs per arch (nvcc's does not: one probe).
+    if not any("{arch}" in a for a in (toolchain.program, *toolchain.dryrun_args)):
+        arch = ""
+    memo_key = json.dumps(
+        [
+            toolchain.to_dict(),
+            str(program),
+            None if host is None else str(host),
+            env,
+            environ.get("PATH", ""),
+            arch,
+        ],
+        sort_keys=True,
+    )
+    with _IDENTITY_LOCK:
+        got = _IDENTITY_MEMO.get(memo_key)
+    if got is not None:
+        return got
+    hashes = _FileHashes(None if state_dir is None else Path(state_dir) / _FILE_HASHES)
+    try:
+        probe = _run_probe(toolchain, program, host, environ, env, hashes, arch)
+    finally:
+        hashes.save()
+    with _IDENTITY_LOCK:
+        _IDENTITY_MEMO[memo_key] = probe
+    return probe
+
+
+_FILE_HASHES = "file-hashes.json"
+_FILE_HASHES_MAX = 256
+
+
+class _FileHashes:
+    """Content hashes of the compilers' binaries, remembered by (size, mtime, ctime, inode)
+    of the real path: the one part of a probe worth keeping across processes (tens of
+    MB to read). ctime cannot be set back by a user, so a replaced file is re-read."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.known: dict[str, list[int | str]] = {}
+        self.used: dict[str, list[int | str]] = {}
+        self.dirty = False
+        if path is not None:
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                data = {}
+            if isinstance(data, dict):
+                self.known = {k: v for k, v in data.items() if isinstance(v, list)}
+
+    def digest(self, path: str) -> str | None:
+        """xxh3-128 of the file at ``path`` (links followed), or None when it is not a file."""
+        real = os.path.realpath(path)
+        try:
+            st = os.stat(real)
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        stamp: list[int | str] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        known = self.known.get(real)
+        if known is not None and len(known) == 5 and known[:4] == stamp:
+            self.used[real] = known
+            return str(known[4])
+        try:
+            entry = [*stamp, file_hash(real)]
+        except OSError:
+            return None
+        self.known[real] = self.used[real] = entry
+        self.dirty = True
+        return str(entry[4])
+
+    def save(self) -> None:
+        if self.path is None or not self.dirty:
+            return
+        others = sorted(k for k in self.known if k not in self.used)
+        room = max(0, _FILE_HASHES_MAX - len(self.used))
+        keep = {k: self.known[k] for k in others[:room]}
+        keep.update(self.used)
+        # Only a speed-up: a read-only build dir costs one hashing pass per process.
+        with contextlib.suppress(OSError):
+            write_atomic(self.path, json.dumps(dict(sorted(keep.items())), indent=1).encode())
+
+
+def _run_probe(
+    toolchain: Toolchain,
+    program: Path,
+    host: Path | None,
+    environ: Mapping[str, str],
+    env: Mapping[str, str],
+    hashes: _FileHashes,
+    arch: str,
+) -> Probe:
+    doc: dict[str, object] = {"toolchain": toolchain.name, "env": dict(env)}
+    roots: tuple[str, ...] = ()
+    system: tuple[str, ...] = ()
+    files = [str(program)]
+    try:
+        version = _version_text(run_tool([str(program), *toolchain.version_args], environ))
+        doc["version"] = version
+        if toolchain.dryrun_args:
+            try:
+                text, variables, commands = run_dryrun(toolchain, program, environ, arch)
+            except ProcessError as exc:
+                raise ToolchainError(
+                    f"toolchain {toolchain.name!r}",
+                    "dryrun_args",
+                    f"the dry-run probe failed: {exc}; if this compiler has no dry run, "
+                    f"set dryrun_args = [] in a toolchains/{toolchain.name}.toml that "
+                    f'extends "{toolchain.name}"',
+                ) from None
+            doc["dryrun"] = text
+            search = variables.get("PATH") or environ.get("PATH", os.defpath)
+            files.extend(dryrun_files(variables, commands, search))
+            roots = dryrun_roots(variables, commands)
+        human = version
+        if host is not None:
+            host_version = run_tool([str(host), *toolchain.host_compiler_version_args], environ)
+            lines = host_version.strip().splitlines()
+            human += " | host: " + (lines[0].strip() if lines else host.name)
+            doc["host_version"] = host_version.strip()
+            files.append(str(host))
+            if toolchain.host_compiler_probe_args:
+                host_dryrun = run_tool([str(host), *toolchain.host_compiler_probe_args], environ)
+                doc["host_dryrun"] = host_dryrun
+                for line in host_dryrun.splitlines():
+                    # gcc -### prints each command it would run indented by one space.
+                    if line.startswith(" ") and line.strip():
+                        first = line.split()[0].strip('"')
+                        if os.path.isabs(first):
+                            files.append(first)
+            if toolchain.host_compiler_search_args:
+                # The user's search-path variables would show up as "system" directories.
+                plain = {k: v for k, v in environ.items() if k not in SEARCH_PATH_VARS}
+                listing = run_tool([str(host), *toolchain.host_compiler_search_args], plain)
+                system = search_dirs(listing)
+                doc["host_search"] = list(system)
+    except ProcessError as exc:
+        raise ToolchainError(
+            f"toolchain {toolchain.name!r}", "version_args", f"the version probe failed: {exc}"
+        ) from None
+    if not version.strip():
+        raise ToolchainError(
+            f"toolchain {toolchain.name!r}", "version_args", "the version probe printed nothing"
+        )
+    # Content, not path: the same toolkit installed elsewhere has the same identity.
+    doc["files"] = sorted({d for d in (hashes.digest(f) for f in files) if d is not None})
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    digest = xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogateescape"))
+    return Probe(identity=f"{human} | {digest}", roots=roots, system_dirs=system)
+
+
+def toolchain_stamp(
+    toolchain: Toolchain,
+    environ: Mapping[str, str],
+    *,
+    state_dir: Path | None = None,
+    site_dirs: Iterable[Path] | None = None,
+) -> Stamp:
+    """What :func:`find_toolchain` finds, JSON-ready (for the task cache): ``["missing"]``,
+    ``["found", program, identity]`` (probed: once per process), or ``["error", text]``.
+
+    A toolchain picked per arch (a program under ``{root}``) is stamped by its root
+    and every arch's compiler there: ``["found", root, [[arch, identity], ...]]``
+    (compilers that are one file are probed once).
+    """
+    try:
+        if "{root}" in toolchain.program:
+            return _root_stamp(toolchain, environ, state_dir)
+        program = find_program(toolchain, environ, site_dirs=site_dirs)
+        if program is None:
+            return ["missing"]
+        probe = probe_toolchain(toolchain, program, environ, state_dir=state_dir)
+    except MetraleError as exc:
+        return ["error", str(exc)]
+    return ["found", str(program), probe.identity]
+
+
+def _root_stamp(toolchain: Toolchain, environ: Mapping[str, str], state_dir: Path | None) -> Stamp:
+    root = find_root(toolchain, environ)
+    if root is None:
+        return ["missing"]
+    pattern = re.escape(toolchain.program).replace(re.escape("{root}"), re.escape(str(root)))
+    pattern = pattern.replace(re.escape("{arch}"), "(?P<arch>[^/]+)")
+    matcher = re.compile(pattern)
+    found = glob.glob(toolchain.program.format(root=glob.escape(str(root)), arch="*"))
+    stamps: list[list[str]] = []
+    probed: dict[str, str] = {}
+    for path in sorted(found):
+        m = matcher.fullmatch(path)
+        if m is None or not executable(Path(path)):
+            continue
+        real = os.path.realpath(path)
+        if real not in probed:
+            probed[real] = probe_toolchain(
+                toolchain, Path(path), environ, state_dir=state_dir, arch=m["arch"]
+            ).identity
+        stamps.append([m["arch"], probed[real]])
+    return ["found", str(root), stamps]
+
+
+def find_toolchain(
+    toolchain: Toolchain,
+    environ: Mapping[str, str],
+    *,
+    state_dir: Path | None = None,
+    site_dirs: Iterable[Path] | None = None,
+    arch: str = "",
+) -> FoundToolchain:
+    """Find and probe ``toolchain`` (for ``arch``: the hardware's ``[hardware] arch``, which
+    picks the compiler of a toolchain whose program lies under ``{root}`` and fills
+    ``{arch}`` in its dry run).
+
+    Raises :class:`ToolchainMissing` saying what to install, :class:`ToolchainError`
+    for a variable naming an unusable compiler or root, or a failed probe.
+    """
+    program = locate_toolchain(toolchain, environ, site_dirs=site_dirs, arch=arch)
+    probe = probe_toolchain(toolchain, program, environ, state_dir=state_dir, arch=arch)
+    return FoundToolchain(
+        toolchain=toolchain,
+        program=program,
+        identity=probe.identity,
+        roots=probe.roots,
+        system_dirs=probe.system_dirs,
+    )

@@ -1,0 +1,95 @@
+"""What one build of a target returns: per-module outcomes, failures, saved states.
+
+:class:`TargetResult` is the value :func:`~metrale_orch.build.compile.build_target`
+returns and, through ``to_dict()``, what a doit worker hands back (JSON-ready,
+keys sorted where they cross the process boundary).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from metrale_orch.build.errors import CompileError
+from metrale_orch.fsutil import FileState
+from metrale_orch.manifest import ModuleOutcome
+
+__all__ = ["ModuleResult", "TargetResult"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModuleResult:
+    """How one module was obtained in this run."""
+
+    name: str
+    stem: str
+    source: str
+    artefact: str
+    key: str
+    outcome: ModuleOutcome
+    xxh3: str = ""
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "stem": self.stem,
+            "source": self.source,
+            "artefact": self.artefact,
+            "key": self.key,
+            "outcome": self.outcome,
+            "xxh3": self.xxh3,
+            "seconds": round(self.seconds, 6),
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TargetResult:
+    """The outcome of :func:`build_target`; ``to_dict()`` is what a doit worker returns."""
+
+    target: str
+    modules: tuple[ModuleResult, ...]
+    failures: tuple[CompileError, ...] = ()
+    #: Per-target counts: compiled, local, remote, failed (+ memo: reused in-process).
+    cache_stats: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    seconds: float = 0.0
+    #: Root-relative path of the manifest written, or "" when the build failed.
+    manifest: str = ""
+    warnings: tuple[str, ...] = ()
+    #: The task's file dependencies (doit's spelling) -> xxh3-64 of the content this
+    #: build used ("" for a file that changed while it ran): the state to save.
+    inputs: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    #: Installed files (root-relative) -> [mtime_ns, size, xxh3-64]: checked by the next run.
+    outputs: Mapping[str, FileState] = field(default_factory=lambda: MappingProxyType({}))
+    #: Files read outside the tree, the toolkit and the system include directories
+    #: (``-I/abs``, ``CPATH``, an absolute include) -> [mtime_ns, size, xxh3-128]: they
+    #: make the target stale when they change.
+    external: Mapping[str, FileState] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.failures)
+
+    @property
+    def errors(self) -> tuple[CompileError, ...]:
+        return self.failures
+
+    def failure_text(self) -> str:
+        """Every compiler failure: target, module, command line and output."""
+        return "\n".join(str(f) for f in self.failures)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "target": self.target,
+            "failed": self.failed,
+            "modules": [m.to_dict() for m in self.modules],
+            "failures": [f.to_dict() for f in self.failures],
+            "cache_stats": dict(sorted(self.cache_stats.items())),
+            "seconds": round(self.seconds, 6),
+            "manifest": self.manifest,
+            "warnings": list(self.warnings),
+            "inputs": dict(self.inputs),
+            "outputs": {k: list(v) for k, v in self.outputs.items()},
+            "external": {k: list(v) for k, v in self.external.items()},
+        }

@@ -1,0 +1,277 @@
+"""Compile one module for real: in its staged role directory, into a temporary directory.
+
+:func:`run_compile` renders the toolchain's argv for this machine (the
+program's path, absolute output), runs it through :func:`metrale_orch.proc.run_process`
+and returns the artefact's bytes with the inputs the compile read (from the
+compiler's dependency list, or the scanned closure). :class:`BuildContext` is
+what every module of one target's build shares. Leftovers of killed compiles
+are swept once per process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import posixpath
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from metrale_orch.build.argv import compile_argv, env_switches, link_argv
+from metrale_orch.build.deps import parse_depfile, record_inputs
+from metrale_orch.build.errors import CompileError, StageError
+from metrale_orch.build.hip_mirror import (
+    MIRROR_DIR,
+    mirror_files,
+    mirrored_source,
+    unmirror,
+    write_mirror,
+)
+from metrale_orch.build.includes import include_dirs, read_files_of, resolve_closure, scan_includes
+from metrale_orch.build.memo import HASHER, TMP_SWEPT, ArtefactCache
+from metrale_orch.build.plan import ModulePlan, TargetPlan
+from metrale_orch.build.staging import StagedTarget
+from metrale_orch.proc import ProcessError, format_argv, run_process
+
+__all__ = ["COMPILE_TIMEOUT", "BuildContext", "run_compile", "sweep_tmp"]
+
+#: Seconds one compile may take before it is killed and reported.
+COMPILE_TIMEOUT = 900.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BuildContext:
+    """What every module of one target's build shares."""
+
+    plan: TargetPlan
+    staged: StagedTarget
+    program: Path
+    roots: tuple[str, ...]
+    system_dirs: tuple[str, ...]
+    cache: ArtefactCache | None
+    environ: Mapping[str, str]
+    tmp_root: Path
+    log: logging.Logger
+    #: Module working directory -> :func:`effective_flags` there.
+    words: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = field(default_factory=dict)
+    #: Staged source of a module -> the ``-I`` that makes ``.tree/<its layer directory>``
+    #: its layer directory (only when the target reaches files beyond its layout).
+    layer_includes: Mapping[str, str] = field(default_factory=dict)
+
+
+def sweep_tmp(tmp_root: Path, log: logging.Logger) -> None:
+    """Remove leftovers of killed compiles under ``tmp_root`` (once per process).
+
+    A compile's directory is ``<module>.<pid>.<random>``; it is a leftover when
+    that process no longer runs, or when it is older than a day.
+    """
+    key = os.fspath(tmp_root)
+    if key in TMP_SWEPT:
+        return
+    TMP_SWEPT.add(key)
+    try:
+        entries = list(os.scandir(tmp_root))
+    except OSError:
+        return
+    now = time.time()
+    for entry in entries:
+        parts = entry.name.rsplit(".", 2)
+        pid = int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else 0
+        try:
+            age = now - entry.stat(follow_symlinks=False).st_mtime
+        except OSError:
+            continue
+        if pid == os.getpid() or (pid and _alive(pid) and age < 86400):
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+        log.info("removed the leftover %s of an interrupted compile", entry.path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def run_compile(
+    ctx: BuildContext, module: ModulePlan
+) -> tuple[bytes, float, tuple[tuple[str, str, str], ...]]:
+    """Compile one module in its staged role directory into a temporary directory.
+
+    As the reference drives each compiler (SPEC 3.3): a ``hip``-dialect toolchain
+    compiles the module's mirror (:mod:`metrale_orch.build.hip_mirror`, written under
+    the stage) with the project's compat directory as ``-I``; a two-step
+    toolchain (Metal) turns the first step's intermediate into the artefact;
+    the toolchain's environment switches are those of the plan.
+
+    Returns (artefact bytes, seconds, the inputs the compile read as
+    ``(kind, path, hash)``: from the compiler's dependency list when the
+    toolchain writes one (mirrored files named as the staged files they were
+    made from), else the scanned closure, plus the files named by flags).
+    Raises :class:`CompileError`, or :class:`StageError` when the temporary
+    directory or the mirror cannot be written.
+    """
+    plan, staged, log = ctx.plan, ctx.staged, ctx.log
+    target = str(plan.target)
+    tc = plan.toolchain
+    try:
+        ctx.tmp_root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{module.name}.{os.getpid()}.", dir=ctx.tmp_root))
+    except OSError as exc:
+        raise StageError(
+            target, str(ctx.tmp_root), f"cannot create a temporary directory: {exc}"
+        ) from None
+    cwd = staged.dir / module.cwd
+    try:
+        out = tmp / module.artefact
+        depfile = tmp / "deps.d"
+        switches = env_switches(tc, plan.env)
+        compat = plan.hip_compat
+        source = module.entry
+        if compat is not None:
+            try:
+                write_mirror(staged.dir, mirror_files(staged.hashes, module.cwd), staged.hashes)
+            except OSError as exc:
+                raise StageError(
+                    target, str(staged.dir / MIRROR_DIR), f"cannot write the HIP mirror: {exc}"
+                ) from None
+            source = mirrored_source(module.cwd, module.entry)
+        intermediate = tmp / f"{module.name}.{tc.intermediate_extension}" if tc.link_argv else None
+        argv = compile_argv(
+            tc,
+            program=str(ctx.program),
+            arch=plan.arch,
+            flags=plan.flags,
+            include=".",
+            source=source,
+            output=str(out),
+            intermediate="" if intermediate is None else str(intermediate),
+            switches=switches,
+            compat_include="" if compat is None or compat.dir is None else str(compat.dir),
+        )
+        layer_inc = ctx.layer_includes.get(module.staged, "")
+        if layer_inc:  # SPEC 3.3.1: the module's layer directory, mirrored under .tree/
+            argv = (*argv, f"-I{layer_inc}")
+        if tc.depfile_args:
+            # Relative to the cwd: no comma of the checkout's path can split -Xcompiler=.
+            spelled = os.path.relpath(depfile, cwd)
+            argv = (*argv, *(a.format_map({"depfile": spelled}) for a in tc.depfile_args))
+        steps = [argv]
+        if intermediate is not None:
+            steps.append(
+                link_argv(
+                    tc,
+                    program=str(ctx.program),
+                    arch=plan.arch,
+                    intermediate=str(intermediate),
+                    output=str(out),
+                )
+            )
+        seconds = 0.0
+        texts: list[str] = []
+        for step in steps:
+            log.info(
+                "%s: compile %s: (cd %s &&) %s", target, module.name, module.cwd, format_argv(step)
+            )
+            try:
+                done = run_process(step, cwd=cwd, env=ctx.environ, timeout=COMPILE_TIMEOUT)
+            except ProcessError as exc:
+                raise CompileError(
+                    target=target,
+                    module=module.name,
+                    argv=step,
+                    returncode=exc.returncode,
+                    output=exc.output,
+                    reason=exc.reason,
+                    source=module.source_rel,
+                ) from None
+            seconds += done.seconds
+            texts.append((done.stdout + done.stderr).strip())
+            if intermediate is not None and step is argv and not intermediate.is_file():
+                raise CompileError(
+                    target=target,
+                    module=module.name,
+                    argv=step,
+                    returncode=done.returncode,
+                    output=texts[-1],
+                    reason=f"exited 0 but wrote no {intermediate.name}",
+                    source=module.source_rel,
+                )
+        text = "\n".join(t for t in texts if t)
+        if text:
+            log.info("%s: %s: compiler output:\n%s", target, module.name, text)
+        try:
+            data = out.read_bytes()
+        except OSError:
+            data = b""
+        if not data:
+            raise CompileError(
+                target=target,
+                module=module.name,
+                argv=steps[-1],
+                returncode=done.returncode,
+                output=text,
+                reason=f"exited 0 but wrote no {module.artefact}",
+                source=module.source_rel,
+            )
+        if tc.depfile_args:
+            try:
+                read = parse_depfile(depfile.read_text(encoding="utf-8", errors="surrogateescape"))
+            except OSError:
+                read = []
+            if not read:
+                raise CompileError(
+                    target=target,
+                    module=module.name,
+                    argv=argv,
+                    returncode=done.returncode,
+                    output=text,
+                    reason="exited 0 but wrote no dependency list (toolchain depfile_args)",
+                    source=module.source_rel,
+                )
+            if compat is not None:
+                read = unmirror(
+                    read, stage_dir=os.path.abspath(staged.dir), cwd=os.path.abspath(cwd)
+                )
+        else:
+            includes = scan_includes(staged)
+            words = ctx.words.get(module.cwd, (plan.flags, ()))
+            closure = resolve_closure(
+                [module.staged],
+                staged=staged.hashes,
+                includes_of=includes,
+                dirs=include_dirs(module.cwd, *words),
+            )
+            read = [posixpath.relpath(p, module.cwd) for p in closure]
+        before, after = ctx.words.get(module.cwd, (plan.flags, switches.extra))
+        files = [
+            os.path.join(p, "gcc") if os.path.isdir(os.path.join(cwd, p)) else p
+            for p in read_files_of((*before, *after))
+        ]
+        read = [*read, *files]
+        recorded = record_inputs(
+            read,
+            stage_dir=os.path.abspath(staged.dir),
+            cwd=os.path.abspath(cwd),
+            module_cwd=module.cwd,
+            staged=staged.hashes,
+            roots=ctx.roots,
+            hasher=HASHER,
+            system_dirs=ctx.system_dirs,
+        )
+        inputs = tuple((k, p, h) for k, p, h in recorded)
+        return data, seconds, inputs
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

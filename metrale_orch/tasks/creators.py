@@ -1,0 +1,292 @@
+"""What ``task_build`` yields, through the task cache: the no-op fast path.
+
+Generating the tasks (resolving every target, planning it) costs several times
+doit's own up-to-date checks, so the specs come from the task cache
+(:mod:`metrale_orch.tasks.taskcache`, ``<build_dir>/.state/build-tasks.*.cache``)
+while the tree's shape, its TOML files, the configuration, the toolchains, the
+relevant environment and this package are unchanged; the task dicts are then
+equal to what generation would give. The ``smoke:<hw>`` dicts are recorded with
+them (plain data and module-level functions) and replayed.
+
+This module never imports the generation itself (the compile step, smoke): on a
+miss it asks a :class:`Generation` handed in by the caller (``metrale_orch.dodo``
+imports :mod:`metrale_orch.tasks.specs` only then; ``specs.cached_build_specs`` is
+this path with the generation at hand). Also :func:`named_failures`:
+a failing sub-task, with the reason, for a target named on the command line that
+the tree does not generate.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import types
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import xxhash
+
+import metrale_orch
+from metrale_orch.build.hip_mirror import scan_hip_compat
+from metrale_orch.build.probe import toolchain_stamp
+from metrale_orch.build.toolchains import Toolchain, load_toolchains
+from metrale_orch.config import Config, load_config
+from metrale_orch.errors import MetraleError, printable
+from metrale_orch.paths import STATE_DIR, TREE_TASK
+from metrale_orch.tasks import taskcache
+from metrale_orch.tasks.checker import SignatureCheck
+from metrale_orch.tasks.dicts import (
+    BuildSpec,
+    SpecKind,
+    TaskDict,
+    build_task,
+    explicit_targets,
+    plan_error_task,
+    plan_skip_task,
+)
+from metrale_orch.tasks.doit_api import doit_version
+from metrale_orch.tree import LayoutError, Target, TreeSnapshot, discover
+
+__all__ = [
+    "Generation",
+    "cached_tasks",
+    "generation_key",
+    "named_failures",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """How the specs are made when the task cache cannot answer
+    (:data:`metrale_orch.tasks.specs.GENERATION`)."""
+
+    #: ``(root, environ, argv, *, config=None, toolchains=None) -> (specs, cacheable)``.
+    generate_specs: Callable[..., tuple[list[BuildSpec], bool]]
+    #: ``(root, environ, specs) -> smoke task dicts``.
+    smoke_task_dicts: Callable[[Path, Mapping[str, str], Sequence[BuildSpec]], list[TaskDict]]
+
+
+def cached_tasks(
+    root: Path,
+    environ: Mapping[str, str],
+    argv: Sequence[str],
+    generation: Callable[[], Generation],
+) -> tuple[list[BuildSpec], list[TaskDict] | None, str]:
+    """The specs, the ``smoke`` task dicts when known (None: ask the generation's
+    ``smoke_task_dicts``), and how the specs were obtained. ``generation`` is called
+    only on a miss."""
+    try:
+        config = load_config(root, environ)
+        toolchains = load_toolchains(root)
+    except MetraleError:
+        specs = generation().generate_specs(root, environ, argv)[0]
+        return specs, None, "not cached: configuration error"
+    key = generation_key(root, environ, config, toolchains)
+    path = taskcache.cache_path(config.build_dir / STATE_DIR, key)
+    found = taskcache.lookup(path, key)
+    if found.specs is not None:
+        explicit = explicit_targets(argv)
+        specs = [_from_cached(root, c, explicit) for c in found.specs]
+        return specs, _replay(found.extra), found.reason
+    package = Path(metrale_orch.__file__).parent
+    scanned = taskcache.scan(root / "kernels", taskcache.package_files(package))
+    made = generation()
+    specs, cacheable = made.generate_specs(
+        root, environ, argv, config=config, toolchains=toolchains
+    )
+    smoke = None
+    if scanned is not None and cacheable:
+        smoke = made.smoke_task_dicts(root, environ, specs)
+        recorded = _record(smoke)
+        taskcache.store(
+            path,
+            key,
+            scanned,
+            [_to_cached(s) for s in specs],
+            None if recorded is None else [recorded],
+        )
+    return specs, smoke, found.reason
+
+
+#: Marks a module-level function in a recorded task dict: (_FUNCTION, module, name).
+_FUNCTION = "\0function"
+
+
+class _Unrecordable(Exception):
+    pass
+
+
+def _record_value(v: object) -> object:
+    if v is None or isinstance(v, str | int | float | bool):
+        return v
+    if isinstance(v, list):
+        return [_record_value(x) for x in v]
+    if isinstance(v, tuple):
+        return tuple(_record_value(x) for x in v)
+    if isinstance(v, dict) and all(isinstance(k, str) for k in v):
+        return {k: _record_value(x) for k, x in v.items()}
+    if isinstance(v, types.FunctionType):
+        name, where = str(v.__qualname__), str(v.__module__)
+        if "." not in name and getattr(importlib.import_module(where), name, None) is v:
+            return (_FUNCTION, where, name)
+    raise _Unrecordable
+
+
+def _record(value: object) -> object:
+    """``value`` (task dicts) as data the task cache can store, or None when it holds
+    anything but plain data and module-level functions (then it is not cached)."""
+    try:
+        return _record_value(value)
+    except _Unrecordable:
+        return None
+
+
+def _replay_value(v: object) -> object:
+    if isinstance(v, list):
+        return [_replay_value(x) for x in v]
+    if isinstance(v, tuple):
+        if len(v) == 3 and v[0] == _FUNCTION:
+            return getattr(importlib.import_module(v[1]), v[2])
+        return tuple(_replay_value(x) for x in v)
+    if isinstance(v, dict):
+        return {k: _replay_value(x) for k, x in v.items()}
+    return v
+
+
+def _replay(extra: object) -> list[TaskDict] | None:
+    """The task dicts :func:`_record` recorded (in ``[recorded]``), else None."""
+    if not isinstance(extra, list) or len(extra) != 1 or not isinstance(extra[0], list):
+        return None
+    try:
+        return [task for task in map(_replay_value, extra[0]) if isinstance(task, dict)]
+    except (ImportError, AttributeError):
+        return None
+
+
+def generation_key(
+    root: Path, environ: Mapping[str, str], config: Config, toolchains: Mapping[str, Toolchain]
+) -> str:
+    """Digest of what task generation depends on besides the watched files (I/O: finds
+    each toolchain's program): versions, root, configuration, toolchain definitions
+    and programs, and the environment variables any of them reads."""
+    names = {"PATH", "HOME", "XDG_CACHE_HOME"}
+    names.update(k for k in environ if k.startswith("METRALE_"))
+    for tc in toolchains.values():
+        names.update(tc.home_env)
+        names.update(tc.env_allowlist)
+        if tc.env_prefixes:
+            names.update(k for k in environ if k.startswith(tc.env_prefixes))
+        if tc.host_compiler_env:
+            names.add(tc.host_compiler_env)
+    # Probed on every invocation (a wrapper can switch the real compiler without a
+    # change any stat would see); only the real binaries' hashes are remembered.
+    state_dir = config.build_dir / STATE_DIR
+    doc = {
+        "schema": taskcache.SCHEMA,
+        "python": [sys.version, sys.executable],
+        "doit": doit_version(),
+        "package": metrale_orch.__version__,
+        "root": os.fspath(root),
+        "build_dir": os.fspath(config.build_dir),
+        "config": config.to_dict(),
+        "env": {name: environ.get(name) for name in sorted(names)},
+        "toolchains": {name: tc.to_dict() for name, tc in sorted(toolchains.items())},
+        "programs": {
+            name: toolchain_stamp(tc, environ, state_dir=state_dir)
+            for name, tc in sorted(toolchains.items())
+        },
+        # The HIP targets' file deps and identity list its files: a new one regenerates.
+        "hip_compat": scan_hip_compat(root, config.hip_compat_dir).digest,
+    }
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
+    return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogateescape"))
+
+
+def _to_cached(spec: BuildSpec) -> taskcache.CachedSpec:
+    if spec.kind != "build":
+        return taskcache.CachedSpec(target=spec.target, kind=spec.kind, message=spec.message)
+    uptodate, file_dep, targets = (spec.task[k] for k in ("uptodate", "file_dep", "targets"))
+    assert isinstance(uptodate, list) and isinstance(file_dep, list) and isinstance(targets, list)
+    (check,) = uptodate
+    assert isinstance(check, SignatureCheck)
+    return taskcache.CachedSpec(
+        target=spec.target,
+        kind="build",
+        file_dep=tuple(file_dep),
+        parts=dict(check.parts),
+        manifest=targets[0],
+    )
+
+
+def _from_cached(root: Path, cached: taskcache.CachedSpec, explicit: frozenset[str]) -> BuildSpec:
+    name = cached.target
+    kind: SpecKind
+    if cached.kind == "build":
+        kind = "build"
+        task = build_task(
+            root=root,
+            target=name,
+            file_dep=list(cached.file_dep),
+            parts=cached.parts,
+            manifest=cached.manifest,
+        )
+    elif cached.kind == "skip":
+        kind = "skip"
+        task = plan_skip_task(
+            root=root, target=name, reason=cached.message, explicit=name in explicit
+        )
+    else:
+        kind = "error"
+        task = plan_error_task(root=root, target=name, message=cached.message)
+    return BuildSpec(target=name, kind=kind, message=cached.message, task=task)
+
+
+def named_failures(root: Path, specs: Sequence[BuildSpec], names: Iterable[str]) -> list[BuildSpec]:
+    """A failing sub-task for each of ``names`` (targets named on the command line) that
+    ``specs`` lacks, saying why the tree does not generate it (reads the tree).
+
+    doit answers a name it has no task for with ``Invalid parameter``; that happens
+    when the configuration or the walk of the tree failed (only the ``(tree)``
+    sub-task exists then), and for a name that is no target of the tree. The
+    reason, first that applies: the name is not ``hw/model/quant``; resolving the
+    target fails (its HARDWARE.toml, model or quant, with the resolver's
+    message); the tree-wide failure; the model has no such quant.
+    """
+    have = {spec.target for spec in specs}
+    missing = sorted(set(names) - have - {TREE_TASK})
+    if not missing:
+        return []
+    tree = next((s.message for s in specs if s.target == TREE_TASK), None)
+    snap = TreeSnapshot(root)
+    out: list[BuildSpec] = []
+    for name in missing:
+        canonical = False
+        try:
+            target = Target.parse(name)
+        except ValueError as exc:
+            message = f"{exc}; `doit list` shows every target"
+        else:
+            canonical = str(target) == name
+            try:
+                discover(root, target, snap)
+            except LayoutError as exc:
+                message = str(exc)
+            else:
+                message = tree if tree is not None else _not_a_target(target, have)
+        message = printable(message)
+        task = plan_error_task(root=root, target=name, message=message, clean=canonical)
+        out.append(BuildSpec(target=name, kind="error", message=message, task=task))
+    return out
+
+
+def _not_a_target(target: Target, have: Iterable[str]) -> str:
+    prefix = f"{target.hardware}/{target.model}/"
+    siblings = sorted(t for t in have if t.startswith(prefix))
+    known = f"its targets: {', '.join(siblings)}" if siblings else "it has no targets"
+    return (
+        f"{target} is not a target of this tree: model {target.hardware}/{target.model} has "
+        f"no quant directory {target.quant!r} ({known}); `doit list` shows every target"
+    )

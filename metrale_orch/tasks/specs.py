@@ -1,0 +1,279 @@
+"""Generation of the ``build`` sub-tasks from the tree: resolve, probe, plan (reads the tree).
+
+The slow path of every doit invocation the task cache cannot answer
+(:mod:`metrale_orch.tasks.creators`), and what ``metrale-orch rdeps`` runs for the
+plans. Never raises for a tree, configuration or toolchain problem: those become
+failing (or, for a missing toolchain, skipping) sub-tasks. Also the ``smoke:<hw>``
+task dicts, sharing the build's resolution.
+
+Importing this module imports the compile step and smoke (the heavy part of the
+package): ``metrale_orch.dodo`` imports it only when the task cache misses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from metrale_orch.build.errors import ToolchainMissing
+from metrale_orch.build.hip_mirror import HipCompat, scan_hip_compat
+from metrale_orch.build.plan import PlanMemo, plan_target
+from metrale_orch.build.probe import FoundToolchain, find_toolchain
+from metrale_orch.build.staging import beyond_layout
+from metrale_orch.build.toolchains import Toolchain, load_toolchains, select_toolchain
+from metrale_orch.config import Config, load_config
+from metrale_orch.errors import MetraleError, is_printable, printable
+from metrale_orch.paths import (
+    MANIFEST_NAME,
+    SMOKE_TASK,
+    STATE_DIR,
+    TREE_TASK,
+    rel_posix,
+    target_dir,
+)
+from metrale_orch.tasks.creators import Generation, cached_tasks, named_failures
+from metrale_orch.tasks.dicts import (
+    BuildSpec,
+    TaskDict,
+    explicit_targets,
+    plan_build_task,
+    plan_error_task,
+    plan_skip_task,
+)
+from metrale_orch.tasks.smoke import smoke_tasks
+from metrale_orch.tree import (
+    Layout,
+    LayoutError,
+    Target,
+    TreeSnapshot,
+    layer_manifest_problem,
+    misshapen_manifests,
+    resolve_all,
+    unnamable_message,
+)
+
+__all__ = [
+    "GENERATION",
+    "cached_build_specs",
+    "generate_specs",
+    "load_build_tasks",
+    "resolve_build_specs",
+    "smoke_task_dicts",
+    "spec_inputs",
+]
+
+
+def resolve_build_specs(
+    root: Path, environ: Mapping[str, str], argv: Sequence[str] = ()
+) -> list[BuildSpec]:
+    """Every ``build`` sub-task of the tree at ``root`` (reads the tree, probes compilers).
+
+    Never raises for a tree, config or toolchain problem: those become failing
+    (or, for a missing toolchain, skipping) sub-tasks. Always generates (with
+    plans and layouts); :func:`cached_build_specs` is the no-op fast path. A target
+    named in ``argv`` that the tree does not generate gets a failing sub-task saying
+    why (:func:`~metrale_orch.tasks.creators.named_failures`).
+    """
+    specs = generate_specs(root, environ, argv)[0]
+    return specs + named_failures(root, specs, explicit_targets(argv))
+
+
+def generate_specs(
+    root: Path,
+    environ: Mapping[str, str],
+    argv: Sequence[str],
+    *,
+    config: Config | None = None,
+    toolchains: Mapping[str, Toolchain] | None = None,
+) -> tuple[list[BuildSpec], bool]:
+    """The specs, and whether they may be cached (no tree-wide error, no failed probe)."""
+
+    def error(name: str, message: str, resolved: Layout | LayoutError | None = None) -> BuildSpec:
+        message = printable(message)  # it may name a file whose name is not UTF-8
+        task = plan_error_task(root=root, target=name, message=message)
+        return BuildSpec(target=name, kind="error", message=message, task=task, resolved=resolved)
+
+    try:
+        if config is None:
+            config = load_config(root, environ)
+        if toolchains is None:
+            toolchains = load_toolchains(root)
+        snapshot = TreeSnapshot(root)
+        resolved = resolve_all(root, snapshot)
+    except MetraleError as exc:
+        # A HARDWARE.toml that is a directory reads as missing: name it, not the symptom.
+        shapes = misshapen_manifests(root) if isinstance(exc, LayoutError) else []
+        return [error(TREE_TASK, str(shapes[0] if shapes else exc))], False
+
+    explicit = explicit_targets(argv)
+    memo = PlanMemo(root)
+    found: dict[tuple[str, str], FoundToolchain | MetraleError] = {}
+    hip_compat: HipCompat | None = None  # the project's HIP compat directory, read once
+    cacheable = True
+    specs: list[BuildSpec] = []
+    # A manifest that is a directory: resolution passes over it; the build refuses it.
+    misshapen = misshapen_manifests(root, snapshot)
+    whole = [str(e) for e in misshapen if e.path.name != "KERNEL.toml"]
+    if whole:
+        more = f" (and {len(whole) - 1} more)" if len(whole) > 1 else ""
+        specs.append(error(TREE_TASK, whole[0] + more))
+    for target, layout in resolved:
+        name = str(target)
+        if not isinstance(layout, LayoutError):
+            layout = layer_manifest_problem(layout, misshapen) or layout
+        if isinstance(layout, LayoutError):
+            specs.append(error(name, str(layout), layout))
+            continue
+        try:
+            toolchain = select_toolchain(layout.hardware, toolchains)
+            # The arch picks the compiler of some toolchains (SCALE's per-arch nvcc).
+            tool_key = (toolchain.name, layout.hardware.arch or "")
+            if tool_key not in found:
+                try:
+                    found[tool_key] = find_toolchain(
+                        toolchain, environ, state_dir=config.build_dir / STATE_DIR, arch=tool_key[1]
+                    )
+                except ToolchainMissing as missing:
+                    found[tool_key] = missing
+                except MetraleError as exc:
+                    # A failed version probe may pass next time: never cached.
+                    found[tool_key] = exc
+                    cacheable = False
+            tool = found[tool_key]
+            if isinstance(tool, ToolchainMissing):
+                reason = str(tool)
+                task = plan_skip_task(
+                    root=root, target=name, reason=reason, explicit=name in explicit
+                )
+                specs.append(
+                    BuildSpec(target=name, kind="skip", message=reason, task=task, resolved=layout)
+                )
+                continue
+            if isinstance(tool, MetraleError):
+                raise tool
+            if toolchain.dialect == "hip" and hip_compat is None:
+                hip_compat = scan_hip_compat(root, config.hip_compat_dir)
+            plan = plan_target(
+                root,
+                layout,
+                toolchains,
+                identity=tool.identity,
+                environ=environ,
+                memo=memo,
+                hip_compat=hip_compat if toolchain.dialect == "hip" else None,
+            )
+        except MetraleError as exc:
+            specs.append(error(name, str(exc), layout))
+            continue
+        unnamable = next((p for p in plan.file_dep_rels if not is_printable(str(p))), None)
+        if unnamable is not None:  # doit's database and the keys hold names as UTF-8
+            specs.append(error(name, unnamable_message(str(unnamable)), layout))
+            continue
+        out_dir = target_dir(config.build_dir, target.hardware, target.model, target.quant)
+        task = plan_build_task(
+            root=root,
+            target=name,
+            file_deps=plan.file_dep_rels,
+            signature=plan.signature,
+            manifest=out_dir / MANIFEST_NAME,
+        )
+        specs.append(
+            BuildSpec(
+                target=name, kind="build", plan=plan, layout=layout, task=task, resolved=layout
+            )
+        )
+    return specs, cacheable
+
+
+def spec_inputs(root: Path, spec: BuildSpec) -> frozenset[str]:
+    """The root-relative files ``spec``'s target reads, failing targets included (reads the
+    tree for those): a build's file dependencies; for a target that is skipped or whose
+    plan fails, what its resolved layout reaches (its inputs, the HARDWARE.toml and
+    MODEL.toml files resolution read, the tree files its includes reach beyond the
+    layout); for a target that does not resolve, the files its error names. Empty for a
+    spec from the task cache that is not a build (it carries no resolution).
+    """
+    if spec.kind == "build":
+        file_dep = spec.task.get("file_dep", ())
+        deps = {str(p) for p in file_dep} if isinstance(file_dep, list | tuple) else set()
+        if isinstance(spec.layout, Layout):
+            with contextlib.suppress(MetraleError, OSError):
+                beyond = beyond_layout(root, spec.layout).files.values()
+                deps.update(rel_posix(p, root) for p in beyond)
+        return frozenset(deps)
+    resolved = spec.resolved
+    files: set[Path] = set()
+    if isinstance(resolved, Layout):
+        files.update(resolved.inputs())
+        files.update(resolved.hardware_manifests)
+        files.update(resolved.model_manifests)
+        # An escaping include or an unreadable source: the plan's failure reports it.
+        with contextlib.suppress(MetraleError, OSError):
+            files.update(beyond_layout(root, resolved).files.values())
+    elif isinstance(resolved, LayoutError):
+        for name in ("path", "manifest", "winner", "loser"):
+            value = getattr(resolved, name, None)
+            if isinstance(value, Path):
+                files.add(value)
+    return frozenset(rel_posix(p, root) for p in files)
+
+
+def load_build_tasks(
+    root: Path, environ: Mapping[str, str], argv: Sequence[str] = ()
+) -> list[TaskDict]:
+    """The ``build`` sub-task dicts of :func:`resolve_build_specs`."""
+    return [dict(spec.task) for spec in resolve_build_specs(root, environ, argv)]
+
+
+def smoke_task_dicts(
+    root: Path, environ: Mapping[str, str], specs: Sequence[BuildSpec]
+) -> list[TaskDict]:
+    """``smoke:<hw>`` task dicts from :mod:`metrale_orch.smoke`, sharing the build's resolution.
+
+    HOOK(smoke): the smoke package owns these tasks (``smoke_tasks(root, config,
+    layouts_by_hw)``); each depends on its hardware's ``build:<hw>/...`` tasks.
+    They are yielded by ``task_build`` with ``basename = "smoke"`` so the tree
+    is resolved once per doit invocation. Nothing when the configuration fails.
+    """
+    try:
+        config = load_config(root, environ)
+    except MetraleError:
+        return []
+    by_hw: dict[str, list[tuple[Target, Layout | LayoutError]]] = {}
+    for spec in specs:
+        if spec.target == TREE_TASK:
+            continue
+        try:
+            target = Target.parse(spec.target)
+        except ValueError:  # a name given on the command line that is no target
+            continue
+        resolved = spec.resolved
+        by_hw.setdefault(target.hardware, []).append((target, resolved))  # type: ignore[arg-type]
+    out: list[TaskDict] = [
+        {
+            "basename": SMOKE_TASK,
+            "name": None,
+            "doc": "smoke-test the built kernels of each hardware",
+        }
+    ]
+    for task in smoke_tasks(root, config, by_hw):
+        out.append({**task, "basename": SMOKE_TASK})
+    return out if len(out) > 1 else []
+
+
+#: The generation, as the task cache asks for it on a miss.
+GENERATION = Generation(generate_specs=generate_specs, smoke_task_dicts=smoke_task_dicts)
+
+
+def cached_build_specs(
+    root: Path, environ: Mapping[str, str], argv: Sequence[str] = ()
+) -> tuple[list[BuildSpec], str]:
+    """:func:`resolve_build_specs` through the task cache (:mod:`metrale_orch.tasks.creators`).
+
+    Returns the specs and how they were obtained: ``"hit"`` (the specs carry no
+    ``plan``/``layout``/``resolved``), or the reason of a miss (generated, and
+    cached when possible). The task dicts are the same either way.
+    """
+    specs, _smoke, how = cached_tasks(root, environ, argv, lambda: GENERATION)
+    return specs + named_failures(root, specs, explicit_targets(argv)), how

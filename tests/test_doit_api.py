@@ -1,0 +1,81 @@
+"""The doit private API ``metrale_orch.tasks.doit_api`` relies on is still there.
+
+Each check names the attribute or parameter a doit upgrade removed or changed, so
+an upgrade fails here, by name, instead of deep inside a build or ``metrale-orch
+status``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import doit
+import pytest
+from doit.dependency import Dependency, DependencyStatus, SqliteDB
+from doit.reporter import ConsoleReporter
+from doit.task import Task
+
+from metrale_orch.tasks import doit_api
+from metrale_orch.tasks.checker import ContentChecker, TaskDataCodec
+
+
+def _params(func: object) -> list[str]:
+    assert callable(func)
+    return list(inspect.signature(func).parameters)
+
+
+def _require(obj: object, *names: str) -> None:
+    missing = [name for name in names if not hasattr(obj, name)]
+    assert not missing, f"doit changed: {type(obj).__name__} has no {', '.join(missing)}"
+
+
+@pytest.mark.parametrize(
+    ("func", "expected"),
+    [
+        (Dependency.__init__, ["self", "db_class", "backend_name", "checker_cls", "codec_cls"]),
+        (Dependency.get_status, ["self", "task", "tasks_dict", "get_log"]),
+        (Dependency.get_values, ["self", "task_name"]),
+        (SqliteDB.get, ["self", "task_id", "dependency"]),
+        (SqliteDB.set, ["self", "task_id", "dependency", "value"]),
+        (SqliteDB.in_, ["self", "task_id"]),
+        (ContentChecker.check_modified, ["self", "file_path", "file_stat", "state"]),
+        (ContentChecker.get_state, ["self", "dep", "current_state"]),
+        (ConsoleReporter.__init__, ["self", "outstream", "options"]),
+    ],
+    ids=lambda v: getattr(v, "__qualname__", ""),
+)
+def test_signatures_the_adapter_calls(func: object, expected: list[str]) -> None:
+    got = _params(func)
+    missing = [p for p in expected if p not in got]
+    assert not missing, f"doit changed: {getattr(func, '__qualname__', func)} lacks {missing}"
+
+
+def test_dependency_private_members(tmp_path: Path) -> None:
+    with doit_api.open_dependency(
+        tmp_path / "db", checker_cls=ContentChecker, codec_cls=TaskDataCodec
+    ) as dep:
+        _require(dep, "_get", "_set", "_in", "backend", "checker", "get_status", "get_values")
+        _require(dep.backend, "_conn")
+        _require(dep.backend._conn, "close")
+        assert isinstance(dep.checker, ContentChecker), "doit changed: checker_cls is ignored"
+        doit_api.store_state(dep, "t", "a.cu", [1, 2, "x"])
+        assert doit_api.stored_state(dep, "t", "a.cu") == [1, 2, "x"]
+        assert doit_api.has_record(dep, "t") and not doit_api.has_record(dep, "u")
+    # Closed without a dump: nothing was written.
+    with doit_api.open_dependency(
+        tmp_path / "db", checker_cls=ContentChecker, codec_cls=TaskDataCodec
+    ) as dep:
+        assert not doit_api.has_record(dep, "t")
+
+
+def test_task_and_status_members() -> None:
+    task = doit_api.make_task({"name": "build:h/m/q", "actions": [], "uptodate": [False]})
+    assert isinstance(task, Task)
+    _require(task, "name", "uptodate", "value_savers", "values", "meta", "title", "task_dep")
+    status = DependencyStatus(get_log=True)
+    _require(status, "status", "reasons", "get_error_message")
+    _require(ConsoleReporter, "write", "add_failure", "complete_run")
+    reporter = ConsoleReporter(None, {})
+    _require(reporter, "failures", "runtime_errors", "outstream")
+    assert doit_api.doit_version() == str(doit.__version__)  # part of the task-cache key
