@@ -1,0 +1,300 @@
+"""Collecting the register report of a build directory: the I/O of the resource report.
+
+:func:`collect_resources` walks the tree's targets (those a pattern selects), reads each
+built target's ``manifest.json`` and the artefacts it lists, and asks the right source for
+each artefact's kernels: ``ptxas -v`` (:func:`run_ptxas`, the ``ptxas`` beside the
+toolchain's ``nvcc``) for PTX, the cubin's own records for cubins and the cubins inside a
+fatbin. A target whose toolchain produces something else (HIP code objects, Metal
+libraries, SCALE objects) gets one ``no-report`` line, a target without a manifest one
+``not-built`` line; a target whose manifest or artefacts cannot be read one ``error`` line,
+so one broken target never hides the others.
+
+ptxas's answers are cached in ``<build_dir>/.state/resources.json``, keyed by the
+artefact's content hash, its arch, the identity of the toolchain that built it and the
+``ptxas`` binary (path, size, mtime): a second run over an unchanged build runs no ptxas.
+The cache is best effort: an unreadable one is ignored, a failed write is logged.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import xxhash
+
+from metrale_orch.build.locate import locate_toolchain
+from metrale_orch.build.toolchains import Toolchain, load_toolchains, select_toolchain
+from metrale_orch.errors import MetraleError
+from metrale_orch.fsutil import write_atomic
+from metrale_orch.manifest import Manifest, ManifestError, read_manifest
+from metrale_orch.paths import MANIFEST_NAME, STATE_DIR, rel_posix, target_dir
+from metrale_orch.proc import run_process
+from metrale_orch.resources.errors import (
+    BadManifest,
+    NoTargetMatches,
+    PtxasMissing,
+    UnreadableArtefact,
+)
+from metrale_orch.resources.report import (
+    KernelResources,
+    ModuleResources,
+    ResourceReport,
+    TargetResources,
+    kernels_from_cubin,
+    parse_ptxas_report,
+)
+from metrale_orch.smoke.elf import is_elf, is_fatbin, parse_cubin, parse_fatbin
+from metrale_orch.tree import Target, TreeSnapshot, walk
+
+__all__ = [
+    "CACHE_NAME",
+    "Collected",
+    "collect_resources",
+    "run_ptxas",
+    "select_targets",
+]
+
+log = logging.getLogger(__name__)
+
+#: The ptxas answer cache, in ``<build_dir>/.state/``.
+CACHE_NAME = "resources.json"
+_CACHE_SCHEMA = 1
+#: Output kinds whose artefacts have a register report.
+_REPORTED_OUTPUTS = ("ptx", "cubin", "fatbin")
+#: Seconds one ptxas run may take.
+PTXAS_TIMEOUT = 300.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Collected:
+    """A report and what producing it cost (not part of the report: it varies run to run)."""
+
+    report: ResourceReport
+    #: ptxas processes started.
+    ptxas_runs: int
+    #: PTX artefacts answered from the cache.
+    cache_hits: int
+
+
+def select_targets(targets: list[Target], pattern: str | None) -> list[Target]:
+    """The targets ``pattern`` (an fnmatch wildcard over ``hw/model/quant``, optionally
+    ``build:``-prefixed as in doit) selects, in order (pure). Raises
+    :class:`NoTargetMatches` when it selects none."""
+    if pattern is None:
+        return targets
+    pat = pattern.removeprefix("build:").strip("/")
+    chosen = [t for t in targets if fnmatch.fnmatchcase(str(t), pat)]
+    if not chosen:
+        raise NoTargetMatches(pattern)
+    return chosen
+
+
+def run_ptxas(ptxas: Path, ptx: Path, arch: str, environ: Mapping[str, str]) -> str:
+    """Assemble ``ptx`` for ``arch`` with ``ptxas -v`` (output discarded) and return its
+    report (stdout and stderr). Raises :class:`~metrale_orch.proc.ProcessError`."""
+    done = run_process(
+        [str(ptxas), "-v", f"-arch={arch}", str(ptx), "-o", os.devnull],
+        env=environ,
+        timeout=PTXAS_TIMEOUT,
+    )
+    return done.stdout + done.stderr
+
+
+def collect_resources(
+    root: Path, build_dir: Path, pattern: str | None, environ: Mapping[str, str]
+) -> Collected:
+    """The register report of ``build_dir`` for the targets ``pattern`` selects (all when
+    None), sorted by target.
+
+    Raises ``LayoutError`` when the tree does not resolve, :class:`NoTargetMatches` when
+    the pattern selects nothing; a problem of one target is that target's ``error`` line.
+    A run over every target (no pattern) also drops cache entries it did not use.
+    """
+    root = Path(os.path.abspath(root))
+    build_dir = Path(os.path.abspath(build_dir))
+    snap = TreeSnapshot(root)
+    targets = select_targets(walk(root, snap), pattern)
+    run = _Run(root=root, environ=environ, cache=_Cache.load(build_dir / STATE_DIR / CACHE_NAME))
+    toolchains = load_toolchains(root)
+    out = []
+    for target in targets:
+        try:
+            hardware = snap.hardware(target.hardware)
+            toolchain = select_toolchain(hardware, toolchains)
+            if toolchain.output not in _REPORTED_OUTPUTS:
+                out.append(
+                    TargetResources(
+                        target=str(target),
+                        status="no-report",
+                        arch=hardware.arch or "",
+                        detail=(
+                            f"no register report for toolchain {toolchain.name!r} "
+                            f"(vendor {hardware.vendor}, {toolchain.output} artefacts): "
+                            "only PTX and cubin artefacts have one"
+                        ),
+                    )
+                )
+                continue
+            out.append(_collect_target(run, target, toolchain, build_dir))
+        except MetraleError as exc:  # the package's own: this target's line, then the next
+            detail = "; ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())
+            out.append(TargetResources(target=str(target), status="error", detail=detail))
+    run.cache.save(prune=pattern is None)
+    report = ResourceReport(build_dir=rel_posix(build_dir, root), targets=tuple(out))
+    return Collected(report=report, ptxas_runs=run.ptxas_runs, cache_hits=run.cache_hits)
+
+
+# ---------------------------------------------------------------------------- internals
+
+
+@dataclass(slots=True)
+class _Cache:
+    """``key -> kernels`` of earlier ptxas runs; ``dirty`` when this run added some,
+    ``used`` the keys this run asked for."""
+
+    path: Path
+    entries: dict[str, list[dict[str, object]]]
+    dirty: bool = False
+    used: set[str] = field(default_factory=set)
+
+    @classmethod
+    def load(cls, path: Path) -> _Cache:
+        try:
+            doc = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            return cls(path=path, entries={})
+        except (OSError, ValueError) as exc:
+            log.warning("%s: ignoring an unreadable resource cache (%s)", path, exc)
+            return cls(path=path, entries={})
+        if not isinstance(doc, dict) or doc.get("schema") != _CACHE_SCHEMA:
+            return cls(path=path, entries={})
+        entries = doc.get("entries")
+        if not isinstance(entries, dict):
+            return cls(path=path, entries={})
+        return cls(path=path, entries=entries)
+
+    def get(self, key: str) -> tuple[KernelResources, ...] | None:
+        self.used.add(key)
+        found = self.entries.get(key)
+        if not isinstance(found, list):
+            return None
+        try:
+            return tuple(KernelResources.from_dict(k) for k in found)
+        except (ValueError, AttributeError):
+            return None
+
+    def put(self, key: str, kernels: tuple[KernelResources, ...]) -> None:
+        self.entries[key] = [k.to_dict() for k in kernels]
+        self.dirty = True
+
+    def save(self, *, prune: bool) -> None:
+        if prune and self.entries.keys() - self.used:
+            self.entries = {k: v for k, v in self.entries.items() if k in self.used}
+            self.dirty = True
+        if not self.dirty:
+            return
+        doc = {"schema": _CACHE_SCHEMA, "entries": self.entries}
+        try:
+            write_atomic(self.path, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
+        except OSError as exc:
+            log.warning("%s: cannot save the resource cache (%s)", self.path, exc)
+
+
+@dataclass(slots=True)
+class _Run:
+    root: Path
+    environ: Mapping[str, str]
+    cache: _Cache
+    ptxas_runs: int = 0
+    cache_hits: int = 0
+    #: (toolchain, arch) -> (ptxas, its stamp for cache keys).
+    ptxas: dict[tuple[str, str], tuple[Path, str]] = field(default_factory=dict)
+
+    def find_ptxas(self, toolchain: Toolchain, arch: str) -> tuple[Path, str]:
+        memo = (toolchain.name, arch)
+        if memo not in self.ptxas:
+            program = locate_toolchain(toolchain, self.environ, arch=arch)
+            ptxas = program.with_name("ptxas" + program.suffix)
+            try:
+                st = ptxas.stat()
+            except OSError:
+                raise PtxasMissing(str(ptxas), str(program)) from None
+            stamp = f"{os.path.realpath(ptxas)}:{st.st_size}:{st.st_mtime_ns}"
+            self.ptxas[memo] = (ptxas, stamp)
+        return self.ptxas[memo]
+
+
+def _read_manifest(path: Path, shown: str) -> Manifest:
+    """The target's manifest (:func:`~metrale_orch.manifest.read_manifest`); raises
+    :class:`BadManifest` naming ``shown``."""
+    try:
+        manifest = read_manifest(path)
+    except OSError as exc:
+        raise BadManifest(shown, f"cannot be read ({exc.strerror or exc})") from None
+    except ManifestError as exc:
+        raise BadManifest(shown, f"cannot be read ({exc})") from None
+    for module in manifest.modules:
+        if "/" in module.artefact or module.artefact in ("", ".", ".."):
+            raise BadManifest(shown, f"artefact {module.artefact!r} is not a file name")
+    return manifest
+
+
+def _collect_target(
+    run: _Run, target: Target, toolchain: Toolchain, build_dir: Path
+) -> TargetResources:
+    tdir = target_dir(build_dir, target.hardware, target.model, target.quant)
+    manifest = tdir / MANIFEST_NAME
+    shown = rel_posix(manifest, run.root)
+    if not manifest.is_file():
+        return TargetResources(
+            target=str(target),
+            status="not-built",
+            detail=f"not built (no {shown})",
+        )
+    doc = _read_manifest(manifest, shown)
+    arch = doc.arch
+    out = []
+    for module in sorted(doc.modules, key=lambda m: (m.artefact, m.name)):
+        path = tdir / module.artefact
+        kernels = _artefact_kernels(run, toolchain, path, arch, doc.toolchain_identity)
+        out.append(
+            ModuleResources(
+                module=module.name, artefact=rel_posix(path, build_dir), kernels=kernels
+            )
+        )
+    return TargetResources(target=str(target), status="ok", arch=arch, modules=tuple(out))
+
+
+def _artefact_kernels(
+    run: _Run, toolchain: Toolchain, path: Path, arch: str, identity: str
+) -> tuple[KernelResources, ...]:
+    shown = rel_posix(path, run.root)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UnreadableArtefact(shown, f"cannot be read ({exc.strerror or exc})") from None
+    if is_elf(data):
+        return kernels_from_cubin(parse_cubin(data), arch)
+    if is_fatbin(data):
+        cubins = [e.elf for e in parse_fatbin(data).entries if e.elf is not None]
+        if not cubins:
+            raise UnreadableArtefact(shown, "the fatbin holds no uncompressed cubin to read")
+        found = [k for info in cubins for k in kernels_from_cubin(info, info.arch)]
+        return tuple(sorted(found, key=lambda k: (k.kernel, k.arch)))
+    if b".entry" not in data and b".target" not in data:
+        raise UnreadableArtefact(shown, "is neither PTX, a cubin nor a fatbin")
+    ptxas, stamp = run.find_ptxas(toolchain, arch)
+    key = f"ptx|{arch}|{xxhash.xxh3_128_hexdigest(data)}|{identity}|{stamp}"
+    cached = run.cache.get(key)
+    if cached is not None:
+        run.cache_hits += 1
+        return cached
+    run.ptxas_runs += 1
+    kernels = parse_ptxas_report(run_ptxas(ptxas, path, arch, run.environ), where=shown)
+    run.cache.put(key, kernels)
+    return kernels
