@@ -57,7 +57,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
 
 import xxhash
 
@@ -119,8 +118,8 @@ def _change_ns(st: os.stat_result) -> int:
     return st.st_ctime_ns if os.name == "posix" else st.st_mtime_ns
 
 
-def _stat_key(st: os.stat_result) -> list[int]:
-    return [st.st_mtime_ns, _change_ns(st), st.st_size, st.st_ino, stat.S_IFMT(st.st_mode)]
+def _stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    return (st.st_mtime_ns, _change_ns(st), st.st_size, st.st_ino, stat.S_IFMT(st.st_mode))
 
 
 def _kind(entry: os.DirEntry[str]) -> str:
@@ -160,6 +159,10 @@ def _is_toml(name: str) -> bool:
 
 # ------------------------------------------------------------------------------ scan
 
+#: One watched item: (kind, path, mtime_ns, change_ns, size, inode, file type, digest).
+#: Read back from marshal data, it is checked by unpacking (a bad one is a miss).
+Watch = tuple[str, str, int, int, int, int, int, str]
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Scan:
@@ -169,7 +172,7 @@ class Scan:
     started_ns: int
     #: (kind, path, mtime_ns, change_ns, size, inode, file type, digest), sorted; kind:
     #: "d" a tree directory, "f" a tree file (both never links), "p" a package file
-    watches: tuple[tuple[Any, ...], ...]
+    watches: tuple[Watch, ...]
 
 
 def scan(kernels: Path, package_files: Iterable[Path]) -> Scan | None:
@@ -181,7 +184,7 @@ def scan(kernels: Path, package_files: Iterable[Path]) -> Scan | None:
     reads the tree.
     """
     started = time.time_ns()
-    watches: list[tuple[Any, ...]] = []
+    watches: list[Watch] = []
     stack = [os.fspath(kernels)]
     try:
         if not stat.S_ISDIR(os.lstat(stack[0]).st_mode):
@@ -261,7 +264,7 @@ def _python() -> bytes:
     return "".join(sys.version.split()).encode("ascii", "replace")
 
 
-def _pack(key: str, started_ns: int, watches: Sequence[Sequence[Any]], body: bytes) -> bytes:
+def _pack(key: str, started_ns: int, watches: Sequence[Sequence[object]], body: bytes) -> bytes:
     header = marshal.dumps(
         {
             "schema": SCHEMA,
@@ -276,7 +279,7 @@ def _pack(key: str, started_ns: int, watches: Sequence[Sequence[Any]], body: byt
     return _MAGIC + line + header + body
 
 
-def _encode_body(specs: Sequence[CachedSpec], extra: Any = None) -> bytes:
+def _encode_body(specs: Sequence[CachedSpec], extra: object = None) -> bytes:
     # One str object per distinct path: marshal writes it once and back-references it,
     # and loading shares it again, so ~45 000 edges cost ~9 000 strings.
     interned: dict[str, str] = {}
@@ -308,7 +311,7 @@ def cache_path(state_dir: Path, key: str) -> Path:
 
 
 def store(
-    path: Path, key: str, scanned: Scan, specs: Sequence[CachedSpec], extra: Any = None
+    path: Path, key: str, scanned: Scan, specs: Sequence[CachedSpec], extra: object = None
 ) -> None:
     """Write the cache file (temporary file + rename; errors are ignored), then remove
     all but the :data:`KEEP` most recently written entries beside it.
@@ -341,7 +344,7 @@ class Lookup:
     #: The cached specs on a hit, else None.
     specs: tuple[CachedSpec, ...] | None
     #: What :func:`store` was given as ``extra`` (None on a miss).
-    extra: Any = None
+    extra: object = None
     #: "hit", or why not (for logs and tests).
     reason: str
     #: Watched items compared by content on this hit (stat changed or racy).
@@ -358,7 +361,7 @@ def _miss(reason: str) -> Lookup:
 _TYPE_OF = {"d": stat.S_IFDIR, "f": stat.S_IFREG, "p": stat.S_IFREG}
 
 
-def _check(watch: Sequence[Any], started_ns: int) -> tuple[bool, list[Any] | None]:
+def _check(watch: Watch, started_ns: int) -> tuple[bool, Watch | None]:
     """(still valid, the refreshed watch when it had to be compared by content)."""
     kind, path, mtime, change, size, ino, fmt, digest = watch
     try:
@@ -367,7 +370,7 @@ def _check(watch: Sequence[Any], started_ns: int) -> tuple[bool, list[Any] | Non
     except OSError:
         return False, None
     now = _stat_key(st)
-    if now == [mtime, change, size, ino, fmt] and change < started_ns - RACY_NS:
+    if now == (mtime, change, size, ino, fmt) and change < started_ns - RACY_NS:
         return True, None
     if now[4] != _TYPE_OF[kind]:
         return False, None
@@ -377,10 +380,10 @@ def _check(watch: Sequence[Any], started_ns: int) -> tuple[bool, list[Any] | Non
         return False, None
     if current != digest:
         return False, None
-    return True, [kind, path, *now, digest]
+    return True, (kind, path, *now, digest)
 
 
-def _unpack(data: bytes) -> tuple[dict[str, Any], bytes] | str:
+def _unpack(data: bytes) -> tuple[dict[str, object], bytes] | str:
     """(header, body bytes) of a cache file, or why it cannot be read."""
     if not data.startswith(_MAGIC):
         return "not a task cache file"
@@ -432,7 +435,7 @@ def lookup(path: Path, key: str) -> Lookup:
     watches = header.get("watches")
     if not isinstance(started_ns, int) or not isinstance(watches, list):
         return _miss("unreadable header")
-    fresh: list[Any] = []
+    fresh: list[Sequence[object]] = []
     compared = 0
     settled = False  # some item compared by content now has a stat worth trusting
     trusted_before = started_ns - RACY_NS
@@ -474,7 +477,7 @@ def lookup(path: Path, key: str) -> Lookup:
     return Lookup(specs=specs, extra=extra, reason="hit", compared=compared, refreshed=settled)
 
 
-def _decode_body(body: bytes) -> tuple[tuple[CachedSpec, ...], Any]:
+def _decode_body(body: bytes) -> tuple[tuple[CachedSpec, ...], object]:
     rows, extra = marshal.loads(body)
     specs = tuple(
         [
