@@ -23,6 +23,8 @@ STRIKE = "\u0336"
 SHADOWS = "hopper/qwen3-8b/bf16"
 USES = "b300/qwen3-8b/bf16"
 REDIRECT = "gb10/qwen3-4b/bf16"
+#: A leaf source replacing a common file of the same stem: the loser is also an entry.
+LEAF_OVER_COMMON = "hopper/gemma3-4b/bf16"
 
 
 def _layout(target: str) -> Layout:
@@ -59,25 +61,34 @@ def _dot_clusters(text: str) -> dict[str, list[str]]:
 
 
 def _expected(layout: Layout, *, struck: str) -> dict[str, list[str]]:
-    """What each layer must hold: its winning entries, and its struck-through losers."""
+    """What each layer must hold: its entries (struck through when a shadow's loser: a
+    common file a leaf source replaces by stem), and the losers from other layers."""
+
+    def strike(name: str) -> str:
+        return struck + name if struck == "~" else "".join(ch + STRIKE for ch in name)
+
+    losers = {s.loser for s in layout.shadows}
     want: dict[str, list[str]] = {}
     titles = []
     for i, layer in enumerate(layout.layers):
         title = f"{i} {layer.role.value} {layer.tier.value}: {rel_posix(layer.dir, REPO)}"
         titles.append(title)
         want[title] = []
+    sources = set()
     for entries in (layout.leaf, layout.common):
         for name, entry in entries.items():
-            want[titles[entry.layer]].append(name)
+            sources.add(entry.source)
+            lost = entry.source in losers
+            want[titles[entry.layer]].append(strike(name) if lost else name)
     for shadow in layout.shadows:
+        if shadow.loser in sources:
+            continue
         layer = next(i for i, lay in enumerate(layout.layers) if lay.dir == shadow.loser.parent)
-        want[titles[layer]].append(
-            struck + shadow.name if struck == "~" else "".join(ch + STRIKE for ch in shadow.name)
-        )
+        want[titles[layer]].append(strike(shadow.name))
     return {k: sorted(v) for k, v in want.items()}
 
 
-@pytest.mark.parametrize("target", [SHADOWS, USES, REDIRECT])
+@pytest.mark.parametrize("target", [SHADOWS, USES, REDIRECT, LEAF_OVER_COMMON])
 def test_mermaid_has_every_layer_entry_and_shadow(target: str) -> None:
     layout = _layout(target)
     got = _mermaid_clusters(draw_layout(layout, REPO, "mermaid"))
@@ -85,7 +96,7 @@ def test_mermaid_has_every_layer_entry_and_shadow(target: str) -> None:
     assert inside == _expected(layout, struck=STRIKE)
 
 
-@pytest.mark.parametrize("target", [SHADOWS, USES, REDIRECT])
+@pytest.mark.parametrize("target", [SHADOWS, USES, REDIRECT, LEAF_OVER_COMMON])
 def test_dot_has_every_layer_entry_and_shadow(target: str) -> None:
     layout = _layout(target)
     got = _dot_clusters(draw_layout(layout, REPO, "dot"))
@@ -93,8 +104,9 @@ def test_dot_has_every_layer_entry_and_shadow(target: str) -> None:
     assert inside == _expected(layout, struck="~")
 
 
-def test_shadow_edges_carry_the_declared_reason_from_the_winner() -> None:
-    layout = _layout(SHADOWS)
+@pytest.mark.parametrize("target", [SHADOWS, LEAF_OVER_COMMON])
+def test_shadow_edges_carry_the_declared_reason_from_the_winner(target: str) -> None:
+    layout = _layout(target)
     assert len(layout.shadows) >= 2
     text = draw_layout(layout, REPO, "mermaid")
     ids = dict(re.findall(r'\s*(\w+)\["([^"]*)"\]', text))

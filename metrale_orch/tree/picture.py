@@ -72,6 +72,8 @@ def _graph(layout: Layout, root: Path) -> _Graph:
     nodes: list[_Node] = []
     edges: list[_Edge] = []
     by_source: dict[tuple[str, Path], str] = {}
+    losers = {shadow.loser for shadow in layout.shadows}
+    loser_ids: dict[Path, str] = {}
     entries: list[tuple[str, str, Entry]] = [
         (role, name, entry)
         for role, entries_of in (("leaf", layout.leaf), ("common", layout.common))
@@ -79,8 +81,15 @@ def _graph(layout: Layout, root: Path) -> _Graph:
     ]
     for n, (role, name, entry) in enumerate(entries):
         node_id = f"e{n}"
-        nodes.append(_Node(id=node_id, label=name, layer=entry.layer, kind="entry"))
+        # A common file whose stem a leaf source replaces is staged but not compiled:
+        # one node, struck through, rather than the entry and its loser twice.
+        lost = entry.source in losers
+        nodes.append(
+            _Node(id=node_id, label=name, layer=entry.layer, kind="loser" if lost else "entry")
+        )
         by_source[(role, entry.source)] = node_id
+        if lost:
+            loser_ids[entry.source] = node_id
         if entry.used:
             file_id = f"u{n}"
             nodes.append(
@@ -88,12 +97,15 @@ def _graph(layout: Layout, root: Path) -> _Graph:
             )
             edges.append(_Edge(tail=file_id, head=node_id, label="use", kind="use"))
     for n, shadow in enumerate(layout.shadows):
-        loser_id = f"s{n}"
-        layer = next(
-            (i for i, lay in enumerate(layout.layers) if shadow.loser.parent == lay.dir), None
-        )
-        label = shadow.name if layer is not None else rel_posix(shadow.loser, root)
-        nodes.append(_Node(id=loser_id, label=label, layer=layer, kind="loser"))
+        loser_id = loser_ids.get(shadow.loser, "")
+        if not loser_id:
+            loser_id = f"s{n}"
+            layer = next(
+                (i for i, lay in enumerate(layout.layers) if shadow.loser.parent == lay.dir),
+                None,
+            )
+            label = shadow.name if layer is not None else rel_posix(shadow.loser, root)
+            nodes.append(_Node(id=loser_id, label=label, layer=layer, kind="loser"))
         winner_id = by_source.get((shadow.role.value, shadow.winner))
         if winner_id is None:
             winner_id = f"w{n}"
