@@ -43,9 +43,9 @@ class ManifestError(MetraleError, ValueError):
 
     exit_code = 1
 
-    def __init__(self, problem: str) -> None:
-        self.problem = problem
-        super().__init__(problem)
+    problem: str
+
+    template = "{problem}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
