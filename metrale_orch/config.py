@@ -45,11 +45,11 @@ CACHE_MODES = ("read-write", "read-only", "off")
 class ConfigError(MetraleError):
     """A configuration value is malformed or unknown; names where and which key."""
 
-    def __init__(self, where: str, key: str, problem: str) -> None:
-        self.where = where
-        self.key = key
-        self.problem = problem
-        super().__init__(f"{where}: {key}: {problem}")
+    where: str
+    key: str
+    problem: str
+
+    template = "{where}: {key}: {problem}"
 
 
 T = TypeVar("T")

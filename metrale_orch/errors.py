@@ -3,9 +3,10 @@
 Every error that leaves ``metrale_orch`` derives from :class:`MetraleError`;
 each package area has its own base below it (``LayoutError``,
 ``DefaultsError``, ``ConfigError``, ...), and a subclass per case that carries
-its data as attributes. The CLI and the doit action wrapper are the only
-places that catch broadly; they print ``str(error)`` as one line and exit with
-``error.exit_code``.
+its data as attributes. A case declares its data as fields and renders its
+message in ``__str__``; :class:`MetraleError` makes it a dataclass of them (see
+there). The CLI and the doit action wrapper are the only places that catch
+broadly; they print ``str(error)`` as one line and exit with ``error.exit_code``.
 
 Exit statuses (README): :data:`EXIT_OK`, :data:`EXIT_FAILURE` (a build or
 check that ran and failed), :data:`EXIT_USAGE` (usage, tree or configuration
@@ -18,11 +19,13 @@ is shown, so printing one never fails.
 
 from __future__ import annotations
 
+import inspect
 import re
 import signal
 import threading
+from dataclasses import dataclass
 from types import FrameType
-from typing import NoReturn
+from typing import ClassVar, NoReturn, dataclass_transform
 
 __all__ = [
     "EXIT_FAILURE",
@@ -42,11 +45,50 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 
 
+@dataclass_transform(eq_default=False)
 class MetraleError(Exception):
-    """Base of every error this package raises on purpose."""
+    """Base of every error this package raises on purpose.
 
-    #: Exit status the CLI uses for this error (2: usage or tree error).
-    exit_code: int = EXIT_USAGE
+    A subclass that declares fields (annotated class attributes) becomes a
+    dataclass of them: its constructor takes them in order and keeps each as an
+    attribute. Its message is rendered from them when it is shown: from
+    :attr:`template`, a :meth:`str.format` template over the error's attributes
+    (``"{rel}: [sources] use {use!r}: {problem}"``), or from its own ``__str__``
+    where the text is computed. So a case states only its data and its text.
+
+    Equality stays identity (``eq=False``: errors stay hashable) and instances
+    stay mutable (Python sets ``__traceback__`` and ``__notes__`` on them). A
+    subclass without fields (an area's base, a case that changes only its text
+    or :attr:`exit_code`) keeps ``Exception``'s constructor: ``UsageError("...")``.
+    """
+
+    #: Exit status the CLI uses for this error (2: usage or tree error). Subclasses
+    #: set it (and :attr:`template`) without an annotation: an annotated name is a field.
+    exit_code: ClassVar[int] = EXIT_USAGE
+    #: The message as a template over the attributes; "" for ``Exception``'s own text.
+    template: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if inspect.get_annotations(cls):
+            dataclass(eq=False)(cls)
+
+    def __str__(self) -> str:
+        if self.template:
+            return self.template.format_map(_Attributes(self))
+        return super().__str__()
+
+
+class _Attributes:
+    """An error's attributes (fields and properties) by name, for ``str.format_map``."""
+
+    __slots__ = ("_error",)
+
+    def __init__(self, error: MetraleError) -> None:
+        self._error = error
+
+    def __getitem__(self, name: str) -> object:
+        return getattr(self._error, name)
 
 
 class UsageError(MetraleError):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Literal, cast, get_args
@@ -43,9 +43,9 @@ class ManifestError(MetraleError, ValueError):
 
     exit_code = 1
 
-    def __init__(self, problem: str) -> None:
-        self.problem = problem
-        super().__init__(problem)
+    problem: str
+
+    template = "{problem}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,17 +64,6 @@ class ManifestModule:
     key: str
     outcome: ModuleOutcome
 
-    def to_dict(self) -> dict[str, str]:
-        return {
-            "name": self.name,
-            "stem": self.stem,
-            "source": self.source,
-            "artefact": self.artefact,
-            "xxh3": self.xxh3,
-            "key": self.key,
-            "outcome": self.outcome,
-        }
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ManifestShadow:
@@ -85,15 +74,6 @@ class ManifestShadow:
     winner: str
     loser: str
     reason: str
-
-    def to_dict(self) -> dict[str, str]:
-        return {
-            "role": self.role,
-            "name": self.name,
-            "winner": self.winner,
-            "loser": self.loser,
-            "reason": self.reason,
-        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,8 +102,9 @@ class Manifest:
             "arch": self.arch,
             "toolchain": {"name": self.toolchain_name, "identity": self.toolchain_identity},
             "flags": list(self.flags),
-            "modules": [m.to_dict() for m in self.modules],
-            "shadows": [s.to_dict() for s in self.shadows],
+            # An entry's fields in their order (dataclasses.asdict).
+            "modules": [asdict(m) for m in self.modules],
+            "shadows": [asdict(s) for s in self.shadows],
             "shadowed_dropped": [list(pair) for pair in self.shadowed_dropped],
             "defaults": dict(self.defaults),
         }

@@ -82,24 +82,23 @@ class MatrixError(MetraleError):
 class RunnersError(MatrixError):
     """``ci/runners.toml`` is missing, unreadable or malformed; names the file and key."""
 
-    def __init__(self, path: str, key: str, problem: str) -> None:
-        self.path = path
-        self.key = key
-        self.problem = problem
-        super().__init__(f"{path}: {key}: {problem}")
+    path: str
+    key: str
+    problem: str
+
+    template = "{path}: {key}: {problem}"
 
 
 class UnmappedHardware(MatrixError):
     """A hardware has no runner class and the runner map has no ``[default]``."""
 
-    def __init__(self, hardware: tuple[str, ...], path: str) -> None:
-        self.hardware = hardware
-        self.path = path
-        names = ", ".join(hardware)
-        first = hardware[0]
-        super().__init__(
-            f"{path}: [hardware]: no runner for hardware {names}; add "
-            f'`{first} = "<runner class>"` under [hardware], or a [default] runner, '
+    hardware: tuple[str, ...]
+    path: str
+
+    def __str__(self) -> str:
+        return (
+            f"{self.path}: [hardware]: no runner for hardware {', '.join(self.hardware)}; add "
+            f'`{self.hardware[0]} = "<runner class>"` under [hardware], or a [default] runner, '
             "or pass --allow-unmapped to leave it out of the matrix"
         )
 
@@ -107,21 +106,22 @@ class UnmappedHardware(MatrixError):
 class ShardSpecError(MatrixError):
     """A ``--shards HW=N`` / ``--shard-size N`` value is malformed or names no hardware."""
 
-    def __init__(self, spec: str, problem: str) -> None:
-        self.spec = spec
-        self.problem = problem
-        super().__init__(f"--shards {spec}: {problem}")
+    spec: str
+    problem: str
+
+    template = "--shards {spec}: {problem}"
 
 
 class NoMatch(MatrixError):
     """The PATTERN matched no hardware and no target."""
 
-    def __init__(self, pattern: str, hardware: tuple[str, ...]) -> None:
-        self.pattern = pattern
-        self.hardware = hardware
-        known = ", ".join(hardware) or "(none)"
-        super().__init__(
-            f"pattern {pattern!r} matches no hardware and no target under kernels/ "
+    pattern: str
+    hardware: tuple[str, ...]
+
+    def __str__(self) -> str:
+        known = ", ".join(self.hardware) or "(none)"
+        return (
+            f"pattern {self.pattern!r} matches no hardware and no target under kernels/ "
             f"(hardware: {known}); use a hardware name or an fnmatch pattern such as 'hopper/*'"
         )
 

@@ -1,6 +1,7 @@
 """The build steps' errors: one base (:class:`BuildError`) and a class per case.
 
-Each error keeps its data as attributes and says what and where in its text
+Each error keeps its data as attributes (fields, see
+:class:`~metrale_orch.errors.MetraleError`) and says what and where in its text
 (file and key, target and module, the command line and the compiler's
 output). Imports nothing of the build package, so every build module may
 raise them.
@@ -9,6 +10,7 @@ raise them.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import KW_ONLY
 
 from metrale_orch.errors import MetraleError
 from metrale_orch.proc import format_argv
@@ -35,11 +37,14 @@ class ToolchainError(BuildError):
 
     exit_code = 2
 
-    def __init__(self, where: str, key: str, problem: str) -> None:
-        self.where = where
-        self.key = key
-        self.problem = problem
-        super().__init__(f"{where}: {key}: {problem}" if key else f"{where}: {problem}")
+    where: str
+    key: str
+    problem: str
+
+    def __str__(self) -> str:
+        if self.key:
+            return f"{self.where}: {self.key}: {self.problem}"
+        return f"{self.where}: {self.problem}"
 
 
 class ToolchainMissing(BuildError):
@@ -47,13 +52,15 @@ class ToolchainMissing(BuildError):
 
     exit_code = 1
 
-    def __init__(self, toolchain: str, program: str, hint: str, *, detail: str = "") -> None:
-        self.toolchain = toolchain
-        self.program = program
-        self.hint = hint
-        self.detail = detail
-        what = detail or f"`{program}` was not found"
-        super().__init__(f"toolchain {toolchain!r} is not installed: {what}; install {hint}")
+    toolchain: str
+    program: str
+    hint: str
+    _: KW_ONLY
+    detail: str = ""
+
+    def __str__(self) -> str:
+        what = self.detail or f"`{self.program}` was not found"
+        return f"toolchain {self.toolchain!r} is not installed: {what}; install {self.hint}"
 
 
 class BuildConfigError(BuildError):
@@ -61,11 +68,11 @@ class BuildConfigError(BuildError):
 
     exit_code = 2
 
-    def __init__(self, path: str, key: str, problem: str) -> None:
-        self.path = path
-        self.key = key
-        self.problem = problem
-        super().__init__(f"{path}: {key}: {problem}")
+    path: str
+    key: str
+    problem: str
+
+    template = "{path}: {key}: {problem}"
 
 
 class CompileError(BuildError):
@@ -116,11 +123,11 @@ class CompileError(BuildError):
 class StageError(BuildError):
     """A target cannot be staged (colliding staged paths, unwritable build dir)."""
 
-    def __init__(self, target: str, path: str, problem: str) -> None:
-        self.target = target
-        self.path = path
-        self.problem = problem
-        super().__init__(f"{target}: staging {path}: {problem}")
+    target: str
+    path: str
+    problem: str
+
+    template = "{target}: staging {path}: {problem}"
 
 
 class ContainmentError(StageError):
@@ -128,8 +135,4 @@ class ContainmentError(StageError):
 
     exit_code = 2
 
-    def __init__(self, target: str, path: str, problem: str) -> None:
-        self.target = target
-        self.path = path
-        self.problem = problem
-        BuildError.__init__(self, f"{target}: {path}: {problem}")
+    template = "{target}: {path}: {problem}"

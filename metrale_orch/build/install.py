@@ -20,7 +20,7 @@ from metrale_orch.build.plan import TargetPlan, shadow_dict
 from metrale_orch.build.results import ModuleResult
 from metrale_orch.defaults import render_defaults_header, render_defaults_json
 from metrale_orch.fsutil import FileState, write_if_changed
-from metrale_orch.manifest import Manifest, ManifestModule, ManifestShadow
+from metrale_orch.manifest import Manifest, ManifestShadow
 from metrale_orch.paths import MANIFEST_NAME, root_relative, target_dir
 from metrale_orch.tree import Layout
 
@@ -46,18 +46,7 @@ def plan_manifest(
         toolchain_name=plan.toolchain.name,
         toolchain_identity=plan.identity,
         flags=plan.flags,
-        modules=tuple(
-            ManifestModule(
-                name=r.name,
-                stem=r.stem,
-                source=r.source,
-                artefact=r.artefact,
-                xxh3=r.xxh3,
-                key=r.key,
-                outcome=r.outcome,
-            )
-            for r in results
-        ),
+        modules=tuple(r.manifest_entry() for r in results),
         shadows=tuple(ManifestShadow(**shadow_dict(s, root)) for s in layout.shadows),
         shadowed_dropped=tuple(sorted((d.module, d.kernel) for d in dropped)),
         defaults=render_defaults_json(plan.defaults),

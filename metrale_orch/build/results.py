@@ -8,12 +8,12 @@ keys sorted where they cross the process boundary).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from types import MappingProxyType
 
 from metrale_orch.build.errors import CompileError
 from metrale_orch.fsutil import FileState
-from metrale_orch.manifest import ModuleOutcome
+from metrale_orch.manifest import ManifestModule, ModuleOutcome
 
 __all__ = ["ModuleResult", "TargetResult"]
 
@@ -32,16 +32,13 @@ class ModuleResult:
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "name": self.name,
-            "stem": self.stem,
-            "source": self.source,
-            "artefact": self.artefact,
-            "key": self.key,
-            "outcome": self.outcome,
-            "xxh3": self.xxh3,
-            "seconds": round(self.seconds, 6),
-        }
+        """The fields in their order, ``seconds`` rounded to the microsecond."""
+        return {**asdict(self), "seconds": round(self.seconds, 6)}
+
+    def manifest_entry(self) -> ManifestModule:
+        """This module as the manifest records it (a :class:`ManifestModule` holds a
+        subset of these fields)."""
+        return ManifestModule(**{f.name: getattr(self, f.name) for f in fields(ManifestModule)})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

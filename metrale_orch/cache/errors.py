@@ -27,39 +27,40 @@ class CacheError(MetraleError):
 class CacheSettingsError(CacheError):
     """A cache setting is out of range; names the setting and the value."""
 
-    def __init__(self, setting: str, value: object, problem: str) -> None:
-        self.setting = setting
-        self.value = value
-        super().__init__(f"cache setting {setting}={value!r}: {problem}")
+    setting: str
+    value: object
+    problem: str
+
+    template = "cache setting {setting}={value!r}: {problem}"
 
 
 class CacheKeyError(CacheError):
     """A key is malformed, or key parts / meta hold a value that cannot be encoded."""
 
-    def __init__(self, what: str, problem: str) -> None:
-        self.what = what
-        self.problem = problem
-        super().__init__(f"cache key {what}: {problem}")
+    what: str
+    problem: str
+
+    template = "cache key {what}: {problem}"
 
 
 class CacheStatsError(CacheError):
     """A statistics file cannot be read; names the file."""
 
-    def __init__(self, path: Path, problem: str) -> None:
-        self.path = path
-        self.problem = problem
-        super().__init__(f"{path}: {problem} (delete it; the next build writes a fresh one)")
+    path: Path
+    problem: str
+
+    template = "{path}: {problem} (delete it; the next build writes a fresh one)"
 
 
 class SizeError(CacheError):
     """A size such as ``500M`` cannot be parsed."""
 
-    def __init__(self, text: str) -> None:
-        self.text = text
-        super().__init__(
-            f"size {text!r} is not understood: use bytes or a number with K, M, G or T "
-            "(powers of 1024), e.g. 500M or 2G"
-        )
+    text: str
+
+    template = (
+        "size {text!r} is not understood: use bytes or a number with K, M, G or T "
+        "(powers of 1024), e.g. 500M or 2G"
+    )
 
 
 def why(exc: OSError) -> str:

@@ -19,10 +19,11 @@ class SmokeError(MetraleError):
 class SmokeCaseError(SmokeError):
     """A ``SMOKE.toml`` case is malformed; names the file, the case and the key."""
 
-    def __init__(self, path: str, case: str, key: str, problem: str) -> None:
-        self.path = path
-        self.case = case
-        self.key = key
-        self.problem = problem
-        where = f"{path}: case {case!r}" if case else path
-        super().__init__(f"{where}: {key}: {problem} (see the smoke case format)")
+    path: str
+    case: str
+    key: str
+    problem: str
+
+    def __str__(self) -> str:
+        where = f"{self.path}: case {self.case!r}" if self.case else self.path
+        return f"{where}: {self.key}: {self.problem} (see the smoke case format)"

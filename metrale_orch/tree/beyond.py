@@ -62,16 +62,16 @@ class EscapingInclude(MetraleError):
 
     exit_code = 2
 
-    def __init__(self, where: str, line: int, name: str, resolved: str) -> None:
-        self.where = where
-        self.line = line
-        self.name = name
-        self.resolved = resolved
-        super().__init__(
-            f'{where}:{line}: #include "{name}" resolves to {resolved}, outside kernels/; '
-            "a kernel tree builds only its own files: copy the header into kernels/ "
-            "(or include it with <...> from a system directory)"
-        )
+    where: str
+    line: int
+    name: str
+    resolved: str
+
+    template = (
+        '{where}:{line}: #include "{name}" resolves to {resolved}, outside kernels/; '
+        "a kernel tree builds only its own files: copy the header into kernels/ "
+        "(or include it with <...> from a system directory)"
+    )
 
 
 @dataclass(frozen=True, slots=True)
