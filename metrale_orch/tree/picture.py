@@ -13,7 +13,7 @@ same text.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -59,9 +59,7 @@ class _Graph:
 
 def draw_layout(layout: Layout, root: Path, fmt: PictureFormat) -> str:
     """The layout as ``dot`` or ``mermaid`` text ending in a newline (pure)."""
-    graph = _graph(layout, root)
-    lines = _dot(graph) if fmt == "dot" else _mermaid(graph)
-    return "\n".join(lines) + "\n"
+    return "\n".join(_render(_graph(layout, root), _SYNTAX[fmt])) + "\n"
 
 
 def _graph(layout: Layout, root: Path) -> _Graph:
@@ -142,27 +140,9 @@ def _dot_node(node: _Node) -> str:
     return f"{node.id} [label={_dot_text(node.label)}, shape={shape}];"
 
 
-def _dot(graph: _Graph) -> Iterator[str]:
-    yield f"digraph {_dot_text(graph.title)} {{"
-    yield "  rankdir=LR;"
-    yield '  node [shape=box, fontname="monospace"];'
-    for index, title in graph.clusters:
-        yield f"  subgraph cluster_L{index} {{"
-        yield f"    label={_dot_text(title)};"
-        for node in graph.nodes:
-            if node.layer == index:
-                yield f"    {_dot_node(node)}"
-        yield "  }"
-    for node in graph.nodes:
-        if node.layer is None:
-            yield f"  {_dot_node(node)}"
-    styles = {"use": "solid", "shadow": "dashed", "redirect": "bold"}
-    for edge in graph.edges:
-        yield (
-            f"  {edge.tail} -> {edge.head} "
-            f"[label={_dot_text(edge.label)}, style={styles[edge.kind]}];"
-        )
-    yield "}"
+def _dot_edge(edge: _Edge) -> str:
+    style = {"use": "solid", "shadow": "dashed", "redirect": "bold"}[edge.kind]
+    return f"{edge.tail} -> {edge.head} [label={_dot_text(edge.label)}, style={style}];"
 
 
 # ------------------------------------------------------------------------------------ mermaid
@@ -181,18 +161,57 @@ def _mermaid_node(node: _Node) -> str:
     return f"{node.id}[{_mermaid_text(node.label)}]"
 
 
-def _mermaid(graph: _Graph) -> Iterator[str]:
-    yield "flowchart LR"
+def _mermaid_edge(edge: _Edge) -> str:
+    arrow = {"use": "-->", "shadow": "-.->", "redirect": "==>"}[edge.kind]
+    return f"{edge.tail} {arrow}|{_mermaid_text(edge.label)}| {edge.head}"
+
+
+# ------------------------------------------------------------------------------------ both
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Syntax:
+    """How one format spells each part of the graph."""
+
+    head: Callable[[_Graph], tuple[str, ...]]
+    cluster: Callable[[int, str], tuple[str, ...]]
+    cluster_end: str
+    node: Callable[[_Node], str]
+    edge: Callable[[_Edge], str]
+    tail: tuple[str, ...]
+
+
+_SYNTAX: dict[PictureFormat, _Syntax] = {
+    "dot": _Syntax(
+        head=lambda g: (
+            f"digraph {_dot_text(g.title)} {{",
+            "  rankdir=LR;",
+            '  node [shape=box, fontname="monospace"];',
+        ),
+        cluster=lambda i, title: (f"  subgraph cluster_L{i} {{", f"    label={_dot_text(title)};"),
+        cluster_end="  }",
+        node=_dot_node,
+        edge=_dot_edge,
+        tail=("}",),
+    ),
+    "mermaid": _Syntax(
+        head=lambda g: ("flowchart LR",),
+        cluster=lambda i, title: (f"  subgraph L{i}[{_mermaid_text(title)}]",),
+        cluster_end="  end",
+        node=_mermaid_node,
+        edge=_mermaid_edge,
+        tail=("  classDef shadowed stroke-dasharray: 4 3,color:#888",),
+    ),
+}
+
+
+def _render(graph: _Graph, syntax: _Syntax) -> Iterator[str]:
+    """Clusters with their nodes, then the nodes outside every layer, then the edges."""
+    yield from syntax.head(graph)
     for index, title in graph.clusters:
-        yield f"  subgraph L{index}[{_mermaid_text(title)}]"
-        for node in graph.nodes:
-            if node.layer == index:
-                yield f"    {_mermaid_node(node)}"
-        yield "  end"
-    for node in graph.nodes:
-        if node.layer is None:
-            yield f"  {_mermaid_node(node)}"
-    arrows = {"use": "-->", "shadow": "-.->", "redirect": "==>"}
-    for edge in graph.edges:
-        yield f"  {edge.tail} {arrows[edge.kind]}|{_mermaid_text(edge.label)}| {edge.head}"
-    yield "  classDef shadowed stroke-dasharray: 4 3,color:#888"
+        yield from syntax.cluster(index, title)
+        yield from (f"    {syntax.node(n)}" for n in graph.nodes if n.layer == index)
+        yield syntax.cluster_end
+    yield from (f"  {syntax.node(n)}" for n in graph.nodes if n.layer is None)
+    yield from (f"  {syntax.edge(e)}" for e in graph.edges)
+    yield from syntax.tail
