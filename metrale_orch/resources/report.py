@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Literal
 
 from metrale_orch.resources.errors import ReportParseError
@@ -79,15 +79,7 @@ class KernelResources:
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready view (:meth:`from_dict` reads it back)."""
-        return {
-            "kernel": self.kernel,
-            "arch": self.arch,
-            "registers": self.registers,
-            "shared_bytes": self.shared_bytes,
-            "stack_bytes": self.stack_bytes,
-            "spill_store_bytes": self.spill_store_bytes,
-            "spill_load_bytes": self.spill_load_bytes,
-        }
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, object]) -> KernelResources:
@@ -114,11 +106,7 @@ class ModuleResources:
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready view."""
-        return {
-            "module": self.module,
-            "artefact": self.artefact,
-            "kernels": [k.to_dict() for k in self.kernels],
-        }
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, object]) -> ModuleResources:
@@ -147,13 +135,7 @@ class TargetResources:
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready view."""
-        return {
-            "target": self.target,
-            "status": self.status,
-            "arch": self.arch,
-            "detail": self.detail,
-            "modules": [m.to_dict() for m in self.modules],
-        }
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, object]) -> TargetResources:
@@ -213,15 +195,7 @@ class KernelChange:
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready view."""
-        return {
-            "target": self.target,
-            "kernel": self.kernel,
-            "arch": self.arch,
-            "kind": self.kind,
-            "new_spill": self.new_spill,
-            "old": None if self.old is None else self.old.to_dict(),
-            "new": None if self.new is None else self.new.to_dict(),
-        }
+        return asdict(self)
 
 
 # ------------------------------------------------------------------------------- parsing
