@@ -84,18 +84,17 @@ def _run_why(args: argparse.Namespace, ctx: Context) -> int:
     w(f"{st.target} is stale:\n")
     if st.never_built:
         w(f"  never built successfully (no record in {DB_NAME})\n")
-    for path in st.changed:
-        w(f"  changed input: {path}\n")
-    for path in st.added:
-        w(f"  new input: {path}\n")
-    for path in st.removed:
-        w(f"  removed input: {path}\n")
-    for part in st.signature:
-        w(f"  signature part changed: {part}\n")
-    for path in st.missing_outputs:
-        w(f"  missing output: {path}\n")
-    for path in st.changed_outputs:
-        w(f"  output missing or altered since it was built: {path}\n")
+    reasons = (
+        ("changed input", st.changed),
+        ("new input", st.added),
+        ("removed input", st.removed),
+        ("signature part changed", st.signature),
+        ("missing output", st.missing_outputs),
+        ("output missing or altered since it was built", st.changed_outputs),
+    )
+    for label, items in reasons:
+        for item in items:
+            w(f"  {label}: {item}\n")
     return 0
 
 
