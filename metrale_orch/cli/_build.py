@@ -65,6 +65,17 @@ def _run_status(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
+#: How ``why`` words each of :meth:`status.TargetStatus.reasons`.
+_WHY_LABELS = {
+    "changed": "changed input",
+    "added": "new input",
+    "removed": "removed input",
+    "signature": "signature part changed",
+    "missing_outputs": "missing output",
+    "changed_outputs": "output missing or altered since it was built",
+}
+
+
 def _run_why(args: argparse.Namespace, ctx: Context) -> int:
     target = status.strip_base(args.target)
     if "*" in target:
@@ -84,17 +95,9 @@ def _run_why(args: argparse.Namespace, ctx: Context) -> int:
     w(f"{st.target} is stale:\n")
     if st.never_built:
         w(f"  never built successfully (no record in {DB_NAME})\n")
-    reasons = (
-        ("changed input", st.changed),
-        ("new input", st.added),
-        ("removed input", st.removed),
-        ("signature part changed", st.signature),
-        ("missing output", st.missing_outputs),
-        ("output missing or altered since it was built", st.changed_outputs),
-    )
-    for label, items in reasons:
+    for key, items in st.reasons():
         for item in items:
-            w(f"  {label}: {item}\n")
+            w(f"  {_WHY_LABELS[key]}: {item}\n")
     return 0
 
 
