@@ -23,18 +23,17 @@ FileState = list[int | str]
 
 def file_digest(path: str) -> str:
     """xxh3-64 hex digest of a file's bytes (raises ``OSError``): the one digest of file
-    states (doit's saved states, installed outputs, a build's inputs)."""
-    h = xxhash.xxh3_64()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_BLOCK):
-            h.update(chunk)
-    return h.hexdigest()
+    states (doit's saved states, installed outputs, a build's inputs, the task cache)."""
+    return _hexdigest(path, xxhash.xxh3_64())
 
 
 def file_hash(path: str) -> str:
     """xxh3-128 hex digest of a file's bytes (raises ``OSError``): the content hash of
     files a compile read and of compiler binaries (cache keys and recorded inputs)."""
-    h = xxhash.xxh3_128()
+    return _hexdigest(path, xxhash.xxh3_128())
+
+
+def _hexdigest(path: str, h: xxhash.xxh3_64 | xxhash.xxh3_128) -> str:
     with open(path, "rb") as fh:
         while chunk := fh.read(_BLOCK):
             h.update(chunk)

@@ -42,7 +42,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from metrale_orch.errors import MetraleError
 
@@ -52,6 +52,7 @@ __all__ = [
     "MatrixError",
     "MatrixRow",
     "NoMatch",
+    "RowOptions",
     "RunnerClass",
     "Runners",
     "RunnersError",
@@ -423,6 +424,15 @@ def unmapped_hardware(
     )
 
 
+class RowOptions(TypedDict, total=False):
+    """The keyword options of :func:`plan_rows`, which the ``plan_*matrix`` views pass on."""
+
+    pattern: str | None
+    allow_unmapped: bool
+    shard_size: int | None
+    shards: Mapping[str, int] | None
+
+
 def plan_rows(
     hardware: Sequence[HardwareInfo],
     runners: Runners,
@@ -495,34 +505,15 @@ def plan_rows(
 
 
 def plan_matrix(
-    hardware: Sequence[HardwareInfo],
-    runners: Runners,
-    *,
-    pattern: str | None = None,
-    allow_unmapped: bool = False,
-    shard_size: int | None = None,
-    shards: Mapping[str, int] | None = None,
+    hardware: Sequence[HardwareInfo], runners: Runners, **options: Unpack[RowOptions]
 ) -> dict[str, Any]:
     """The ``strategy.matrix`` object ``{"include": [...]}`` (see :func:`plan_rows`)."""
-    rows = plan_rows(
-        hardware,
-        runners,
-        pattern=pattern,
-        allow_unmapped=allow_unmapped,
-        shard_size=shard_size,
-        shards=shards,
-    )
+    rows = plan_rows(hardware, runners, **options)
     return {"include": [row.to_dict() for row in rows]}
 
 
 def plan_smoke_matrix(
-    hardware: Sequence[HardwareInfo],
-    runners: Runners,
-    *,
-    pattern: str | None = None,
-    allow_unmapped: bool = False,
-    shard_size: int | None = None,
-    shards: Mapping[str, int] | None = None,
+    hardware: Sequence[HardwareInfo], runners: Runners, **options: Unpack[RowOptions]
 ) -> dict[str, Any]:
     """One smoke-only row per hardware that :func:`plan_rows` split into several shards.
 
@@ -531,14 +522,7 @@ def plan_smoke_matrix(
     after all shards have published to the shared cache. Each row has the same
     keys as a build row, with ``build`` empty and ``smoke`` set.
     """
-    rows = plan_rows(
-        hardware,
-        runners,
-        pattern=pattern,
-        allow_unmapped=allow_unmapped,
-        shard_size=shard_size,
-        shards=shards,
-    )
+    rows = plan_rows(hardware, runners, **options)
     out: list[dict[str, Any]] = []
     for row in rows:
         if row.shards > 1 and row.shard == 1:

@@ -10,7 +10,7 @@ import pytest
 from metrale_orch.build.argv import compile_argv
 from metrale_orch.build.errors import ToolchainError, ToolchainMissing
 from metrale_orch.build.locate import find_program
-from metrale_orch.build.probe import find_toolchain, probe_identity, reset_identity_memo
+from metrale_orch.build.probe import find_toolchain, probe_toolchain, reset_identity_memo
 from metrale_orch.build.toolchains import builtin_toolchains, load_toolchains, select_toolchain
 from metrale_orch.tree import Hardware
 from tests._build_support import fake_toolchain_env, write
@@ -238,7 +238,7 @@ def test_probe_runs_once_per_process_and_sees_every_change(tmp_path: Path) -> No
     nvcc = builtin_toolchains()["nvcc"]
     program = tmp_path / "bin/nvcc"
     state = tmp_path / "state"
-    ident = probe_identity(nvcc, program, env, state_dir=state)
+    ident = probe_toolchain(nvcc, program, env, state_dir=state).identity
     assert "Cuda compilation tools, release 99.0" in ident
     assert "host: gcc (Fake) 12.2.0" in ident
     assert "Copyright" not in ident
@@ -247,24 +247,25 @@ def test_probe_runs_once_per_process_and_sees_every_change(tmp_path: Path) -> No
     assert str(program.resolve()) in hashes
     # Within a process the probe is not repeated ...
     env["FAKE_NVCC_VERSION"] = "-changed"
-    assert probe_identity(nvcc, program, env, state_dir=state) == ident
+    assert probe_toolchain(nvcc, program, env, state_dir=state).identity == ident
     # ... but a new process (a new run) probes again: no stat decides.
     reset_identity_memo()
-    changed = probe_identity(nvcc, program, env, state_dir=state)
+    changed = probe_toolchain(nvcc, program, env, state_dir=state).identity
     assert changed != ident and "release 99.0-changed" in changed
     # What the dry run shows (e.g. a flag a wrapper adds) is part of the identity.
     reset_identity_memo()
-    dry = probe_identity(nvcc, program, {**env, "FAKE_NVCC_DRYRUN": "-DWRAPPED=1"})
+    dry = probe_toolchain(nvcc, program, {**env, "FAKE_NVCC_DRYRUN": "-DWRAPPED=1"}).identity
     assert dry != changed
     # So is the host compiler's content, with the same --version output.
     reset_identity_memo()
     gcc = tmp_path / "bin/gcc"
     gcc.write_text(gcc.read_text() + "# a wrapper that adds -DX\n")
-    assert probe_identity(nvcc, program, env) != changed
+    assert probe_toolchain(nvcc, program, env).identity != changed
     # A keyed environment variable (NVCC_*, CPATH ...) too.
     reset_identity_memo()
-    assert probe_identity(nvcc, program, {**env, "CPATH": "/x"}) != probe_identity(
-        nvcc, program, env
+    assert (
+        probe_toolchain(nvcc, program, {**env, "CPATH": "/x"}).identity
+        != probe_toolchain(nvcc, program, env).identity
     )
 
 
@@ -290,12 +291,14 @@ def test_real_nvcc_seen_through_a_wrapper(tmp_path: Path) -> None:
     base = find_toolchain(nvcc, env, site_dirs=[])
     assert base.roots and all(Path(r).is_absolute() for r in base.roots)
     reset_identity_memo()
-    plain = probe_identity(nvcc, wrapper, env)
+    plain = probe_toolchain(nvcc, wrapper, env).identity
     reset_identity_memo()
-    flagged = probe_identity(nvcc, wrapper, {**env, "METRALE_TEST_WRAP_FLAGS": "-DWRAPPED=1"})
+    flagged = probe_toolchain(
+        nvcc, wrapper, {**env, "METRALE_TEST_WRAP_FLAGS": "-DWRAPPED=1"}
+    ).identity
     assert plain != flagged
     reset_identity_memo()
-    assert probe_identity(nvcc, wrapper, env) == plain  # deterministic
+    assert probe_toolchain(nvcc, wrapper, env).identity == plain  # deterministic
 
 
 def test_probe_failure_is_a_toolchain_error(tmp_path: Path) -> None:
@@ -303,7 +306,7 @@ def test_probe_failure_is_a_toolchain_error(tmp_path: Path) -> None:
     bad = _exe(tmp_path / "bin/nvcc")
     bad.write_text("#!/bin/sh\necho broken >&2\nexit 3\n")
     with pytest.raises(ToolchainError, match=r"version probe failed.*exited with status 3"):
-        probe_identity(builtin_toolchains()["nvcc"], bad, env)
+        probe_toolchain(builtin_toolchains()["nvcc"], bad, env)
 
 
 def test_host_compiler_from_nvcc_ccbin_file_or_directory(tmp_path: Path) -> None:
@@ -313,5 +316,5 @@ def test_host_compiler_from_nvcc_ccbin_file_or_directory(tmp_path: Path) -> None
     other.write_text("#!/bin/sh\necho 'gcc (Other) 13.1.0'\n")
     for ccbin in (str(other), str(other.parent)):
         reset_identity_memo()
-        ident = probe_identity(nvcc, tmp_path / "bin/nvcc", {**env, "NVCC_CCBIN": ccbin})
+        ident = probe_toolchain(nvcc, tmp_path / "bin/nvcc", {**env, "NVCC_CCBIN": ccbin}).identity
         assert " | host: gcc (Other) 13.1.0 | " in ident

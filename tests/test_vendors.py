@@ -43,7 +43,7 @@ from metrale_orch.build.memo import reset_build_memo
 from metrale_orch.build.plan import plan_target
 from metrale_orch.build.probe import (
     find_toolchain,
-    probe_identity,
+    probe_toolchain,
     reset_identity_memo,
     toolchain_stamp,
 )
@@ -836,19 +836,22 @@ def test_clang_dry_run_identity_is_stable_and_sees_through(tmp_path: Path) -> No
     hip = builtin_toolchains()["hip"]
     hipcc = fake_compiler(tmp_path / "rocm/bin/hipcc", "hipcc")
     env = {"PATH": ""}
-    first = probe_identity(hip, hipcc, env, arch="gfx1151")
+    first = probe_toolchain(hip, hipcc, env, arch="gfx1151").identity
     reset_identity_memo()
     # The dry run's temporary names are random: normalised away.
-    assert probe_identity(hip, hipcc, env, arch="gfx1151") == first
+    assert probe_toolchain(hip, hipcc, env, arch="gfx1151").identity == first
     assert first.startswith("fake hipcc version 9.9 | ")
     reset_identity_memo()
-    assert probe_identity(hip, hipcc, {**env, "FAKE_DRYRUN": "-DWRAPPED"}, arch="gfx1151") != first
+    assert (
+        probe_toolchain(hip, hipcc, {**env, "FAKE_DRYRUN": "-DWRAPPED"}, arch="gfx1151").identity
+        != first
+    )
     reset_identity_memo()
-    assert probe_identity(hip, hipcc, env, arch="gfx1100") != first
+    assert probe_toolchain(hip, hipcc, env, arch="gfx1100").identity != first
     # The real compiler the dry run names is hashed by content.
     reset_identity_memo()
     (hipcc.parent / "clang-99").write_text("fake clang binary v2\n")
-    assert probe_identity(hip, hipcc, env, arch="gfx1151") != first
+    assert probe_toolchain(hip, hipcc, env, arch="gfx1151").identity != first
 
 
 def test_a_compiler_without_dry_run_says_how_to_go_on(tmp_path: Path) -> None:
@@ -860,7 +863,7 @@ def test_a_compiler_without_dry_run_says_how_to_go_on(tmp_path: Path) -> None:
         "sys.exit('unknown option -###')\n",
     )
     with pytest.raises(ToolchainError) as err:
-        probe_identity(hip, hipcc, {"PATH": ""}, arch="gfx1151")
+        probe_toolchain(hip, hipcc, {"PATH": ""}, arch="gfx1151")
     text = str(err.value)
     assert text.startswith("toolchain 'hip': dryrun_args: the dry-run probe failed")
     assert 'set dryrun_args = [] in a toolchains/hip.toml that extends "hip"' in text

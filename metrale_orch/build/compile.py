@@ -37,7 +37,7 @@ from metrale_orch.build.includes import (
 )
 from metrale_orch.build.install import install
 from metrale_orch.build.keys import checkout_of, module_key
-from metrale_orch.build.memo import ARTEFACT_MEMO, HASHER, ArtefactCache, Obtained
+from metrale_orch.build.memo import ARTEFACT_MEMO, HASHER, Obtained
 from metrale_orch.build.plan import ModulePlan, PlanMemo, TargetPlan, config_docs, plan_target
 from metrale_orch.build.probe import find_toolchain
 from metrale_orch.build.results import ModuleResult, TargetResult
@@ -52,6 +52,7 @@ from metrale_orch.build.staging import (
     uncontained,
 )
 from metrale_orch.build.toolchains import Toolchain, load_toolchains, select_toolchain
+from metrale_orch.cache import Cache
 from metrale_orch.config import Config
 from metrale_orch.fsutil import FileState, file_digest
 from metrale_orch.paths import STATE_DIR, TMP_DIR, stage_dir
@@ -71,7 +72,7 @@ def build_target(
     target: Target | Layout,
     *,
     config: Config,
-    cache: ArtefactCache | None = None,
+    cache: Cache | None = None,
     environ: Mapping[str, str],
     log: logging.Logger | None = None,
     toolchains: Mapping[str, Toolchain] | None = None,
@@ -181,26 +182,17 @@ def build_target(
             checkout=checkout,
             hasher=HASHER,
         )
+        data: bytes | None
+        outcome: Obtainment | Literal["failed"]
         try:
             data, outcome, inputs = _obtain(ctx, module, key)
         except CompileError as exc:
             failures.append(exc)
-            counts["failed"] += 1
             log.error("%s", exc)
-            results.append(
-                ModuleResult(
-                    name=module.name,
-                    stem=module.stem,
-                    source=module.source_rel,
-                    artefact=module.artefact,
-                    key=key,
-                    outcome="failed",
-                    seconds=time.perf_counter() - t0,
-                )
-            )
-            continue
+            data, outcome, inputs = None, "failed", ()
         counts[outcome] += 1
-        outputs[module.artefact] = data
+        if data is not None:
+            outputs[module.artefact] = data
         read.extend(inputs)
         results.append(
             ModuleResult(
@@ -210,7 +202,7 @@ def build_target(
                 artefact=module.artefact,
                 key=key,
                 outcome="local" if outcome == "memo" else outcome,
-                xxh3=xxhash.xxh3_128_hexdigest(data),
+                xxh3="" if data is None else xxhash.xxh3_128_hexdigest(data),
                 seconds=time.perf_counter() - t0,
             )
         )

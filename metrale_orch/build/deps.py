@@ -35,7 +35,7 @@ import os
 import posixpath
 import stat
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 
 from metrale_orch.fsutil import FileState, file_hash
 
@@ -44,6 +44,7 @@ __all__ = [
     "classify",
     "external_stamps",
     "flag_files",
+    "flag_values",
     "inputs_match",
     "parse_depfile",
     "record_inputs",
@@ -108,27 +109,34 @@ def _is_drive(word: str) -> bool:
     return len(word) == 2 and word[0].isalpha()
 
 
-def flag_files(flags: Sequence[str]) -> Iterator[str]:
-    """The files flags make the compiler read: ``--options-file``/``-optf``, ``-include``/
-    ``--pre-include``, ``-imacros`` values, as written (pure)."""
+def flag_values(
+    flags: Sequence[str], names: Sequence[str], *, glued: Container[str] = ()
+) -> Iterator[tuple[str, str]]:
+    """``(name, value)`` for each ``name value`` and ``name=value`` in ``flags`` and, for a
+    name in ``glued``, each ``namevalue`` (pure; the first of ``names`` that matches wins)."""
     it = iter(flags)
     for flag in it:
-        for name in _FILE_FLAGS:
+        for name in names:
             if flag == name:
                 value = next(it, None)
                 if value is not None:
-                    for part in (
-                        value.split(",") if name in ("--options-file", "-optf") else [value]
-                    ):
-                        if part:
-                            yield part
+                    yield name, value
                 break
             if flag.startswith(name + "="):
-                value = flag[len(name) + 1 :]
-                for part in value.split(",") if name in ("--options-file", "-optf") else [value]:
-                    if part:
-                        yield part
+                yield name, flag[len(name) + 1 :]
                 break
+            if name in glued and flag.startswith(name):
+                yield name, flag[len(name) :]
+                break
+
+
+def flag_files(flags: Sequence[str]) -> Iterator[str]:
+    """The files flags make the compiler read: ``--options-file``/``-optf``, ``-include``/
+    ``--pre-include``, ``-imacros`` values, as written (pure)."""
+    for name, value in flag_values(flags, _FILE_FLAGS):
+        for part in value.split(",") if name in ("--options-file", "-optf") else [value]:
+            if part:
+                yield part
 
 
 def classify(

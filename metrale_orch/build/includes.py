@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from metrale_orch.build.deps import flag_files
+from metrale_orch.build.deps import flag_files, flag_values
 from metrale_orch.build.errors import StageError
 from metrale_orch.build.plan import ModulePlan, TargetPlan
 from metrale_orch.build.staging import StagedTarget
@@ -87,6 +87,10 @@ def parse_includes(data: bytes) -> Includes:
     )
 
 
+#: Directory options whose value may be glued to the option (``-Iinc``).
+_GLUED_DIR_FLAGS = ("-I", "-isystem", "-iquote", "-idirafter")
+
+
 def include_dirs(cwd: str, flags: Sequence[str], after: Sequence[str] = ()) -> tuple[str, ...]:
     """Stage-relative include directories of a compile in ``cwd``, in the compiler's
     search order (pure): ``-iquote`` ones, the ``-I`` ones of ``flags`` (which precede the
@@ -97,21 +101,21 @@ def include_dirs(cwd: str, flags: Sequence[str], after: Sequence[str] = ()) -> t
     """
     both = [*flags, *after]
 
-    def rel(values: Iterator[str]) -> list[str]:
+    def rel(words: Sequence[str], names: tuple[str, ...]) -> list[str]:
         out: list[str] = []
-        for value in values:
+        for _, value in flag_values(words, names, glued=_GLUED_DIR_FLAGS):
             for part in value.split(","):
                 if part and not part.startswith("/"):
                     out.append(posixpath.normpath(posixpath.join(cwd, part)))
         return out
 
     dirs = [
-        *rel(_flag_values(both, ("-iquote",))),
-        *rel(_flag_values(flags, ("-I", "--include-path"))),
+        *rel(both, ("-iquote",)),
+        *rel(flags, ("-I", "--include-path")),
         cwd,
-        *rel(_flag_values(after, ("-I", "--include-path"))),
-        *rel(_flag_values(both, ("-isystem", "--system-include"))),
-        *rel(_flag_values(both, ("-idirafter",))),
+        *rel(after, ("-I", "--include-path")),
+        *rel(both, ("-isystem", "--system-include")),
+        *rel(both, ("-idirafter",)),
     ]
     return tuple(dict.fromkeys(dirs))
 
@@ -193,23 +197,6 @@ def pre_includes(flags: Sequence[str]) -> tuple[str, ...]:
     """Files flags make the compiler read: ``-include``/``--pre-include``, ``-imacros``,
     ``--options-file``/``-optf`` (pure; as written)."""
     return tuple(flag_files(flags))
-
-
-def _flag_values(flags: Sequence[str], names: tuple[str, ...]) -> Iterator[str]:
-    it = iter(flags)
-    for flag in it:
-        for name in names:
-            if flag == name:
-                nxt = next(it, None)
-                if nxt is not None:
-                    yield nxt
-                break
-            if flag.startswith(name + "="):
-                yield flag[len(name) + 1 :]
-                break
-            if name in ("-I", "-isystem", "-iquote", "-idirafter") and flag.startswith(name):
-                yield flag[len(name) :]
-                break
 
 
 def _inside(path: str) -> bool:

@@ -3,8 +3,7 @@
 One explicit, resettable cache (:func:`reset_build_memo`): a module whose key
 was compiled or fetched earlier in this process is reused from memory when
 the files its compile read still match; hashes of files outside the stage are
-memoised by ``stat``. :class:`ArtefactCache` is what the build needs of the
-artefact cache (:class:`metrale_orch.cache.Cache`).
+memoised by ``stat``.
 """
 
 from __future__ import annotations
@@ -12,18 +11,15 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
 
-from metrale_orch import cache as cache_mod
 from metrale_orch.build.deps import FileHasher
 
 __all__ = [
     "ARTEFACT_MEMO",
     "HASHER",
     "TMP_SWEPT",
-    "ArtefactCache",
     "ArtefactMemo",
     "Obtained",
     "reset_build_memo",
@@ -100,24 +96,3 @@ def reset_build_memo() -> None:
     ARTEFACT_MEMO.clear()
     HASHER.clear()
     TMP_SWEPT.clear()
-
-
-class ArtefactCache(Protocol):
-    """What the build needs of :class:`metrale_orch.cache.Cache`."""
-
-    def get(
-        self, key: str, *, accept: Callable[[Mapping[str, object]], bool] | None = None
-    ) -> cache_mod.Hit | None: ...
-
-    def put(
-        self,
-        key: str,
-        outputs: Mapping[str, bytes],
-        meta: Mapping[str, object],
-        *,
-        replace: bool = False,
-    ) -> None: ...
-
-    def key_lock(
-        self, key: str, timeout: float | None = None
-    ) -> contextlib.AbstractContextManager[None]: ...

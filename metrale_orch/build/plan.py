@@ -333,7 +333,7 @@ def plan_target(
     once per memo, ``kernels/LEVERS.toml``, a file dependency of every target).
 
     ``identity`` is the selected toolchain's probed identity
-    (:func:`~metrale_orch.build.probe.probe_identity`); ``environ`` supplies the
+    (:func:`~metrale_orch.build.probe.probe_toolchain`); ``environ`` supplies the
     toolchain's environment allow-list values; ``memo`` shares work between
     the plans of one resolution pass (see :class:`PlanMemo`); ``hip_compat`` is
     the project's HIP compat directory

@@ -44,7 +44,6 @@ __all__ = [
     "Probe",
     "Stamp",
     "find_toolchain",
-    "probe_identity",
     "probe_toolchain",
     "reset_identity_memo",
     "toolchain_stamp",
@@ -111,18 +110,6 @@ def _version_text(output: str) -> str:
     lines = [ln.strip() for ln in output.splitlines()]
     kept = [ln for ln in lines if ln and "copyright" not in ln.lower()]
     return "; ".join(kept)
-
-
-def probe_identity(
-    toolchain: Toolchain,
-    program: Path,
-    environ: Mapping[str, str],
-    *,
-    state_dir: Path | None = None,
-    arch: str = "",
-) -> str:
-    """The compiler's identity (see :func:`probe_toolchain`)."""
-    return probe_toolchain(toolchain, program, environ, state_dir=state_dir, arch=arch).identity
 
 
 def probe_toolchain(

@@ -32,9 +32,10 @@ from metrale_orch.build.hip_mirror import (
     write_mirror,
 )
 from metrale_orch.build.includes import include_dirs, read_files_of, resolve_closure, scan_includes
-from metrale_orch.build.memo import HASHER, TMP_SWEPT, ArtefactCache
+from metrale_orch.build.memo import HASHER, TMP_SWEPT
 from metrale_orch.build.plan import ModulePlan, TargetPlan
 from metrale_orch.build.staging import StagedTarget
+from metrale_orch.cache import Cache
 from metrale_orch.proc import ProcessError, format_argv, run_process
 
 __all__ = ["COMPILE_TIMEOUT", "BuildContext", "run_compile", "sweep_tmp"]
@@ -52,7 +53,7 @@ class BuildContext:
     program: Path
     roots: tuple[str, ...]
     system_dirs: tuple[str, ...]
-    cache: ArtefactCache | None
+    cache: Cache | None
     environ: Mapping[str, str]
     tmp_root: Path
     log: logging.Logger

@@ -72,6 +72,17 @@ def _status_code(args: argparse.Namespace, counts: Mapping[str, int]) -> int:
     return 1 if args.exit_code and (counts.get("stale") or counts.get("error")) else 0
 
 
+#: How ``why`` words each of :meth:`status.TargetStatus.reasons`.
+_WHY_LABELS = {
+    "changed": "changed input",
+    "added": "new input",
+    "removed": "removed input",
+    "signature": "signature part changed",
+    "missing_outputs": "missing output",
+    "changed_outputs": "output missing or altered since it was built",
+}
+
+
 def _run_why(args: argparse.Namespace, ctx: Context) -> int:
     target = status.strip_base(args.target)
     if "*" in target:
@@ -91,18 +102,9 @@ def _run_why(args: argparse.Namespace, ctx: Context) -> int:
     w(f"{st.target} is stale:\n")
     if st.never_built:
         w(f"  never built successfully (no record in {DB_NAME})\n")
-    for path in st.changed:
-        w(f"  changed input: {path}\n")
-    for path in st.added:
-        w(f"  new input: {path}\n")
-    for path in st.removed:
-        w(f"  removed input: {path}\n")
-    for part in st.signature:
-        w(f"  signature part changed: {part}\n")
-    for path in st.missing_outputs:
-        w(f"  missing output: {path}\n")
-    for path in st.changed_outputs:
-        w(f"  output missing or altered since it was built: {path}\n")
+    for key, items in st.reasons():
+        for item in items:
+            w(f"  {_WHY_LABELS[key]}: {item}\n")
     return 0
 
 

@@ -159,6 +159,21 @@ def _toggle(
     )
 
 
+def _prefill_cap(name: str, about: str) -> Lever:
+    # The W8A8 prefill caps come as a pair (widening, narrowing), one summary item.
+    return Lever(
+        name=name,
+        kind=Kind.U32,
+        baseline=U32_MAX,
+        rule=Rule.ROW_CAP,
+        variables=(f"METRALE_{name.upper()}",),
+        summary_name="w8a8_prefill_max_m",
+        summary_rank=13,
+        max_label=True,
+        about=about,
+    )
+
+
 #: The lever table, in declaration order (SPEC 2.1). Adding a lever is one row here
 #: plus its field in :class:`TargetDefaults` and :class:`TargetLevers` (typed
 #: attributes; a test checks the three agree) and its test. A tree adds levers
@@ -214,27 +229,13 @@ LEVERS: tuple[Lever, ...] = (
         kill="METRALE_NO_ATTN_DECODE_BATCH",
     ),
     _toggle("ffn_gateup_fused", 11, "fused gate+up decode GEMM"),
-    Lever(
-        name="w8a8_prefill_max_m_widening",
-        kind=Kind.U32,
-        baseline=U32_MAX,
-        rule=Rule.ROW_CAP,
-        variables=("METRALE_W8A8_PREFILL_MAX_M_WIDENING",),
-        summary_name="w8a8_prefill_max_m",
-        summary_rank=13,
-        max_label=True,
-        about="largest M that takes the W8A8 prefill on a widening projection (n > k)",
+    _prefill_cap(
+        "w8a8_prefill_max_m_widening",
+        "largest M that takes the W8A8 prefill on a widening projection (n > k)",
     ),
-    Lever(
-        name="w8a8_prefill_max_m_narrowing",
-        kind=Kind.U32,
-        baseline=U32_MAX,
-        rule=Rule.ROW_CAP,
-        variables=("METRALE_W8A8_PREFILL_MAX_M_NARROWING",),
-        summary_name="w8a8_prefill_max_m",
-        summary_rank=13,
-        max_label=True,
-        about="largest M that takes the W8A8 prefill on a narrowing projection (n <= k)",
+    _prefill_cap(
+        "w8a8_prefill_max_m_narrowing",
+        "largest M that takes the W8A8 prefill on a narrowing projection (n <= k)",
     ),
     Lever(
         name="ffn_w4a16_tc_rows_max_m",

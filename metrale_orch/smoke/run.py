@@ -262,6 +262,26 @@ class _Run:
         for case in plan.cases:
             self.case(target, label, arch, plan.artefact, info, case, static_ok=not problems)
 
+    def _skip_reason(
+        self, arch: str, info: ArtefactInfo | None, case: SmokeCase, *, static_ok: bool
+    ) -> str:
+        """Why the numeric check of ``case`` does not run on this device ("" when it runs)."""
+        status = self.status
+        if status.device is None:
+            return f"numeric smoke skipped: {status.reason}"
+        if not static_ok or info is None:
+            return "numeric smoke skipped: the static check failed"
+        cc = status.device.cc
+        why = arch_runnable(arch, info.kind, cc)
+        if why is not None:
+            return f"numeric smoke skipped: {status.device.name}: {why}"
+        if case.min_cc is not None and cc < case.min_cc:
+            return (
+                f"numeric smoke skipped: case needs compute capability >="
+                f" {case.min_cc[0]}.{case.min_cc[1]}, device is {cc[0]}.{cc[1]}"
+            )
+        return ""
+
     def case(
         self,
         target: str,
@@ -274,37 +294,22 @@ class _Run:
         static_ok: bool,
     ) -> None:
         status = self.status
-        skip = ""
-        if status.error:
+        skip = "" if status.error else self._skip_reason(arch, info, case, static_ok=static_ok)
+        if status.error or skip:
             self.add(
                 target=target,
                 module=label,
                 case=case.name,
-                outcome="failed",
-                message=status.error,
+                outcome="failed" if status.error else "skipped",
+                message=status.error or skip,
             )
-            return
-        if status.device is None:
-            skip = f"numeric smoke skipped: {status.reason}"
-        elif not static_ok or info is None:
-            skip = "numeric smoke skipped: the static check failed"
-        else:
-            cc = status.device.cc
-            why = arch_runnable(arch, info.kind, cc)
-            if why is not None:
-                skip = f"numeric smoke skipped: {status.device.name}: {why}"
-            elif case.min_cc is not None and cc < case.min_cc:
-                skip = (
-                    f"numeric smoke skipped: case needs compute capability >="
-                    f" {case.min_cc[0]}.{case.min_cc[1]}, device is {cc[0]}.{cc[1]}"
-                )
-        if skip:
-            self.add(target=target, module=label, case=case.name, outcome="skipped", message=skip)
             return
         # NumPy (the gpu extra) loads here, only when numbers run; see the module's docstring.
         from metrale_orch.smoke.dtypes import compare_outputs, make_inputs
 
         start = time.perf_counter()
+        outcome: Outcome
+        max_abs_error: float | None = None
         try:
             refs = self.refs()
             ref = refs.get(case.reference)
@@ -325,32 +330,21 @@ class _Run:
                 raise SmokeError(f"reference {case.reference!r} did not return a dict")
             cmp = compare_outputs(case, got, want)
         except SmokeError as exc:
-            self.add(
-                target=target,
-                module=label,
-                case=case.name,
-                outcome="failed",
-                message=str(exc),
-                seconds=time.perf_counter() - start,
-            )
-            return
+            outcome, message = "failed", str(exc)
         except Exception as exc:  # CuPy/CUDA errors on a present device are failures
-            self.add(
-                target=target,
-                module=label,
-                case=case.name,
-                outcome="failed",
-                message=f"launch of {case.entry} failed: {type(exc).__name__}: {exc}",
-                seconds=time.perf_counter() - start,
-            )
-            return
+            outcome = "failed"
+            message = f"launch of {case.entry} failed: {type(exc).__name__}: {exc}"
+        else:
+            outcome = "passed" if cmp.ok else "failed"
+            message = cmp.message if not cmp.ok else f"max abs error {cmp.max_abs_error:.4g}"
+            max_abs_error = cmp.max_abs_error
         self.add(
             target=target,
             module=label,
             case=case.name,
-            outcome="passed" if cmp.ok else "failed",
-            message=cmp.message if not cmp.ok else f"max abs error {cmp.max_abs_error:.4g}",
-            max_abs_error=cmp.max_abs_error,
+            outcome=outcome,
+            message=message,
+            max_abs_error=max_abs_error,
             seconds=time.perf_counter() - start,
         )
 

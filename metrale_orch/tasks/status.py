@@ -66,18 +66,22 @@ class TargetStatus:
     changed_outputs: tuple[str, ...] = ()
     never_built: bool = False
 
-    def to_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {"target": self.target, "status": self.status}
-        if self.detail:
-            out["detail"] = self.detail
-        for key, value in (
+    def reasons(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """Why it is stale: ``(field, items)`` for each list field, in report order."""
+        return (
             ("changed", self.changed),
             ("added", self.added),
             ("removed", self.removed),
             ("signature", self.signature),
             ("missing_outputs", self.missing_outputs),
             ("changed_outputs", self.changed_outputs),
-        ):
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"target": self.target, "status": self.status}
+        if self.detail:
+            out["detail"] = self.detail
+        for key, value in self.reasons():
             if value:
                 out[key] = list(value)
         if self.never_built:

@@ -60,7 +60,7 @@ from types import MappingProxyType
 
 import xxhash
 
-from metrale_orch.fsutil import write_atomic
+from metrale_orch.fsutil import file_digest, write_atomic
 
 __all__ = [
     "CACHE_GLOB",
@@ -86,7 +86,6 @@ KEEP = 4
 #: An item whose change time is this close to (or after) the moment its stat was
 #: taken is racy: compared by content, never trusted by its stat.
 RACY_NS = 2 * 10**9
-_BLOCK = 1 << 20
 _MARSHAL_VERSION = 4
 
 _log = logging.getLogger(__name__)
@@ -142,14 +141,6 @@ def _listing_digest(items: Iterable[tuple[str, str]]) -> str:
     h = xxhash.xxh3_64()
     for name, kind in items:
         h.update(f"{kind}\0{name}\0".encode("utf-8", "surrogateescape"))
-    return h.hexdigest()
-
-
-def _file_digest(path: str) -> str:
-    h = xxhash.xxh3_64()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_BLOCK):
-            h.update(chunk)
     return h.hexdigest()
 
 
@@ -212,7 +203,7 @@ def scan(kernels: Path, package_files: Iterable[Path]) -> Scan | None:
         for file in package_files:
             path = os.fspath(file)
             fst = os.stat(path)
-            watches.append(("p", path, *_stat_key(fst), _file_digest(path)))
+            watches.append(("p", path, *_stat_key(fst), file_digest(path)))
     except OSError as exc:
         _log.debug("task cache: not caching, scan failed: %s", exc)
         return None
@@ -375,7 +366,7 @@ def _check(watch: Watch, started_ns: int) -> tuple[bool, Watch | None]:
     if now[4] != _TYPE_OF[kind]:
         return False, None
     try:
-        current = _listing_digest(_listing(path)) if kind == "d" else _file_digest(path)
+        current = _listing_digest(_listing(path)) if kind == "d" else file_digest(path)
     except OSError:
         return False, None
     if current != digest:
