@@ -1,0 +1,114 @@
+"""The package's architecture as a test: imports point downward only.
+
+Every ``import`` of every module (module level and deferred ones alike) is read
+with :mod:`ast`; each module belongs to an area (its subpackage, or the top-level
+module's name) and may import only the areas below it. A new upward import, or a
+doit import below the doit integration, fails here with the module and the line.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "metrale_orch"
+
+#: Shared helpers every area may import; they import nothing of the package but errors.
+SHARED = frozenset({"errors", "paths", "fsutil", "proc", "manifest"})
+
+#: What each area may import besides :data:`SHARED` (and itself).
+ALLOWED: dict[str, frozenset[str]] = {
+    "errors": frozenset(),
+    "paths": frozenset(),
+    "fsutil": frozenset(),
+    "proc": frozenset(),
+    "manifest": frozenset(),
+    "config": frozenset(),
+    "tree": frozenset(),
+    "defaults": frozenset(),
+    "cache": frozenset({"config"}),
+    "build": frozenset({"tree", "defaults", "cache", "config"}),
+    "smoke": frozenset({"tree", "config"}),
+    "resources": frozenset({"build", "smoke", "tree", "config"}),
+    "matrix": frozenset({"build", "tree"}),
+    "tasks": frozenset({"build", "cache", "config", "defaults", "smoke", "tree"}),
+    "dodo": frozenset({"tasks"}),
+    "cli": frozenset(
+        {"tasks", "build", "cache", "config", "defaults", "matrix", "resources", "smoke", "tree"}
+    ),
+    "__main__": frozenset({"cli"}),
+    "__init__": frozenset(),
+}
+
+#: Areas that run without doit (STYLE: a build step is callable without doit).
+WITHOUT_DOIT = frozenset(ALLOWED) - {"tasks", "dodo", "cli", "__main__"}
+
+
+def _area(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _modules() -> Iterator[tuple[str, Path]]:
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        yield ".".join(rel.parts).removesuffix(".__init__"), path
+
+
+def _imports(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, imported module) for every import in the file, deferred ones included."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.lineno, node.module
+            if node.module == "metrale_orch":  # `from metrale_orch import tree`
+                for alias in node.names:
+                    yield node.lineno, f"metrale_orch.{alias.name}"
+
+
+MODULES = sorted(_modules())
+
+
+def test_every_area_is_known() -> None:
+    assert {_area(m) for m, _ in MODULES} <= set(ALLOWED)
+
+
+@pytest.mark.parametrize(("module", "path"), MODULES, ids=[m for m, _ in MODULES])
+def test_imports_point_downward(module: str, path: Path) -> None:
+    area = _area(module)
+    allowed = ALLOWED[area] | SHARED | {area}
+    wrong = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}: {area} imports {target}"
+        for line, target in _imports(path)
+        if target.startswith("metrale_orch.") and _area(target) not in allowed
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize(
+    ("module", "path"),
+    [(m, p) for m, p in MODULES if _area(m) in WITHOUT_DOIT],
+    ids=[m for m, _ in MODULES if _area(m) in WITHOUT_DOIT],
+)
+def test_only_the_doit_integration_imports_doit(module: str, path: Path) -> None:
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}: imports {target}"
+        for line, target in _imports(path)
+        if target == "doit" or target.startswith("doit.")
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_the_shared_helpers_import_nothing_of_the_package_but_errors() -> None:
+    for module, path in MODULES:
+        if _area(module) in SHARED | {"config"}:
+            used = {_area(t) for _, t in _imports(path) if t.startswith("metrale_orch.")} - {
+                "errors",
+                _area(module),
+            }
+            assert not used, f"{module} imports {sorted(used)}"
