@@ -14,8 +14,8 @@ from metrale_orch.build.memo import reset_build_memo
 from metrale_orch.build.probe import reset_identity_memo
 from metrale_orch.build.staging import uncontained
 from metrale_orch.tree import Target
-from tests._build_support import fake_toolchain_env, make_cache, make_config, small_tree
-from tests._dodo_support import doit, make_project, project_env, use_fake_compiler
+from tests.support.build import fake_toolchain_env, make_cache, make_config, small_tree
+from tests.support.project import doit, make_project, project_env, use_fake_compiler
 
 TARGET = Target.parse("hw1/m1/q1")
 

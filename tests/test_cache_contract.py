@@ -21,7 +21,7 @@ import pytest
 from metrale_orch.cache import Cache, CacheSettings, cache_key, open_cache
 from metrale_orch.cache.objects import CorruptObject, decode_object, encode_object
 from metrale_orch.cache.remote import RemoteStore, remote_object_path
-from tests._servers_support import (
+from tests.support.servers import (
     DNS_FAILURE_ENDPOINT,
     ObjectServer,
     gcs_server,
@@ -223,7 +223,7 @@ def test_lookup_reads_at_most_the_object_size_limit(backend: Backend) -> None:
 
 def test_concurrent_writers_one_key_readers_never_see_partial(backend: Backend) -> None:
     key = _key("race")
-    # 320 KB, so a partial read is possible; never ending in "\r" (see _servers_support)
+    # 320 KB, so a partial read is possible; never ending in "\r" (see tests.support.servers)
     big = {"big.cubin": uuid.uuid4().bytes * 20_000 + b"."}
     writers = [backend.cache() for _ in range(8)]
     probe = RemoteStore(

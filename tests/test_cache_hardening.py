@@ -43,7 +43,7 @@ from metrale_orch.cache import maintenance as maintenance_mod
 from metrale_orch.cache import remote as remote_mod
 from metrale_orch.cache.objects import decode_object, encode_object
 from metrale_orch.cli import main
-from tests._servers_support import (
+from tests.support.servers import (
     ObjectServer,
     garbage_server,
     refused_endpoint,

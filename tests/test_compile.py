@@ -23,7 +23,7 @@ from metrale_orch.build.probe import reset_identity_memo
 from metrale_orch.build.results import TargetResult
 from metrale_orch.build.toolchains import builtin_toolchains
 from metrale_orch.tree import Target, discover
-from tests._build_support import (
+from tests.support.build import (
     compiles,
     fake_toolchain_env,
     make_cache,

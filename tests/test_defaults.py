@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import io
 import json
@@ -18,6 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metrale_orch import defaults as D
+from metrale_orch.build.compile import build_target
+from metrale_orch.build.memo import reset_build_memo
+from metrale_orch.build.plan import plan_target
+from metrale_orch.build.toolchains import builtin_toolchains
 from metrale_orch.cli import main
 from metrale_orch.defaults import (
     BASELINE_BATCHM_MAX,
@@ -61,6 +66,8 @@ from metrale_orch.defaults import (
     write_docs,
 )
 from metrale_orch.errors import MetraleError
+from metrale_orch.tree import Target, discover
+from tests.support.build import fake_toolchain_env, make_cache, make_config, small_tree
 
 REPO = Path(__file__).resolve().parents[1]
 U32_MAX = 4294967295
@@ -1968,16 +1975,12 @@ def test_cli_a_bad_lever_declaration_exits_2_with_one_line(
 
 
 def _plan_small_tree(root: Path) -> Any:
-    from metrale_orch.build.compile import plan_target
-    from metrale_orch.build.toolchains import builtin_toolchains
-    from metrale_orch.tree import Target, discover
 
     layout = discover(root, Target(hardware="hw1", model="m1", quant="q1"))
     return plan_target(root, layout, builtin_toolchains(), identity="fake 1.0")
 
 
 def test_levers_toml_is_a_file_dependency_and_part_of_every_signature(tmp_path: Path) -> None:
-    from tests._build_support import small_tree
 
     root = small_tree(tmp_path / "repo")
     before = _plan_small_tree(root)
@@ -2008,13 +2011,7 @@ def test_levers_toml_is_a_file_dependency_and_part_of_every_signature(tmp_path: 
 
 
 def test_the_build_bakes_the_trees_levers(tmp_path: Path) -> None:
-    from metrale_orch.build.compile import build_target, reset_build_memo
-    from metrale_orch.build.toolchains import reset_identity_memo
-    from metrale_orch.tree import Target
-    from tests._build_support import fake_toolchain_env, make_cache, make_config, small_tree
 
-    reset_build_memo()
-    reset_identity_memo()
     root = small_tree(tmp_path / "repo")
     write_levers(root, TREE)
     hw = root / "kernels/hw1/HARDWARE.toml"
@@ -2048,7 +2045,6 @@ def test_the_build_bakes_the_trees_levers(tmp_path: Path) -> None:
 
 
 def test_defaults_imports_nothing_of_the_package_but_errors() -> None:
-    import ast
 
     modules: set[str] = set()
     for file in Path(D.__file__).parent.glob("*.py"):

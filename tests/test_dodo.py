@@ -29,13 +29,14 @@ from metrale_orch.tasks.checker import (
     signature_parts,
 )
 from metrale_orch.tasks.dicts import explicit_targets, plan_build_task
-from tests._dodo_support import (
+from tests.support.project import (
     DoitRun,
     doit,
     fake_compiles,
     make_project,
     project_env,
     started_targets,
+    terminate_after,
     use_fake_compiler,
 )
 
@@ -444,8 +445,6 @@ def test_sigterm_keeps_finished_targets(fake: tuple[Path, dict[str, str]], tmp_p
         text=True,
     )
     first = root / "build/gb10/qwen/w4/manifest.json"  # the first build task in order
-    from tests._dodo_support import terminate_after
-
     terminate_after(proc, first)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode != 0, out + err

@@ -1,7 +1,7 @@
 """Shadow drops (SPEC 3.3.2, 4.1 ``shadowed_dropped``): the scan, the exemptions, the build.
 
 The scan is exercised on in-memory stages (a dict of stage path -> text), the
-build with the recording fake nvcc of ``tests/_build_support.py``, the warning
+build with the recording fake nvcc of ``tests/support/build.py``, the warning
 through real ``python -m doit build`` runs, and the scanner's reading of
 macros against the entry points real nvcc emits.
 """
@@ -36,7 +36,7 @@ from metrale_orch.build.memo import reset_build_memo
 from metrale_orch.build.probe import reset_identity_memo
 from metrale_orch.build.staging import stage
 from metrale_orch.tree import Target, discover
-from tests._build_support import (
+from tests.support.build import (
     compiles,
     fake_toolchain_env,
     make_cache,
@@ -44,7 +44,7 @@ from tests._build_support import (
     small_tree,
     write,
 )
-from tests._dodo_support import DoitRun, doit, make_project, project_env, use_fake_compiler
+from tests.support.project import DoitRun, doit, make_project, project_env, use_fake_compiler
 
 T = Target(hardware="hw1", model="m1", quant="q1")
 

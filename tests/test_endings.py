@@ -1,7 +1,7 @@
 """How runs end: interrupts, exit statuses, broken names and files, as a user meets them.
 
 Each scenario runs ``python -m doit`` (or ``metrale-orch``) in a small project
-whose compiler is the recording fake of ``tests._dodo_support`` (slowed down
+whose compiler is the recording fake of ``tests.support.project`` (slowed down
 with ``FAKECC_DELAY`` where a run must be caught in the middle):
 
 - Ctrl-C / SIGTERM during ``doit build``: one line, ``interrupted; N targets
@@ -31,7 +31,7 @@ from metrale_orch.cli import main
 from metrale_orch.errors import Interrupted, interrupt_exit_code, printable
 from metrale_orch.tasks.actions import BuildFailed
 from metrale_orch.tasks.reporter import exit_status, format_interrupted
-from tests._dodo_support import (
+from tests.support.project import (
     FILES,
     DoitRun,
     doit,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from metrale_orch.tree import SymlinkError, Target, discover, dump, walk
-from tests._layout_support import symlink
+from tests.support.tree import symlink
 
 CASES = Path(__file__).parent / "cases" / "layout"
 CASE_NAMES = sorted(p.name for p in CASES.iterdir() if (p / "expected.json").is_file())

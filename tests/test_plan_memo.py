@@ -20,7 +20,7 @@ from metrale_orch.build.toolchains import load_toolchains
 from metrale_orch.paths import root_relative
 from metrale_orch.tasks.dicts import rel_posix
 from metrale_orch.tree import Layout, resolve_all
-from tests._dodo_support import make_project
+from tests.support.project import make_project
 
 REPO = Path(__file__).resolve().parent.parent
 

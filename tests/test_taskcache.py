@@ -2,7 +2,7 @@
 
 Every test compares the cached answer with a fresh generation, or proves a
 change makes the next lookup miss. Most run in-process against the project of
-``tests._dodo_support`` with its recording fake compiler; ``RACY_NS`` is set to
+``tests.support.project`` with its recording fake compiler; ``RACY_NS`` is set to
 0 where a test needs stats to be trusted right after writing files (the real
 2 s window is exercised by the doit runs of ``tests/test_dodo.py`` and below).
 """
@@ -34,7 +34,7 @@ from metrale_orch.tasks.specs import (
     resolve_build_specs,
     smoke_task_dicts,
 )
-from tests._dodo_support import doit, make_project, project_env, use_fake_compiler
+from tests.support.project import doit, make_project, project_env, use_fake_compiler
 
 STATE = Path("build/.state")
 

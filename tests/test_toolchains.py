@@ -13,7 +13,7 @@ from metrale_orch.build.locate import find_program
 from metrale_orch.build.probe import find_toolchain, probe_identity, reset_identity_memo
 from metrale_orch.build.toolchains import builtin_toolchains, load_toolchains, select_toolchain
 from metrale_orch.tree import Hardware
-from tests._build_support import fake_toolchain_env, write
+from tests.support.build import fake_toolchain_env, write
 
 
 def _hw(name: str = "h", vendor: str = "nvidia", doc: dict[str, object] | None = None) -> Hardware:

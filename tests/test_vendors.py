@@ -52,7 +52,7 @@ from metrale_orch.build.toolchains import builtin_toolchains, load_toolchains
 from metrale_orch.config import ConfigError, load_config
 from metrale_orch.tasks.specs import resolve_build_specs
 from metrale_orch.tree import Target, discover
-from tests._build_support import (
+from tests.support.build import (
     compiles,
     fake_toolchain_env,
     make_cache,
