@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,11 +23,9 @@ from metrale_orch.cache.remote import RemoteStore, remote_object_path
 from tests.support.servers import (
     DNS_FAILURE_ENDPOINT,
     ObjectServer,
-    gcs_server,
     gcs_storage_options,
     refused_endpoint,
     s3_auth_enforced,
-    s3_server,
     s3_storage_options,
     silent_endpoint,
 )
@@ -41,18 +38,6 @@ META = {
     "producer": "t",
     "compile_seconds": 0.75,
 }
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[ObjectServer]:
-    with s3_server() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def gcs() -> Iterator[ObjectServer]:
-    with gcs_server() as server:
-        yield server
 
 
 @dataclass

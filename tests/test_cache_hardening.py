@@ -20,7 +20,7 @@ import threading
 import time
 import tracemalloc
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -48,7 +48,6 @@ from tests.support.servers import (
     garbage_server,
     refused_endpoint,
     s3_auth_enforced,
-    s3_server,
     silent_endpoint,
 )
 
@@ -87,12 +86,6 @@ def _within(seconds: float, fn: Callable[[], T]) -> T:
         raise box["error"]
     value: T = box["value"]
     return value
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[ObjectServer]:
-    with s3_server() as server:
-        yield server
 
 
 # -- the local tier: only regular files, bounded ------------------------------------------------

@@ -10,7 +10,7 @@ import re
 import shutil
 import subprocess
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -309,13 +309,6 @@ def write_hw(root: Path, hw: str, text: str | bytes) -> Path:
     else:
         path.write_text(text, encoding="utf-8")
     return path
-
-
-@pytest.fixture
-def process_cache() -> Iterator[None]:
-    reset_resolved()
-    yield
-    reset_resolved()
 
 
 # --------------------------------------------------------------------------- the table
@@ -1121,7 +1114,6 @@ def test_env_tag_appears_exactly_for_levers_the_environment_decided(
 # --------------------------------------------------------------------------- process-wide
 
 
-@pytest.mark.usefixtures("process_cache")
 def test_resolved_keeps_its_first_resolution() -> None:
     first = resolved({"METRALE_LM_HEAD_BATCHM_MAX": "12"})
     assert first.hw == "" and first.lm_head_batchm_max == Resolved(value=12, source=Source.ENV)
@@ -1133,7 +1125,6 @@ def test_resolved_keeps_its_first_resolution() -> None:
     assert resolved({}).lm_head_batchm_max.source is Source.TARGET
 
 
-@pytest.mark.usefixtures("process_cache")
 def test_resolved_reads_the_process_environment_by_default(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -1141,7 +1132,6 @@ def test_resolved_reads_the_process_environment_by_default(
     assert resolved().ffn_gateup_fused == Resolved(value=True, source=Source.ENV)
 
 
-@pytest.mark.usefixtures("process_cache")
 def test_declare_installs_the_served_declaration() -> None:
     declare(hopper())
     assert D.declared() == hopper()
@@ -1473,7 +1463,6 @@ def test_the_docs_list_a_trees_levers() -> None:
     assert "moe_rows_max_m" not in render_docs()
 
 
-@pytest.mark.usefixtures("process_cache")
 def test_the_process_wide_resolution_serves_tree_levers() -> None:
     declare(tree_gb10())
     assert summary_line().endswith(TREE_LINE_TAIL)
@@ -1910,7 +1899,6 @@ def test_cli_warns_when_the_file_does_not_parse(tmp_path: Path) -> None:
     assert err.startswith("warning: kernels/gb10/HARDWARE.toml does not parse")
 
 
-@pytest.mark.usefixtures("process_cache")
 def test_cli_resolves_under_its_own_environment_not_the_process_cache(tmp_path: Path) -> None:
     write_hw(tmp_path, "hopper", HOPPER_TOML)
     resolved({})

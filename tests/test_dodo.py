@@ -37,7 +37,6 @@ from tests.support.project import (
     project_env,
     started_targets,
     terminate_after,
-    use_fake_compiler,
 )
 
 NVIDIA = ("gb10/qwen/w4", "gb10/qwen/w8", "hopper/qwen/w4", "hopper/qwen/w8")
@@ -280,21 +279,14 @@ def test_real_nvcc_parallel_build_noop_fresh_checkout_and_second_checkout(tmp_pa
 # ------------------------------------------------------------------------------ fake compiler
 
 
-@pytest.fixture
-def fake(tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    root = make_project(tmp_path / "proj")
-    use_fake_compiler(root, tmp_path / "bin")
-    return root, project_env(tmp_path, fake_bin=tmp_path / "bin")
-
-
 def run_ok(root: Path, env: dict[str, str], *args: str) -> DoitRun:
     run = doit(root, list(args) or ["build"], env)
     assert run.returncode == 0, run.text
     return run
 
 
-def test_rebuild_precision(fake: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
-    root, env = fake
+def test_rebuild_precision(fake_project: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    root, env = fake_project
     k = root / "kernels"
     first = run_ok(root, env)
     assert started_targets(first) == sorted(NVIDIA)
@@ -351,9 +343,9 @@ def test_rebuild_precision(fake: tuple[Path, dict[str, str]], tmp_path: Path) ->
 
 
 def test_tree_error_fails_only_its_targets_then_shadow_declared(
-    fake: tuple[Path, dict[str, str]], tmp_path: Path
+    fake_project: tuple[Path, dict[str, str]], tmp_path: Path
 ) -> None:
-    root, env = fake
+    root, env = fake_project
     k = root / "kernels"
     run_ok(root, env)
     fake_compiles(tmp_path)
@@ -384,8 +376,10 @@ def test_tree_error_fails_only_its_targets_then_shadow_declared(
     assert manifest["shadows"] and manifest["shadows"][0]["reason"] == "leaf variant"
 
 
-def test_missing_toolchain_broad_skips_explicit_fails(fake: tuple[Path, dict[str, str]]) -> None:
-    root, env = fake
+def test_missing_toolchain_broad_skips_explicit_fails(
+    fake_project: tuple[Path, dict[str, str]],
+) -> None:
+    root, env = fake_project
     broad = doit(root, ["build:apple/*"], env)
     assert broad.returncode == 0, broad.text
     assert counts(broad)["skipped"] == 1
@@ -397,9 +391,9 @@ def test_missing_toolchain_broad_skips_explicit_fails(fake: tuple[Path, dict[str
 
 
 def test_compile_error_fails_its_target_others_build(
-    fake: tuple[Path, dict[str, str]], tmp_path: Path
+    fake_project: tuple[Path, dict[str, str]], tmp_path: Path
 ) -> None:
-    root, env = fake
+    root, env = fake_project
     (root / "kernels/hopper/qwen/w8/mul.cu").write_text("#error broken\n")
     run = doit(root, ["-n", "2", "-P", "process", "build:hopper/*"], env)
     assert run.returncode == 1, run.text
@@ -411,9 +405,9 @@ def test_compile_error_fails_its_target_others_build(
 
 
 def test_parallel_process_workers_clean_and_forget(
-    fake: tuple[Path, dict[str, str]], tmp_path: Path
+    fake_project: tuple[Path, dict[str, str]], tmp_path: Path
 ) -> None:
-    root, env = fake
+    root, env = fake_project
     run = run_ok(root, env, "-n", "2", "-P", "process", "build")
     assert started_targets(run) == sorted(NVIDIA)
     assert check_artefacts(root / "build") == 4
@@ -433,8 +427,10 @@ def test_parallel_process_workers_clean_and_forget(
     assert started_targets(after) == ["gb10/qwen/w8"]
 
 
-def test_sigterm_keeps_finished_targets(fake: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
-    root, env = fake
+def test_sigterm_keeps_finished_targets(
+    fake_project: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    root, env = fake_project
     env = {**env, "FAKECC_DELAY": "0.4"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "doit", "build"],

@@ -36,21 +36,12 @@ from tests.support.project import (
     DoitRun,
     doit,
     make_project,
-    project_env,
     started_targets,
-    use_fake_compiler,
 )
 
 NVIDIA = ("gb10/qwen/w4", "gb10/qwen/w8", "hopper/qwen/w4", "hopper/qwen/w8")
 #: A file name that is not UTF-8 (what a Latin-1 tool or a corrupted unpack leaves).
 BAD_NAME = os.fsdecode(b"k\xff.cu")
-
-
-@pytest.fixture
-def fake(tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    root = make_project(tmp_path / "proj")
-    use_fake_compiler(root, tmp_path / "bin")
-    return root, project_env(tmp_path, fake_bin=tmp_path / "bin")
 
 
 def check(root: Path, env: dict[str, str]) -> tuple[int, str, str]:
@@ -102,9 +93,9 @@ def _kept(out: str) -> int:
 
 @pytest.mark.parametrize(("sig", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupted_build_ends_with_one_line_and_keeps_what_finished(
-    fake: tuple[Path, dict[str, str]], sig: signal.Signals, status: int
+    fake_project: tuple[Path, dict[str, str]], sig: signal.Signals, status: int
 ) -> None:
-    root, env = fake
+    root, env = fake_project
     code, out, err = _interrupted_build(root, env, sig)
     assert code == status, out + err
     assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err
@@ -119,8 +110,10 @@ def test_interrupted_build_ends_with_one_line_and_keeps_what_finished(
     assert len(started_targets(rest)) == len(NVIDIA) - kept, rest.text
 
 
-def test_sigterm_under_process_workers_is_one_line_too(fake: tuple[Path, dict[str, str]]) -> None:
-    root, env = fake
+def test_sigterm_under_process_workers_is_one_line_too(
+    fake_project: tuple[Path, dict[str, str]],
+) -> None:
+    root, env = fake_project
     code, out, err = _interrupted_build(root, env, signal.SIGTERM, "-n", "2", "-P", "process")
     assert code == 143, out + err
     assert "Traceback" not in out + err
@@ -200,8 +193,10 @@ def test_interrupted_names_its_signal() -> None:
 # ------------------------------------------------------------------------------ exit statuses
 
 
-def test_a_compile_failure_exits_1_a_tree_error_2(fake: tuple[Path, dict[str, str]]) -> None:
-    root, env = fake
+def test_a_compile_failure_exits_1_a_tree_error_2(
+    fake_project: tuple[Path, dict[str, str]],
+) -> None:
+    root, env = fake_project
     mul = root / "kernels/hopper/qwen/w8/mul.cu"
     mul.write_text("#error broken\n")
     # `doit build` runs the group `build`, which doit alone would count as an error (2).
@@ -231,9 +226,9 @@ def test_exit_status_rules() -> None:
 
 
 def test_a_file_name_that_is_not_utf8_is_one_line_everywhere(
-    fake: tuple[Path, dict[str, str]],
+    fake_project: tuple[Path, dict[str, str]],
 ) -> None:
-    root, env = fake
+    root, env = fake_project
     (root / "kernels/hopper/common" / BAD_NAME).write_text("// bad name\n")
     shown = "kernels/hopper/common/k\\xff.cu: the name is not valid UTF-8"
     build = doit(root, ["build"], env)
@@ -250,9 +245,9 @@ def test_a_file_name_that_is_not_utf8_is_one_line_everywhere(
 
 
 def test_an_unnamable_file_in_a_role_subdirectory_fails_its_targets(
-    fake: tuple[Path, dict[str, str]],
+    fake_project: tuple[Path, dict[str, str]],
 ) -> None:
-    root, env = fake
+    root, env = fake_project
     vendored = root / "kernels/hopper/qwen/w4/vendor"
     vendored.mkdir()
     (vendored / BAD_NAME.replace(".cu", ".cuh")).write_text("// bad name\n")
@@ -264,9 +259,9 @@ def test_an_unnamable_file_in_a_role_subdirectory_fails_its_targets(
 
 
 def test_an_unnamable_quant_directory_fails_the_tree_in_one_line(
-    fake: tuple[Path, dict[str, str]],
+    fake_project: tuple[Path, dict[str, str]],
 ) -> None:
-    root, env = fake
+    root, env = fake_project
     (root / "kernels/hopper/qwen" / os.fsdecode(b"w\xff")).mkdir()
     build = doit(root, ["build"], env)
     assert build.returncode == 2
@@ -292,9 +287,9 @@ def test_printable_shows_the_bytes() -> None:
     ],
 )
 def test_a_manifest_that_is_a_directory_is_one_line_everywhere(
-    fake: tuple[Path, dict[str, str]], manifest: str, failing: list[str] | None
+    fake_project: tuple[Path, dict[str, str]], manifest: str, failing: list[str] | None
 ) -> None:
-    root, env = fake
+    root, env = fake_project
     path = root / manifest
     if path.exists():
         path.unlink()
@@ -333,9 +328,9 @@ def test_defaults_of_a_hardware_whose_manifest_is_a_directory(tmp_path: Path) ->
 
 
 def test_a_build_dir_in_kernels_is_refused_before_anything_is_deleted(
-    fake: tuple[Path, dict[str, str]],
+    fake_project: tuple[Path, dict[str, str]],
 ) -> None:
-    root, env = fake
+    root, env = fake_project
     before = sorted(p.relative_to(root).as_posix() for p in (root / "kernels").rglob("*"))
     for value in ("kernels", "kernels/out", "."):
         bad = {**env, "METRALE_ORCH_BUILD_DIR": value}

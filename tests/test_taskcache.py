@@ -12,7 +12,6 @@ from __future__ import annotations
 import inspect
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,7 +33,7 @@ from metrale_orch.tasks.specs import (
     resolve_build_specs,
     smoke_task_dicts,
 )
-from tests.support.project import doit, make_project, project_env, use_fake_compiler
+from tests.support.project import doit
 
 STATE = Path("build/.state")
 
@@ -46,20 +45,6 @@ def entries(root: Path) -> list[Path]:
 
 def cache_file(root: Path, env: dict[str, str]) -> Path:
     return _taskcache.cache_path(root / STATE, _key(root, env))
-
-
-@pytest.fixture(autouse=True)
-def _fresh_identity_memo() -> Iterator[None]:
-    reset_identity_memo()
-    yield
-    reset_identity_memo()
-
-
-@pytest.fixture
-def project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    root = make_project(tmp_path / "proj")
-    use_fake_compiler(root, tmp_path / "bin")
-    return root, project_env(tmp_path, fake_bin=tmp_path / "bin")
 
 
 @pytest.fixture
@@ -97,9 +82,9 @@ def primed(root: Path, env: dict[str, str]) -> None:
 
 
 def test_hit_equals_generation_including_skips_errors_and_smoke(
-    project: tuple[Path, dict[str, str]], trusting: None
+    fake_project: tuple[Path, dict[str, str]], trusting: None
 ) -> None:
-    root, env = project
+    root, env = fake_project
     # A tree error (undeclared shadow) too: error tasks are cached and replayed.
     (root / "kernels/hopper/qwen/w8/add.cu").write_text('extern "C" __global__ void a() {}\n')
     primed(root, env)
@@ -125,8 +110,10 @@ def test_record_and_replay_task_dicts() -> None:
     assert _replay(None) is None and _replay([["x"], 1]) is None
 
 
-def test_hit_honours_the_command_line(project: tuple[Path, dict[str, str]], trusting: None) -> None:
-    root, env = project
+def test_hit_honours_the_command_line(
+    fake_project: tuple[Path, dict[str, str]], trusting: None
+) -> None:
+    root, env = fake_project
     primed(root, env)
     # An explicit selection of a target without a toolchain fails; a broad one skips.
     argv = ("build:apple/llama/f16",)
@@ -138,9 +125,9 @@ def test_hit_honours_the_command_line(project: tuple[Path, dict[str, str]], trus
 
 
 def test_same_bytes_touch_is_a_hit_by_content_then_stat_only(
-    project: tuple[Path, dict[str, str]], trusting: None
+    fake_project: tuple[Path, dict[str, str]], trusting: None
 ) -> None:
-    root, env = project
+    root, env = fake_project
     primed(root, env)
     for path in (root / "kernels").rglob("*.toml"):
         st = path.stat()
@@ -152,9 +139,9 @@ def test_same_bytes_touch_is_a_hit_by_content_then_stat_only(
 
 
 def test_unrelated_environment_and_kernel_source_edits_keep_the_cache(
-    project: tuple[Path, dict[str, str]], trusting: None
+    fake_project: tuple[Path, dict[str, str]], trusting: None
 ) -> None:
-    root, env = project
+    root, env = fake_project
     primed(root, env)
     assert lookup(root, {**env, "SOMETHING_ELSE": "1"}) == "hit"
     # Source content reaches the tasks only through file_dep (doit's checker sees it).
@@ -170,9 +157,9 @@ def test_unrelated_environment_and_kernel_source_edits_keep_the_cache(
     ["add", "remove", "rename", "add-dir", "subdir-file"],
 )
 def test_tree_shape_changes_miss(
-    project: tuple[Path, dict[str, str]], trusting: None, change: str
+    fake_project: tuple[Path, dict[str, str]], trusting: None, change: str
 ) -> None:
-    root, env = project
+    root, env = fake_project
     k = root / "kernels"
     (k / "hopper/common/vendor").mkdir()
     (k / "hopper/common/vendor/v.h").write_text("// v\n")
@@ -194,9 +181,9 @@ def test_tree_shape_changes_miss(
 
 @pytest.mark.parametrize("how", ["new-mtime", "restored-mtime"])
 def test_manifest_edits_miss(
-    project: tuple[Path, dict[str, str]], trusting: None, how: str
+    fake_project: tuple[Path, dict[str, str]], trusting: None, how: str
 ) -> None:
-    root, env = project
+    root, env = fake_project
     primed(root, env)
     before_parts = _parts(cached_build_specs(root, env)[0])
     hw = root / "kernels/hopper/HARDWARE.toml"
@@ -224,9 +211,9 @@ def _parts(specs: list[BuildSpec]) -> dict[str, dict[str, str]]:
     ["config-env", "allowlisted-env", "pyproject", "toolchain-file", "program", "path"],
 )
 def test_key_changes_miss(
-    project: tuple[Path, dict[str, str]], trusting: None, tmp_path: Path, change: str
+    fake_project: tuple[Path, dict[str, str]], trusting: None, tmp_path: Path, change: str
 ) -> None:
-    root, env = project
+    root, env = fake_project
     tc = root / "toolchains/nvcc.toml"
     tc.write_text(
         tc.read_text().replace("[toolchain]", '[toolchain]\nenv_allowlist = ["FAKE_OPT"]')
@@ -256,9 +243,9 @@ def test_key_changes_miss(
 
 
 def test_entries_beyond_keep_are_removed(
-    project: tuple[Path, dict[str, str]], trusting: None
+    fake_project: tuple[Path, dict[str, str]], trusting: None
 ) -> None:
-    root, env = project
+    root, env = fake_project
     for i in range(_taskcache.KEEP + 2):
         assert lookup(root, {**env, "METRALE_ORCH_CACHE_NAMESPACE": str(i)}) == "no cache file"
     assert len(entries(root)) == _taskcache.KEEP
@@ -267,9 +254,9 @@ def test_entries_beyond_keep_are_removed(
 
 
 def test_a_symlink_in_the_tree_is_never_cached(
-    project: tuple[Path, dict[str, str]], trusting: None
+    fake_project: tuple[Path, dict[str, str]], trusting: None
 ) -> None:
-    root, env = project
+    root, env = fake_project
     (root / "kernels/hopper/qwen/w8/link.cu").symlink_to(root / "kernels/hopper/qwen/w8/mul.cu")
     assert lookup(root, env) == "no cache file"
     assert not entries(root)
@@ -283,9 +270,9 @@ def test_a_symlink_in_the_tree_is_never_cached(
     ],
 )
 def test_manifests_naming_paths_are_never_cached(
-    project: tuple[Path, dict[str, str]], trusting: None, rel: str, text: str
+    fake_project: tuple[Path, dict[str, str]], trusting: None, rel: str, text: str
 ) -> None:
-    root, env = project
+    root, env = fake_project
     (root / rel).write_text(text)
     assert lookup(root, env) == "no cache file"
     assert not entries(root)
@@ -293,9 +280,9 @@ def test_manifests_naming_paths_are_never_cached(
 
 @pytest.mark.parametrize("what", ["file", "kernels"])
 def test_a_symlink_replacing_a_watched_item_misses(
-    project: tuple[Path, dict[str, str]], trusting: None, tmp_path: Path, what: str
+    fake_project: tuple[Path, dict[str, str]], trusting: None, tmp_path: Path, what: str
 ) -> None:
-    root, env = project
+    root, env = fake_project
     primed(root, env)
     if what == "file":
         # Same name, same bytes behind it: the resolver refuses links, the cache must see it.
@@ -312,9 +299,9 @@ def test_a_symlink_replacing_a_watched_item_misses(
 
 
 def test_failed_probe_and_config_errors_are_not_cached(
-    project: tuple[Path, dict[str, str]], tmp_path: Path, trusting: None
+    fake_project: tuple[Path, dict[str, str]], tmp_path: Path, trusting: None
 ) -> None:
-    root, env = project
+    root, env = fake_project
     (tmp_path / "bin/fakecc").write_text("#!/bin/sh\nexit 3\n")
     specs, how = cached_build_specs(root, env)
     assert how == "no cache file" and not entries(root)
@@ -326,9 +313,9 @@ def test_failed_probe_and_config_errors_are_not_cached(
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "body-byte", "header-byte"])
 def test_damaged_cache_files_miss(
-    project: tuple[Path, dict[str, str]], trusting: None, damage: str
+    fake_project: tuple[Path, dict[str, str]], trusting: None, damage: str
 ) -> None:
-    root, env = project
+    root, env = fake_project
     primed(root, env)
     path = cache_file(root, env)
     data = bytearray(path.read_bytes())
@@ -427,8 +414,8 @@ def test_another_key_misses(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------ real doit runs
 
 
-def test_doit_runs_use_the_cache_and_see_changes(project: tuple[Path, dict[str, str]]) -> None:
-    root, env = project
+def test_doit_runs_use_the_cache_and_see_changes(fake_project: tuple[Path, dict[str, str]]) -> None:
+    root, env = fake_project
     first = doit(root, ["build"], env)
     assert first.returncode == 0, first.text
     (entry,) = entries(root)

@@ -31,11 +31,6 @@ def _hw(name: str = "h", vendor: str = "nvidia", doc: dict[str, object] | None =
 _VENDORS = ("nvidia", "cuda", "amd", "rocm", "scale", "hip", "apple", "metal")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_memo() -> None:
-    reset_identity_memo()
-
-
 def test_builtins_cover_every_vendor_family() -> None:
     """SPEC 3.3: each vendor goes to the compiler the reference build drives."""
     tcs = builtin_toolchains()

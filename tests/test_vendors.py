@@ -212,12 +212,6 @@ def _normalise(argv: list[str], entry: dict[str, Any]) -> list[str]:
     return [a.replace(tmp, "<tmp>").replace(rel, "<tmp>") for a in argv]
 
 
-@pytest.fixture(autouse=True)
-def _fresh() -> None:
-    reset_identity_memo()
-    reset_build_memo()
-
-
 def _build(root: Path, target: str, env: Mapping[str, str], **config: Any) -> TargetResult:
     settings = make_config(
         root, root.parent / "cache", build_dir=str(root.parent / "build"), **config
