@@ -29,6 +29,7 @@ from metrale_orch.tasks.checker import (
     signature_parts,
 )
 from metrale_orch.tasks.dicts import explicit_targets, plan_build_task
+from metrale_orch.tasks.doit_api import stored_state
 from tests.support.project import (
     DoitRun,
     doit,
@@ -212,7 +213,7 @@ def test_checker_never_refreshes_another_tasks_record(tmp_path: Path) -> None:
     assert dep.get_status(a, {"a": a}).status == "up-to-date"
     assert dep.get_status(b, {"b": b}).status == "up-to-date"
     assert dep.checker.refreshed == 1  # a's only
-    assert dep._get("b", str(src))[0] == st.st_mtime_ns
+    assert stored_state(dep, "b", str(src))[0] == st.st_mtime_ns  # type: ignore[index]
     dep.close()
 
 

@@ -21,12 +21,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
 from metrale_orch import dodo
-from metrale_orch.cli import _layout as cli_layout
 from metrale_orch.cli import main
 from metrale_orch.errors import Interrupted, interrupt_exit_code, printable
 from metrale_orch.tasks.actions import BuildFailed
@@ -140,20 +140,34 @@ def test_interrupt_while_tasks_load_is_one_line(monkeypatch: pytest.MonkeyPatch)
     assert err.getvalue() == "interrupted; 0 targets finished and kept\n"
 
 
+class _InterruptingEnviron(Mapping[str, str]):
+    """An environment whose every read raises ``raised``: the command it is given is
+    interrupted while it works (``check`` reads its environment first thing)."""
+
+    def __init__(self, raised: BaseException) -> None:
+        self.raised = raised
+
+    def __getitem__(self, key: str) -> str:
+        raise self.raised
+
+    def __iter__(self) -> Iterator[str]:
+        raise self.raised
+
+    def __len__(self) -> int:
+        raise self.raised
+
+
 @pytest.mark.parametrize(
     ("raised", "status"),
     [(KeyboardInterrupt(), 130), (Interrupted(signal.SIGTERM), 143)],
 )
 def test_cli_commands_end_interrupted_with_one_line(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, raised: BaseException, status: int
+    tmp_path: Path, raised: BaseException, status: int
 ) -> None:
-    def stopped(*args: object) -> int:
-        raise raised
-
-    monkeypatch.setattr(cli_layout, "run_check", stopped)
     (tmp_path / "kernels").mkdir()
     out, err = io.StringIO(), io.StringIO()
-    code = main(["--root", str(tmp_path), "check"], environ={}, out=out, err=err)
+    environ = _InterruptingEnviron(raised)
+    code = main(["--root", str(tmp_path), "check"], environ=environ, out=out, err=err)
     assert (code, out.getvalue(), err.getvalue()) == (status, "", "interrupted\n")
 
 
@@ -161,14 +175,23 @@ def test_sigterm_to_a_cli_command_is_one_line(tmp_path: Path) -> None:
     """A real ``metrale-orch`` process stopped by SIGTERM while it works."""
     script = (
         "import sys, time\n"
+        "from collections.abc import Mapping\n"
         "from metrale_orch import cli\n"
-        "from metrale_orch.cli import _layout\n"
-        "def slow(args, ctx):\n"
-        "    print('working', flush=True)\n"
-        "    time.sleep(60)\n"
-        "    return 0\n"
-        "_layout.run_check = slow\n"
-        "sys.exit(cli.main(['--root', sys.argv[1], 'check']))\n"
+        "class Slow(Mapping):\n"
+        "    # The command's first read of its environment blocks: it is caught working.\n"
+        "    def wait(self):\n"
+        "        print('working', flush=True)\n"
+        "        time.sleep(60)\n"
+        "    def __getitem__(self, key):\n"
+        "        self.wait()\n"
+        "        raise KeyError(key)\n"
+        "    def __iter__(self):\n"
+        "        self.wait()\n"
+        "        return iter(())\n"
+        "    def __len__(self):\n"
+        "        self.wait()\n"
+        "        return 0\n"
+        "sys.exit(cli.main(['--root', sys.argv[1], 'check'], environ=Slow()))\n"
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", script, str(tmp_path)],
