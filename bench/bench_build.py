@@ -61,7 +61,7 @@ REPO = HERE.parent
 PY = sys.executable
 DODO = "from metrale_orch.dodo import *  # noqa: F403\n"
 
-sys.path.append(str(REPO))  # for tests._servers_support; PYTHONPATH wins
+sys.path.append(str(REPO))  # for tests.support.servers; PYTHONPATH wins
 
 
 class BenchFailed(Exception):
@@ -364,7 +364,7 @@ def bench_ccache(
 
 @contextlib.contextmanager
 def s3() -> Iterator[Any]:
-    from tests._servers_support import s3_server
+    from tests.support.servers import s3_server
 
     with s3_server() as server:
         yield server

@@ -25,7 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from metrale_orch.cache import CacheSettings, cache_key, open_cache
-from tests._servers_support import gcs_server, s3_server
+from tests.support.servers import gcs_server, s3_server
 
 
 @contextlib.contextmanager

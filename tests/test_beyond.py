@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from metrale_orch.build.staging import beyond_layout, stage
 from metrale_orch.tree import Target, discover
 from metrale_orch.tree.beyond import TREE_DIR, layer_include, quoted_includes
+from tests.support.trust import base_env, doit_run, orch_run, write_files
 
 HW = '[hardware]\nvendor = "nvidia"\narch = "sm_121f"\n'
 KQUANT = (
@@ -103,7 +105,6 @@ def test_an_include_resolving_nowhere_is_left_to_the_compiler(tmp_path: Path) ->
 
 @pytest.mark.nvcc
 def test_cross_model_include_builds_is_an_input_and_is_keyed(tmp_path: Path) -> None:
-    from tests._trust_support import base_env, doit_run, orch_run, write_files
 
     root = _tree(tmp_path / "proj")
     write_files(root, {})  # the one-line dodo.py
@@ -127,7 +128,6 @@ def test_cross_model_include_builds_is_an_input_and_is_keyed(tmp_path: Path) -> 
 
 
 def test_escaping_include_fails_the_build_naming_file_and_line(tmp_path: Path) -> None:
-    from tests._trust_support import base_env, doit_run, write_files
 
     (tmp_path / "outside.cuh").write_text("#define MMA 1\n")
     root = _tree(
@@ -145,9 +145,6 @@ def test_escaping_include_fails_the_build_naming_file_and_line(tmp_path: Path) -
 def test_modules_that_reach_nothing_beyond_keep_their_keys(tmp_path: Path) -> None:
     """Only the module that includes across models gets the extra -I in its key: its
     siblings share keys (and cache entries) with the same module of other targets."""
-    import json
-
-    from tests._trust_support import base_env, doit_run, write_files
 
     root = _tree(
         tmp_path / "proj",

@@ -14,16 +14,10 @@ from metrale_orch.build.memo import reset_build_memo
 from metrale_orch.build.probe import reset_identity_memo
 from metrale_orch.build.staging import uncontained
 from metrale_orch.tree import Target
-from tests._build_support import fake_toolchain_env, make_cache, make_config, small_tree
-from tests._dodo_support import doit, make_project, project_env, use_fake_compiler
+from tests.support.build import fake_toolchain_env, make_cache, make_config, small_tree
+from tests.support.project import doit
 
 TARGET = Target.parse("hw1/m1/q1")
-
-
-@pytest.fixture(autouse=True)
-def _fresh() -> None:
-    reset_build_memo()
-    reset_identity_memo()
 
 
 def _build(root: Path, tmp: Path) -> object:
@@ -69,11 +63,9 @@ def test_leftovers_of_killed_compiles_are_swept(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_statistics_are_exact_under_threads(tmp_path: Path) -> None:
+def test_statistics_are_exact_under_threads(fake_project: tuple[Path, dict[str, str]]) -> None:
     """``doit -n 4 -P thread``: each task counts only its own lookups (was ~4x inflated)."""
-    root = make_project(tmp_path / "proj")
-    use_fake_compiler(root, tmp_path / "bin")
-    env = project_env(tmp_path, fake_bin=tmp_path / "bin")
+    root, env = fake_project
     run = doit(root, ["-n", "4", "-P", "thread", "build"], env)
     assert run.returncode == 0, run.text
     manifests = sorted((root / "build").glob("*/*/*/manifest.json"))

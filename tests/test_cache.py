@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import fsspec.implementations.memory as memory
 import pytest
 import xxhash
 from hypothesis import given, settings
@@ -36,7 +37,6 @@ from metrale_orch.cache import (
     verify_local,
     write_stats,
 )
-from metrale_orch.cache import remote as remote_mod
 from metrale_orch.cache.objects import CorruptObject, decode_object, encode_object
 from metrale_orch.cli import main
 from metrale_orch.config import load_config
@@ -264,15 +264,15 @@ def test_breaker_after_success_needs_threshold_failures(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[str] = []
-    real_get = remote_mod.RemoteStore._get
+    real_cat = memory.MemoryFileSystem.cat_file
 
-    def flaky(self: remote_mod.RemoteStore, key: str, decode: Any) -> Any:
-        calls.append(key)
+    def flaky(self: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+        calls.append(path)
         if len(calls) == 1:
-            return real_get(self, key, decode)
+            return real_cat(self, path, *args, **kwargs)
         raise ConnectionError("flaky network")
 
-    monkeypatch.setattr(remote_mod.RemoteStore, "_get", flaky)
+    monkeypatch.setattr(memory.MemoryFileSystem, "cat_file", flaky)
     url = f"memory://breaker-{uuid.uuid4().hex[:8]}/p"
     cache = open_cache(_local(tmp_path, remote=url, failure_threshold=3))
     for _ in range(6):
@@ -291,8 +291,6 @@ def test_forbidden_writes_keep_reads(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
     def refuse(self: Any, path: str, data: bytes, mode: str = "overwrite") -> None:
         raise PermissionError("Access Denied")
-
-    import fsspec.implementations.memory as memory
 
     monkeypatch.setattr(memory.MemoryFileSystem, "pipe_file", refuse)
     cache = open_cache(_local(tmp_path / "b", remote=url, background_uploads=False))

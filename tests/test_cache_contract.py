@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,14 +20,12 @@ import pytest
 from metrale_orch.cache import Cache, CacheSettings, cache_key, open_cache
 from metrale_orch.cache.objects import CorruptObject, decode_object, encode_object
 from metrale_orch.cache.remote import RemoteStore, remote_object_path
-from tests._servers_support import (
+from tests.support.servers import (
     DNS_FAILURE_ENDPOINT,
     ObjectServer,
-    gcs_server,
     gcs_storage_options,
     refused_endpoint,
     s3_auth_enforced,
-    s3_server,
     s3_storage_options,
     silent_endpoint,
 )
@@ -41,18 +38,6 @@ META = {
     "producer": "t",
     "compile_seconds": 0.75,
 }
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[ObjectServer]:
-    with s3_server() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def gcs() -> Iterator[ObjectServer]:
-    with gcs_server() as server:
-        yield server
 
 
 @dataclass
@@ -223,7 +208,7 @@ def test_lookup_reads_at_most_the_object_size_limit(backend: Backend) -> None:
 
 def test_concurrent_writers_one_key_readers_never_see_partial(backend: Backend) -> None:
     key = _key("race")
-    # 320 KB, so a partial read is possible; never ending in "\r" (see _servers_support)
+    # 320 KB, so a partial read is possible; never ending in "\r" (see tests.support.servers)
     big = {"big.cubin": uuid.uuid4().bytes * 20_000 + b"."}
     writers = [backend.cache() for _ in range(8)]
     probe = RemoteStore(

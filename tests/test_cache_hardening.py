@@ -20,7 +20,7 @@ import threading
 import time
 import tracemalloc
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -43,12 +43,11 @@ from metrale_orch.cache import maintenance as maintenance_mod
 from metrale_orch.cache import remote as remote_mod
 from metrale_orch.cache.objects import decode_object, encode_object
 from metrale_orch.cli import main
-from tests._servers_support import (
+from tests.support.servers import (
     ObjectServer,
     garbage_server,
     refused_endpoint,
     s3_auth_enforced,
-    s3_server,
     silent_endpoint,
 )
 
@@ -87,12 +86,6 @@ def _within(seconds: float, fn: Callable[[], T]) -> T:
         raise box["error"]
     value: T = box["value"]
     return value
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[ObjectServer]:
-    with s3_server() as server:
-        yield server
 
 
 # -- the local tier: only regular files, bounded ------------------------------------------------

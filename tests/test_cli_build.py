@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from metrale_orch.cli import main
-from tests._dodo_support import doit, make_project, project_env, use_fake_compiler
+from tests.support.project import doit, make_project, project_env, use_fake_compiler
 
 
 @pytest.fixture(scope="module")

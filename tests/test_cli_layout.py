@@ -11,7 +11,7 @@ from pathlib import Path
 
 from metrale_orch.cli import main
 from metrale_orch.tree import discover, dump, manifest_warnings, read_manifest_warnings
-from tests._layout_support import files, hw, kernel_toml, model, write
+from tests.support.tree import files, hw, kernel_toml, model, write
 
 
 def fake_path(root: Path) -> dict[str, str]:

@@ -19,11 +19,10 @@ from metrale_orch.build.includes import Includes, include_dirs, parse_includes, 
 from metrale_orch.build.locate import find_program
 from metrale_orch.build.memo import reset_build_memo
 from metrale_orch.build.plan import plan_target
-from metrale_orch.build.probe import reset_identity_memo
 from metrale_orch.build.results import TargetResult
 from metrale_orch.build.toolchains import builtin_toolchains
 from metrale_orch.tree import Target, discover
-from tests._build_support import (
+from tests.support.build import (
     compiles,
     fake_toolchain_env,
     make_cache,
@@ -33,12 +32,6 @@ from tests._build_support import (
 )
 
 T = Target(hardware="hw1", model="m1", quant="q1")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_process_state() -> None:
-    reset_build_memo()
-    reset_identity_memo()
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import io
 import json
@@ -9,7 +10,7 @@ import re
 import shutil
 import subprocess
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metrale_orch import defaults as D
+from metrale_orch.build.compile import build_target
+from metrale_orch.build.memo import reset_build_memo
+from metrale_orch.build.plan import plan_target
+from metrale_orch.build.toolchains import builtin_toolchains
 from metrale_orch.cli import main
 from metrale_orch.defaults import (
     BASELINE_BATCHM_MAX,
@@ -61,6 +66,8 @@ from metrale_orch.defaults import (
     write_docs,
 )
 from metrale_orch.errors import MetraleError
+from metrale_orch.tree import Target, discover
+from tests.support.build import fake_toolchain_env, make_cache, make_config, small_tree
 
 REPO = Path(__file__).resolve().parents[1]
 U32_MAX = 4294967295
@@ -302,13 +309,6 @@ def write_hw(root: Path, hw: str, text: str | bytes) -> Path:
     else:
         path.write_text(text, encoding="utf-8")
     return path
-
-
-@pytest.fixture
-def process_cache() -> Iterator[None]:
-    reset_resolved()
-    yield
-    reset_resolved()
 
 
 # --------------------------------------------------------------------------- the table
@@ -1114,7 +1114,6 @@ def test_env_tag_appears_exactly_for_levers_the_environment_decided(
 # --------------------------------------------------------------------------- process-wide
 
 
-@pytest.mark.usefixtures("process_cache")
 def test_resolved_keeps_its_first_resolution() -> None:
     first = resolved({"METRALE_LM_HEAD_BATCHM_MAX": "12"})
     assert first.hw == "" and first.lm_head_batchm_max == Resolved(value=12, source=Source.ENV)
@@ -1126,7 +1125,6 @@ def test_resolved_keeps_its_first_resolution() -> None:
     assert resolved({}).lm_head_batchm_max.source is Source.TARGET
 
 
-@pytest.mark.usefixtures("process_cache")
 def test_resolved_reads_the_process_environment_by_default(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -1134,7 +1132,6 @@ def test_resolved_reads_the_process_environment_by_default(
     assert resolved().ffn_gateup_fused == Resolved(value=True, source=Source.ENV)
 
 
-@pytest.mark.usefixtures("process_cache")
 def test_declare_installs_the_served_declaration() -> None:
     declare(hopper())
     assert D.declared() == hopper()
@@ -1466,7 +1463,6 @@ def test_the_docs_list_a_trees_levers() -> None:
     assert "moe_rows_max_m" not in render_docs()
 
 
-@pytest.mark.usefixtures("process_cache")
 def test_the_process_wide_resolution_serves_tree_levers() -> None:
     declare(tree_gb10())
     assert summary_line().endswith(TREE_LINE_TAIL)
@@ -1903,7 +1899,6 @@ def test_cli_warns_when_the_file_does_not_parse(tmp_path: Path) -> None:
     assert err.startswith("warning: kernels/gb10/HARDWARE.toml does not parse")
 
 
-@pytest.mark.usefixtures("process_cache")
 def test_cli_resolves_under_its_own_environment_not_the_process_cache(tmp_path: Path) -> None:
     write_hw(tmp_path, "hopper", HOPPER_TOML)
     resolved({})
@@ -1968,16 +1963,12 @@ def test_cli_a_bad_lever_declaration_exits_2_with_one_line(
 
 
 def _plan_small_tree(root: Path) -> Any:
-    from metrale_orch.build.plan import plan_target
-    from metrale_orch.build.toolchains import builtin_toolchains
-    from metrale_orch.tree import Target, discover
 
     layout = discover(root, Target(hardware="hw1", model="m1", quant="q1"))
     return plan_target(root, layout, builtin_toolchains(), identity="fake 1.0")
 
 
 def test_levers_toml_is_a_file_dependency_and_part_of_every_signature(tmp_path: Path) -> None:
-    from tests._build_support import small_tree
 
     root = small_tree(tmp_path / "repo")
     before = _plan_small_tree(root)
@@ -2008,14 +1999,7 @@ def test_levers_toml_is_a_file_dependency_and_part_of_every_signature(tmp_path: 
 
 
 def test_the_build_bakes_the_trees_levers(tmp_path: Path) -> None:
-    from metrale_orch.build.compile import build_target
-    from metrale_orch.build.memo import reset_build_memo
-    from metrale_orch.build.probe import reset_identity_memo
-    from metrale_orch.tree import Target
-    from tests._build_support import fake_toolchain_env, make_cache, make_config, small_tree
 
-    reset_build_memo()
-    reset_identity_memo()
     root = small_tree(tmp_path / "repo")
     write_levers(root, TREE)
     hw = root / "kernels/hw1/HARDWARE.toml"
@@ -2049,7 +2033,6 @@ def test_the_build_bakes_the_trees_levers(tmp_path: Path) -> None:
 
 
 def test_defaults_imports_nothing_of_the_package_but_errors() -> None:
-    import ast
 
     modules: set[str] = set()
     for file in Path(D.__file__).parent.glob("*.py"):

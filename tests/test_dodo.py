@@ -29,14 +29,15 @@ from metrale_orch.tasks.checker import (
     signature_parts,
 )
 from metrale_orch.tasks.dicts import explicit_targets, plan_build_task
-from tests._dodo_support import (
+from metrale_orch.tasks.doit_api import stored_state
+from tests.support.project import (
     DoitRun,
     doit,
     fake_compiles,
     make_project,
     project_env,
     started_targets,
-    use_fake_compiler,
+    terminate_after,
 )
 
 NVIDIA = ("gb10/qwen/w4", "gb10/qwen/w8", "hopper/qwen/w4", "hopper/qwen/w8")
@@ -212,7 +213,7 @@ def test_checker_never_refreshes_another_tasks_record(tmp_path: Path) -> None:
     assert dep.get_status(a, {"a": a}).status == "up-to-date"
     assert dep.get_status(b, {"b": b}).status == "up-to-date"
     assert dep.checker.refreshed == 1  # a's only
-    assert dep._get("b", str(src))[0] == st.st_mtime_ns
+    assert stored_state(dep, "b", str(src))[0] == st.st_mtime_ns  # type: ignore[index]
     dep.close()
 
 
@@ -279,21 +280,14 @@ def test_real_nvcc_parallel_build_noop_fresh_checkout_and_second_checkout(tmp_pa
 # ------------------------------------------------------------------------------ fake compiler
 
 
-@pytest.fixture
-def fake(tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    root = make_project(tmp_path / "proj")
-    use_fake_compiler(root, tmp_path / "bin")
-    return root, project_env(tmp_path, fake_bin=tmp_path / "bin")
-
-
 def run_ok(root: Path, env: dict[str, str], *args: str) -> DoitRun:
     run = doit(root, list(args) or ["build"], env)
     assert run.returncode == 0, run.text
     return run
 
 
-def test_rebuild_precision(fake: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
-    root, env = fake
+def test_rebuild_precision(fake_project: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    root, env = fake_project
     k = root / "kernels"
     first = run_ok(root, env)
     assert started_targets(first) == sorted(NVIDIA)
@@ -350,9 +344,9 @@ def test_rebuild_precision(fake: tuple[Path, dict[str, str]], tmp_path: Path) ->
 
 
 def test_tree_error_fails_only_its_targets_then_shadow_declared(
-    fake: tuple[Path, dict[str, str]], tmp_path: Path
+    fake_project: tuple[Path, dict[str, str]], tmp_path: Path
 ) -> None:
-    root, env = fake
+    root, env = fake_project
     k = root / "kernels"
     run_ok(root, env)
     fake_compiles(tmp_path)
@@ -383,8 +377,10 @@ def test_tree_error_fails_only_its_targets_then_shadow_declared(
     assert manifest["shadows"] and manifest["shadows"][0]["reason"] == "leaf variant"
 
 
-def test_missing_toolchain_broad_skips_explicit_fails(fake: tuple[Path, dict[str, str]]) -> None:
-    root, env = fake
+def test_missing_toolchain_broad_skips_explicit_fails(
+    fake_project: tuple[Path, dict[str, str]],
+) -> None:
+    root, env = fake_project
     broad = doit(root, ["build:apple/*"], env)
     assert broad.returncode == 0, broad.text
     assert counts(broad)["skipped"] == 1
@@ -396,9 +392,9 @@ def test_missing_toolchain_broad_skips_explicit_fails(fake: tuple[Path, dict[str
 
 
 def test_compile_error_fails_its_target_others_build(
-    fake: tuple[Path, dict[str, str]], tmp_path: Path
+    fake_project: tuple[Path, dict[str, str]], tmp_path: Path
 ) -> None:
-    root, env = fake
+    root, env = fake_project
     (root / "kernels/hopper/qwen/w8/mul.cu").write_text("#error broken\n")
     run = doit(root, ["-n", "2", "-P", "process", "build:hopper/*"], env)
     assert run.returncode == 1, run.text
@@ -410,9 +406,9 @@ def test_compile_error_fails_its_target_others_build(
 
 
 def test_parallel_process_workers_clean_and_forget(
-    fake: tuple[Path, dict[str, str]], tmp_path: Path
+    fake_project: tuple[Path, dict[str, str]], tmp_path: Path
 ) -> None:
-    root, env = fake
+    root, env = fake_project
     run = run_ok(root, env, "-n", "2", "-P", "process", "build")
     assert started_targets(run) == sorted(NVIDIA)
     assert check_artefacts(root / "build") == 4
@@ -432,8 +428,10 @@ def test_parallel_process_workers_clean_and_forget(
     assert started_targets(after) == ["gb10/qwen/w8"]
 
 
-def test_sigterm_keeps_finished_targets(fake: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
-    root, env = fake
+def test_sigterm_keeps_finished_targets(
+    fake_project: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    root, env = fake_project
     env = {**env, "FAKECC_DELAY": "0.4"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "doit", "build"],
@@ -444,8 +442,6 @@ def test_sigterm_keeps_finished_targets(fake: tuple[Path, dict[str, str]], tmp_p
         text=True,
     )
     first = root / "build/gb10/qwen/w4/manifest.json"  # the first build task in order
-    from tests._dodo_support import terminate_after
-
     terminate_after(proc, first)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode != 0, out + err

@@ -1,7 +1,7 @@
 """Shadow drops (SPEC 3.3.2, 4.1 ``shadowed_dropped``): the scan, the exemptions, the build.
 
 The scan is exercised on in-memory stages (a dict of stage path -> text), the
-build with the recording fake nvcc of ``tests/_build_support.py``, the warning
+build with the recording fake nvcc of ``tests/support/build.py``, the warning
 through real ``python -m doit build`` runs, and the scanner's reading of
 macros against the entry points real nvcc emits.
 """
@@ -32,11 +32,9 @@ from metrale_orch.build.dropped import (
     shadow_exemptions,
 )
 from metrale_orch.build.errors import BuildConfigError
-from metrale_orch.build.memo import reset_build_memo
-from metrale_orch.build.probe import reset_identity_memo
 from metrale_orch.build.staging import stage
 from metrale_orch.tree import Target, discover
-from tests._build_support import (
+from tests.support.build import (
     compiles,
     fake_toolchain_env,
     make_cache,
@@ -44,15 +42,9 @@ from tests._build_support import (
     small_tree,
     write,
 )
-from tests._dodo_support import DoitRun, doit, make_project, project_env, use_fake_compiler
+from tests.support.project import DoitRun, doit
 
 T = Target(hardware="hw1", model="m1", quant="q1")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_process_state() -> None:
-    reset_build_memo()
-    reset_identity_memo()
 
 
 def points(files: dict[str, str], path: str = "r.cu", dirs: tuple[str, ...] = ()) -> list[str]:
@@ -484,13 +476,11 @@ def test_a_build_follows_the_compile_include_flags(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------ doit build
 
 
-def _drop_project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    root = make_project(tmp_path / "proj")
-    use_fake_compiler(root, tmp_path / "bin")
+def _add_drop(root: Path) -> None:
+    """A leaf ``add.cu`` in hopper/qwen/w8 that drops the common one (declared a shadow)."""
     k = root / "kernels"
     (k / "hopper/qwen/w8/add.cu").write_text('extern "C" __global__ void add_leaf() {}\n')
     (k / "hopper/qwen/w8/KERNEL.toml").write_text('[shadow]\nadd = "leaf variant"\n')
-    return root, project_env(tmp_path, fake_bin=tmp_path / "bin")
 
 
 def _warnings(run: DoitRun) -> list[str]:
@@ -506,9 +496,10 @@ def _drop(target: str) -> str:
 
 
 def test_doit_build_shows_the_drop_warning_and_the_exemption_silences_it(
-    tmp_path: Path,
+    fake_project: tuple[Path, dict[str, str]],
 ) -> None:
-    root, env = _drop_project(tmp_path)
+    root, env = fake_project
+    _add_drop(root)
     first = doit(root, ["build"], env)
     assert first.returncode == 0, first.text
     # gb10/qwen/w8 takes the parent's leaf add.cu over the parent's common add.cu.

@@ -1,7 +1,7 @@
 """How runs end: interrupts, exit statuses, broken names and files, as a user meets them.
 
 Each scenario runs ``python -m doit`` (or ``metrale-orch``) in a small project
-whose compiler is the recording fake of ``tests._dodo_support`` (slowed down
+whose compiler is the recording fake of ``tests.support.project`` (slowed down
 with ``FAKECC_DELAY`` where a run must be caught in the middle):
 
 - Ctrl-C / SIGTERM during ``doit build``: one line, ``interrupted; N targets
@@ -21,36 +21,27 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
 from metrale_orch import dodo
-from metrale_orch.cli import _layout as cli_layout
 from metrale_orch.cli import main
 from metrale_orch.errors import Interrupted, interrupt_exit_code, printable
 from metrale_orch.tasks.actions import BuildFailed
 from metrale_orch.tasks.reporter import exit_status, format_interrupted
-from tests._dodo_support import (
+from tests.support.project import (
     FILES,
     DoitRun,
     doit,
     make_project,
-    project_env,
     started_targets,
-    use_fake_compiler,
 )
 
 NVIDIA = ("gb10/qwen/w4", "gb10/qwen/w8", "hopper/qwen/w4", "hopper/qwen/w8")
 #: A file name that is not UTF-8 (what a Latin-1 tool or a corrupted unpack leaves).
 BAD_NAME = os.fsdecode(b"k\xff.cu")
-
-
-@pytest.fixture
-def fake(tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    root = make_project(tmp_path / "proj")
-    use_fake_compiler(root, tmp_path / "bin")
-    return root, project_env(tmp_path, fake_bin=tmp_path / "bin")
 
 
 def check(root: Path, env: dict[str, str]) -> tuple[int, str, str]:
@@ -102,9 +93,9 @@ def _kept(out: str) -> int:
 
 @pytest.mark.parametrize(("sig", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupted_build_ends_with_one_line_and_keeps_what_finished(
-    fake: tuple[Path, dict[str, str]], sig: signal.Signals, status: int
+    fake_project: tuple[Path, dict[str, str]], sig: signal.Signals, status: int
 ) -> None:
-    root, env = fake
+    root, env = fake_project
     code, out, err = _interrupted_build(root, env, sig)
     assert code == status, out + err
     assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err
@@ -119,8 +110,10 @@ def test_interrupted_build_ends_with_one_line_and_keeps_what_finished(
     assert len(started_targets(rest)) == len(NVIDIA) - kept, rest.text
 
 
-def test_sigterm_under_process_workers_is_one_line_too(fake: tuple[Path, dict[str, str]]) -> None:
-    root, env = fake
+def test_sigterm_under_process_workers_is_one_line_too(
+    fake_project: tuple[Path, dict[str, str]],
+) -> None:
+    root, env = fake_project
     code, out, err = _interrupted_build(root, env, signal.SIGTERM, "-n", "2", "-P", "process")
     assert code == 143, out + err
     assert "Traceback" not in out + err
@@ -147,20 +140,34 @@ def test_interrupt_while_tasks_load_is_one_line(monkeypatch: pytest.MonkeyPatch)
     assert err.getvalue() == "interrupted; 0 targets finished and kept\n"
 
 
+class _InterruptingEnviron(Mapping[str, str]):
+    """An environment whose every read raises ``raised``: the command it is given is
+    interrupted while it works (``check`` reads its environment first thing)."""
+
+    def __init__(self, raised: BaseException) -> None:
+        self.raised = raised
+
+    def __getitem__(self, key: str) -> str:
+        raise self.raised
+
+    def __iter__(self) -> Iterator[str]:
+        raise self.raised
+
+    def __len__(self) -> int:
+        raise self.raised
+
+
 @pytest.mark.parametrize(
     ("raised", "status"),
     [(KeyboardInterrupt(), 130), (Interrupted(signal.SIGTERM), 143)],
 )
 def test_cli_commands_end_interrupted_with_one_line(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, raised: BaseException, status: int
+    tmp_path: Path, raised: BaseException, status: int
 ) -> None:
-    def stopped(*args: object) -> int:
-        raise raised
-
-    monkeypatch.setattr(cli_layout, "run_check", stopped)
     (tmp_path / "kernels").mkdir()
     out, err = io.StringIO(), io.StringIO()
-    code = main(["--root", str(tmp_path), "check"], environ={}, out=out, err=err)
+    environ = _InterruptingEnviron(raised)
+    code = main(["--root", str(tmp_path), "check"], environ=environ, out=out, err=err)
     assert (code, out.getvalue(), err.getvalue()) == (status, "", "interrupted\n")
 
 
@@ -168,14 +175,23 @@ def test_sigterm_to_a_cli_command_is_one_line(tmp_path: Path) -> None:
     """A real ``metrale-orch`` process stopped by SIGTERM while it works."""
     script = (
         "import sys, time\n"
+        "from collections.abc import Mapping\n"
         "from metrale_orch import cli\n"
-        "from metrale_orch.cli import _layout\n"
-        "def slow(args, ctx):\n"
-        "    print('working', flush=True)\n"
-        "    time.sleep(60)\n"
-        "    return 0\n"
-        "_layout.run_check = slow\n"
-        "sys.exit(cli.main(['--root', sys.argv[1], 'check']))\n"
+        "class Slow(Mapping):\n"
+        "    # The command's first read of its environment blocks: it is caught working.\n"
+        "    def wait(self):\n"
+        "        print('working', flush=True)\n"
+        "        time.sleep(60)\n"
+        "    def __getitem__(self, key):\n"
+        "        self.wait()\n"
+        "        raise KeyError(key)\n"
+        "    def __iter__(self):\n"
+        "        self.wait()\n"
+        "        return iter(())\n"
+        "    def __len__(self):\n"
+        "        self.wait()\n"
+        "        return 0\n"
+        "sys.exit(cli.main(['--root', sys.argv[1], 'check'], environ=Slow()))\n"
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", script, str(tmp_path)],
@@ -200,8 +216,10 @@ def test_interrupted_names_its_signal() -> None:
 # ------------------------------------------------------------------------------ exit statuses
 
 
-def test_a_compile_failure_exits_1_a_tree_error_2(fake: tuple[Path, dict[str, str]]) -> None:
-    root, env = fake
+def test_a_compile_failure_exits_1_a_tree_error_2(
+    fake_project: tuple[Path, dict[str, str]],
+) -> None:
+    root, env = fake_project
     mul = root / "kernels/hopper/qwen/w8/mul.cu"
     mul.write_text("#error broken\n")
     # `doit build` runs the group `build`, which doit alone would count as an error (2).
@@ -231,9 +249,9 @@ def test_exit_status_rules() -> None:
 
 
 def test_a_file_name_that_is_not_utf8_is_one_line_everywhere(
-    fake: tuple[Path, dict[str, str]],
+    fake_project: tuple[Path, dict[str, str]],
 ) -> None:
-    root, env = fake
+    root, env = fake_project
     (root / "kernels/hopper/common" / BAD_NAME).write_text("// bad name\n")
     shown = "kernels/hopper/common/k\\xff.cu: the name is not valid UTF-8"
     build = doit(root, ["build"], env)
@@ -250,9 +268,9 @@ def test_a_file_name_that_is_not_utf8_is_one_line_everywhere(
 
 
 def test_an_unnamable_file_in_a_role_subdirectory_fails_its_targets(
-    fake: tuple[Path, dict[str, str]],
+    fake_project: tuple[Path, dict[str, str]],
 ) -> None:
-    root, env = fake
+    root, env = fake_project
     vendored = root / "kernels/hopper/qwen/w4/vendor"
     vendored.mkdir()
     (vendored / BAD_NAME.replace(".cu", ".cuh")).write_text("// bad name\n")
@@ -264,9 +282,9 @@ def test_an_unnamable_file_in_a_role_subdirectory_fails_its_targets(
 
 
 def test_an_unnamable_quant_directory_fails_the_tree_in_one_line(
-    fake: tuple[Path, dict[str, str]],
+    fake_project: tuple[Path, dict[str, str]],
 ) -> None:
-    root, env = fake
+    root, env = fake_project
     (root / "kernels/hopper/qwen" / os.fsdecode(b"w\xff")).mkdir()
     build = doit(root, ["build"], env)
     assert build.returncode == 2
@@ -292,9 +310,9 @@ def test_printable_shows_the_bytes() -> None:
     ],
 )
 def test_a_manifest_that_is_a_directory_is_one_line_everywhere(
-    fake: tuple[Path, dict[str, str]], manifest: str, failing: list[str] | None
+    fake_project: tuple[Path, dict[str, str]], manifest: str, failing: list[str] | None
 ) -> None:
-    root, env = fake
+    root, env = fake_project
     path = root / manifest
     if path.exists():
         path.unlink()
@@ -333,9 +351,9 @@ def test_defaults_of_a_hardware_whose_manifest_is_a_directory(tmp_path: Path) ->
 
 
 def test_a_build_dir_in_kernels_is_refused_before_anything_is_deleted(
-    fake: tuple[Path, dict[str, str]],
+    fake_project: tuple[Path, dict[str, str]],
 ) -> None:
-    root, env = fake
+    root, env = fake_project
     before = sorted(p.relative_to(root).as_posix() for p in (root / "kernels").rglob("*"))
     for value in ("kernels", "kernels/out", "."):
         bad = {**env, "METRALE_ORCH_BUILD_DIR": value}

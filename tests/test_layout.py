@@ -1,6 +1,6 @@
 """Conformance tests for SPEC section 1 (layout resolution), rule by rule.
 
-Each test builds a small tree in ``tmp_path`` with the helpers of ``tests._layout_support``
+Each test builds a small tree in ``tmp_path`` with the helpers of ``tests.support.tree``
 and asserts the outcome the SPEC text prescribes: the value, or the error's type, its data
 attributes and the important parts of its message.
 """
@@ -55,7 +55,7 @@ from metrale_orch.tree import (
     walk,
 )
 from metrale_orch.tree.files import child_maker
-from tests._layout_support import files, hw, kernel_toml, model, rel, symlink, write
+from tests.support.tree import files, hw, kernel_toml, model, rel, symlink, write
 
 ERRORS = [
     UnknownHardware,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from metrale_orch.tree import SymlinkError, Target, discover, dump, walk
-from tests._layout_support import symlink
+from tests.support.tree import symlink
 
 CASES = Path(__file__).parent / "cases" / "layout"
 CASE_NAMES = sorted(p.name for p in CASES.iterdir() if (p / "expected.json").is_file())
@@ -132,5 +132,7 @@ def test_use_of_symlink_fails_the_using_target(tmp_path: Path) -> None:
 
 
 def test_case_trees_hold_no_symlinks() -> None:
-    for path in CASES.rglob("*"):
+    paths = list(CASES.rglob("*"))
+    assert any(p.is_file() for p in paths), f"no case files under {CASES}"
+    for path in paths:
         assert not path.is_symlink(), path

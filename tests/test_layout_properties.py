@@ -38,7 +38,7 @@ from metrale_orch.tree import (
     dump,
     stem_of,
 )
-from tests._layout_support import hw, kernel_toml, model, write
+from tests.support.tree import hw, kernel_toml, model, write
 
 SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 WIDE = settings(SETTINGS, max_examples=30)

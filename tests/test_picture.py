@@ -14,6 +14,7 @@ from metrale_orch.cli import main
 from metrale_orch.paths import rel_posix
 from metrale_orch.tree import Layout, Target, discover
 from metrale_orch.tree.picture import draw_layout
+from tests.support.tree import hw, kernel_toml, model, write
 
 REPO = Path(__file__).resolve().parents[1]
 STRIKE = "\u0336"
@@ -148,8 +149,6 @@ def test_redirect_is_an_edge_between_the_model_names() -> None:
 
 
 def test_labels_are_escaped(tmp_path: Path) -> None:
-    from tests._layout_support import hw, kernel_toml, model, write
-
     hw(tmp_path, "h", vendor="nvidia", arch="sm_90")
     model(tmp_path, "h", "m")
     write(tmp_path, "kernels/h/m/q/a.cu", "x")

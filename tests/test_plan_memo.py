@@ -2,8 +2,8 @@
 
 The fast paths must give exactly what the plain definitions give: plans made
 with one shared memo equal plans made one by one, and the root-relative
-spellings equal ``Path.relative_to`` (``compile._rel``) and
-``_tasks.rel_posix`` (doit's ``file_dep``).
+spellings equal ``paths.root_relative`` and ``tasks.dicts.rel_posix`` (doit's
+``file_dep``).
 """
 
 from __future__ import annotations
@@ -14,13 +14,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from metrale_orch.build.plan import PlanMemo, plan_target
-from metrale_orch.build.plan import RootRel as _RootRel
+from metrale_orch.build.plan import PlanMemo, RootRel, plan_target
 from metrale_orch.build.toolchains import load_toolchains
 from metrale_orch.paths import root_relative
 from metrale_orch.tasks.dicts import rel_posix
 from metrale_orch.tree import Layout, resolve_all
-from tests._dodo_support import make_project
+from tests.support.project import make_project
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -39,7 +38,7 @@ def test_root_rel_equals_the_slow_definitions(
     base = PurePosixPath("/" if absolute else ".").joinpath(*root)
     root_path = Path(base)
     path = Path(base.joinpath(*rest)) if inside else Path("/elsewhere").joinpath(*rest)
-    fast = _RootRel(root_path)
+    fast = RootRel(root_path)
     assert fast(path) == root_relative(path, root_path)
     assert fast.dep(path) == rel_posix(path, root_path)
 
@@ -54,7 +53,7 @@ def test_root_rel_equals_the_slow_definitions(
     ],
 )
 def test_root_rel_examples(path: str, root: str, rel: str, dep: str) -> None:
-    fast = _RootRel(Path(root))
+    fast = RootRel(Path(root))
     assert (fast(Path(path)), fast.dep(Path(path))) == (rel, dep)
 
 

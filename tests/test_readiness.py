@@ -5,7 +5,7 @@ once and grouped by file; ``doit list --status`` shows each error's or skip's
 reason; a target named on the command line fails with the real reason (never
 doit's ``Invalid parameter``); ``rdeps`` lists failing targets too.
 
-The project is :func:`tests._dodo_support.make_project` (hopper, gb10 inheriting
+The project is :func:`tests.support.project.make_project` (hopper, gb10 inheriting
 hopper, apple whose toolchain is not installed) with the recording fake nvcc.
 """
 
@@ -22,7 +22,7 @@ import pytest
 
 from metrale_orch.tasks.check import check_tree, file_of
 from metrale_orch.tasks.dicts import one_line, plan_error_task, plan_skip_task
-from tests._dodo_support import (
+from tests.support.project import (
     FILES,
     DoitRun,
     doit,

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from tests._servers_support import ObjectServer, refused_endpoint, s3_server
+from tests.support.servers import ObjectServer, refused_endpoint, s3_server
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 

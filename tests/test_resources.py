@@ -33,7 +33,7 @@ from metrale_orch.resources import (
 )
 from metrale_orch.resources.report import ModuleResources
 from metrale_orch.tree import Target
-from tests._build_support import make_cache, make_config
+from tests.support.build import make_cache, make_config
 
 ROOT = Path(__file__).resolve().parent.parent
 HOPPER = "hopper/qwen3-8b/bf16"

@@ -80,7 +80,9 @@ def test_every_walked_target_resolves() -> None:
 
 def test_hardware_manifests() -> None:
     """[hardware] name/arch/compute_capability/sm_count agree; [defaults] parse."""
-    for hw_toml in sorted(KERNELS.glob("*/HARDWARE.toml")):
+    manifests = sorted(KERNELS.glob("*/HARDWARE.toml"))
+    assert manifests, f"no */HARDWARE.toml under {KERNELS}"
+    for hw_toml in manifests:
         hw = hw_toml.parent.name
         table = toml(hw_toml)["hardware"]
         assert table["name"] == hw
@@ -305,16 +307,18 @@ def test_no_duplicated_kernel_files() -> None:
 
 
 def test_no_pointless_shadow() -> None:
-    for target, lay in layouts().items():
+    found = layouts()
+    assert found, "the sample tree has targets"
+    for target, lay in found.items():
         for s in lay.shadows:
             assert s.winner.read_bytes() != s.loser.read_bytes(), (target, s.name)
 
 
 def test_entry_points_are_extern_c() -> None:
     """Every CUDA kernel is an extern "C" entry; no static device function (path-hashed)."""
-    for path in kernel_files():
-        if path.suffix != ".cu" and path.suffix != ".cuh":
-            continue
+    cuda = [p for p in kernel_files() if p.suffix in (".cu", ".cuh")]
+    assert any(p.suffix == ".cu" for p in cuda), f"no .cu file under {KERNELS}"
+    for path in cuda:
         text = path.read_text()
         kernels = re.findall(r"(extern \"C\"\s+)?__global__", text)
         assert all(k for k in kernels), f'{rel(path)}: a __global__ without extern "C"'

@@ -48,7 +48,7 @@ from metrale_orch.smoke.dtypes import (
 )
 from metrale_orch.tasks.smoke import run_smoke_action, smoke_tasks
 from metrale_orch.tree import Target, discover
-from tests._dodo_support import DODO, doit, project_env
+from tests.support.project import DODO, doit, project_env
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
@@ -736,8 +736,7 @@ REPO = Path(__file__).resolve().parent.parent
 def _sample_layouts() -> list[Any]:
     from metrale_orch.tree import Layout, resolve_all
 
-    if not (REPO / "kernels" / smoke.REFS_FILE).is_file():
-        pytest.skip("the sample tree has no kernels/smoke_refs.py")
+    assert (REPO / "kernels" / smoke.REFS_FILE).is_file(), "the sample tree has smoke_refs.py"
     return [lay for _, lay in resolve_all(REPO) if isinstance(lay, Layout)]
 
 
@@ -747,8 +746,7 @@ def test_sample_cases_parse_and_references_match_shapes() -> None:
     for layout in _sample_layouts():
         for case in scan_cases(REPO, layout):
             seen.setdefault((case.source, case.name), case)
-    if not seen:
-        pytest.skip("the sample tree declares no smoke cases")
+    assert seen, "the sample tree declares smoke cases"
     for case in seen.values():
         assert case.reference in refs, f"{case.source}: {case.name}: no reference"
         inputs = make_inputs(case)
@@ -771,8 +769,7 @@ def test_sample_target_static_checks(tmp_path: Path) -> None:
         if lay.hardware.source_ext == "cu" and lay.hardware.vendor in ("nvidia", "cuda")
     ]
     layout = next((lay for lay in layouts if scan_cases(REPO, lay)), None)
-    if layout is None:
-        pytest.skip("no NVIDIA sample target with smoke cases")
+    assert layout is not None, "the sample tree has an NVIDIA target with smoke cases"
     env = dict(os.environ, METRALE_ORCH_BUILD_DIR=str(tmp_path / "build"))
     env["METRALE_ORCH_LOCAL_CACHE"] = str(tmp_path / "cache")
     config = load_config(REPO, environ=env)

@@ -11,7 +11,7 @@ import pytest
 from metrale_orch.build.errors import StageError
 from metrale_orch.build.staging import plan_stage, stage
 from metrale_orch.tree import Target, discover
-from tests._build_support import small_tree, write
+from tests.support.build import small_tree, write
 
 T = Target(hardware="hw1", model="m1", quant="q1")
 

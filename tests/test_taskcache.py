@@ -2,7 +2,7 @@
 
 Every test compares the cached answer with a fresh generation, or proves a
 change makes the next lookup miss. Most run in-process against the project of
-``tests._dodo_support`` with its recording fake compiler; ``RACY_NS`` is set to
+``tests.support.project`` with its recording fake compiler; ``RACY_NS`` is set to
 0 where a test needs stats to be trusted right after writing files (the real
 2 s window is exercised by the doit runs of ``tests/test_dodo.py`` and below).
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 import inspect
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,11 +21,15 @@ from metrale_orch.build.toolchains import load_toolchains
 from metrale_orch.cache import CacheStats
 from metrale_orch.config import load_config
 from metrale_orch.paths import TREE_TASK
-from metrale_orch.tasks import actions as _actions
-from metrale_orch.tasks import taskcache as _taskcache
-from metrale_orch.tasks.actions import _nonzero
+from metrale_orch.tasks import actions, taskcache
+from metrale_orch.tasks.actions import nonzero_counters
 from metrale_orch.tasks.checker import SignatureCheck
-from metrale_orch.tasks.creators import _record, _replay, cached_tasks, generation_key
+from metrale_orch.tasks.creators import (
+    cached_tasks,
+    generation_key,
+    record_task_dicts,
+    replay_task_dicts,
+)
 from metrale_orch.tasks.dicts import BuildSpec
 from metrale_orch.tasks.specs import (
     GENERATION,
@@ -34,38 +37,24 @@ from metrale_orch.tasks.specs import (
     resolve_build_specs,
     smoke_task_dicts,
 )
-from tests._dodo_support import doit, make_project, project_env, use_fake_compiler
+from tests.support.project import doit
 
 STATE = Path("build/.state")
 
 
 def entries(root: Path) -> list[Path]:
     """The task cache files of the project."""
-    return sorted((root / STATE).glob(_taskcache.CACHE_GLOB))
+    return sorted((root / STATE).glob(taskcache.CACHE_GLOB))
 
 
 def cache_file(root: Path, env: dict[str, str]) -> Path:
-    return _taskcache.cache_path(root / STATE, _key(root, env))
-
-
-@pytest.fixture(autouse=True)
-def _fresh_identity_memo() -> Iterator[None]:
-    reset_identity_memo()
-    yield
-    reset_identity_memo()
-
-
-@pytest.fixture
-def project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    root = make_project(tmp_path / "proj")
-    use_fake_compiler(root, tmp_path / "bin")
-    return root, project_env(tmp_path, fake_bin=tmp_path / "bin")
+    return taskcache.cache_path(root / STATE, _key(root, env))
 
 
 @pytest.fixture
 def trusting(monkeypatch: pytest.MonkeyPatch) -> None:
     """Trust stats taken any time before the scan (no racy window)."""
-    monkeypatch.setattr(_taskcache, "RACY_NS", 0)
+    monkeypatch.setattr(taskcache, "RACY_NS", 0)
 
 
 def norm(specs: list[BuildSpec]) -> list[tuple[str, str, str, str]]:
@@ -97,9 +86,9 @@ def primed(root: Path, env: dict[str, str]) -> None:
 
 
 def test_hit_equals_generation_including_skips_errors_and_smoke(
-    project: tuple[Path, dict[str, str]], trusting: None
+    fake_project: tuple[Path, dict[str, str]], trusting: None
 ) -> None:
-    root, env = project
+    root, env = fake_project
     # A tree error (undeclared shadow) too: error tasks are cached and replayed.
     (root / "kernels/hopper/qwen/w8/add.cu").write_text('extern "C" __global__ void a() {}\n')
     primed(root, env)
@@ -117,16 +106,18 @@ def test_hit_equals_generation_including_skips_errors_and_smoke(
 
 def test_record_and_replay_task_dicts() -> None:
 
-    dicts = [{"name": "x", "actions": [(_actions.skip_action, ["a", "b", False])], "n": (1,)}]
-    recorded = _record(dicts)
-    assert recorded is not None and _replay([recorded]) == dicts
-    assert _record([{"actions": [(lambda: None, [])]}]) is None
-    assert _record([{"file": Path("a")}]) is None
-    assert _replay(None) is None and _replay([["x"], 1]) is None
+    dicts = [{"name": "x", "actions": [(actions.skip_action, ["a", "b", False])], "n": (1,)}]
+    recorded = record_task_dicts(dicts)
+    assert recorded is not None and replay_task_dicts([recorded]) == dicts
+    assert record_task_dicts([{"actions": [(lambda: None, [])]}]) is None
+    assert record_task_dicts([{"file": Path("a")}]) is None
+    assert replay_task_dicts(None) is None and replay_task_dicts([["x"], 1]) is None
 
 
-def test_hit_honours_the_command_line(project: tuple[Path, dict[str, str]], trusting: None) -> None:
-    root, env = project
+def test_hit_honours_the_command_line(
+    fake_project: tuple[Path, dict[str, str]], trusting: None
+) -> None:
+    root, env = fake_project
     primed(root, env)
     # An explicit selection of a target without a toolchain fails; a broad one skips.
     argv = ("build:apple/llama/f16",)
@@ -138,23 +129,23 @@ def test_hit_honours_the_command_line(project: tuple[Path, dict[str, str]], trus
 
 
 def test_same_bytes_touch_is_a_hit_by_content_then_stat_only(
-    project: tuple[Path, dict[str, str]], trusting: None
+    fake_project: tuple[Path, dict[str, str]], trusting: None
 ) -> None:
-    root, env = project
+    root, env = fake_project
     primed(root, env)
     for path in (root / "kernels").rglob("*.toml"):
         st = path.stat()
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**12))
-    first = _taskcache.lookup(cache_file(root, env), _key(root, env))
+    first = taskcache.lookup(cache_file(root, env), _key(root, env))
     assert first.reason == "hit" and first.compared == 6 and first.refreshed
-    second = _taskcache.lookup(cache_file(root, env), _key(root, env))
+    second = taskcache.lookup(cache_file(root, env), _key(root, env))
     assert second.reason == "hit" and second.compared == 0 and not second.refreshed
 
 
 def test_unrelated_environment_and_kernel_source_edits_keep_the_cache(
-    project: tuple[Path, dict[str, str]], trusting: None
+    fake_project: tuple[Path, dict[str, str]], trusting: None
 ) -> None:
-    root, env = project
+    root, env = fake_project
     primed(root, env)
     assert lookup(root, {**env, "SOMETHING_ELSE": "1"}) == "hit"
     # Source content reaches the tasks only through file_dep (doit's checker sees it).
@@ -170,9 +161,9 @@ def test_unrelated_environment_and_kernel_source_edits_keep_the_cache(
     ["add", "remove", "rename", "add-dir", "subdir-file"],
 )
 def test_tree_shape_changes_miss(
-    project: tuple[Path, dict[str, str]], trusting: None, change: str
+    fake_project: tuple[Path, dict[str, str]], trusting: None, change: str
 ) -> None:
-    root, env = project
+    root, env = fake_project
     k = root / "kernels"
     (k / "hopper/common/vendor").mkdir()
     (k / "hopper/common/vendor/v.h").write_text("// v\n")
@@ -194,9 +185,9 @@ def test_tree_shape_changes_miss(
 
 @pytest.mark.parametrize("how", ["new-mtime", "restored-mtime"])
 def test_manifest_edits_miss(
-    project: tuple[Path, dict[str, str]], trusting: None, how: str
+    fake_project: tuple[Path, dict[str, str]], trusting: None, how: str
 ) -> None:
-    root, env = project
+    root, env = fake_project
     primed(root, env)
     before_parts = _parts(cached_build_specs(root, env)[0])
     hw = root / "kernels/hopper/HARDWARE.toml"
@@ -224,9 +215,9 @@ def _parts(specs: list[BuildSpec]) -> dict[str, dict[str, str]]:
     ["config-env", "allowlisted-env", "pyproject", "toolchain-file", "program", "path"],
 )
 def test_key_changes_miss(
-    project: tuple[Path, dict[str, str]], trusting: None, tmp_path: Path, change: str
+    fake_project: tuple[Path, dict[str, str]], trusting: None, tmp_path: Path, change: str
 ) -> None:
-    root, env = project
+    root, env = fake_project
     tc = root / "toolchains/nvcc.toml"
     tc.write_text(
         tc.read_text().replace("[toolchain]", '[toolchain]\nenv_allowlist = ["FAKE_OPT"]')
@@ -256,20 +247,20 @@ def test_key_changes_miss(
 
 
 def test_entries_beyond_keep_are_removed(
-    project: tuple[Path, dict[str, str]], trusting: None
+    fake_project: tuple[Path, dict[str, str]], trusting: None
 ) -> None:
-    root, env = project
-    for i in range(_taskcache.KEEP + 2):
+    root, env = fake_project
+    for i in range(taskcache.KEEP + 2):
         assert lookup(root, {**env, "METRALE_ORCH_CACHE_NAMESPACE": str(i)}) == "no cache file"
-    assert len(entries(root)) == _taskcache.KEEP
-    newest = {**env, "METRALE_ORCH_CACHE_NAMESPACE": str(_taskcache.KEEP + 1)}
+    assert len(entries(root)) == taskcache.KEEP
+    newest = {**env, "METRALE_ORCH_CACHE_NAMESPACE": str(taskcache.KEEP + 1)}
     assert lookup(root, newest) == "hit"
 
 
 def test_a_symlink_in_the_tree_is_never_cached(
-    project: tuple[Path, dict[str, str]], trusting: None
+    fake_project: tuple[Path, dict[str, str]], trusting: None
 ) -> None:
-    root, env = project
+    root, env = fake_project
     (root / "kernels/hopper/qwen/w8/link.cu").symlink_to(root / "kernels/hopper/qwen/w8/mul.cu")
     assert lookup(root, env) == "no cache file"
     assert not entries(root)
@@ -283,9 +274,9 @@ def test_a_symlink_in_the_tree_is_never_cached(
     ],
 )
 def test_manifests_naming_paths_are_never_cached(
-    project: tuple[Path, dict[str, str]], trusting: None, rel: str, text: str
+    fake_project: tuple[Path, dict[str, str]], trusting: None, rel: str, text: str
 ) -> None:
-    root, env = project
+    root, env = fake_project
     (root / rel).write_text(text)
     assert lookup(root, env) == "no cache file"
     assert not entries(root)
@@ -293,9 +284,9 @@ def test_manifests_naming_paths_are_never_cached(
 
 @pytest.mark.parametrize("what", ["file", "kernels"])
 def test_a_symlink_replacing_a_watched_item_misses(
-    project: tuple[Path, dict[str, str]], trusting: None, tmp_path: Path, what: str
+    fake_project: tuple[Path, dict[str, str]], trusting: None, tmp_path: Path, what: str
 ) -> None:
-    root, env = project
+    root, env = fake_project
     primed(root, env)
     if what == "file":
         # Same name, same bytes behind it: the resolver refuses links, the cache must see it.
@@ -312,9 +303,9 @@ def test_a_symlink_replacing_a_watched_item_misses(
 
 
 def test_failed_probe_and_config_errors_are_not_cached(
-    project: tuple[Path, dict[str, str]], tmp_path: Path, trusting: None
+    fake_project: tuple[Path, dict[str, str]], tmp_path: Path, trusting: None
 ) -> None:
-    root, env = project
+    root, env = fake_project
     (tmp_path / "bin/fakecc").write_text("#!/bin/sh\nexit 3\n")
     specs, how = cached_build_specs(root, env)
     assert how == "no cache file" and not entries(root)
@@ -326,9 +317,9 @@ def test_failed_probe_and_config_errors_are_not_cached(
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "body-byte", "header-byte"])
 def test_damaged_cache_files_miss(
-    project: tuple[Path, dict[str, str]], trusting: None, damage: str
+    fake_project: tuple[Path, dict[str, str]], trusting: None, damage: str
 ) -> None:
-    root, env = project
+    root, env = fake_project
     primed(root, env)
     path = cache_file(root, env)
     data = bytearray(path.read_bytes())
@@ -353,8 +344,8 @@ def _key(root: Path, env: dict[str, str]) -> str:
     return generation_key(root, env, load_config(root, env), load_toolchains(root))
 
 
-def _one_spec() -> list[_taskcache.CachedSpec]:
-    return [_taskcache.CachedSpec(target="h/m/q", kind="error", message="x")]
+def _one_spec() -> list[taskcache.CachedSpec]:
+    return [taskcache.CachedSpec(target="h/m/q", kind="error", message="x")]
 
 
 def _forged(tmp_path: Path, racy: bool) -> tuple[Path, Path]:
@@ -364,25 +355,25 @@ def _forged(tmp_path: Path, racy: bool) -> tuple[Path, Path]:
     tree.mkdir()
     toml = tree / "a.toml"
     toml.write_text("x = 1\n")
-    scanned = _taskcache.scan(tree, [])
+    scanned = taskcache.scan(tree, [])
     assert scanned is not None
     change = toml.stat().st_ctime_ns
     watches = tuple((*w[:7], "0" * 16) if w[1] == str(toml) else w for w in scanned.watches)
-    started = change + (_taskcache.RACY_NS // 2 if racy else _taskcache.RACY_NS + 1)
-    forged = _taskcache.Scan(started_ns=started, watches=watches)
+    started = change + (taskcache.RACY_NS // 2 if racy else taskcache.RACY_NS + 1)
+    forged = taskcache.Scan(started_ns=started, watches=watches)
     path = tmp_path / "c"
-    _taskcache.store(path, "k", forged, _one_spec())
+    taskcache.store(path, "k", forged, _one_spec())
     return path, toml
 
 
 def test_racy_entries_are_compared_by_content(tmp_path: Path) -> None:
     path, _ = _forged(tmp_path, racy=True)
-    assert _taskcache.lookup(path, "k").reason == f"changed: {tmp_path / 'kernels/a.toml'}"
+    assert taskcache.lookup(path, "k").reason == f"changed: {tmp_path / 'kernels/a.toml'}"
 
 
 def test_settled_entries_are_trusted_by_stat(tmp_path: Path) -> None:
     path, _ = _forged(tmp_path, racy=False)
-    found = _taskcache.lookup(path, "k")
+    found = taskcache.lookup(path, "k")
     assert found.reason == "hit" and found.compared == 0
     assert found.specs == tuple(_one_spec())
 
@@ -391,11 +382,11 @@ def test_racy_hit_is_not_refreshed_until_it_settles(tmp_path: Path) -> None:
     tree = tmp_path / "kernels"
     tree.mkdir()
     (tree / "a.toml").write_text("x = 1\n")
-    scanned = _taskcache.scan(tree, [])
+    scanned = taskcache.scan(tree, [])
     assert scanned is not None
-    _taskcache.store(tmp_path / "c", "k", scanned, _one_spec())
+    taskcache.store(tmp_path / "c", "k", scanned, _one_spec())
     # Just written: every watch is racy, so compared, and rewriting would not help.
-    found = _taskcache.lookup(tmp_path / "c", "k")
+    found = taskcache.lookup(tmp_path / "c", "k")
     assert found.reason == "hit" and found.compared == len(scanned.watches)
     assert not found.refreshed
 
@@ -406,29 +397,29 @@ def test_package_files_are_watched(tmp_path: Path, trusting: None) -> None:
     module = tmp_path / "pkg" / "mod.py"
     module.parent.mkdir()
     module.write_text("A = 1\n")
-    assert _taskcache.package_files(module.parent) == [module]
-    scanned = _taskcache.scan(tree, [module])
+    assert taskcache.package_files(module.parent) == [module]
+    scanned = taskcache.scan(tree, [module])
     assert scanned is not None
-    _taskcache.store(tmp_path / "c", "k", scanned, _one_spec())
-    assert _taskcache.lookup(tmp_path / "c", "k").reason == "hit"
+    taskcache.store(tmp_path / "c", "k", scanned, _one_spec())
+    assert taskcache.lookup(tmp_path / "c", "k").reason == "hit"
     module.write_text("A = 2\n")
-    assert _taskcache.lookup(tmp_path / "c", "k").reason == f"changed: {module}"
+    assert taskcache.lookup(tmp_path / "c", "k").reason == f"changed: {module}"
 
 
 def test_another_key_misses(tmp_path: Path) -> None:
     tree = tmp_path / "kernels"
     tree.mkdir()
-    scanned = _taskcache.scan(tree, [])
+    scanned = taskcache.scan(tree, [])
     assert scanned is not None
-    _taskcache.store(tmp_path / "c", "k", scanned, _one_spec())
-    assert _taskcache.lookup(tmp_path / "c", "other").reason.startswith("key changed")
+    taskcache.store(tmp_path / "c", "k", scanned, _one_spec())
+    assert taskcache.lookup(tmp_path / "c", "other").reason.startswith("key changed")
 
 
 # ------------------------------------------------------------------------------ real doit runs
 
 
-def test_doit_runs_use_the_cache_and_see_changes(project: tuple[Path, dict[str, str]]) -> None:
-    root, env = project
+def test_doit_runs_use_the_cache_and_see_changes(fake_project: tuple[Path, dict[str, str]]) -> None:
+    root, env = fake_project
     first = doit(root, ["build"], env)
     assert first.returncode == 0, first.text
     (entry,) = entries(root)
@@ -460,14 +451,14 @@ def test_signature_check_declares_what_doit_would_inspect() -> None:
 
 
 def test_task_values_keep_nonzero_counters_only() -> None:
-    assert _nonzero(CacheStats(misses=2, puts=1)) == {"misses": 2, "puts": 1}
+    assert nonzero_counters(CacheStats(misses=2, puts=1)) == {"misses": 2, "puts": 1}
 
 
 def test_scan_refuses_special_files(tmp_path: Path) -> None:
     tree = tmp_path / "kernels"
     (tree / "a").mkdir(parents=True)
-    assert _taskcache.scan(tree, []) is not None
+    assert taskcache.scan(tree, []) is not None
     if hasattr(os, "mkfifo") and sys.platform != "win32":
         os.mkfifo(tree / "a" / "fifo")
-        assert _taskcache.scan(tree, []) is None
-    assert _taskcache.scan(tmp_path / "missing", []) is None
+        assert taskcache.scan(tree, []) is None
+    assert taskcache.scan(tmp_path / "missing", []) is None

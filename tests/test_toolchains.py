@@ -13,7 +13,7 @@ from metrale_orch.build.locate import find_program
 from metrale_orch.build.probe import find_toolchain, probe_toolchain, reset_identity_memo
 from metrale_orch.build.toolchains import builtin_toolchains, load_toolchains, select_toolchain
 from metrale_orch.tree import Hardware
-from tests._build_support import fake_toolchain_env, write
+from tests.support.build import fake_toolchain_env, write
 
 
 def _hw(name: str = "h", vendor: str = "nvidia", doc: dict[str, object] | None = None) -> Hardware:
@@ -29,11 +29,6 @@ def _hw(name: str = "h", vendor: str = "nvidia", doc: dict[str, object] | None =
 
 
 _VENDORS = ("nvidia", "cuda", "amd", "rocm", "scale", "hip", "apple", "metal")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_memo() -> None:
-    reset_identity_memo()
 
 
 def test_builtins_cover_every_vendor_family() -> None:

@@ -4,7 +4,7 @@ Each test builds a tiny project (one target ``hw/m/q``, one common module)
 with real ``doit`` and the real ``nvcc``, and compares what it got with a clean
 build (``METRALE_ORCH_CACHE_MODE=off``, another directory). Races are made
 deterministic by a wrapper ``nvcc`` first on ``PATH`` that holds one compile
-until the test releases it (:class:`tests._trust_support.Hold`). Every test
+until the test releases it (:class:`tests.support.trust.Hold`). Every test
 collects all its findings before failing, so one run tells the whole story.
 
 Items 3 and 4 (include forms, inputs outside the tree and in the environment)
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._trust_support import (
+from tests.support.trust import (
     HAS_NVCC,
     REAL_NVCC,
     TARGET,

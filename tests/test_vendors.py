@@ -52,7 +52,7 @@ from metrale_orch.build.toolchains import builtin_toolchains, load_toolchains
 from metrale_orch.config import ConfigError, load_config
 from metrale_orch.tasks.specs import resolve_build_specs
 from metrale_orch.tree import Target, discover
-from tests._build_support import (
+from tests.support.build import (
     compiles,
     fake_toolchain_env,
     make_cache,
@@ -210,12 +210,6 @@ def _normalise(argv: list[str], entry: dict[str, Any]) -> list[str]:
     tmp = os.path.dirname(out_arg)
     rel = os.path.relpath(tmp, entry["cwd"])
     return [a.replace(tmp, "<tmp>").replace(rel, "<tmp>") for a in argv]
-
-
-@pytest.fixture(autouse=True)
-def _fresh() -> None:
-    reset_identity_memo()
-    reset_build_memo()
 
 
 def _build(root: Path, target: str, env: Mapping[str, str], **config: Any) -> TargetResult:

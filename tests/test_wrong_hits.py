@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._trust_support import (
+from tests.support.trust import (
     HAS_NVCC,
     REAL_GCC,
     REAL_NVCC,

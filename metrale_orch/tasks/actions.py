@@ -206,12 +206,12 @@ def build_action(root: str, target: str) -> dict[str, object] | TaskFailed:
         _log.error("%s:%s: %s", BUILD_TASK, target, exc)
         failed: dict[str, object] = {
             "outcome": "failed",
-            "cache": _nonzero(stats),
+            "cache": nonzero_counters(stats),
             "exit_code": exc.exit_code,
         }
         return BuildFailed(f"{BUILD_TASK}:{target}: {exc}", failed)
     values = summarise_result(result)
-    values["cache"] = _nonzero(stats)
+    values["cache"] = nonzero_counters(stats)
     values[INPUTS_KEY] = dict(result.inputs)
     values[OUTPUTS_KEY] = encode_outputs(result.outputs)
     if result.external:
@@ -224,7 +224,7 @@ def build_action(root: str, target: str) -> dict[str, object] | TaskFailed:
     return values
 
 
-def _nonzero(stats: CacheStats) -> dict[str, int | float]:
+def nonzero_counters(stats: CacheStats) -> dict[str, int | float]:
     """A task's cache statistics without the zero counters: the value is saved with the
     task in doit's database and read back on every run, so it stays small
     (``CacheStats.from_dict`` reads a missing counter as 0)."""

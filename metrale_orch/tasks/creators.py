@@ -90,7 +90,7 @@ def cached_tasks(
     if found.specs is not None:
         explicit = explicit_targets(argv)
         specs = [_from_cached(root, c, explicit) for c in found.specs]
-        return specs, _replay(found.extra), found.reason
+        return specs, replay_task_dicts(found.extra), found.reason
     package = Path(metrale_orch.__file__).parent
     scanned = taskcache.scan(root / "kernels", taskcache.package_files(package))
     made = generation()
@@ -100,7 +100,7 @@ def cached_tasks(
     smoke = None
     if scanned is not None and cacheable:
         smoke = made.smoke_task_dicts(root, environ, specs)
-        recorded = _record(smoke)
+        recorded = record_task_dicts(smoke)
         taskcache.store(
             path,
             key,
@@ -135,7 +135,7 @@ def _record_value(v: object) -> object:
     raise _Unrecordable
 
 
-def _record(value: object) -> object:
+def record_task_dicts(value: object) -> object:
     """``value`` (task dicts) as data the task cache can store, or None when it holds
     anything but plain data and module-level functions (then it is not cached)."""
     try:
@@ -156,8 +156,8 @@ def _replay_value(v: object) -> object:
     return v
 
 
-def _replay(extra: object) -> list[TaskDict] | None:
-    """The task dicts :func:`_record` recorded (in ``[recorded]``), else None."""
+def replay_task_dicts(extra: object) -> list[TaskDict] | None:
+    """The task dicts :func:`record_task_dicts` recorded (in ``[recorded]``), else None."""
     if not isinstance(extra, list) or len(extra) != 1 or not isinstance(extra[0], list):
         return None
     try:

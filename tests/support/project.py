@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "FILES",
     "TARGETS",
     "DoitRun",
     "doit",
@@ -33,6 +34,7 @@ __all__ = [
     "make_project",
     "project_env",
     "started_targets",
+    "terminate_after",
     "use_fake_compiler",
 ]
 
