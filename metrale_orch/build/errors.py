@@ -18,6 +18,8 @@ __all__ = [
     "BuildError",
     "CompileError",
     "ContainmentError",
+    "ProfileError",
+    "ProfileMissing",
     "StageError",
     "ToolchainError",
     "ToolchainMissing",
@@ -133,3 +135,20 @@ class ContainmentError(StageError):
         self.path = path
         self.problem = problem
         BuildError.__init__(self, f"{target}: {path}: {problem}")
+
+
+class ProfileMissing(BuildError):
+    """No build has written its profile (``<build_dir>/profile.json``) yet."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__("no build profile yet: run doit build")
+
+
+class ProfileError(BuildError):
+    """``profile.json`` cannot be read as a trace-event file; names the file."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = path
+        self.problem = problem
+        super().__init__(f"{path}: {problem} (run doit build to write a new profile)")
