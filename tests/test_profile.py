@@ -314,10 +314,11 @@ def test_profile_command(fake: tuple[Path, dict[str, str]], tmp_path: Path) -> N
     assert lines[0] == "slowest compiles (build/profile.json):"
     assert lines[1].split() == ["target", "module", "seconds", "outcome"]
     rows = [ln.split() for ln in lines[2:5]]
-    assert sorted((r[0], r[1], r[3]) for r in rows) == [
-        ("hopper/qwen/w4", "add", "compiled"),
-        ("hopper/qwen/w4", "scale", "compiled"),
-        ("hopper/qwen/w8", "mul", "failed"),
+    # add (common) compiles once, for whichever target reached it first.
+    assert sorted((r[1], r[0] if r[1] != "add" else "either", r[3]) for r in rows) == [
+        ("add", "either", "compiled"),
+        ("mul", "hopper/qwen/w8", "failed"),
+        ("scale", "hopper/qwen/w4", "compiled"),
     ]
     seconds = [float(r[2]) for r in rows]
     assert seconds == sorted(seconds, reverse=True)
