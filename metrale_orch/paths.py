@@ -17,6 +17,7 @@ __all__ = [
     "DB_NAME",
     "LOG_NAME",
     "MANIFEST_NAME",
+    "PROFILE_NAME",
     "SMOKE_TASK",
     "STAGE_DIR",
     "STATE_DIR",
@@ -37,6 +38,8 @@ STATE_DIR = ".state"
 MANIFEST_NAME = "manifest.json"
 #: Cache statistics of the last build, in ``build_dir``.
 STATS_NAME = "cache-stats.json"
+#: The last build's profile (Chrome trace events: where its time went), in ``build_dir``.
+PROFILE_NAME = "profile.json"
 #: The shared build log, in ``build_dir``.
 LOG_NAME = "metrale-orch.log"
 

@@ -7,6 +7,8 @@ the cache's key lock) and publishes it, then installs the artefacts
 atomically, bakes ``target_defaults.json``/``.h`` and writes ``manifest.json``
 last (:mod:`~metrale_orch.build.install`). A memoised or cached artefact is
 taken only when every file its compile read still has the content it had.
+Each step is recorded as a span of the build profile
+(:mod:`~metrale_orch.build.profile`), returned in ``TargetResult.spans``.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from metrale_orch.build.keys import checkout_of, module_key
 from metrale_orch.build.memo import ARTEFACT_MEMO, HASHER, Obtained
 from metrale_orch.build.plan import ModulePlan, PlanMemo, TargetPlan, config_docs, plan_target
 from metrale_orch.build.probe import find_toolchain
+from metrale_orch.build.profile import SpanRecorder
 from metrale_orch.build.results import ModuleResult, TargetResult
 from metrale_orch.build.run import BuildContext, run_compile, sweep_tmp
 from metrale_orch.build.staging import (
@@ -89,10 +92,12 @@ def build_target(
     written.
     """
     start = time.perf_counter()
+    started_ns = time.time_ns()
     root = Path(root)
     log = log or _log
     layout = target if isinstance(target, Layout) else discover(root, target)
     name = str(layout.target)
+    rec = SpanRecorder(name)
     if toolchains is None:
         toolchains = load_toolchains(root)
     build_dir = Path(config.build_dir)
@@ -123,6 +128,8 @@ def build_target(
     tmp_root = build_dir / TMP_DIR
     sweep_tmp(tmp_root, log)
     layer_includes = _layer_includes(root, layout) if beyond.files else {}
+    rec.add("plan", started_ns)
+    staging_ns = time.time_ns()
     staged = stage(
         layout,
         stage_dir(build_dir, *_parts(layout.target)),
@@ -164,6 +171,7 @@ def build_target(
         },
     )
     checkout = checkout_of(plan, staged)
+    rec.add("stage", staging_ns)
     counts = {"compiled": 0, "local": 0, "remote": 0, "memo": 0, "failed": 0}
     results: list[ModuleResult] = []
     failures: list[CompileError] = []
@@ -171,6 +179,7 @@ def build_target(
     read: list[tuple[str, str, str]] = []
     for module in plan.modules:
         t0 = time.perf_counter()
+        key_ns = time.time_ns()
         key = module_key(
             config.cache_namespace,
             plan,
@@ -184,8 +193,9 @@ def build_target(
         )
         data: bytes | None
         outcome: Obtainment | Literal["failed"]
+        rec.add("key", key_ns, module=module.name, key=key)
         try:
-            data, outcome, inputs = _obtain(ctx, module, key)
+            data, outcome, inputs = _obtain(ctx, module, key, rec)
         except CompileError as exc:
             failures.append(exc)
             log.error("%s", exc)
@@ -206,6 +216,7 @@ def build_target(
                 seconds=time.perf_counter() - t0,
             )
         )
+    install_ns = time.time_ns()
     manifest_rel, installed = install(
         root,
         plan,
@@ -216,6 +227,7 @@ def build_target(
         build_dir=build_dir,
         dropped=drops,
     )
+    rec.add("install", install_ns, bytes=sum(len(d) for d in outputs.values()))
     log.info(
         "%s: %d module(s): %s%s",
         name,
@@ -228,6 +240,15 @@ def build_target(
         # Changed while this build ran: "" never matches, so the next run rebuilds.
         built[memo.rel.dep(path)] = before if _digest_or_empty(path) == before else ""
     build_keys = sorted({t.flags_key for t in toolchains.values()})
+    rec.add(
+        "build",
+        started_ns,
+        modules=len(results),
+        compiled=counts["compiled"],
+        local=counts["local"] + counts["memo"],
+        remote=counts["remote"],
+        failed=counts["failed"],
+    )
     return TargetResult(
         target=name,
         modules=tuple(results),
@@ -244,6 +265,7 @@ def build_target(
         external=MappingProxyType(
             {**external_stamps(read, HASHER), **_beyond_stamps(root, beyond, staged)}
         ),
+        spans=rec.spans,
     )
 
 
@@ -325,7 +347,7 @@ def _beyond_stamps(root: Path, beyond: Beyond, staged: StagedTarget) -> dict[str
 
 
 def _obtain(
-    ctx: BuildContext, module: ModulePlan, key: str
+    ctx: BuildContext, module: ModulePlan, key: str, rec: SpanRecorder
 ) -> tuple[bytes, Obtainment, tuple[tuple[str, str, str], ...]]:
     """The artefact bytes of ``module``, how they were obtained (memo|local|remote|compiled)
     and the inputs its compile read.
@@ -333,8 +355,12 @@ def _obtain(
     A memoised or cached artefact is taken only when every file its compile
     read still has the content it had (:func:`metrale_orch.build.deps.inputs_match`);
     otherwise the module is compiled and the new entry replaces the local one.
+    Records the ``lookup`` span (which includes waiting for another worker
+    compiling the same key), then ``compile`` and ``store`` on a miss, in ``rec``.
+    Raises :class:`CompileError` when the compiler fails.
     """
     plan, log = ctx.plan, ctx.log
+    lookup_ns = time.time_ns()
 
     def still_valid(inputs: object) -> bool:
         return inputs_match(
@@ -348,6 +374,15 @@ def _obtain(
     with ARTEFACT_MEMO.claim(key):
         got = ARTEFACT_MEMO.get(key, module.artefact)
         if got is not None and still_valid([list(i) for i in got.inputs]):
+            rec.add(
+                "lookup",
+                lookup_ns,
+                module=module.name,
+                outcome="local",
+                source="memo",
+                bytes=len(got.data),
+                key=key,
+            )
             return got.data, "memo", got.inputs
         cache = ctx.cache
         lock = cache.key_lock(key) if cache is not None else contextlib.nullcontext()
@@ -367,6 +402,15 @@ def _obtain(
                 inputs = _as_inputs(hit.meta.get("inputs"))
                 ARTEFACT_MEMO.put(key, module.artefact, Obtained(data, inputs))
                 log.info("%s: %s from the %s cache (%s)", plan.target, module.name, hit.tier, key)
+                rec.add(
+                    "lookup",
+                    lookup_ns,
+                    module=module.name,
+                    outcome=tier,
+                    source="cache",
+                    bytes=len(data),
+                    key=key,
+                )
                 return data, tier, inputs
             if rejected:
                 log.info(
@@ -375,8 +419,23 @@ def _obtain(
                     module.name,
                     key,
                 )
-            data, seconds, inputs = run_compile(ctx, module)
+            rec.add("lookup", lookup_ns, module=module.name, outcome="miss", key=key)
+            compile_ns = time.time_ns()
+            try:
+                data, seconds, inputs = run_compile(ctx, module)
+            except CompileError:
+                rec.add("compile", compile_ns, module=module.name, outcome="failed", key=key)
+                raise
+            rec.add(
+                "compile",
+                compile_ns,
+                module=module.name,
+                outcome="compiled",
+                bytes=len(data),
+                key=key,
+            )
             if cache is not None:
+                store_ns = time.time_ns()
                 cache.put(
                     key,
                     {module.artefact: data},
@@ -389,6 +448,7 @@ def _obtain(
                     },
                     replace=rejected,
                 )
+                rec.add("store", store_ns, module=module.name, bytes=len(data), key=key)
             ARTEFACT_MEMO.put(key, module.artefact, Obtained(data, inputs))
             return data, "compiled", inputs
 

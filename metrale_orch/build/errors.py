@@ -20,6 +20,8 @@ __all__ = [
     "BuildError",
     "CompileError",
     "ContainmentError",
+    "ProfileError",
+    "ProfileMissing",
     "StageError",
     "ToolchainError",
     "ToolchainMissing",
@@ -136,3 +138,20 @@ class ContainmentError(StageError):
     exit_code = 2
 
     template = "{target}: {path}: {problem}"
+
+
+class ProfileMissing(BuildError):
+    """No build has written its profile (``<build_dir>/profile.json``) yet."""
+
+    path: str
+
+    template = "no build profile yet: run doit build"
+
+
+class ProfileError(BuildError):
+    """``profile.json`` cannot be read as a trace-event file; names the file."""
+
+    path: str
+    problem: str
+
+    template = "{path}: {problem} (run doit build to write a new profile)"

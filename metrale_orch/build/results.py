@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from types import MappingProxyType
 
 from metrale_orch.build.errors import CompileError
+from metrale_orch.build.profile import Span
 from metrale_orch.fsutil import FileState
 from metrale_orch.manifest import ManifestModule, ModuleOutcome
 
@@ -63,6 +64,8 @@ class TargetResult:
     #: (``-I/abs``, ``CPATH``, an absolute include) -> [mtime_ns, size, xxh3-128]: they
     #: make the target stale when they change.
     external: Mapping[str, FileState] = field(default_factory=lambda: MappingProxyType({}))
+    #: Where this build's time went, step by step (:mod:`metrale_orch.build.profile`).
+    spans: tuple[Span, ...] = ()
 
     @property
     def failed(self) -> bool:
@@ -89,4 +92,5 @@ class TargetResult:
             "inputs": dict(self.inputs),
             "outputs": {k: list(v) for k, v in self.outputs.items()},
             "external": {k: list(v) for k, v in self.external.items()},
+            "spans": [s.to_dict() for s in self.spans],
         }

@@ -35,7 +35,13 @@ from doit.exceptions import TaskFailed
 from metrale_orch.config import Config, load_config
 from metrale_orch.errors import Interrupted, MetraleError, printable
 from metrale_orch.paths import BUILD_TASK, LOG_NAME
-from metrale_orch.tasks.checker import EXTERNAL_KEY, INPUTS_KEY, OUTPUTS_KEY, encode_outputs
+from metrale_orch.tasks.checker import (
+    EXTERNAL_KEY,
+    INPUTS_KEY,
+    OUTPUTS_KEY,
+    PROFILE_KEY,
+    encode_outputs,
+)
 from metrale_orch.tree import Target
 
 if TYPE_CHECKING:
@@ -181,8 +187,9 @@ def build_action(root: str, target: str) -> dict[str, object] | TaskFailed:
 
     The values carry this target's own cache statistics (exact under threads:
     :meth:`metrale_orch.cache.Cache.track`), the content of the inputs it built
-    from (consumed by the checker when doit saves the task's state) and the
-    states of the files it installed (checked by the next run).
+    from (consumed by the checker when doit saves the task's state), the
+    states of the files it installed (checked by the next run) and its profile
+    spans (written to ``profile.json`` by the reporter, never stored).
     """
     build, cache_mod = _build_step()
     stats: CacheStats = cache_mod.CacheStats()
@@ -216,6 +223,7 @@ def build_action(root: str, target: str) -> dict[str, object] | TaskFailed:
     values[OUTPUTS_KEY] = encode_outputs(result.outputs)
     if result.external:
         values[EXTERNAL_KEY] = {k: list(v) for k, v in result.external.items()}
+    values[PROFILE_KEY] = [span.to_dict() for span in result.spans]
     warnings = [*result.warnings, *cache.warnings()]
     if warnings:
         values["warnings"] = sorted({str(w) for w in warnings})

@@ -46,6 +46,7 @@ __all__ = [
     "EXTERNAL_KEY",
     "INPUTS_KEY",
     "OUTPUTS_KEY",
+    "PROFILE_KEY",
     "SIGNATURE_KEY",
     "ContentChecker",
     "SignatureCheck",
@@ -70,6 +71,12 @@ EXTERNAL_KEY = "external"
 #: The saved state of a file that changed while the build that read it ran: its size
 #: never matches, so the next run sees it changed.
 _CHANGED_DURING_BUILD = (0, -1)
+#: Key of a build's values: its profile spans (``Span.to_dict()`` each), for the
+#: reporter's ``profile.json``. They travel with the values from the worker but are
+#: never stored: :class:`TaskDataCodec` drops them, so no later run decodes them.
+PROFILE_KEY = "profile"
+#: doit's record keys that hold a task's values (saved values, the action's result).
+_VALUE_RECORDS = ("_values_:", "result:")
 
 
 def signature_parts(signature: Mapping[str, object]) -> dict[str, str]:
@@ -101,11 +108,16 @@ class TaskDataCodec:
     plain data (strings, numbers, lists, tuples, dicts), stored as text (doit's
     sqlite backend decodes the column as UTF-8). A record written by JSON (an older
     database) is still read; one that cannot be decoded reads as empty, so its task
-    runs again.
+    runs again. A build's profile spans (:data:`PROFILE_KEY`) are left out.
     """
 
     def encode(self, data: dict[str, object]) -> str:
-        return _MARSHAL_TAG + marshal.dumps(data, 4).decode("latin-1")
+        record = dict(data)
+        for name in _VALUE_RECORDS:
+            values = record.get(name)
+            if isinstance(values, dict) and PROFILE_KEY in values:
+                record[name] = {k: v for k, v in values.items() if k != PROFILE_KEY}
+        return _MARSHAL_TAG + marshal.dumps(record, 4).decode("latin-1")
 
     def decode(self, text: str) -> object:
         try:

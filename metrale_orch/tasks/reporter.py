@@ -9,10 +9,13 @@ message (the compiler's output for compile errors). At the end:
     cache: <the cache's own summary line>
 
 Each build task returns a small value (``outcome``, module outcomes, this
-task's cache statistics, cache warnings); the reporter adds the statistics up,
-prints each distinct cache warning once and writes them to
-``<build_dir>/cache-stats.json``. Other tasks (``check``, ``smoke:…``) are
-reported as doit's console reporter does.
+task's cache statistics, cache warnings, its profile spans); the reporter adds
+the statistics up, prints each distinct cache warning once and writes them to
+``<build_dir>/cache-stats.json``, and writes every target's spans, on the
+worker that ran them, to ``<build_dir>/profile.json`` (Chrome trace events:
+:mod:`metrale_orch.build.profile`). A run that built nothing (a no-op) leaves
+both files of the last build that did in place, and costs nothing for them.
+Other tasks (``check``, ``smoke:…``) are reported as doit's console reporter does.
 
 How a run ends is decided here too, since doit's runner calls
 :meth:`BuildReporter.complete_run` last, after saving every finished task:
@@ -48,8 +51,10 @@ from metrale_orch.errors import (
     interrupt_exit_code,
     printable,
 )
-from metrale_orch.paths import BUILD_TASK, SMOKE_TASK, STATS_NAME
+from metrale_orch.fsutil import write_atomic
+from metrale_orch.paths import BUILD_TASK, PROFILE_NAME, SMOKE_TASK, STATS_NAME
 from metrale_orch.tasks.actions import BuildFailed
+from metrale_orch.tasks.checker import PROFILE_KEY
 from metrale_orch.tasks.dicts import KIND
 from metrale_orch.tasks.doit_api import Task
 from metrale_orch.tasks.runlock import BuildLock
@@ -145,11 +150,14 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
     def __init__(self, outstream: TextIO, options: Mapping[str, object]) -> None:
         super().__init__(outstream, options)
         self._start = time.perf_counter()
+        #: Time 0 of the profile: the wall clock, as the workers' spans are timed.
+        self._origin_ns = time.time_ns()
         self._total = 0
         self._started = 0
         self._counts: dict[str, int] = {}
         self._skipped: dict[str, list[str]] = {}
         self._stats: list[dict[str, int]] = []
+        self._spans: list[dict[str, object]] = []
         self._warnings: list[str] = []
         self._failed_names: list[str] = []
         self._any_build = False
@@ -165,6 +173,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         # tasks (never for `list`/`info`): one build per project from here to the end.
         self._lock = _take_build_lock()
         self._start = time.perf_counter()
+        self._origin_ns = time.time_ns()
         selected = set(selected_tasks or ())
         names = set()
         for name in selected:
@@ -283,8 +292,9 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             self.write(f"skipped {len(targets)} target(s): {reason} ({_brief(targets)})\n")
         for warning in self._warnings:
             self.write(f"warning: {warning}\n")
-        if self._ran:  # a no-op run leaves the last build's statistics in place
+        if self._ran:  # a no-op run leaves the last build's statistics and profile in place
             self._write_stats()
+            self._write_profile()
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -299,6 +309,9 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         for warning in warnings if isinstance(warnings, list | tuple) else ():
             if warning not in self._warnings:
                 self._warnings.append(str(warning))
+        spans = values.get(PROFILE_KEY)
+        if isinstance(spans, list):
+            self._spans.extend(s for s in spans if isinstance(s, dict))
 
     def _write_stats(self) -> None:
         """Aggregate the cache statistics, print their line, write cache-stats.json."""
@@ -316,6 +329,24 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             cache_mod.write_stats(config.build_dir / STATS_NAME, total)
         except Exception as exc:  # the summary must never fail the run
             sys.stderr.write(f"warning: could not write cache statistics: {exc}\n")
+
+    def _write_profile(self) -> None:
+        """Write every span of this run to profile.json, atomically (Chrome trace events)."""
+        # Imported only after a run that built: a no-op never needs the profile's classes.
+        from metrale_orch.build.profile import Span, encode_profile, trace_document
+
+        spans = []
+        for item in self._spans:
+            try:
+                spans.append(Span.from_dict(item))
+            except ValueError:  # not from this package's actions: leave it out
+                continue
+        try:
+            config = load_config(Path.cwd(), os.environ)
+            doc = trace_document(spans, origin_ns=self._origin_ns, main_pid=os.getpid())
+            write_atomic(config.build_dir / PROFILE_NAME, encode_profile(doc))
+        except (MetraleError, OSError) as exc:  # the profile must never fail the run
+            sys.stderr.write(f"warning: could not write the build profile: {exc}\n")
 
 
 def _brief(targets: list[str]) -> str:

@@ -1,0 +1,350 @@
+"""The build profile: where a build's time went, as Chrome trace events.
+
+:func:`~metrale_orch.build.compile.build_target` records one :class:`Span` per
+step of a target (``build`` around ``plan``, ``stage``, then per module
+``key``, ``lookup``, ``compile``, ``store``, and ``install``) through a
+:class:`SpanRecorder`; the spans travel with the doit task's values to the
+reporter, which writes them all, with :func:`trace_document` and
+:func:`encode_profile`, to ``<build_dir>/profile.json``: the trace-event format
+Perfetto and ``chrome://tracing`` open (complete events ``"ph": "X"``, times in
+microseconds, plus ``"M"`` events naming each worker process and thread).
+:func:`read_profile` and :func:`summarize_profile` read it back for
+``metrale-orch profile``.
+
+Invariants: times come from the wall clock (``time.time_ns``), so spans from
+different worker processes line up; a span names its target and module, never
+a path; the file's events are sorted (metadata by pid and tid, then spans by
+start, pid, tid, name), so equal spans give equal bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Literal, get_args
+
+from metrale_orch.build.errors import ProfileError, ProfileMissing
+
+__all__ = [
+    "PROFILE_VERSION",
+    "CompileTime",
+    "ProfileSummary",
+    "Span",
+    "SpanRecorder",
+    "Step",
+    "encode_profile",
+    "read_profile",
+    "summarize_profile",
+    "trace_document",
+]
+
+#: A step of a target's build: the whole target (``build``) and what it is made of.
+Step = Literal["build", "plan", "stage", "key", "lookup", "compile", "store", "install"]
+#: What a span's ``args`` hold: the outcome, byte counts, the cache key.
+ArgValue = str | int | float
+
+_STEPS: frozenset[str] = frozenset(get_args(Step))
+#: ``otherData.version`` of the file; bumped when the events' meaning changes.
+PROFILE_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Span:
+    """One step of one target's build, on the worker (process, thread) that ran it.
+
+    ``module`` is "" for a step of the whole target. ``args`` hold the outcome
+    (``lookup``: local, remote or miss; ``compile``: compiled or failed;
+    ``build``: built, cached or failed) and the bytes moved.
+    """
+
+    step: Step
+    target: str
+    module: str = ""
+    start_ns: int
+    end_ns: int
+    pid: int
+    tid: int
+    args: Mapping[str, ArgValue] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def name(self) -> str:
+        """The event's name: ``compile rmsnorm``, ``build hopper/qwen3-8b/bf16``."""
+        return f"{self.step} {self.module or self.target}"
+
+    def to_dict(self) -> dict[str, object]:
+        """The span as plain data (how it travels from a worker to the reporter)."""
+        return {
+            "step": self.step,
+            "target": self.target,
+            "module": self.module,
+            "start_ns": self.start_ns,
+            "end_ns": self.end_ns,
+            "pid": self.pid,
+            "tid": self.tid,
+            "args": dict(sorted(self.args.items())),
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, object]) -> Span:
+        """The inverse of :meth:`to_dict`; raises ``ValueError`` for anything else."""
+        step, args = doc.get("step"), doc.get("args", {})
+        if step not in _STEPS or not isinstance(args, Mapping):
+            raise ValueError(f"not a span: {doc!r}")
+        return cls(
+            step=step,  # type: ignore[arg-type]  # checked against Step above
+            target=_str(doc, "target"),
+            module=_str(doc, "module"),
+            start_ns=_int(doc, "start_ns"),
+            end_ns=_int(doc, "end_ns"),
+            pid=_int(doc, "pid"),
+            tid=_int(doc, "tid"),
+            args=MappingProxyType(
+                {str(k): v for k, v in args.items() if isinstance(v, str | int | float)}
+            ),
+        )
+
+    def to_event(self, origin_ns: int) -> dict[str, object]:
+        """The complete (``"ph": "X"``) trace event, in microseconds since ``origin_ns``.
+
+        Start and end are each floored to a microsecond, so a span inside another
+        stays inside it in the file.
+        """
+        ts = max(0, self.start_ns - origin_ns) // 1000
+        end = max(0, self.end_ns - origin_ns) // 1000
+        return {
+            "name": self.name,
+            "cat": self.step,
+            "ph": "X",
+            "ts": ts,
+            "dur": max(0, end - ts),
+            "pid": self.pid,
+            "tid": self.tid,
+            "args": {
+                "target": self.target,
+                **({"module": self.module} if self.module else {}),
+                **dict(sorted(self.args.items())),
+            },
+        }
+
+
+class SpanRecorder:
+    """Collects one target's spans, on this process and thread (a builder, not a value)."""
+
+    __slots__ = ("_spans", "pid", "target", "tid")
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.pid = os.getpid()
+        self.tid = threading.get_native_id()
+        self._spans: list[Span] = []
+
+    def add(self, step: Step, start_ns: int, *, module: str = "", **args: ArgValue) -> None:
+        """Record ``step`` as running from ``start_ns`` (``time.time_ns()``) until now."""
+        self._spans.append(
+            Span(
+                step=step,
+                target=self.target,
+                module=module,
+                start_ns=start_ns,
+                end_ns=time.time_ns(),
+                pid=self.pid,
+                tid=self.tid,
+                args=MappingProxyType(args),
+            )
+        )
+
+    @property
+    def spans(self) -> tuple[Span, ...]:
+        return tuple(self._spans)
+
+
+# ------------------------------------------------------------------------------ the file
+
+
+def trace_document(spans: Iterable[Span], *, origin_ns: int, main_pid: int) -> dict[str, object]:
+    """The trace-event JSON object of a run's spans (pure).
+
+    ``origin_ns``: the run's start (``time.time_ns()``), time 0 of the trace;
+    ``main_pid``: doit's own process (named ``doit``; the others are ``worker 1``,
+    ``worker 2``, … in the order they started work). Threads are ``main`` (the
+    process's first thread) or ``thread 1``, ``thread 2``, … likewise.
+    """
+    events = sorted((s.to_event(origin_ns) for s in spans), key=_event_order)
+    processes: dict[int, str] = {}
+    threads: dict[tuple[int, int], str] = {}
+    for event in events:
+        pid, tid = _num(event["pid"]), _num(event["tid"])
+        if pid not in processes:
+            workers = sum(1 for p in processes if p != main_pid)
+            processes[pid] = "doit" if pid == main_pid else f"worker {workers + 1}"
+        if (pid, tid) not in threads:
+            others = sum(1 for p, t in threads if p == pid and t != p)
+            threads[pid, tid] = "main" if tid == pid else f"thread {others + 1}"
+    meta: list[dict[str, object]] = [
+        {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": name}}
+        for pid, name in sorted(processes.items())
+    ]
+    meta += [
+        {"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}}
+        for (pid, tid), name in sorted(threads.items())
+    ]
+    return {
+        "traceEvents": [*meta, *events],
+        "displayTimeUnit": "ms",
+        "otherData": {"producer": "metrale-orch", "version": PROFILE_VERSION},
+    }
+
+
+def encode_profile(doc: Mapping[str, object]) -> bytes:
+    """``doc`` as the bytes of ``profile.json``: sorted keys, one event per line (pure)."""
+    events = doc.get("traceEvents", [])
+    head = {k: v for k, v in sorted(doc.items()) if k != "traceEvents"}
+    lines = [json.dumps(e, sort_keys=True, separators=(",", ":")) for e in _list(events)]
+    body = ",\n".join(lines)
+    start = json.dumps(head, sort_keys=True, separators=(",", ":"))[:-1]
+    sep = "," if head else ""
+    return f'{start}{sep}"traceEvents":[\n{body}\n]}}\n'.encode()
+
+
+def read_profile(path: Path) -> list[dict[str, object]]:
+    """The trace events of ``profile.json`` at ``path``.
+
+    Raises :class:`~metrale_orch.build.errors.ProfileMissing` when there is none
+    and :class:`~metrale_orch.build.errors.ProfileError` when it is not one.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ProfileMissing(str(path)) from None
+    except (OSError, UnicodeError) as exc:
+        raise ProfileError(str(path), f"cannot read it: {exc}") from None
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise ProfileError(str(path), f"not JSON: {exc}") from None
+    events = doc.get("traceEvents") if isinstance(doc, dict) else None
+    if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
+        raise ProfileError(str(path), "no traceEvents list")
+    return events
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompileTime:
+    """One compile of the profile: which module of which target, how long, how it ended."""
+
+    target: str
+    module: str
+    seconds: float
+    outcome: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProfileSummary:
+    """What ``metrale-orch profile`` shows (:func:`summarize_profile`)."""
+
+    #: The slowest compiles, slowest first.
+    slowest: tuple[CompileTime, ...]
+    #: Targets built (``build`` spans) and the worker threads they ran on.
+    targets: int
+    workers: int
+    #: From the run's start to the end of its last span.
+    wall_seconds: float
+    #: Module outcomes: compiled and failed (``compile`` spans), local and remote hits
+    #: (``lookup`` spans).
+    outcomes: Mapping[str, int]
+    #: Seconds spent in each step, all workers added up.
+    steps: Mapping[str, float]
+    #: Bytes compiled and bytes restored from a cache.
+    compiled_bytes: int
+    restored_bytes: int
+
+
+def summarize_profile(events: Sequence[Mapping[str, object]], *, top: int = 10) -> ProfileSummary:
+    """The slowest ``top`` compiles and the totals of a profile's events (pure).
+
+    Ties are broken by target then module, so the listing is deterministic.
+    """
+    compiles: list[CompileTime] = []
+    outcomes = {"compiled": 0, "local": 0, "remote": 0, "failed": 0}
+    steps: dict[str, float] = {}
+    workers: set[tuple[int, int]] = set()
+    targets = compiled_bytes = restored_bytes = 0
+    end_us = 0
+    for event in events:
+        if event.get("ph") != "X":
+            continue
+        step = str(event.get("cat", ""))
+        dur = _num(event.get("dur", 0))
+        end_us = max(end_us, _num(event.get("ts", 0)) + dur)
+        args = event.get("args")
+        args = args if isinstance(args, Mapping) else {}
+        outcome = str(args.get("outcome", ""))
+        steps[step] = steps.get(step, 0.0) + dur / 1e6
+        if step == "build":
+            targets += 1
+            workers.add((_num(event.get("pid", 0)), _num(event.get("tid", 0))))
+        elif step == "compile":
+            compiles.append(
+                CompileTime(
+                    target=str(args.get("target", "")),
+                    module=str(args.get("module", "")),
+                    seconds=dur / 1e6,
+                    outcome=outcome,
+                )
+            )
+            if outcome in outcomes:
+                outcomes[outcome] += 1
+            compiled_bytes += _num(args.get("bytes", 0))
+        elif step == "lookup" and outcome in ("local", "remote"):
+            outcomes[outcome] += 1
+            restored_bytes += _num(args.get("bytes", 0))
+    compiles.sort(key=lambda c: (-c.seconds, c.target, c.module))
+    return ProfileSummary(
+        slowest=tuple(compiles[: max(0, top)]),
+        targets=targets,
+        workers=len(workers),
+        wall_seconds=end_us / 1e6,
+        outcomes=MappingProxyType(outcomes),
+        steps=MappingProxyType(dict(sorted(steps.items(), key=lambda kv: (-kv[1], kv[0])))),
+        compiled_bytes=compiled_bytes,
+        restored_bytes=restored_bytes,
+    )
+
+
+def _event_order(event: Mapping[str, object]) -> tuple[int, int, int, str, int]:
+    """Start, pid, tid, name; the longer first (an enclosing span before its first step)."""
+    return (
+        _num(event["ts"]),
+        _num(event["pid"]),
+        _num(event["tid"]),
+        str(event["name"]),
+        -_num(event["dur"]),
+    )
+
+
+def _str(doc: Mapping[str, object], key: str) -> str:
+    value = doc.get(key, "")
+    if not isinstance(value, str):
+        raise ValueError(f"span field {key!r} is not text: {value!r}")
+    return value
+
+
+def _int(doc: Mapping[str, object], key: str) -> int:
+    value = doc.get(key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"span field {key!r} is not an integer: {value!r}")
+    return value
+
+
+def _num(value: object) -> int:
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
+
+
+def _list(value: object) -> list[object]:
+    return value if isinstance(value, list) else []
