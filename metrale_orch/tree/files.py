@@ -4,8 +4,11 @@
 root, each once: every file is keyed by its root-relative POSIX spelling (the
 spelling messages use too), and a ``Path`` is made once per file, for the
 values handed out. :class:`Memo` is the one caching idiom of a resolution
-pass: it keeps a function's result *or* the :class:`LayoutError` it raised,
-by key, so a failure is as cheap to repeat as a success. Nothing here
+pass for what can fail: it keeps a function's result *or* the
+:class:`LayoutError` it raised, by key, so a failure is as cheap to repeat as
+a success. The two lookups that cannot fail and run tens of thousands of
+times a pass (a spelling's ``Path``, a directory's listing) are plain dicts
+read inline. Nothing here
 writes; a view holds what it read until it is dropped (one pass).
 """
 
@@ -15,7 +18,7 @@ import os
 import tomllib
 from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
-from typing import Final, Generic, Literal, TypeVar, cast
+from typing import Final, Generic, Literal, TypeVar
 
 from metrale_orch.tree.errors import LayoutError, ManifestError
 
@@ -28,7 +31,8 @@ TomlDoc = dict[str, object]
 
 _K = TypeVar("_K", bound=Hashable)
 _V = TypeVar("_V")
-_MISSING: Final = object()
+#: Not listed yet (a listing may be None: not a directory).
+_UNLISTED: Final[dict[str, Kind]] = {}
 
 
 class Memo(Generic[_K, _V]):
@@ -45,8 +49,9 @@ class Memo(Generic[_K, _V]):
         self._done: dict[_K, _V | LayoutError] = dict(seed) if seed else {}
 
     def get(self, key: _K, make: Callable[..., _V], *args: object) -> _V:
-        value = self._done.get(key, _MISSING)
-        if value is _MISSING:
+        try:
+            value = self._done[key]
+        except KeyError:
             try:
                 made = make(*args)
             except LayoutError as exc:
@@ -56,7 +61,7 @@ class Memo(Generic[_K, _V]):
             return made
         if isinstance(value, LayoutError):
             raise value
-        return cast("_V", value)
+        return value
 
 
 def child_maker(parent: Path) -> Callable[[str], Path]:
@@ -83,20 +88,22 @@ class FileView:
         self._root_s = os.fspath(self.root)
         # os.path.join(root, rel) without its generality (rel is one str, rarely absolute).
         self._prefix = self._root_s if self._root_s.endswith("/") else self._root_s + "/"
-        self._paths: Memo[str, Path] = Memo({"": self.root, "kernels": self.kernels})
+        # Paths and listings never fail, and they are the hottest lookups of a pass (tens
+        # of thousands): plain dicts, looked up inline. Everything that can fail is a Memo.
+        self._paths: dict[str, Path] = {"": self.root, "kernels": self.kernels}
+        self._child_kinds: dict[str, dict[str, Kind] | None] = {}
         self._listings: Memo[str, tuple[tuple[str, Kind], ...] | None] = Memo()
-        self._child_kinds: Memo[str, dict[str, Kind] | None] = Memo()
         self._tomls: Memo[str, TomlDoc | None] = Memo()
 
     # -- paths
 
     def path(self, rel: str) -> Path:
         """The Path of a root-relative POSIX spelling, made once per pass."""
-        return self._paths.get(rel, self._make_path, rel)
-
-    def _make_path(self, rel: str) -> Path:
-        head, _, tail = rel.rpartition("/")
-        return child_maker(self.path(head))(tail)
+        found = self._paths.get(rel)
+        if found is None:
+            head, _, tail = rel.rpartition("/")
+            found = self._paths[rel] = child_maker(self.path(head))(tail)
+        return found
 
     def rel(self, path: Path | str) -> str:
         """Root-relative POSIX spelling of a path under the root (a str is taken as one)."""
@@ -124,7 +131,10 @@ class FileView:
 
     def kinds_of(self, rel: str) -> dict[str, Kind] | None:
         """name -> kind of a directory's children (listing order), or None: not a directory."""
-        return self._child_kinds.get(rel, self._scandir, rel)
+        kinds = self._child_kinds.get(rel, _UNLISTED)
+        if kinds is _UNLISTED:
+            kinds = self._child_kinds[rel] = self._scandir(rel)
+        return kinds
 
     def _scandir(self, rel: str) -> dict[str, Kind] | None:
         kinds: dict[str, Kind] = {}

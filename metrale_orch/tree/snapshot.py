@@ -261,10 +261,7 @@ class TreeSnapshot(ManifestReader):
                 raise UnnamableFile(self.path(child), child)
         manifest = layer.manifest
         if manifest is None or not manifest.uses:
-            entries = {
-                name: Entry(name=name, source=path, layer=index, used=False)
-                for name, path in files.items()
-            }
+            entries = {name: Entry(name, path, index, False) for name, path in files.items()}
             return entries, stems, subdirs
         used: dict[str, Path] = {}
         stems = dict(stems)
@@ -280,9 +277,9 @@ class TreeSnapshot(ManifestReader):
         # Both parts keyed in name order: fix the order first, then fill in the entries.
         entries = cast("dict[str, Entry]", dict.fromkeys(sorted([*files, *used])))
         for name, path in files.items():
-            entries[name] = Entry(name=name, source=path, layer=index, used=False)
+            entries[name] = Entry(name, path, index, False)
         for name, path in used.items():
-            entries[name] = Entry(name=name, source=path, layer=index, used=True)
+            entries[name] = Entry(name, path, index, True)
         return entries, stems, subdirs
 
     def _use(self, layer: Layer, use: str, ext: str) -> UsedFile:
