@@ -103,3 +103,15 @@ def test_task_data_codec_round_trips_and_reads_json() -> None:
     assert codec.decode(text.encode("utf-8").decode("utf-8")) == record
     assert codec.decode('{"x": [1, 2]}') == {"x": [1, 2]}  # a database doit wrote with JSON
     assert codec.decode("\x00m4:garbage") == {}  # unreadable: the task simply runs again
+
+
+def test_the_codec_keeps_any_list_or_dict_doit_hands_it() -> None:
+    """doit's sqlite backend registers the codec as the adapter of every list and dict:
+    both round-trip; only a build's profile spans are left out of a record."""
+    codec = TaskDataCodec()
+    assert codec.decode(codec.encode([1, ("a", 2), "x"])) == [1, ("a", 2), "x"]
+    record = {"_values_:": {"profile": [1], "outcome": "built"}, "result:": {"profile": [2]}}
+    assert codec.decode(codec.encode(record)) == {
+        "_values_:": {"outcome": "built"},
+        "result:": {},
+    }

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal
 
-from metrale_orch.paths import rel_posix
+from metrale_orch.paths import root_relative
 from metrale_orch.smoke.errors import SmokeCaseError
 
 if TYPE_CHECKING:
@@ -315,7 +315,7 @@ def scan_cases(root: Path, layout: Layout) -> tuple[SmokeCase, ...]:
         path = layer.dir / SMOKE_TOML
         if not path.is_file():
             continue
-        rel = rel_posix(path, root)
+        rel = root_relative(path, root)
         try:
             doc = tomllib.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:

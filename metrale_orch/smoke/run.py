@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from metrale_orch.paths import MANIFEST_NAME, rel_posix, target_dir
+from metrale_orch.paths import MANIFEST_NAME, root_relative, target_dir
 from metrale_orch.smoke.arch import arch_runnable
 from metrale_orch.smoke.artefacts import (
     ArtefactInfo,
@@ -143,7 +143,7 @@ class _Run:
             build_dir, layout.target.hardware, layout.target.model, layout.target.quant
         )
         manifest_path = out_dir / MANIFEST_NAME
-        rel_manifest = rel_posix(manifest_path, self.root)
+        rel_manifest = root_relative(manifest_path, self.root)
         try:
             cases = scan_cases(self.root, layout)
         except SmokeCaseError as exc:
@@ -187,7 +187,7 @@ class _Run:
                 "arch",
                 "failed",
                 f"{rel_manifest} says arch {arch!r} but"
-                f" {rel_posix(layout.hardware.path, self.root)} declares {declared!r}; rebuild",
+                f" {root_relative(layout.hardware.path, self.root)} declares {declared!r}; rebuild",
             )
         by_stem: dict[str, Mapping[str, object]] = {}
         for m in modules:
@@ -226,7 +226,7 @@ class _Run:
     def module(self, target: str, arch: str, plan: _ModulePlan) -> None:
         start = time.perf_counter()
         label = plan.name
-        rel = rel_posix(plan.artefact, self.root)
+        rel = root_relative(plan.artefact, self.root)
         expected = sorted({c.entry for c in plan.cases})
         info: ArtefactInfo | None = None
         problems: list[str] = []
@@ -316,7 +316,7 @@ class _Run:
             if ref is None:
                 raise SmokeError(
                     f"{case.source}: case {case.name!r}: reference {case.reference!r} is not"
-                    f" defined in {rel_posix(self.refs_path, self.root)}"
+                    f" defined in {root_relative(self.refs_path, self.root)}"
                 )
             inputs = make_inputs(case)
             got = self.launcher(artefact, case, inputs.params)

@@ -111,12 +111,15 @@ class TaskDataCodec:
     runs again. A build's profile spans (:data:`PROFILE_KEY`) are left out.
     """
 
-    def encode(self, data: dict[str, object]) -> str:
-        record = dict(data)
-        for name in _VALUE_RECORDS:
-            values = record.get(name)
-            if isinstance(values, dict) and PROFILE_KEY in values:
-                record[name] = {k: v for k, v in values.items() if k != PROFILE_KEY}
+    def encode(self, data: dict[str, object] | list[object]) -> str:
+        # doit's sqlite backend registers this as the adapter of every list and dict.
+        record = data
+        if isinstance(data, dict):
+            record = dict(data)
+            for name in _VALUE_RECORDS:
+                values = record.get(name)
+                if isinstance(values, dict) and PROFILE_KEY in values:
+                    record[name] = {k: v for k, v in values.items() if k != PROFILE_KEY}
         return _MARSHAL_TAG + marshal.dumps(record, 4).decode("latin-1")
 
     def decode(self, text: str) -> object:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 from doit.exceptions import TaskFailed
 
-from metrale_orch.paths import BUILD_TASK, rel_posix
+from metrale_orch.paths import BUILD_TASK, root_relative
 
 if TYPE_CHECKING:
     from metrale_orch.config import Config
@@ -62,7 +62,7 @@ def run_smoke_action(
     if report.ok:
         return {
             "summary": summary,
-            "report": rel_posix(xml, Path(root)),
+            "report": root_relative(xml, Path(root)),
             "passed": report.count("passed"),
             "skipped": report.count("skipped"),
             "failed": 0,

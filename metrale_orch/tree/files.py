@@ -52,16 +52,18 @@ class Memo(Generic[_K, _V]):
         try:
             value = self._done[key]
         except KeyError:
-            try:
-                made = make(*args)
-            except LayoutError as exc:
-                self._done[key] = exc
-                raise
-            self._done[key] = made
-            return made
-        if isinstance(value, LayoutError):
-            raise value
-        return value
+            pass  # made below, outside the handler: an error must not chain a KeyError
+        else:
+            if isinstance(value, LayoutError):
+                raise value
+            return value
+        try:
+            made = make(*args)
+        except LayoutError as exc:
+            self._done[key] = exc
+            raise
+        self._done[key] = made
+        return made
 
 
 def child_maker(parent: Path) -> Callable[[str], Path]:
