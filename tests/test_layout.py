@@ -297,14 +297,6 @@ def test_unknown_hardware_missing_file_and_dir(tmp_path: Path) -> None:
     assert ei.value.hardware == "h"
     assert ei.value.path == tmp_path / "kernels/h/HARDWARE.toml"
     assert "kernels/h/HARDWARE.toml" in str(ei.value)
-    # The error stands alone (no chained context from the pass's memo), also when the
-    # same snapshot is asked again and answers from what it kept.
-    assert ei.value.__context__ is None and ei.value.__cause__ is None
-    snap = L.TreeSnapshot(tmp_path)
-    for _ in range(2):
-        with pytest.raises(ManifestError) as again:
-            L.discover(tmp_path, L.Target(hardware="h", model="m", quant="q"), snap)
-        assert again.value.__context__ is None
     with pytest.raises(UnknownHardware) as ei2:
         discover(tmp_path, T("nope/m/q"))
     assert "kernels/nope/HARDWARE.toml" in str(ei2.value)
@@ -316,6 +308,14 @@ def test_hardware_bad_toml(tmp_path: Path) -> None:
         hardware(tmp_path / "kernels", "h")
     assert ei.value.path == tmp_path / "kernels/h/HARDWARE.toml"
     assert "kernels/h/HARDWARE.toml" in str(ei.value)
+    # The error stands alone (no chained context from the pass's memo), also when the
+    # same snapshot is asked again and answers from what it kept.
+    assert ei.value.__context__ is None and ei.value.__cause__ is None
+    snap = L.TreeSnapshot(tmp_path)
+    for _ in range(2):
+        with pytest.raises(ManifestError) as again:
+            L.discover(tmp_path, L.Target(hardware="h", model="m", quant="q"), snap)
+        assert again.value.__context__ is None
 
 
 @pytest.mark.parametrize(
