@@ -42,9 +42,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, TypedDict, Unpack
+from typing import TypedDict, Unpack
 
+from metrale_orch.build.toolchains import load_toolchains, select_toolchain
 from metrale_orch.errors import MetraleError
+from metrale_orch.tree import LayoutError, TreeSnapshot, resolve_all
 
 __all__ = [
     "DEFAULT_RUNNERS_FILE",
@@ -205,7 +207,7 @@ class MatrixRow:
         """A name safe for artefacts and file names."""
         return self.hw if self.shards == 1 else f"{self.hw}-shard{self.shard}of{self.shards}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "build": self.build,
             "hw": self.hw,
@@ -237,7 +239,7 @@ def _str_list(value: object, path: str, key: str, *, non_empty: bool) -> tuple[s
     return tuple(value)
 
 
-def parse_runners(doc: Mapping[str, Any], path: str = DEFAULT_RUNNERS_FILE) -> Runners:
+def parse_runners(doc: Mapping[str, object], path: str = DEFAULT_RUNNERS_FILE) -> Runners:
     """Validate a parsed ``runners.toml``. Raises :class:`RunnersError` naming the key."""
     for key in sorted(doc):
         if key not in ("runners", "hardware", "default"):
@@ -333,9 +335,6 @@ def scan_tree(root: Path) -> tuple[HardwareInfo, ...]:
     its error). Raises ``LayoutError`` when the tree cannot be walked and
     ``ToolchainError`` when a hardware's toolchain cannot be chosen.
     """
-    from metrale_orch.build.toolchains import load_toolchains, select_toolchain
-    from metrale_orch.tree import LayoutError, TreeSnapshot, resolve_all
-
     snap = TreeSnapshot(root)
     toolchains = load_toolchains(root)
     by_hw: dict[str, list[TargetLoad]] = {}
@@ -506,7 +505,7 @@ def plan_rows(
 
 def plan_matrix(
     hardware: Sequence[HardwareInfo], runners: Runners, **options: Unpack[RowOptions]
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The ``strategy.matrix`` object ``{"include": [...]}`` (see :func:`plan_rows`)."""
     rows = plan_rows(hardware, runners, **options)
     return {"include": [row.to_dict() for row in rows]}
@@ -514,7 +513,7 @@ def plan_matrix(
 
 def plan_smoke_matrix(
     hardware: Sequence[HardwareInfo], runners: Runners, **options: Unpack[RowOptions]
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """One smoke-only row per hardware that :func:`plan_rows` split into several shards.
 
     ``smoke:<hw>`` depends on every build of the hardware, so a shard cannot run
@@ -523,7 +522,7 @@ def plan_smoke_matrix(
     keys as a build row, with ``build`` empty and ``smoke`` set.
     """
     rows = plan_rows(hardware, runners, **options)
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, object]] = []
     for row in rows:
         if row.shards > 1 and row.shard == 1:
             targets = tuple(sorted(t for r in rows if r.hw == row.hw for t in r.targets))
