@@ -33,7 +33,7 @@ from metrale_orch.resources import (
 )
 from metrale_orch.resources.report import ModuleResources
 from metrale_orch.tree import Target
-from tests.support.build import make_cache, make_config
+from tests.support.build import make_cache, make_config, output_kinds_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 HOPPER = "hopper/qwen3-8b/bf16"
@@ -356,30 +356,11 @@ def test_no_matching_target_and_broken_manifest(sample_build: Path, tmp_path: Pa
 # --- cubin and fatbin artefacts: the cubin's own records -----------------------------------
 
 
-def _tiny_tree(root: Path) -> Path:
-    """One kernel, built as PTX (h), a cubin (hc) and a fatbin (hf)."""
-    kernel = 'extern "C" __global__ void tiny(float* x) { x[threadIdx.x] *= 2.0f; }\n'
-    files = {
-        "kernels/h/HARDWARE.toml": '[hardware]\narch = "sm_90a"\n',
-        "kernels/hc/HARDWARE.toml": '[hardware]\narch = "sm_90a"\n[build]\ntoolchain = "cubin"\n',
-        "kernels/hf/HARDWARE.toml": '[hardware]\narch = "sm_100a"\n[build]\ntoolchain = "fat"\n',
-        "toolchains/cubin.toml": '[toolchain]\nname = "cubin"\nextends = "nvcc"\noutput = "cubin"',
-        "toolchains/fat.toml": '[toolchain]\nname = "fat"\nextends = "nvcc"\noutput = "fatbin"',
-    }
-    for hw in ("h", "hc", "hf"):
-        files[f"kernels/{hw}/m/MODEL.toml"] = "[model]\n"
-        files[f"kernels/{hw}/m/q/tiny.cu"] = kernel
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    return root
-
-
 @pytest.mark.nvcc
 def test_cubin_and_fatbin_artefacts(tmp_path: Path) -> None:
     if shutil.which("nvcc") is None or shutil.which("ptxas") is None:
         pytest.skip("nvcc and ptxas are not installed")
-    root = _tiny_tree(tmp_path / "tree")
+    root = output_kinds_tree(tmp_path / "tree")
     config = make_config(root, tmp_path / "cache", cache_mode="off")
     environ = dict(os.environ)
     for hw in ("h", "hc", "hf"):

@@ -23,7 +23,7 @@ from metrale_orch.build.probe import reset_identity_memo
 from metrale_orch.build.results import TargetResult
 from metrale_orch.build.toolchains import builtin_toolchains, select_toolchain
 from metrale_orch.tree import Layout, resolve_all
-from tests.support.build import make_cache, make_config
+from tests.support.build import make_cache, make_config, output_kinds_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 log = logging.getLogger(__name__)
@@ -105,28 +105,6 @@ def test_every_nvidia_module_compiles(
         print(f"\n{summary}")
 
 
-def _tiny_tree(root: Path) -> Path:
-    kernel = (
-        '#include "../../common/scale.cuh"\n'
-        'extern "C" __global__ void tiny(float* x) { x[threadIdx.x] *= SCALE; }\n'
-    )
-    files = {
-        "kernels/h/HARDWARE.toml": '[hardware]\narch = "sm_90a"\n',
-        "kernels/hc/HARDWARE.toml": '[hardware]\narch = "sm_90a"\n[build]\ntoolchain = "cubin"\n',
-        "kernels/hf/HARDWARE.toml": '[hardware]\narch = "sm_100a"\n[build]\ntoolchain = "fat"\n',
-        "toolchains/cubin.toml": '[toolchain]\nname = "cubin"\nextends = "nvcc"\noutput = "cubin"',
-        "toolchains/fat.toml": '[toolchain]\nname = "fat"\nextends = "nvcc"\noutput = "fatbin"',
-    }
-    for hw in ("h", "hc", "hf"):
-        files[f"kernels/{hw}/common/scale.cuh"] = "#define SCALE 2.0f\n"
-        files[f"kernels/{hw}/m/MODEL.toml"] = "[model]\n"
-        files[f"kernels/{hw}/m/q/tiny.cu"] = kernel
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    return root
-
-
 def test_output_kinds_and_checkout_independence(tmp_path: Path) -> None:
     from metrale_orch.tree import Target
 
@@ -134,7 +112,7 @@ def test_output_kinds_and_checkout_independence(tmp_path: Path) -> None:
     environ = dict(os.environ)
     results = {}
     for name in ("a", "b"):
-        root = _tiny_tree(tmp_path / name)
+        root = output_kinds_tree(tmp_path / name)
         config = make_config(root, tmp_path / "cache", cache_mode="off")
         hws = ("h", "hc", "hf") if name == "a" else ("h",)
         for hw in hws:

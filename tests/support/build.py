@@ -24,6 +24,7 @@ __all__ = [
     "fake_toolchain_env",
     "make_cache",
     "make_config",
+    "output_kinds_tree",
     "small_tree",
     "write",
 ]
@@ -155,3 +156,27 @@ def make_config(root: Path, cache_dir: Path, **overrides: Any) -> Config:
 def make_cache(config: Config, mode: str = "read-write") -> Cache:
     """A real local-only cache in ``config.local_cache``."""
     return open_cache(CacheSettings(local_dir=config.local_cache, mode=mode))
+
+
+def output_kinds_tree(root: Path) -> Path:
+    """One kernel (``tiny``, reading a common header) under three hardware trees, built
+    as PTX (``h``), a cubin (``hc``) and a fatbin (``hf``: sm_100a)."""
+    kernel = (
+        '#include "../../common/scale.cuh"\n'
+        'extern "C" __global__ void tiny(float* x) { x[threadIdx.x] *= SCALE; }\n'
+    )
+    files = {
+        "kernels/h/HARDWARE.toml": '[hardware]\narch = "sm_90a"\n',
+        "kernels/hc/HARDWARE.toml": '[hardware]\narch = "sm_90a"\n[build]\ntoolchain = "cubin"\n',
+        "kernels/hf/HARDWARE.toml": '[hardware]\narch = "sm_100a"\n[build]\ntoolchain = "fat"\n',
+        "toolchains/cubin.toml": '[toolchain]\nname = "cubin"\nextends = "nvcc"\noutput = "cubin"',
+        "toolchains/fat.toml": '[toolchain]\nname = "fat"\nextends = "nvcc"\noutput = "fatbin"',
+    }
+    for hw in ("h", "hc", "hf"):
+        files[f"kernels/{hw}/common/scale.cuh"] = "#define SCALE 2.0f\n"
+        files[f"kernels/{hw}/m/MODEL.toml"] = "[model]\n"
+        files[f"kernels/{hw}/m/q/tiny.cu"] = kernel
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
