@@ -14,36 +14,18 @@ CPU time; the min and the median of each are reported with their ratio (goal: <=
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from floor import floor
 from gen_tree import generate
 
 from metrale_orch.tree import LayoutError, resolve_all
-
-
-def floor(root: Path) -> int:
-    """scandir every directory under kernels/ and parse every .toml; returns files seen."""
-    seen = 0
-    stack = [os.path.join(root, "kernels")]
-    while stack:
-        d = stack.pop()
-        with os.scandir(d) as it:
-            for de in it:
-                seen += 1
-                if de.is_dir(follow_symlinks=False):
-                    stack.append(de.path)
-                elif de.name.endswith(".toml"):
-                    with open(de.path, "rb") as fh:
-                        tomllib.load(fh)
-    return seen
 
 
 def resolve(root: Path) -> int:

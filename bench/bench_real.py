@@ -234,23 +234,6 @@ def bench_env(root: Path, fakes: dict[str, str], bytecode: bool) -> dict[str, st
     return env
 
 
-FLOOR = """import os, sys, tomllib
-seen = 0
-stack = [os.path.join(sys.argv[1], "kernels")]
-while stack:
-    d = stack.pop()
-    with os.scandir(d) as it:
-        for de in it:
-            seen += 1
-            if de.is_dir(follow_symlinks=False):
-                stack.append(de.path)
-            elif de.name.endswith(".toml"):
-                with open(de.path, "rb") as fh:
-                    tomllib.load(fh)
-print(seen)
-"""
-
-
 class Run:
     """One finished subprocess: wall seconds, exit status, output."""
 
@@ -492,7 +475,6 @@ def main() -> int:
     tree = generate_real(root, scale=args.scale)
     fakes = install_fakes(root, nvcc=not args.real_nvcc)
     env = bench_env(root, fakes, bytecode=not args.no_bytecode)
-    (root / "floor.py").write_text(FLOOR)
     cli = [str(Path(PY).parent / "metrale-orch"), "--root", str(root)]
     doit = [PY, "-m", "doit"]
 
@@ -510,7 +492,7 @@ def main() -> int:
     for _ in range(args.reps):
         runs["check"].append(Run([*cli, "check"], root, env))
         runs["layout"].append(Run([*cli, "layout", "--json"], root, env))
-        runs["floor"].append(Run([PY, str(root / "floor.py"), str(root)], root, env))
+        runs["floor"].append(Run([PY, str(HERE / "floor.py"), str(root)], root, env))
     check, lay, floor = (med([r.seconds for r in runs[k]]) for k in ("check", "layout", "floor"))
     last_check = runs["check"][-1]
     print(f"\ncheck, layout (median of {args.reps}, interleaved)")
