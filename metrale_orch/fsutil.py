@@ -1,9 +1,21 @@
-"""Atomic file writes (the one way this package replaces a file) and the file digest.
+"""Atomic file writes (the one way this package replaces a file), the file digests, and
+the one rule for trusting a file's stat instead of its bytes.
 
 A reader never sees a partial file: data goes to a temporary name in the same
 directory (unique per process and thread) and is renamed into place. No fsync:
 the rename makes an interrupted process safe, which is what the build promises;
 a power loss may need ``doit forget`` and a rebuild.
+
+A saved file state (:data:`FileState`) is ``[mtime_ns, size, digest, change_ns,
+inode]``. A later stat proves the file unchanged only when all four of mtime, size,
+change time and inode are equal and the change time was *settled* when the state was
+taken: older than :data:`RACY_NS` at that moment (git's "racy" entries). mtime alone
+proves nothing: ``os.utime`` sets it back, ``tar --mtime`` gives every release the
+same one, and coarse file systems (whole seconds, FAT's two) give an edit in the same
+tick the same one. The change time (POSIX ``ctime``) is set by every write, rename,
+``utime`` or ``chmod`` and cannot be set back; an unsettled one is recorded as ``0``,
+which no real change time equals, so that state is compared by content (and then
+refreshed) on its next check.
 """
 
 from __future__ import annotations
@@ -17,8 +29,49 @@ import xxhash
 
 _BLOCK = 1 << 20
 
-#: ``[mtime_ns, size, digest]`` of a file as a build left or read it (saved states).
+#: ``[mtime_ns, size, digest, change_ns, inode]`` of a file as a build left or read it
+#: (saved states; ``change_ns`` is 0 when it was not settled, see the module docstring).
 FileState = list[int | str]
+
+#: How old a change time must be, when a stat is recorded, to be trusted later: a file
+#: changed within this window of the stat could change again in the same clock tick
+#: (coarse or whole-second file systems included) without its stat changing.
+RACY_NS = 2 * 10**9
+
+
+def change_ns(st: os.stat_result) -> int:
+    """The time of the file's last change of any kind: POSIX ``ctime`` (set by every write,
+    rename, ``utime`` and ``chmod``; it cannot be set back). On Windows ``st_ctime`` is
+    the creation time, so mtime is the best there is."""
+    return st.st_ctime_ns if os.name == "posix" else st.st_mtime_ns
+
+
+def settled_change(st: os.stat_result, taken_ns: int) -> int:
+    """``change_ns(st)`` when it was older than :data:`RACY_NS` at ``taken_ns`` (the moment
+    ``st`` was taken), else 0: the change time a saved state may be trusted by."""
+    change = change_ns(st)
+    return change if change < taken_ns - RACY_NS else 0
+
+
+def file_state(st: os.stat_result, digest: str, taken_ns: int) -> FileState:
+    """The saved state of a file whose stat ``st`` (taken at ``taken_ns``) goes with bytes
+    hashing to ``digest``."""
+    return [st.st_mtime_ns, st.st_size, digest, settled_change(st, taken_ns), st.st_ino]
+
+
+def unchanged_since(st: os.stat_result, state: object) -> bool:
+    """Whether ``st`` proves the file still holds what the saved ``state`` describes, with
+    no read: mtime, size, change time and inode equal, the change time settled. A state
+    of another shape (an older record) proves nothing."""
+    if not (isinstance(state, list | tuple) and len(state) == 5):
+        return False
+    return bool(
+        st.st_mtime_ns == state[0]
+        and st.st_size == state[1]
+        and change_ns(st) == state[3]
+        and st.st_ino == state[4]
+        and state[3] != 0
+    )
 
 
 def file_digest(path: str) -> str:
@@ -40,7 +93,18 @@ def _hexdigest(path: str, h: xxhash.xxh3_64 | xxhash.xxh3_128) -> str:
     return h.hexdigest()
 
 
-__all__ = ["FileState", "file_digest", "file_hash", "write_atomic", "write_if_changed"]
+__all__ = [
+    "RACY_NS",
+    "FileState",
+    "change_ns",
+    "file_digest",
+    "file_hash",
+    "file_state",
+    "settled_change",
+    "unchanged_since",
+    "write_atomic",
+    "write_if_changed",
+]
 
 
 def write_atomic(path: Path, data: bytes) -> None:

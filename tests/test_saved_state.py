@@ -5,10 +5,21 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from metrale_orch.fsutil import file_digest
-from metrale_orch.tasks.checker import ContentChecker, TaskDataCodec, encode_outputs, stale_outputs
+import pytest
+
+from metrale_orch import fsutil
+from metrale_orch.fsutil import file_digest, file_hash
+from metrale_orch.tasks.checker import (
+    ContentChecker,
+    TaskDataCodec,
+    check_external,
+    check_outputs,
+    encode_outputs,
+    stale_outputs,
+)
 from metrale_orch.tasks.runlock import BuildLock
 
 
@@ -115,3 +126,96 @@ def test_the_codec_keeps_any_list_or_dict_doit_hands_it() -> None:
         "_values_:": {"outcome": "built"},
         "result:": {},
     }
+
+
+# ------------------------------------------------------------------------------ stat trust
+
+
+def _same_stat_other_bytes(path: Path, data: bytes) -> os.stat_result:
+    """Write ``data`` (same size) into ``path`` and return the stat from before: what a
+    coarse-timestamp file system shows for an edit within the same clock tick."""
+    before = os.stat(path)
+    assert len(data) == before.st_size
+    path.write_bytes(data)
+    return before
+
+
+def test_a_state_recorded_within_the_racy_window_is_compared_by_content(tmp_path: Path) -> None:
+    src = tmp_path / "k.cuh"
+    src.write_bytes(b"#define SCALE 2.0f\n")
+    checker = ContentChecker()
+    state = checker.get_state(str(src), None)
+    assert state is not None and len(state) == 5
+    assert state[3] == 0, "a change time younger than the racy window must not be trusted"
+    # The same tick's edit: every stat field as recorded, other bytes. Seen.
+    stale = _same_stat_other_bytes(src, b"#define SCALE 3.0f\n")
+    assert ContentChecker().check_modified(str(src), stale, state)
+
+
+def test_a_settled_state_is_trusted_by_stat_and_anything_else_is_hashed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fsutil, "RACY_NS", 0)  # every change time counts as settled
+    src = tmp_path / "k.cuh"
+    src.write_bytes(b"#define SCALE 2.0f\n")
+    checker = ContentChecker()
+    state = checker.get_state(str(src), None)
+    assert state is not None and state[3] == os.stat(src).st_ctime_ns != 0
+    assert not checker.check_modified(str(src), os.stat(src), state)
+    assert checker.hashed == 1, "the no-op path must not read a settled file"
+    # mtime set back after a same-size edit: the change time moved, the bytes decide.
+    before = os.stat(src)
+    src.write_bytes(b"#define SCALE 3.0f\n")
+    os.utime(src, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert ContentChecker().check_modified(str(src), os.stat(src), state)
+    # Replaced by a file of the same bytes (new inode): hashed, unchanged, refreshed.
+    src.write_bytes(b"#define SCALE 2.0f\n")
+    os.utime(src, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert not ContentChecker().check_modified(str(src), os.stat(src), state)
+    # An older three-field state is never trusted by its stat alone.
+    old = [before.st_mtime_ns, before.st_size, state[2]]
+    fresh = ContentChecker()
+    assert not fresh.check_modified(str(src), os.stat(src), old)
+    assert fresh.hashed == 1
+    src.write_bytes(b"#define SCALE 4.0f\n")
+    os.utime(src, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert ContentChecker().check_modified(str(src), os.stat(src), old)
+
+
+def test_outputs_recorded_within_the_racy_window_are_refreshed_once_proven(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "k.ptx"
+    out.write_bytes(b".entry k\n")
+    digest = file_digest(str(out))
+    racy = encode_outputs({str(out): fsutil.file_state(os.stat(out), digest, time.time_ns())})
+    # Proven by content; still within the window, so nothing better to save yet.
+    assert check_outputs(racy) == ([], None)
+    monkeypatch.setattr(fsutil, "RACY_NS", 0)
+    stale, refreshed = check_outputs(racy)
+    assert stale == [] and refreshed is not None and refreshed != racy
+    assert check_outputs(refreshed) == ([], None), "a settled record is trusted by stat"
+    # A same-size edit with the mtime set back is stale, racy record or settled one.
+    before = os.stat(out)
+    out.write_bytes(b".entry j\n")
+    os.utime(out, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert check_outputs(refreshed)[0] == [str(out)]
+    assert check_outputs(racy)[0] == [str(out)]
+
+
+def test_external_files_follow_the_same_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fsutil, "RACY_NS", 0)
+    ext = tmp_path / "scale.cuh"
+    ext.write_bytes(b"#define SCALE 2.0f\n")
+    digest = file_hash(str(ext))
+    record = {str(ext): fsutil.file_state(os.stat(ext), digest, time.time_ns())}
+    assert check_external(record) == ([], None)
+    older = {str(ext): [record[str(ext)][0], record[str(ext)][1], digest]}
+    stale, refreshed = check_external(older)
+    assert stale == [] and refreshed == record, "a three-field record is proven, then refreshed"
+    before = os.stat(ext)
+    ext.write_bytes(b"#define SCALE 3.0f\n")
+    os.utime(ext, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert check_external(record)[0] == [str(ext)]

@@ -26,7 +26,7 @@ from typing import Literal
 import xxhash
 
 from metrale_orch.build.argv import env_switches
-from metrale_orch.build.deps import external_stamps, inputs_match
+from metrale_orch.build.deps import external_stamps, hashed_state, inputs_match, unknown_state
 from metrale_orch.build.dropped import drop_warnings, scan_drops, shadow_exemptions
 from metrale_orch.build.errors import BuildConfigError, CompileError, ContainmentError
 from metrale_orch.build.hip_mirror import HipCompat, scan_hip_compat
@@ -341,8 +341,8 @@ def _beyond_stamps(root: Path, beyond: Beyond, staged: StagedTarget) -> dict[str
     for rel, path in beyond.files.items():
         built = staged.hashes.get(f"{TREE_DIR}/{rel}", "")
         shown = os.path.relpath(path, root).replace(os.sep, "/")
-        stamp = HASHER.stamp(str(path)) if HASHER.digest(str(path)) == built else None
-        out[shown] = [-1, -1, built] if stamp is None else [stamp[0], stamp[1], built]
+        same = HASHER.digest(str(path)) == built
+        out[shown] = hashed_state(HASHER, str(path), built) if same else unknown_state(built)
     return out
 
 

@@ -35,9 +35,10 @@ import os
 import posixpath
 import stat
 import threading
+import time
 from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 
-from metrale_orch.fsutil import FileState, file_hash
+from metrale_orch.fsutil import FileState, change_ns, file_hash, settled_change
 
 __all__ = [
     "FileHasher",
@@ -45,9 +46,11 @@ __all__ = [
     "external_stamps",
     "flag_files",
     "flag_values",
+    "hashed_state",
     "inputs_match",
     "parse_depfile",
     "record_inputs",
+    "unknown_state",
 ]
 
 #: Flags whose value is a file the compiler reads.
@@ -177,7 +180,8 @@ class FileHasher:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._memo: dict[str, tuple[tuple[int, int, int, int], str]] = {}
+        #: path -> (stat stamp, digest, settled change time when it was hashed)
+        self._memo: dict[str, tuple[tuple[int, int, int, int], str, int]] = {}
 
     def digest(self, path: str) -> str:
         try:
@@ -186,24 +190,29 @@ class FileHasher:
             return ""
         if not stat.S_ISREG(st.st_mode):
             return ""
-        stamp = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+        stamp = (st.st_size, st.st_mtime_ns, change_ns(st), st.st_ino)
         with self._lock:
             got = self._memo.get(path)
         if got is not None and got[0] == stamp:
             return got[1]
+        taken = time.time_ns()
         try:
             digest = file_hash(path)
         except OSError:
             return ""
         with self._lock:
-            self._memo[path] = (stamp, digest)
+            self._memo[path] = (stamp, digest, settled_change(st, taken))
         return digest
 
-    def stamp(self, path: str) -> tuple[int, int] | None:
-        """``(mtime_ns, size)`` of ``path`` when it was last hashed, or None."""
+    def stamp(self, path: str) -> tuple[int, int, int, int] | None:
+        """``(mtime_ns, size, change_ns, inode)`` of ``path`` when it was last hashed (the
+        change time 0 when it was not settled then), or None."""
         with self._lock:
             got = self._memo.get(path)
-        return None if got is None else (got[0][1], got[0][0])
+        if got is None:
+            return None
+        (size, mtime, _change, ino), _digest, settled = got
+        return mtime, size, settled, ino
 
     def clear(self) -> None:
         with self._lock:
@@ -299,14 +308,28 @@ def inputs_match(
     return True
 
 
+def unknown_state(digest: str) -> FileState:
+    """The saved state of a file whose stat is not known: its size never matches."""
+    return [-1, -1, digest, 0, 0]
+
+
+def hashed_state(hasher: FileHasher, path: str, digest: str) -> FileState:
+    """The saved state of ``path`` with ``digest``, from the stat ``hasher`` hashed it by
+    (:func:`unknown_state` when it was never hashed in this process)."""
+    stamp = hasher.stamp(path)
+    if stamp is None:
+        return unknown_state(digest)
+    mtime, size, settled, ino = stamp
+    return [mtime, size, digest, settled, ino]
+
+
 def external_stamps(inputs: Iterable[Sequence[str]], hasher: FileHasher) -> dict[str, FileState]:
-    """``path -> [mtime_ns, size, xxh3-128]`` of the ``abs`` inputs among ``inputs``, as
-    they were when hashed (verified or recorded) in this process; a file whose stamp
-    is unknown gets ``[-1, -1, hash]``, which the next check sees as changed."""
+    """``path -> FileState`` (xxh3-128) of the ``abs`` inputs among ``inputs``, as they were
+    when hashed (verified or recorded) in this process; a file whose stamp is unknown
+    gets :func:`unknown_state`, which the next check sees as changed."""
     out: dict[str, FileState] = {}
     for kind, path, digest in inputs:
         if kind != "abs":
             continue
-        stamp = hasher.stamp(path)
-        out[path] = [-1, -1, digest] if stamp is None else [stamp[0], stamp[1], digest]
+        out[path] = hashed_state(hasher, path, digest)
     return dict(sorted(out.items()))

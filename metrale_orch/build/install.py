@@ -9,6 +9,7 @@ removed. Each write is atomic and skipped when the bytes are already there.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from metrale_orch.build.errors import StageError
 from metrale_orch.build.plan import TargetPlan, shadow_dict
 from metrale_orch.build.results import ModuleResult
 from metrale_orch.defaults import render_defaults_header, render_defaults_json
-from metrale_orch.fsutil import FileState, write_if_changed
+from metrale_orch.fsutil import FileState, file_state, write_if_changed
 from metrale_orch.manifest import Manifest, ManifestShadow
 from metrale_orch.paths import MANIFEST_NAME, root_relative, target_dir
 from metrale_orch.tree import Layout
@@ -108,5 +109,5 @@ def install(
             st = path.stat()
         except OSError as exc:
             raise StageError(target, str(path), f"cannot install the artefacts: {exc}") from None
-        states[path] = [st.st_mtime_ns, st.st_size, xxhash.xxh3_64_hexdigest(data)]
+        states[path] = file_state(st, xxhash.xxh3_64_hexdigest(data), time.time_ns())
     return ("" if failed else root_relative(manifest_path, root)), states

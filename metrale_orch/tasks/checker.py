@@ -1,15 +1,19 @@
 """Content-based up-to-date checks for doit: an xxh3 file checker and the signature check.
 
 :class:`ContentChecker` is what ``DOIT_CONFIG["check_file_uptodate"]`` names.
-A file dependency's saved state is ``[mtime_ns, size, xxh3_64 hex]``:
+A file dependency's saved state is a :data:`~metrale_orch.fsutil.FileState`,
+``[mtime_ns, size, xxh3_64 hex, change_ns, inode]``:
 
-- same mtime and size: unchanged, no read;
 - other size: changed, no read;
-- same size, other mtime: the bytes decide. Same bytes count as unchanged
-  **and the saved state is refreshed** with the new mtime, so a fresh checkout
-  (every mtime new, every byte the same) costs one hashing pass, then no-ops.
-  doit's own md5 checker re-hashes such files on every run, forever, because
-  doit saves file states only when a task runs.
+- mtime, change time and inode as saved, the change time settled when saved
+  (:func:`~metrale_orch.fsutil.unchanged_since`): unchanged, no read;
+- anything else (an edit whose mtime was set back, a touch, a fresh checkout, a
+  state saved within the racy window, an older three-field state): the bytes
+  decide. Same bytes count as unchanged **and the saved state is refreshed**
+  with the new stat, so a fresh checkout (every stat new, every byte the same)
+  costs one hashing pass, then no-ops. doit's own md5 checker re-hashes such
+  files on every run, forever, because doit saves file states only when a task
+  runs.
 
 doit calls ``check_modified(path, stat, state)`` without saying for which task,
 so the refresh needs the task: :class:`SignatureCheck` (an ``uptodate`` entry
@@ -17,13 +21,16 @@ of every build task, evaluated by doit just before the task's file
 dependencies) binds the checker to the task being checked. A refresh is
 written only when the state doit handed over is, by identity, the one stored
 in that task's record, so a stale binding can never write into another task.
+The installed outputs and the files read beyond the task's file dependencies
+(``OUTPUTS_KEY``, ``EXTERNAL_KEY`` in the task's values) follow the same rule,
+and :class:`SignatureCheck` refreshes their records the same way.
 
 Within one doit invocation each path is stat-ed and hashed at most once across
 all tasks (a build's inputs do not change while it runs; if one does, the
 memoised older state is what gets saved, which errs towards rebuilding).
 
-The invariant: a saved state ``(m, s, h)`` means "the task last succeeded with
-content ``h``"; a refresh only ever pairs ``h`` with a newer ``(m, s)`` whose
+The invariant: a saved state ``(m, s, h, c, i)`` means "the task last succeeded
+with content ``h``"; a refresh only ever pairs ``h`` with a newer stat whose
 bytes hash to ``h``.
 """
 
@@ -33,14 +40,29 @@ import inspect
 import json
 import marshal
 import os
+import time
 from array import array
 from collections.abc import Callable, Mapping, Sequence
 
 import xxhash
 from doit.dependency import FileChangedChecker, UptodateCalculator
 
-from metrale_orch.fsutil import file_digest, file_hash
-from metrale_orch.tasks.doit_api import Dependency, Task, store_state, stored_state
+from metrale_orch.fsutil import (
+    FileState,
+    file_digest,
+    file_hash,
+    file_state,
+    settled_change,
+    unchanged_since,
+)
+from metrale_orch.tasks.doit_api import (
+    Dependency,
+    Task,
+    store_state,
+    store_values,
+    stored_state,
+    stored_values,
+)
 
 __all__ = [
     "EXTERNAL_KEY",
@@ -51,6 +73,8 @@ __all__ = [
     "ContentChecker",
     "SignatureCheck",
     "TaskDataCodec",
+    "check_external",
+    "check_outputs",
     "encode_outputs",
     "file_digest",
     "signature_parts",
@@ -66,10 +90,11 @@ INPUTS_KEY = "inputs"
 #: Key of a build's saved values: the installed files (:func:`encode_outputs`).
 OUTPUTS_KEY = "outputs"
 #: Key of a build's saved values: file read outside the tree, the toolkit and the
-#: system directories -> [mtime_ns, size, xxh3-128] (absent when there is none).
+#: system directories -> [mtime_ns, size, xxh3-128, change_ns, inode] (absent when there
+#: is none).
 EXTERNAL_KEY = "external"
-#: The saved state of a file that changed while the build that read it ran: its size
-#: never matches, so the next run sees it changed.
+#: The saved state of a file that changed while the build that read it ran (less its
+#: digest): its size never matches, so the next run sees it changed.
 _CHANGED_DURING_BUILD = (0, -1)
 #: Key of a build's values: its profile spans (``Span.to_dict()`` each), for the
 #: reporter's ``profile.json``. They travel with the values from the worker but are
@@ -141,7 +166,7 @@ class ContentChecker(FileChangedChecker):  # type: ignore[misc]
         self._expected: dict[str, str] = {}
         self._stats: dict[str, os.stat_result] = {}
         self._failed: dict[str, OSError] = {}
-        self._digests: dict[str, tuple[int, int, str]] = {}
+        self._digests: dict[str, tuple[tuple[int, int, int, int], str]] = {}
         self._dep: Dependency | None = None
         self._task: str | None = None
         #: Number of saved states refreshed in this invocation (for tests/benchmarks).
@@ -172,24 +197,34 @@ class ContentChecker(FileChangedChecker):  # type: ignore[misc]
         return st
 
     def check_modified(self, file_path: str, file_stat: os.stat_result, state: object) -> bool:
-        if type(state) is list and len(state) == 3:
-            # What doit hands over (a JSON list): the common case, tested without isinstance.
-            mtime_ns, size, digest = state
-        elif isinstance(state, tuple) and len(state) == 3:
-            mtime_ns, size, digest = state
+        if type(state) is list and len(state) == 5:
+            # What doit hands over (a decoded list): the common case, tested without isinstance.
+            if file_stat.st_size != state[1]:
+                return True
+            if (
+                file_stat.st_mtime_ns == state[0]
+                and file_stat.st_ctime_ns == state[3]
+                and file_stat.st_ino == state[4]
+                and state[3]
+            ):
+                return False
+            digest = state[2]
+        elif isinstance(state, list | tuple) and len(state) in (3, 5):
+            # A tuple, or an older three-field state: never trusted by its stat alone.
+            if file_stat.st_size != state[1]:
+                return True
+            if unchanged_since(file_stat, state):
+                return False
+            digest = state[2]
         else:
             return True
-        if file_stat.st_size != size:
-            return True
-        if file_stat.st_mtime_ns == mtime_ns:
-            return False
         try:
             current = self._digest(file_path, file_stat)
         except OSError:
             return True
         if current != digest:
             return True
-        self._refresh(file_path, state, [file_stat.st_mtime_ns, size, digest])
+        self._refresh(file_path, state, file_state(file_stat, str(digest), time.time_ns()))
         return False
 
     def get_state(self, dep: str, current_state: object) -> list[object] | None:
@@ -197,14 +232,9 @@ class ContentChecker(FileChangedChecker):  # type: ignore[misc]
         if expected is not None:
             return self._compiled_state(dep, expected)
         st = self.info(dep)
-        if (
-            isinstance(current_state, list | tuple)
-            and len(current_state) == 3
-            and current_state[0] == st.st_mtime_ns
-            and current_state[1] == st.st_size
-        ):
+        if unchanged_since(st, current_state):
             return None
-        return [st.st_mtime_ns, st.st_size, self._digest(dep, st)]
+        return list(file_state(st, self._digest(dep, st), time.time_ns()))
 
     # -- the saved state is what was built ----------------------------------------------------
 
@@ -218,12 +248,13 @@ class ContentChecker(FileChangedChecker):  # type: ignore[misc]
     def _compiled_state(self, dep: str, expected: str) -> list[object]:
         try:
             st = os.stat(dep)
+            taken = time.time_ns()
             current = self._digest(dep, st) if expected else ""
         except OSError:
             current = ""
         if expected and current == expected:
-            return [st.st_mtime_ns, st.st_size, expected]
-        return [*_CHANGED_DURING_BUILD, expected]
+            return list(file_state(st, expected, taken))
+        return [*_CHANGED_DURING_BUILD, expected, 0, 0]
 
     # -- binding (see SignatureCheck) -----------------------------------------------------------
 
@@ -232,7 +263,7 @@ class ContentChecker(FileChangedChecker):  # type: ignore[misc]
         self._dep = dep_manager
         self._task = task_name
 
-    def _refresh(self, file_path: str, old: object, new: list[object]) -> None:
+    def _refresh(self, file_path: str, old: object, new: FileState) -> None:
         dep, task = self._dep, self._task
         if dep is None or task is None:
             return
@@ -243,12 +274,13 @@ class ContentChecker(FileChangedChecker):  # type: ignore[misc]
         self.refreshed += 1
 
     def _digest(self, file_path: str, st: os.stat_result) -> str:
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ctime_ns, st.st_ino)
         memo = self._digests.get(file_path)
-        if memo is not None and memo[0] == st.st_mtime_ns and memo[1] == st.st_size:
-            return memo[2]
+        if memo is not None and memo[0] == stamp:
+            return memo[1]
         digest = file_digest(file_path)
         self.hashed += 1
-        self._digests[file_path] = (st.st_mtime_ns, st.st_size, digest)
+        self._digests[file_path] = (stamp, digest)
         return digest
 
 
@@ -292,9 +324,34 @@ class SignatureCheck(UptodateCalculator):  # type: ignore[misc]
         task.value_savers.append(self.saved_values)
         if values.get(SIGNATURE_KEY) != self.parts:
             return False
-        self.stale_outputs = tuple(stale_outputs(values.get(OUTPUTS_KEY)))
-        self.stale_external = tuple(stale_external(values.get(EXTERNAL_KEY)))
-        return not (self.stale_outputs or self.stale_external)
+        outputs, fresh_outputs = check_outputs(values.get(OUTPUTS_KEY))
+        external, fresh_external = check_external(values.get(EXTERNAL_KEY))
+        self.stale_outputs, self.stale_external = tuple(outputs), tuple(external)
+        if self.stale_outputs or self.stale_external:
+            return False
+        if fresh_outputs is not None or fresh_external is not None:
+            self._refresh_values(task.name, values, fresh_outputs, fresh_external)
+        return True
+
+    def _refresh_values(
+        self,
+        task: str,
+        values: Mapping[str, object],
+        outputs: list[str] | None,
+        external: Mapping[str, FileState] | None,
+    ) -> None:
+        """Save the records of installed and external files with the stats they were just
+        proven by content to go with, so the next run trusts them by stat; only when
+        ``values`` is, by identity, the record stored for ``task``."""
+        dep = self._dep_manager
+        if dep is None or stored_values(dep, task) is not values:
+            return
+        new = dict(values)
+        if outputs is not None:
+            new[OUTPUTS_KEY] = outputs
+        if external is not None:
+            new[EXTERNAL_KEY] = {k: list(v) for k, v in external.items()}
+        store_values(dep, task, new)
 
     def saved_values(self) -> dict[str, object]:
         """What the task saves on success (doit calls this via ``value_savers``, just
@@ -310,51 +367,70 @@ class SignatureCheck(UptodateCalculator):  # type: ignore[misc]
 
 
 def encode_outputs(states: Mapping[str, Sequence[int | str]]) -> list[str]:
-    """The ``OUTPUTS_KEY`` record of installed files (path -> ``[mtime_ns, size,
-    xxh3-64]``, all in one directory): ``[fingerprint, directory + "/", names,
-    states]``, the last two ``\0``-joined. doit decodes every task's values on every
-    run, and a few strings decode far faster than a mapping of lists."""
+    """The ``OUTPUTS_KEY`` record of installed files (path -> a
+    :data:`~metrale_orch.fsutil.FileState` with an xxh3-64 digest, all in one directory):
+    ``[fingerprint, directory + "/", names, states]``, the last two ``\0``-joined. doit
+    decodes every task's values on every run, and a few strings decode far faster than
+    a mapping of lists."""
     paths = sorted(states)
-    prefix = os.path.commonpath(paths) + "/" if paths else ""
+    # The common directory (of the parents: one path's commonpath would be itself).
+    prefix = os.path.commonpath([os.path.dirname(p) or "." for p in paths]) + "/" if paths else ""
     names = [p[len(prefix) :] for p in paths]
     if any("/" in n for n in names):  # not one directory: keep whole paths
         prefix, names = "", paths
-    stamps = [(int(states[p][0]), int(states[p][1])) for p in paths]
+    rows = [_state_row(states[p]) for p in paths]
     return [
-        _fingerprint(stamps),
+        _fingerprint([(r[0], r[1], r[3], r[4]) for r in rows]),
         prefix,
         "\0".join(names),
-        "\0".join(f"{states[p][0]} {states[p][1]} {states[p][2]}" for p in paths),
+        "\0".join(" ".join(str(x) for x in r) for r in rows),
     ]
 
 
-def _fingerprint(stamps: Sequence[tuple[int, int]]) -> str:
+def _state_row(state: Sequence[int | str]) -> tuple[int, int, str, int, int]:
+    """A saved state as ``(mtime_ns, size, digest, change_ns, inode)``; an older
+    three-field state gets change time 0 (never trusted by its stat)."""
+    if len(state) == 5:
+        return int(state[0]), int(state[1]), str(state[2]), int(state[3]), int(state[4])
+    return int(state[0]), int(state[1]), str(state[2]), 0, 0
+
+
+def _fingerprint(stamps: Sequence[tuple[int, int, int, int]]) -> str:
     flat = array("q", [x for stamp in stamps for x in stamp])
     return xxhash.xxh3_64_hexdigest(flat.tobytes())
 
 
-def stale_outputs(saved: object) -> list[str]:
+def _settled_fingerprint(stats: Sequence[os.stat_result], taken_ns: int) -> str:
+    return _fingerprint(
+        [(st.st_mtime_ns, st.st_size, settled_change(st, taken_ns), st.st_ino) for st in stats]
+    )
+
+
+def check_outputs(saved: object) -> tuple[list[str], list[str] | None]:
     """The installed files of a build record (``OUTPUTS_KEY``, :func:`encode_outputs`) that
-    are missing or no longer hold what was installed, sorted.
+    are missing or no longer hold what was installed (sorted), and, when every file
+    still holds it but some could not be trusted by their stat alone, the record
+    refreshed with their current stats (else None).
 
     The no-op path costs one ``stat`` per file and one hash of the stamps; only when
-    the fingerprint differs is each file compared, by content where only its mtime
-    moved. A record of another shape (a build saved before outputs were recorded)
-    counts as one stale output.
+    the fingerprint differs is each file compared, by content where its stat does not
+    prove it unchanged. A record of another shape (a build saved before outputs were
+    recorded) counts as one stale output.
     """
     if not (isinstance(saved, list) and len(saved) == 4 and all(isinstance(x, str) for x in saved)):
-        return ["(no record of the installed files)"]
+        return ["(no record of the installed files)"], None
     fingerprint, prefix, names, states = saved
     if not names:
-        return []
+        return [], None
     paths = [prefix + n for n in names.split("\0")]
     try:
         stats = [os.stat(p) for p in paths]
     except OSError:
         stats = []
-    if stats and _fingerprint([(st.st_mtime_ns, st.st_size) for st in stats]) == fingerprint:
-        return []
+    if stats and _settled_fingerprint(stats, time.time_ns()) == fingerprint:
+        return [], None
     stale: list[str] = []
+    fresh: dict[str, FileState] = {}
     for path, state in zip(paths, states.split("\0"), strict=False):
         parts = state.split(" ")
         try:
@@ -362,12 +438,27 @@ def stale_outputs(saved: object) -> list[str]:
         except OSError:
             stale.append(path)
             continue
-        same_stamp = len(parts) == 3 and st.st_size == int(parts[1])
-        if same_stamp and st.st_mtime_ns != int(parts[0]):
-            same_stamp = _digest_or_empty(file_digest, path) == parts[2]
-        if not same_stamp:
+        row = [int(x) if i != 2 else x for i, x in enumerate(parts)] if len(parts) in (3, 5) else []
+        if row and st.st_size == row[1] and not unchanged_since(st, row):
+            taken = time.time_ns()
+            if _digest_or_empty(file_digest, path) != row[2]:
+                row = []
+            else:
+                row = file_state(st, str(row[2]), taken)
+        if not row or st.st_size != row[1]:
             stale.append(path)
-    return sorted(stale)
+            continue
+        fresh[path] = row
+    if stale:
+        return sorted(stale), None
+    refreshed = encode_outputs(fresh)
+    return [], (refreshed if refreshed != saved else None)
+
+
+def stale_outputs(saved: object) -> list[str]:
+    """The installed files of an ``OUTPUTS_KEY`` record that are missing or no longer hold
+    what was installed, sorted (:func:`check_outputs`, without the refresh)."""
+    return check_outputs(saved)[0]
 
 
 def _digest_or_empty(digest_of: Callable[[str], str], path: str) -> str:
@@ -377,14 +468,18 @@ def _digest_or_empty(digest_of: Callable[[str], str], path: str) -> str:
         return ""
 
 
-def stale_external(saved: object) -> list[str]:
-    """The files of a build's ``EXTERNAL_KEY`` record (path -> ``[mtime_ns, size,
-    xxh3-128]``) that changed since the build read them, sorted."""
+def check_external(saved: object) -> tuple[list[str], dict[str, FileState] | None]:
+    """The files of a build's ``EXTERNAL_KEY`` record (path -> a
+    :data:`~metrale_orch.fsutil.FileState` with an xxh3-128 digest) that changed since the
+    build read them (sorted), and, when none did but some could not be trusted by their
+    stat alone, the record refreshed with their current stats (else None)."""
     if not isinstance(saved, Mapping):
-        return []
+        return [], None
     stale: list[str] = []
+    fresh: dict[str, FileState] = {}
+    refreshed = False
     for path, state in saved.items():
-        if not (isinstance(state, list) and len(state) == 3):
+        if not (isinstance(state, list) and len(state) in (3, 5)):
             stale.append(str(path))
             continue
         try:
@@ -392,8 +487,21 @@ def stale_external(saved: object) -> list[str]:
         except OSError:
             stale.append(str(path))
             continue
-        if st.st_mtime_ns == state[0] and st.st_size == state[1]:
+        if unchanged_since(st, state):
+            fresh[str(path)] = state
             continue
+        taken = time.time_ns()
         if st.st_size != state[1] or _digest_or_empty(file_hash, path) != state[2]:
             stale.append(str(path))
-    return sorted(stale)
+            continue
+        fresh[str(path)] = file_state(st, str(state[2]), taken)
+        refreshed = refreshed or fresh[str(path)] != state
+    if stale:
+        return sorted(stale), None
+    return [], (dict(sorted(fresh.items())) if refreshed else None)
+
+
+def stale_external(saved: object) -> list[str]:
+    """The files of an ``EXTERNAL_KEY`` record that changed since the build read them,
+    sorted (:func:`check_external`, without the refresh)."""
+    return check_external(saved)[0]

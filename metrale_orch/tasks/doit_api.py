@@ -30,7 +30,9 @@ __all__ = [
     "make_task",
     "open_dependency",
     "store_state",
+    "store_values",
     "stored_state",
+    "stored_values",
 ]
 
 
@@ -47,6 +49,20 @@ def stored_state(dep: Dependency, task: str, path: str) -> object:
 def store_state(dep: Dependency, task: str, path: str, state: object) -> None:
     """Replace the state saved for ``path`` in ``task``'s record (written when doit dumps)."""
     dep._set(task, path, state)
+
+
+#: doit's record key of a task's saved values (what ``Dependency.get_values`` reads).
+_VALUES_RECORD = "_values_:"
+
+
+def stored_values(dep: Dependency, task: str) -> object:
+    """The values saved in ``task``'s record (the very object doit holds), or None."""
+    return dep._get(task, _VALUES_RECORD)
+
+
+def store_values(dep: Dependency, task: str, values: dict[str, object]) -> None:
+    """Replace the values saved in ``task``'s record (written when doit dumps)."""
+    dep._set(task, _VALUES_RECORD, values)
 
 
 def has_record(dep: Dependency, task: str) -> bool:

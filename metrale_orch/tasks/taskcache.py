@@ -60,7 +60,7 @@ from types import MappingProxyType
 
 import xxhash
 
-from metrale_orch.fsutil import file_digest, write_atomic
+from metrale_orch.fsutil import RACY_NS, change_ns, file_digest, write_atomic
 
 __all__ = [
     "CACHE_GLOB",
@@ -83,9 +83,6 @@ SCHEMA = 4
 CACHE_GLOB = "build-tasks.*.cache"
 #: How many entries (keys) are kept; older ones are removed when one is written.
 KEEP = 4
-#: An item whose change time is this close to (or after) the moment its stat was
-#: taken is racy: compared by content, never trusted by its stat.
-RACY_NS = 2 * 10**9
 _MARSHAL_VERSION = 4
 
 _log = logging.getLogger(__name__)
@@ -111,14 +108,8 @@ class CachedSpec:
 # ------------------------------------------------------------------------------ fingerprints
 
 
-def _change_ns(st: os.stat_result) -> int:
-    # POSIX ctime is set by every change (content, entries, utime, chmod) and cannot be set
-    # back; on Windows st_ctime is the creation time, so mtime is the best there is.
-    return st.st_ctime_ns if os.name == "posix" else st.st_mtime_ns
-
-
 def _stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
-    return (st.st_mtime_ns, _change_ns(st), st.st_size, st.st_ino, stat.S_IFMT(st.st_mode))
+    return (st.st_mtime_ns, change_ns(st), st.st_size, st.st_ino, stat.S_IFMT(st.st_mode))
 
 
 def _kind(entry: os.DirEntry[str]) -> str:
