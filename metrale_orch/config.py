@@ -80,6 +80,9 @@ class Config:
     log_backups: int = 3
     #: The HIP compat directory (absolute), or None for none.
     hip_compat_dir: Path | None = None
+    #: Most compile actions run at once on this machine (default: the CPUs this process
+    #: may use, :func:`default_jobs`).
+    jobs: int = 1
     #: key -> "default" | "pyproject" | "env" | "cli"
     sources: Mapping[str, str] = field(default_factory=_empty)
 
@@ -98,6 +101,7 @@ class Config:
             "hip_compat_dir": ""
             if self.hip_compat_dir is None
             else _rel(self.hip_compat_dir, self.root),
+            "jobs": self.jobs,
             "sources": dict(sorted(self.sources.items())),
         }
 
@@ -123,12 +127,25 @@ _KEYS: dict[str, tuple[str | None, str]] = {
     "log_max_bytes": (None, "count"),
     "log_backups": (None, "count"),
     "hip_compat_dir": ("METRALE_ORCH_HIP_COMPAT_DIR", "optpath"),
+    "jobs": ("METRALE_ORCH_JOBS", "jobs"),
 }
+
+#: Kinds whose command-line value may come as text to be parsed.
+_TEXT_KINDS = ("seconds", "count", "table", "jobs")
 
 #: Environment variables the configuration reads, for documentation.
 ENV_VARS: Mapping[str, str] = MappingProxyType(
     {env: key for key, (env, _) in _KEYS.items() if env is not None}
 )
+
+
+def default_jobs() -> int:
+    """The CPUs this process may use (its affinity mask where the OS has one): the default
+    number of compiles run at once."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def default_local_cache(environ: Mapping[str, str]) -> Path:
@@ -197,6 +214,19 @@ def _convert(
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ConfigError(where, key, f"must be a non-negative integer, got {value!r}")
         return value
+    if kind == "jobs":
+        if from_text and isinstance(value, str):
+            try:
+                value = int(value)
+            except ValueError:
+                raise ConfigError(
+                    where, key, f"must be a positive integer (compiles at once), got {value!r}"
+                ) from None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(
+                where, key, f"must be a positive integer (compiles at once), got {value!r}"
+            )
+        return value
     if kind == "table":
         if from_text and isinstance(value, str):
             try:
@@ -224,6 +254,7 @@ def load_config(
     values: dict[str, Setting] = {
         "build_dir": root / "build",
         "local_cache": default_local_cache(env),
+        "jobs": default_jobs(),
     }
     sources: dict[str, str] = {k: "default" for k in _KEYS}
 
@@ -261,7 +292,8 @@ def load_config(
             "command line",
             key,
             root,
-            from_text=isinstance(value, str) and _KEYS[key][1] in ("seconds", "count", "table"),
+            from_text=isinstance(value, str)
+            and _KEYS[key][1] in ("seconds", "count", "table", "jobs"),
         )
         sources[key] = "cli"
 

@@ -43,7 +43,9 @@ generation would give. Deleting the files only costs one regeneration.
 ``task_build`` also keeps the cyclic garbage collector out of generation and
 freezes what it loaded (``gc.freeze``) so doit's later collections skip it.
 
-Nothing here runs at import time: the config below only names classes. The logic
+Nothing here runs at import time but one read of the ``jobs`` setting (doit takes its
+default ``num_process`` from ``DOIT_CONFIG`` before any task is made); the rest of the
+config only names classes. The logic
 lives in :mod:`metrale_orch.tasks`; this module only wires it to doit, and it is
 the one place with a deferred import (:func:`_generation`, see there).
 """
@@ -57,7 +59,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from metrale_orch.paths import BUILD_TASK, DB_NAME
-from metrale_orch.tasks.actions import check_action, install_sigterm_handler
+from metrale_orch.tasks.actions import (
+    check_action,
+    default_target_threads,
+    install_sigterm_handler,
+)
 from metrale_orch.tasks.checker import ContentChecker, TaskDataCodec
 from metrale_orch.tasks.creators import Generation, cached_tasks, named_failures
 from metrale_orch.tasks.dicts import TaskDict, explicit_targets
@@ -79,6 +85,12 @@ DOIT_CONFIG: dict[str, object] = {
     # `doit list` shows every target (sub-task), so `doit list --status` answers
     # "which targets are up to date" without `--all`.
     "subtasks": True,
+    # Targets run on threads, as many as compiles may run at once (`jobs`); each
+    # target's module compiles go to the process's one executor, which runs at most
+    # `jobs` of them at a time, so cores never idle while any target has work left.
+    # `doit -n N -P process` still works: its workers share `jobs` machine slots.
+    "par_type": "thread",
+    "num_process": default_target_threads(os.environ),
 }
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from metrale_orch.errors import MetraleError
 
-__all__ = ["Completed", "ProcessError", "format_argv", "run_process"]
+__all__ = ["Completed", "ProcessError", "decode_output", "format_argv", "run_process"]
 
 #: Characters of output kept in a ProcessError's ``tail``.
 TAIL_CHARS = 4000
@@ -100,12 +100,12 @@ def run_process(
     except NotADirectoryError:
         raise ProcessError(args, None, reason=f"working directory {cwd} is not usable") from None
     except subprocess.TimeoutExpired as exc:
-        output = _decode(exc.stdout) + _decode(exc.stderr)
+        output = decode_output(exc.stdout) + decode_output(exc.stderr)
         raise ProcessError(
             args, None, output=output, reason=f"timed out after {timeout:g} s"
         ) from None
     seconds = time.perf_counter() - start
-    stdout, stderr = _decode(proc.stdout), _decode(proc.stderr)
+    stdout, stderr = decode_output(proc.stdout), decode_output(proc.stderr)
     if proc.returncode != 0:
         raise ProcessError(args, proc.returncode, output=stdout + stderr)
     return Completed(
@@ -117,7 +117,8 @@ def run_process(
     )
 
 
-def _decode(data: bytes | str | None) -> str:
+def decode_output(data: bytes | str | None) -> str:
+    """A process's output as text (invalid UTF-8 replaced)."""
     if data is None:
         return ""
     if isinstance(data, str):

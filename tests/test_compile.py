@@ -20,6 +20,7 @@ from metrale_orch.build.locate import find_program
 from metrale_orch.build.memo import reset_build_memo
 from metrale_orch.build.plan import plan_target
 from metrale_orch.build.results import TargetResult
+from metrale_orch.build.session import BuildSession
 from metrale_orch.build.toolchains import builtin_toolchains
 from metrale_orch.tree import Target, discover
 from tests.support.build import (
@@ -421,7 +422,7 @@ def test_unchanged_rebuild_rewrites_nothing(
     } == stamps
 
 
-def test_identical_modules_compile_once_per_process(
+def test_identical_modules_compile_once_per_session(
     tmp_path: Path, fake: tuple[dict[str, str], Path]
 ) -> None:
     env, log = fake
@@ -430,9 +431,10 @@ def test_identical_modules_compile_once_per_process(
         {"kernels/hw1/m1/q2/only.cu": "// q2\n", "kernels/hw1/m1/q3/only.cu": "// q3\n"},
     )
     config = make_config(root, tmp_path / "cache", cache_mode="off")
+    session = BuildSession.local(jobs=2, build_dir=config.build_dir)
     results = [
         build_target(root, Target(hardware="hw1", model="m1", quant=q), config=config,
-                     cache=None, environ=env)
+                     cache=None, environ=env, session=session)
         for q in ("q2", "q3")
     ]  # fmt: skip
     # Same flags and bytes: the common modules compile for q2 only; q3 reuses them.

@@ -14,11 +14,14 @@ Each step is recorded as a span of the build profile
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import os
 import posixpath
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import wait
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
@@ -26,8 +29,20 @@ from typing import Literal
 import xxhash
 
 from metrale_orch.build.argv import env_switches
-from metrale_orch.build.deps import external_stamps, hashed_state, inputs_match, unknown_state
-from metrale_orch.build.dropped import drop_warnings, scan_drops, shadow_exemptions
+from metrale_orch.build.deps import (
+    FileHasher,
+    external_stamps,
+    hashed_state,
+    inputs_match,
+    unknown_state,
+)
+from metrale_orch.build.dropped import (
+    Drop,
+    Exemptions,
+    drop_warnings,
+    scan_drops,
+    shadow_exemptions,
+)
 from metrale_orch.build.errors import BuildConfigError, CompileError, ContainmentError
 from metrale_orch.build.hip_mirror import HipCompat, scan_hip_compat
 from metrale_orch.build.includes import (
@@ -39,12 +54,13 @@ from metrale_orch.build.includes import (
 )
 from metrale_orch.build.install import install
 from metrale_orch.build.keys import checkout_of, module_key
-from metrale_orch.build.memo import ARTEFACT_MEMO, HASHER, Obtained
+from metrale_orch.build.memo import Obtained
 from metrale_orch.build.plan import ModulePlan, PlanMemo, TargetPlan, config_docs, plan_target
 from metrale_orch.build.probe import find_toolchain
 from metrale_orch.build.profile import SpanRecorder
 from metrale_orch.build.results import ModuleResult, TargetResult
 from metrale_orch.build.run import BuildContext, run_compile, sweep_tmp
+from metrale_orch.build.session import BuildSession
 from metrale_orch.build.staging import (
     StagedTarget,
     beyond_layout,
@@ -70,6 +86,34 @@ _log = logging.getLogger("metrale_orch.build")
 Obtainment = Literal["memo", "local", "remote", "compiled"]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Prepared:
+    """A target planned and staged: everything its module pipelines share."""
+
+    layout: Layout
+    plan: TargetPlan
+    memo: PlanMemo
+    ctx: BuildContext
+    beyond: Beyond
+    exempt: Exemptions
+    drops: tuple[Drop, ...]
+    includes: Mapping[str, Includes]
+    checkout: str
+    #: The task's other file dependencies -> their digest when this build read them.
+    others: Mapping[Path, str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Obtained:
+    """One module's pipeline result: its record, bytes, the inputs its compile read."""
+
+    result: ModuleResult
+    data: bytes | None
+    inputs: tuple[tuple[str, str, str], ...]
+    outcome: Obtainment | Literal["failed"]
+    failure: CompileError | None = None
+
+
 def build_target(
     root: Path,
     target: Target | Layout,
@@ -79,191 +123,297 @@ def build_target(
     environ: Mapping[str, str],
     log: logging.Logger | None = None,
     toolchains: Mapping[str, Toolchain] | None = None,
+    session: BuildSession | None = None,
 ) -> TargetResult:
     """Stage, compile (or restore) and install one target; write its manifest last.
 
-    Compiler failures do not raise: they are logged and returned in
-    ``TargetResult.failures`` (no manifest is written then) while the other
-    modules go on. Raises ``LayoutError`` for a tree error,
-    :class:`ToolchainMissing` when the compiler is not installed,
-    :class:`ToolchainError` / :class:`BuildConfigError` / ``DefaultsError`` for
-    bad settings, :class:`~metrale_orch.build.staging.ContainmentError` for an input
-    outside ``kernels/`` and :class:`StageError` when the build dir cannot be
-    written.
+    The modules' pipelines (lookup, compile, store) run in parallel on ``session``
+    (its executor runs at most ``jobs`` compiles at once); without a session the
+    build gets a private one of ``config.jobs``. Compiler failures do not raise:
+    they are logged and returned in ``TargetResult.failures`` (no manifest is
+    written then) while the other modules go on. Raises ``LayoutError`` for a tree
+    error, :class:`ToolchainMissing` when the compiler is not installed,
+    :class:`ToolchainError` / :class:`BuildConfigError` / ``DefaultsError`` for bad
+    settings, :class:`~metrale_orch.build.staging.ContainmentError` for an input
+    outside ``kernels/``, :class:`StageError` when the build dir cannot be written,
+    and :class:`~metrale_orch.executor.ActionStopped` when the session was stopped.
     """
+    own = session is None
+    if session is None:
+        session = BuildSession.local(jobs=config.jobs, build_dir=Path(config.build_dir))
+    try:
+        return _build(Path(root), target, config, cache, environ, log or _log, toolchains, session)
+    finally:
+        if own:
+            session.close()
+
+
+def _build(
+    root: Path,
+    target: Target | Layout,
+    config: Config,
+    cache: Cache | None,
+    environ: Mapping[str, str],
+    log: logging.Logger,
+    toolchains: Mapping[str, Toolchain] | None,
+    session: BuildSession,
+) -> TargetResult:
     start = time.perf_counter()
-    started_ns = time.time_ns()
-    root = Path(root)
-    log = log or _log
     layout = target if isinstance(target, Layout) else discover(root, target)
-    name = str(layout.target)
-    rec = SpanRecorder(name)
-    if toolchains is None:
-        toolchains = load_toolchains(root)
-    build_dir = Path(config.build_dir)
-    tc = select_toolchain(layout.hardware, toolchains)
-    found = find_toolchain(
-        tc, environ, state_dir=build_dir / STATE_DIR, arch=layout.hardware.arch or ""
-    )
-    memo = PlanMemo(root)
-    compat = scan_hip_compat(root, config.hip_compat_dir) if tc.dialect == "hip" else None
-    plan = plan_target(
-        root,
-        layout,
-        toolchains,
-        identity=found.identity,
-        environ=environ,
-        memo=memo,
-        hip_compat=compat,
-    )
-    check_contained(root, layout)
-    beyond = _beyond_layout(root, layout, compat)
-    exempt = shadow_exemptions((memo.rel(p), doc) for p, doc in config_docs(layout))
-    if exempt.problems:
-        raise BuildConfigError(*exempt.problems[0])
-    # What the task's other file dependencies (manifests, toolchain file) held when
-    # this build read them; compared again at the end (saved state = what was built).
-    sources = set(layout.inputs())
-    others = {p: _digest_or_empty(p) for p in plan.file_deps if p not in sources}
-    tmp_root = build_dir / TMP_DIR
-    sweep_tmp(tmp_root, log)
-    layer_includes = _layer_includes(root, layout) if beyond.files else {}
-    rec.add("plan", started_ns)
-    staging_ns = time.time_ns()
-    staged = stage(
-        layout,
-        stage_dir(build_dir, *_parts(layout.target)),
-        beyond.files,
-        dirs=[f"{TREE_DIR}/{d}" for d in _layer_dirs(root, layout)] if beyond.files else (),
-    )
-    # SPEC 3.3.2: what leaf forks drop from their common namesakes, read from the stage
-    # with each root's own -I directories (a leaf module's are its compile's).
-    argv_of = {m.source: m.argv for m in plan.modules}
-    drops = scan_drops(
-        layout,
-        staged,
-        {m.stem: m.name for m in plan.modules},
-        dirs=lambda cwd, entry: include_dirs(cwd, argv_of.get(entry.source, plan.flags)),
-    )
-    includes = scan_includes(staged)
-    if layer_includes:
-        # Only the modules that reach a mirrored file get the extra -I (and a key that says
-        # so): the others keep sharing their keys with the same module of other targets.
-        layer_includes = _reaching_tree(plan, staged, includes, layer_includes)
-    ctx = BuildContext(
-        plan=plan,
-        staged=staged,
-        program=found.program,
-        roots=found.roots,
-        system_dirs=found.system_dirs,
-        cache=cache,
-        environ=environ,
-        tmp_root=tmp_root,
-        log=log,
-        layer_includes=layer_includes,
-        words={
-            cwd: effective_flags(
-                plan,
-                os.path.abspath(staged.dir / cwd),
-                env_switches(plan.toolchain, plan.env).extra,
+    rec = SpanRecorder(str(layout.target))
+    with rec.span("build") as totals:
+        if toolchains is None:
+            toolchains = load_toolchains(root)
+        prep = _prepare(root, layout, config, cache, environ, log, toolchains, session, rec)
+        obtained = _obtain_all(prep, config.cache_namespace, session, rec)
+        with rec.span("install") as install_args:
+            outputs = {o.result.artefact: o.data for o in obtained if o.data is not None}
+            failures = tuple(o.failure for o in obtained if o.failure is not None)
+            manifest_rel, installed = install(
+                root,
+                prep.plan,
+                layout,
+                [o.result for o in obtained],
+                outputs,
+                failed=bool(failures),
+                build_dir=Path(config.build_dir),
+                dropped=prep.drops,
             )
-            for cwd in {m.cwd for m in plan.modules}
-        },
-    )
-    checkout = checkout_of(plan, staged)
-    rec.add("stage", staging_ns)
-    counts = {"compiled": 0, "local": 0, "remote": 0, "memo": 0, "failed": 0}
-    results: list[ModuleResult] = []
-    failures: list[CompileError] = []
-    outputs: dict[str, bytes] = {}
-    read: list[tuple[str, str, str]] = []
-    for module in plan.modules:
-        t0 = time.perf_counter()
-        key_ns = time.time_ns()
-        key = module_key(
-            config.cache_namespace,
-            plan,
-            module,
-            staged=staged,
-            includes=includes,
-            words=ctx.words.get(module.cwd, (plan.flags, ())),
-            layer_include=ctx.layer_includes.get(module.staged, ""),
-            checkout=checkout,
-            hasher=HASHER,
+            install_args["bytes"] = sum(len(d) for d in outputs.values())
+        counts = {"compiled": 0, "local": 0, "remote": 0, "memo": 0, "failed": 0}
+        for o in obtained:
+            counts[o.outcome] += 1
+        totals.update(
+            modules=len(obtained),
+            compiled=counts["compiled"],
+            local=counts["local"] + counts["memo"],
+            remote=counts["remote"],
+            failed=counts["failed"],
         )
-        data: bytes | None
-        outcome: Obtainment | Literal["failed"]
-        rec.add("key", key_ns, module=module.name, key=key)
-        try:
-            data, outcome, inputs = _obtain(ctx, module, key, rec)
-        except CompileError as exc:
-            failures.append(exc)
-            log.error("%s", exc)
-            data, outcome, inputs = None, "failed", ()
-        counts[outcome] += 1
-        if data is not None:
-            outputs[module.artefact] = data
-        read.extend(inputs)
-        results.append(
-            ModuleResult(
-                name=module.name,
-                stem=module.stem,
-                source=module.source_rel,
-                artefact=module.artefact,
-                key=key,
-                outcome="local" if outcome == "memo" else outcome,
-                xxh3="" if data is None else xxhash.xxh3_128_hexdigest(data),
-                seconds=time.perf_counter() - t0,
-            )
-        )
-    install_ns = time.time_ns()
-    manifest_rel, installed = install(
-        root,
-        plan,
-        layout,
-        results,
-        outputs,
-        failed=bool(failures),
-        build_dir=build_dir,
-        dropped=drops,
-    )
-    rec.add("install", install_ns, bytes=sum(len(d) for d in outputs.values()))
     log.info(
         "%s: %d module(s): %s%s",
-        name,
-        len(results),
+        layout.target,
+        len(obtained),
         ", ".join(f"{k} {v}" for k, v in counts.items() if v),
         " (FAILED)" if failures else "",
     )
+    return _target_result(
+        root, prep, obtained, counts, toolchains, installed, manifest_rel, session, rec, start
+    )
+
+
+def _prepare(
+    root: Path,
+    layout: Layout,
+    config: Config,
+    cache: Cache | None,
+    environ: Mapping[str, str],
+    log: logging.Logger,
+    toolchains: Mapping[str, Toolchain],
+    session: BuildSession,
+    rec: SpanRecorder,
+) -> _Prepared:
+    """Plan the target (SPEC 3.2), check what it reaches, stage it (SPEC 3.3)."""
+    build_dir = Path(config.build_dir)
+    with rec.span("plan"):
+        tc = select_toolchain(layout.hardware, toolchains)
+        found = find_toolchain(
+            tc, environ, state_dir=build_dir / STATE_DIR, arch=layout.hardware.arch or ""
+        )
+        memo = PlanMemo(root)
+        compat = scan_hip_compat(root, config.hip_compat_dir) if tc.dialect == "hip" else None
+        plan = plan_target(
+            root,
+            layout,
+            toolchains,
+            identity=found.identity,
+            environ=environ,
+            memo=memo,
+            hip_compat=compat,
+        )
+        check_contained(root, layout)
+        beyond = _beyond_layout(root, layout, compat)
+        exempt = shadow_exemptions((memo.rel(p), doc) for p, doc in config_docs(layout))
+        if exempt.problems:
+            raise BuildConfigError(*exempt.problems[0])
+        # What the task's other file dependencies (manifests, toolchain file) held when
+        # this build read them; compared again at the end (saved state = what was built).
+        sources = set(layout.inputs())
+        others = {p: _digest_or_empty(p) for p in plan.file_deps if p not in sources}
+        tmp_root = build_dir / TMP_DIR
+        if session.first_sweep(os.fspath(tmp_root)):
+            sweep_tmp(tmp_root, log)
+        layer_includes = _layer_includes(root, layout) if beyond.files else {}
+    with rec.span("stage"):
+        staged = stage(
+            layout,
+            stage_dir(build_dir, *_parts(layout.target)),
+            beyond.files,
+            dirs=[f"{TREE_DIR}/{d}" for d in _layer_dirs(root, layout)] if beyond.files else (),
+        )
+        # SPEC 3.3.2: what leaf forks drop from their common namesakes, read from the stage
+        # with each root's own -I directories (a leaf module's are its compile's).
+        argv_of = {m.source: m.argv for m in plan.modules}
+        drops = scan_drops(
+            layout,
+            staged,
+            {m.stem: m.name for m in plan.modules},
+            dirs=lambda cwd, entry: include_dirs(cwd, argv_of.get(entry.source, plan.flags)),
+        )
+        includes = scan_includes(staged)
+        if layer_includes:
+            # Only the modules that reach a mirrored file get the extra -I (and a key that
+            # says so): the others keep sharing their keys with the same module of others.
+            layer_includes = _reaching_tree(plan, staged, includes, layer_includes)
+        ctx = BuildContext(
+            plan=plan,
+            staged=staged,
+            program=found.program,
+            roots=found.roots,
+            system_dirs=found.system_dirs,
+            cache=cache,
+            environ=environ,
+            tmp_root=tmp_root,
+            log=log,
+            session=session,
+            layer_includes=layer_includes,
+            words={
+                cwd: effective_flags(
+                    plan,
+                    os.path.abspath(staged.dir / cwd),
+                    env_switches(plan.toolchain, plan.env).extra,
+                )
+                for cwd in {m.cwd for m in plan.modules}
+            },
+        )
+        checkout = checkout_of(plan, staged)
+    return _Prepared(
+        layout=layout,
+        plan=plan,
+        memo=memo,
+        ctx=ctx,
+        beyond=beyond,
+        exempt=exempt,
+        drops=tuple(drops),
+        includes=includes,
+        checkout=checkout,
+        others=others,
+    )
+
+
+def _obtain_all(
+    prep: _Prepared, namespace: str, session: BuildSession, rec: SpanRecorder
+) -> list[_Obtained]:
+    """Key every module (in order), then run their pipelines on the session's threads, in
+    this context (the cache's per-task statistics follow); results in plan order.
+
+    Every pipeline has ended when this returns or raises: an error other than a
+    compile failure (a full disk, a stopped session) is raised after the others
+    finished; an interrupt stops the session's compiles first."""
+    ctx = prep.ctx
+    keyed: list[tuple[ModulePlan, str]] = []
+    for module in prep.plan.modules:
+        with rec.span("key", module=module.name) as args:
+            key = module_key(
+                namespace,
+                prep.plan,
+                module,
+                staged=ctx.staged,
+                includes=prep.includes,
+                words=ctx.words.get(module.cwd, (prep.plan.flags, ())),
+                layer_include=ctx.layer_includes.get(module.staged, ""),
+                checkout=prep.checkout,
+                hasher=session.hasher,
+            )
+            args["key"] = key
+        keyed.append((module, key))
+    expected = {key: session.expected.get(key, 0.0) for _m, key in keyed}
+    session.progress.add(len(keyed), sum(expected.values()))
+    futures = [
+        session.pool.submit(contextvars.copy_context().run, _pipeline, ctx, module, key, rec)
+        for module, key in keyed
+    ]
+    try:
+        wait(futures)
+    except BaseException:
+        session.stop()
+        wait(futures, timeout=30)
+        raise
+    for future in futures:
+        exc = future.exception()
+        if exc is not None:
+            raise exc
+    return [f.result() for f in futures]
+
+
+def _pipeline(ctx: BuildContext, module: ModulePlan, key: str, rec: SpanRecorder) -> _Obtained:
+    """One module: from the memo or the cache, else compiled (on a session thread)."""
+    t0 = time.perf_counter()
+    progress = ctx.session.progress
+    expected = ctx.session.expected.get(key, 0.0)
+    progress.started()
+    outcome: Obtainment | Literal["failed"] = "failed"
+    failure: CompileError | None = None
+    try:
+        data, outcome, inputs = _obtain(ctx, module, key, rec, expected)
+    except CompileError as exc:
+        failure = exc
+        ctx.log.error("%s", exc)
+        data, inputs = None, ()
+    finally:
+        progress.finished(outcome, expected)
+    result = ModuleResult(
+        name=module.name,
+        stem=module.stem,
+        source=module.source_rel,
+        artefact=module.artefact,
+        key=key,
+        outcome="local" if outcome == "memo" else outcome,
+        xxh3="" if data is None else xxhash.xxh3_128_hexdigest(data),
+        seconds=time.perf_counter() - t0,
+    )
+    return _Obtained(result=result, data=data, inputs=inputs, outcome=outcome, failure=failure)
+
+
+def _target_result(
+    root: Path,
+    prep: _Prepared,
+    obtained: list[_Obtained],
+    counts: Mapping[str, int],
+    toolchains: Mapping[str, Toolchain],
+    installed: Mapping[Path, FileState],
+    manifest_rel: str,
+    session: BuildSession,
+    rec: SpanRecorder,
+    start: float,
+) -> TargetResult:
+    """What the build returns: outcomes, the states to save, warnings, spans."""
+    memo, staged, layout = prep.memo, prep.ctx.staged, prep.layout
     built: dict[str, str] = {memo.rel.dep(p): d for p, d in staged.source_digests.items()}
-    for path, before in others.items():
+    for path, before in prep.others.items():
         # Changed while this build ran: "" never matches, so the next run rebuilds.
         built[memo.rel.dep(path)] = before if _digest_or_empty(path) == before else ""
     build_keys = sorted({t.flags_key for t in toolchains.values()})
-    rec.add(
-        "build",
-        started_ns,
-        modules=len(results),
-        compiled=counts["compiled"],
-        local=counts["local"] + counts["memo"],
-        remote=counts["remote"],
-        failed=counts["failed"],
-    )
+    read = [i for o in obtained for i in o.inputs]
+    name = str(layout.target)
     return TargetResult(
         target=name,
-        modules=tuple(results),
-        failures=tuple(failures),
-        cache_stats=MappingProxyType(counts),
+        modules=tuple(o.result for o in obtained),
+        failures=tuple(o.failure for o in obtained if o.failure is not None),
+        cache_stats=MappingProxyType(dict(counts)),
         seconds=time.perf_counter() - start,
         manifest=manifest_rel,
         warnings=(
             *read_manifest_warnings(root, layout, build_keys=build_keys),
-            *drop_warnings(name, drops, exempt, root),
+            *drop_warnings(name, list(prep.drops), prep.exempt, root),
         ),
         inputs=MappingProxyType(dict(sorted(built.items()))),
         outputs=MappingProxyType({memo.rel.dep(p): st for p, st in sorted(installed.items())}),
         external=MappingProxyType(
-            {**external_stamps(read, HASHER), **_beyond_stamps(root, beyond, staged)}
+            {
+                **external_stamps(read, session.hasher),
+                **_beyond_stamps(root, prep.beyond, staged, session.hasher),
+            }
         ),
         spans=rec.spans,
     )
@@ -333,7 +483,9 @@ def _reaching_tree(
     return out
 
 
-def _beyond_stamps(root: Path, beyond: Beyond, staged: StagedTarget) -> dict[str, FileState]:
+def _beyond_stamps(
+    root: Path, beyond: Beyond, staged: StagedTarget, hasher: FileHasher
+) -> dict[str, FileState]:
     """``EXTERNAL_KEY`` entries of the files beyond the layout (root-relative): checked by
     every run, so an edit of a cross-model header makes the target stale even though the
     task's file dependencies (from generation) do not list it."""
@@ -341,13 +493,13 @@ def _beyond_stamps(root: Path, beyond: Beyond, staged: StagedTarget) -> dict[str
     for rel, path in beyond.files.items():
         built = staged.hashes.get(f"{TREE_DIR}/{rel}", "")
         shown = os.path.relpath(path, root).replace(os.sep, "/")
-        same = HASHER.digest(str(path)) == built
-        out[shown] = hashed_state(HASHER, str(path), built) if same else unknown_state(built)
+        same = hasher.digest(str(path)) == built
+        out[shown] = hashed_state(hasher, str(path), built) if same else unknown_state(built)
     return out
 
 
 def _obtain(
-    ctx: BuildContext, module: ModulePlan, key: str, rec: SpanRecorder
+    ctx: BuildContext, module: ModulePlan, key: str, rec: SpanRecorder, expected: float
 ) -> tuple[bytes, Obtainment, tuple[tuple[str, str, str], ...]]:
     """The artefact bytes of ``module``, how they were obtained (memo|local|remote|compiled)
     and the inputs its compile read.
@@ -355,12 +507,13 @@ def _obtain(
     A memoised or cached artefact is taken only when every file its compile
     read still has the content it had (:func:`metrale_orch.build.deps.inputs_match`);
     otherwise the module is compiled and the new entry replaces the local one.
-    Records the ``lookup`` span (which includes waiting for another worker
-    compiling the same key), then ``compile`` and ``store`` on a miss, in ``rec``.
+    One pipeline per key at a time in this session, and one per key across processes
+    while a cache is open (its key lock): a target whose module shares a key with one
+    in flight waits for that result and verifies it. Records the ``lookup`` span
+    (which includes that wait), then ``compile`` and ``store`` on a miss, in ``rec``.
     Raises :class:`CompileError` when the compiler fails.
     """
-    plan, log = ctx.plan, ctx.log
-    lookup_ns = time.time_ns()
+    session = ctx.session
 
     def still_valid(inputs: object) -> bool:
         return inputs_match(
@@ -368,89 +521,95 @@ def _obtain(
             module_cwd=module.cwd,
             staged=ctx.staged.hashes,
             roots=ctx.roots,
-            hasher=HASHER,
+            hasher=session.hasher,
         )
 
-    with ARTEFACT_MEMO.claim(key):
-        got = ARTEFACT_MEMO.get(key, module.artefact)
-        if got is not None and still_valid([list(i) for i in got.inputs]):
-            rec.add(
-                "lookup",
-                lookup_ns,
-                module=module.name,
-                outcome="local",
-                source="memo",
-                bytes=len(got.data),
-                key=key,
-            )
-            return got.data, "memo", got.inputs
-        cache = ctx.cache
-        lock = cache.key_lock(key) if cache is not None else contextlib.nullcontext()
-        with lock:
-            rejected = False
-
-            def accept(meta: Mapping[str, object]) -> bool:
-                nonlocal rejected
-                ok = still_valid(meta.get("inputs"))
-                rejected = rejected or not ok
-                return ok
-
-            hit = cache.get(key, accept=accept) if cache is not None else None
-            if hit is not None and module.artefact in hit.outputs:
-                data = bytes(hit.outputs[module.artefact])
-                tier: Obtainment = "remote" if hit.tier == "remote" else "local"
-                inputs = _as_inputs(hit.meta.get("inputs"))
-                ARTEFACT_MEMO.put(key, module.artefact, Obtained(data, inputs))
-                log.info("%s: %s from the %s cache (%s)", plan.target, module.name, hit.tier, key)
-                rec.add(
-                    "lookup",
-                    lookup_ns,
-                    module=module.name,
-                    outcome=tier,
-                    source="cache",
-                    bytes=len(data),
-                    key=key,
-                )
+    with session.memo.claim(key), contextlib.ExitStack() as held:
+        with rec.span("lookup", module=module.name, key=key) as args:
+            got = session.memo.get(key, module.artefact)
+            if got is not None and still_valid([list(i) for i in got.inputs]):
+                args.update(outcome="local", source="memo", bytes=len(got.data))
+                return got.data, "memo", got.inputs
+            if ctx.cache is not None:
+                held.enter_context(ctx.cache.key_lock(key))  # until stored, see above
+            hit, rejected = _cache_lookup(ctx, module, key, still_valid)
+            if hit is not None:
+                data, tier, inputs = hit
+                args.update(outcome=tier, source="cache", bytes=len(data))
                 return data, tier, inputs
-            if rejected:
-                log.info(
-                    "%s: %s: the cached entry %s was compiled from other inputs; recompiling",
-                    plan.target,
-                    module.name,
-                    key,
-                )
-            rec.add("lookup", lookup_ns, module=module.name, outcome="miss", key=key)
-            compile_ns = time.time_ns()
-            try:
-                data, seconds, inputs = run_compile(ctx, module)
-            except CompileError:
-                rec.add("compile", compile_ns, module=module.name, outcome="failed", key=key)
-                raise
-            rec.add(
-                "compile",
-                compile_ns,
-                module=module.name,
-                outcome="compiled",
-                bytes=len(data),
-                key=key,
+            args["outcome"] = "miss"
+        data, inputs = _compile_and_store(ctx, module, key, rec, expected, rejected)
+        return data, "compiled", inputs
+
+
+def _cache_lookup(
+    ctx: BuildContext,
+    module: ModulePlan,
+    key: str,
+    still_valid: Callable[[object], bool],
+) -> tuple[tuple[bytes, Obtainment, tuple[tuple[str, str, str], ...]] | None, bool]:
+    """The cached artefact of ``key`` whose recorded inputs still hold (or None), and
+    whether an entry was rejected for other inputs."""
+    cache = ctx.cache
+    if cache is None:
+        return None, False
+    rejected = False
+
+    def accept(meta: Mapping[str, object]) -> bool:
+        nonlocal rejected
+        ok = still_valid(meta.get("inputs"))
+        rejected = rejected or not ok
+        return ok
+
+    hit = cache.get(key, accept=accept)
+    if hit is not None and module.artefact in hit.outputs:
+        data = bytes(hit.outputs[module.artefact])
+        tier: Obtainment = "remote" if hit.tier == "remote" else "local"
+        inputs = _as_inputs(hit.meta.get("inputs"))
+        ctx.session.memo.put(key, module.artefact, Obtained(data, inputs))
+        ctx.log.info("%s: %s from the %s cache (%s)", ctx.plan.target, module.name, hit.tier, key)
+        return (data, tier, inputs), rejected
+    if rejected:
+        ctx.log.info(
+            "%s: %s: the cached entry %s was compiled from other inputs; recompiling",
+            ctx.plan.target,
+            module.name,
+            key,
+        )
+    return None, rejected
+
+
+def _compile_and_store(
+    ctx: BuildContext,
+    module: ModulePlan,
+    key: str,
+    rec: SpanRecorder,
+    expected: float,
+    replace: bool,
+) -> tuple[bytes, tuple[tuple[str, str, str], ...]]:
+    """Compile ``module`` (``compile`` span), publish it to the cache (``store``) and the
+    session's memo. Raises :class:`CompileError`."""
+    plan = ctx.plan
+    with rec.span("compile", module=module.name, key=key) as args:
+        args["outcome"] = "failed"
+        data, seconds, inputs = run_compile(ctx, module, expected=expected)
+        args.update(outcome="compiled", bytes=len(data))
+    if ctx.cache is not None:
+        with rec.span("store", module=module.name, bytes=len(data), key=key):
+            ctx.cache.put(
+                key,
+                {module.artefact: data},
+                {
+                    "command": list(module.argv),
+                    "toolchain": {"name": plan.toolchain.name, "identity": plan.identity},
+                    "producer": f"metrale-orch {plan.target} {module.name}",
+                    "compile_seconds": round(seconds, 6),
+                    "inputs": [list(i) for i in inputs],
+                },
+                replace=replace,
             )
-            if cache is not None:
-                store_ns = time.time_ns()
-                cache.put(
-                    key,
-                    {module.artefact: data},
-                    {
-                        "command": list(module.argv),
-                        "toolchain": {"name": plan.toolchain.name, "identity": plan.identity},
-                        "producer": f"metrale-orch {plan.target} {module.name}",
-                        "compile_seconds": round(seconds, 6),
-                        "inputs": [list(i) for i in inputs],
-                    },
-                    replace=rejected,
-                )
-                rec.add("store", store_ns, module=module.name, bytes=len(data), key=key)
-            ARTEFACT_MEMO.put(key, module.artefact, Obtained(data, inputs))
-            return data, "compiled", inputs
+    ctx.session.memo.put(key, module.artefact, Obtained(data, inputs))
+    return data, inputs
 
 
 def _as_inputs(value: object) -> tuple[tuple[str, str, str], ...]:

@@ -19,11 +19,12 @@ start, pid, tid, name), so equal spans give equal bytes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -36,8 +37,10 @@ __all__ = [
     "CompileTime",
     "ProfileSummary",
     "Span",
+    "SpanArgs",
     "SpanRecorder",
     "Step",
+    "compile_times",
     "encode_profile",
     "read_profile",
     "summarize_profile",
@@ -48,6 +51,8 @@ __all__ = [
 Step = Literal["build", "plan", "stage", "key", "lookup", "compile", "store", "install"]
 #: What a span's ``args`` hold: the outcome, byte counts, the cache key.
 ArgValue = str | int | float
+#: The args of a span being recorded (:meth:`SpanRecorder.span`).
+SpanArgs = dict[str, ArgValue]
 
 _STEPS: frozenset[str] = frozenset(get_args(Step))
 #: ``otherData.version`` of the file; bumped when the events' meaning changes.
@@ -145,7 +150,8 @@ class SpanRecorder:
         self._spans: list[Span] = []
 
     def add(self, step: Step, start_ns: int, *, module: str = "", **args: ArgValue) -> None:
-        """Record ``step`` as running from ``start_ns`` (``time.time_ns()``) until now."""
+        """Record ``step`` as running from ``start_ns`` (``time.time_ns()``) until now, on
+        the calling thread's lane (a target's modules run on several threads at once)."""
         self._spans.append(
             Span(
                 step=step,
@@ -154,10 +160,22 @@ class SpanRecorder:
                 start_ns=start_ns,
                 end_ns=time.time_ns(),
                 pid=self.pid,
-                tid=self.tid,
+                tid=threading.get_native_id(),
                 args=MappingProxyType(args),
             )
         )
+
+    @contextlib.contextmanager
+    def span(self, step: Step, *, module: str = "", **args: ArgValue) -> Iterator[SpanArgs]:
+        """Record ``step`` for the ``with`` block; the yielded dict's items (e.g. an
+        outcome known only at the end) go into the span's args. Recorded when the block
+        raises too."""
+        start = time.time_ns()
+        extra: SpanArgs = dict(args)
+        try:
+            yield extra
+        finally:
+            self.add(step, start, module=module, **extra)
 
     @property
     def spans(self) -> tuple[Span, ...]:
@@ -348,3 +366,19 @@ def _num(value: object) -> int:
 
 def _list(value: object) -> list[object]:
     return value if isinstance(value, list) else []
+
+
+def compile_times(events: Iterable[Mapping[str, object]]) -> dict[str, float]:
+    """Seconds of each successful compile of a profile, by cache key (pure): how long the
+    same work is expected to take next time."""
+    out: dict[str, float] = {}
+    for event in events:
+        if event.get("ph") != "X" or event.get("cat") != "compile":
+            continue
+        args = event.get("args")
+        if not isinstance(args, Mapping) or args.get("outcome") != "compiled":
+            continue
+        key = args.get("key")
+        if isinstance(key, str) and key:
+            out[key] = max(out.get(key, 0.0), _num(event.get("dur", 0)) / 1e6)
+    return out

@@ -16,10 +16,12 @@ import os
 import posixpath
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from metrale_orch.build.argv import compile_argv, env_switches, link_argv
 from metrale_orch.build.deps import parse_depfile, record_inputs
@@ -32,11 +34,14 @@ from metrale_orch.build.hip_mirror import (
     write_mirror,
 )
 from metrale_orch.build.includes import include_dirs, read_files_of, resolve_closure, scan_includes
-from metrale_orch.build.memo import HASHER, TMP_SWEPT
 from metrale_orch.build.plan import ModulePlan, TargetPlan
 from metrale_orch.build.staging import StagedTarget
 from metrale_orch.cache import Cache
-from metrale_orch.proc import ProcessError, format_argv, run_process
+
+if TYPE_CHECKING:
+    from metrale_orch.build.session import BuildSession
+from metrale_orch.executor import Action
+from metrale_orch.proc import ProcessError, format_argv
 
 __all__ = ["COMPILE_TIMEOUT", "BuildContext", "run_compile", "sweep_tmp"]
 
@@ -57,23 +62,25 @@ class BuildContext:
     environ: Mapping[str, str]
     tmp_root: Path
     log: logging.Logger
+    #: The run's shared state: the executor, the memo, the file hasher.
+    session: BuildSession
     #: Module working directory -> :func:`effective_flags` there.
     words: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = field(default_factory=dict)
     #: Staged source of a module -> the ``-I`` that makes ``.tree/<its layer directory>``
     #: its layer directory (only when the target reaches files beyond its layout).
     layer_includes: Mapping[str, str] = field(default_factory=dict)
+    #: Held while a module writes the stage's HIP mirror (the target's modules compile
+    #: in parallel; the mirror and its record are one directory).
+    mirror_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def sweep_tmp(tmp_root: Path, log: logging.Logger) -> None:
-    """Remove leftovers of killed compiles under ``tmp_root`` (once per process).
+    """Remove leftovers of killed compiles under ``tmp_root`` (once per session: the
+    caller asks :meth:`BuildSession.first_sweep`).
 
     A compile's directory is ``<module>.<pid>.<random>``; it is a leftover when
     that process no longer runs, or when it is older than a day.
     """
-    key = os.fspath(tmp_root)
-    if key in TMP_SWEPT:
-        return
-    TMP_SWEPT.add(key)
     try:
         entries = list(os.scandir(tmp_root))
     except OSError:
@@ -107,7 +114,7 @@ def _alive(pid: int) -> bool:
 
 
 def run_compile(
-    ctx: BuildContext, module: ModulePlan
+    ctx: BuildContext, module: ModulePlan, *, expected: float = 0.0
 ) -> tuple[bytes, float, tuple[tuple[str, str, str], ...]]:
     """Compile one module in its staged role directory into a temporary directory.
 
@@ -143,7 +150,8 @@ def run_compile(
         source = module.entry
         if compat is not None:
             try:
-                write_mirror(staged.dir, mirror_files(staged.hashes, module.cwd), staged.hashes)
+                with ctx.mirror_lock:
+                    write_mirror(staged.dir, mirror_files(staged.hashes, module.cwd), staged.hashes)
             except OSError as exc:
                 raise StageError(
                     target, str(staged.dir / MIRROR_DIR), f"cannot write the HIP mirror: {exc}"
@@ -186,8 +194,16 @@ def run_compile(
             log.info(
                 "%s: compile %s: (cd %s &&) %s", target, module.name, module.cwd, format_argv(step)
             )
+            action = Action(
+                argv=tuple(step),
+                cwd=cwd,
+                env=ctx.environ,
+                timeout=COMPILE_TIMEOUT,
+                expected=expected,
+                label=f"{target} {module.name}",
+            )
             try:
-                done = run_process(step, cwd=cwd, env=ctx.environ, timeout=COMPILE_TIMEOUT)
+                done = ctx.session.executor.run(action)
             except ProcessError as exc:
                 raise CompileError(
                     target=target,
@@ -269,7 +285,7 @@ def run_compile(
             module_cwd=module.cwd,
             staged=staged.hashes,
             roots=ctx.roots,
-            hasher=HASHER,
+            hasher=ctx.session.hasher,
             system_dirs=ctx.system_dirs,
         )
         inputs = tuple((k, p, h) for k, p, h in recorded)

@@ -9,7 +9,11 @@ cache, and a small JSON-ready value per task that the reporter aggregates.
 
 Per-process state (:data:`_PROCESS`): the opened cache, so a remote tier's
 circuit breaker and connections live once per worker rather than once per
-target. It is explicit and resettable (:func:`reset_process_state`).
+target, and the build session (:class:`~metrale_orch.build.session.BuildSession`:
+the executor that runs at most ``jobs`` compiles at once, the artefacts already
+obtained), which every target built by this process shares. It is explicit and
+resettable (:func:`reset_process_state`). Ctrl-C and SIGTERM stop the session's
+compiles at once (:func:`install_sigterm_handler`).
 
 Deferred imports: doit imports this module on every invocation (the task dicts
 name its functions), and a no-op run calls none of them; so the build step, the
@@ -20,12 +24,15 @@ and nowhere else.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import signal
 import sys
 import threading
+import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import FrameType, ModuleType
 from typing import TYPE_CHECKING
@@ -46,6 +53,7 @@ from metrale_orch.tree import Target
 
 if TYPE_CHECKING:
     from metrale_orch.build.results import TargetResult
+    from metrale_orch.build.session import BuildSession
     from metrale_orch.cache import Cache, CacheStats
 
 __all__ = [
@@ -55,16 +63,25 @@ __all__ = [
     "check_action",
     "clean_action",
     "configure_build_log",
+    "default_target_threads",
     "error_action",
     "install_sigterm_handler",
+    "progress_counts",
     "reset_process_state",
     "skip_action",
+    "stop_builds",
+    "wait_for_builds",
 ]
 
 _log = logging.getLogger("metrale_orch.build")
 
 #: Per-process state; see the module docstring.
 _PROCESS: dict[str, tuple[tuple[str, ...], Cache]] = {}
+_SESSIONS: dict[tuple[str, int], BuildSession] = {}
+_SESSIONS_LOCK = threading.Lock()
+#: Build actions running in this process (doit's target threads), and its condition.
+_ACTIVE = [0]
+_ACTIVE_CHANGED = threading.Condition()
 
 
 class BuildFailed(TaskFailed):  # type: ignore[misc]
@@ -79,19 +96,76 @@ class BuildFailed(TaskFailed):  # type: ignore[misc]
 
 
 def reset_process_state() -> None:
-    """Forget this process's cache and log set-up (tests)."""
+    """Forget this process's cache, build session and log set-up (tests)."""
     _PROCESS.clear()
+    with _SESSIONS_LOCK:
+        sessions = list(_SESSIONS.values())
+        _SESSIONS.clear()
+    for session in sessions:
+        session.close()
+
+
+def progress_counts() -> tuple[dict[str, float], int]:
+    """The live module counts of this process's build sessions, added up, and the compiles
+    they may run at once (for the progress line)."""
+    total: dict[str, float] = {}
+    jobs = 0
+    with _SESSIONS_LOCK:
+        sessions = list(_SESSIONS.values())
+    for session in sessions:
+        jobs = max(jobs, session.executor.jobs)
+        for name, value in session.progress.snapshot().items():
+            total[name] = total.get(name, 0) + value
+        total["in_flight"] = total.get("in_flight", 0) + session.executor.running
+    return total, jobs
+
+
+def wait_for_builds(timeout: float) -> bool:
+    """Wait until no build action runs in this process (after :func:`stop_builds`, so
+    a target thread installing its outputs finishes that, or stops, before the
+    process exits); True when none runs."""
+    deadline = time.monotonic() + timeout
+    with _ACTIVE_CHANGED:
+        while _ACTIVE[0]:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            _ACTIVE_CHANGED.wait(left)
+    return True
+
+
+@contextlib.contextmanager
+def _active() -> Iterator[None]:
+    with _ACTIVE_CHANGED:
+        _ACTIVE[0] += 1
+    try:
+        yield
+    finally:
+        with _ACTIVE_CHANGED:
+            _ACTIVE[0] -= 1
+            _ACTIVE_CHANGED.notify_all()
+
+
+def stop_builds() -> None:
+    """Stop every compile this process runs and refuse the rest (Ctrl-C, SIGTERM)."""
+    with _SESSIONS_LOCK:
+        sessions = list(_SESSIONS.values())
+    for session in sessions:
+        session.stop()
 
 
 # ------------------------------------------------------------------------------ signals
 
 
 def _sigterm(signum: int, frame: FrameType | None) -> None:
+    stop_builds()
     raise Interrupted(signum)
 
 
 def install_sigterm_handler() -> bool:
-    """Make SIGTERM behave like Ctrl-C in this process; returns whether it was installed.
+    """Make SIGTERM behave like Ctrl-C in this process, and both stop every compile in
+    flight at once (whole process groups, :func:`stop_builds`) whichever thread runs
+    it; returns whether it was installed.
 
     doit writes its dependency database only when a run ends; on
     ``KeyboardInterrupt`` its runner still ends the run normally (its
@@ -104,9 +178,9 @@ def install_sigterm_handler() -> bool:
     """
     if threading.current_thread() is not threading.main_thread():
         return False
-    if signal.getsignal(signal.SIGTERM) is _sigterm:
-        return True
-    signal.signal(signal.SIGTERM, _sigterm)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        if signal.getsignal(signum) is not _sigterm:
+            signal.signal(signum, _sigterm)
     return True
 
 
@@ -163,6 +237,37 @@ def _cache(config: Config, cache_mod: ModuleType) -> Cache:
     return cache
 
 
+def default_target_threads(environ: Mapping[str, str]) -> int:
+    """How many targets doit runs at once by default: the ``jobs`` setting of the project
+    in the working directory (1 when its configuration cannot be read: the build then
+    reports why)."""
+    try:
+        return load_config(Path.cwd(), environ).jobs
+    except MetraleError:
+        return 1
+
+
+def _session(config: Config, build_dir: Path) -> BuildSession:
+    """This process's build session for ``config`` (made on first use): its compiles are
+    ordered by the last build's profile, longest first."""
+    from metrale_orch.build.profile import compile_times, read_profile
+    from metrale_orch.build.session import BuildSession  # see the module docstring
+    from metrale_orch.paths import PROFILE_NAME
+
+    key = (str(build_dir), config.jobs)
+    with _SESSIONS_LOCK:
+        got = _SESSIONS.get(key)
+        if got is not None:
+            return got
+        try:
+            expected = compile_times(read_profile(build_dir / PROFILE_NAME))
+        except MetraleError:
+            expected = {}
+        session = BuildSession.local(jobs=config.jobs, build_dir=build_dir, expected=expected)
+        _SESSIONS[key] = session
+        return session
+
+
 def summarise_result(result: TargetResult) -> dict[str, object]:
     """The small JSON value a build task saves and the reporter aggregates (pure).
 
@@ -191,6 +296,11 @@ def build_action(root: str, target: str) -> dict[str, object] | TaskFailed:
     states of the files it installed (checked by the next run) and its profile
     spans (written to ``profile.json`` by the reporter, never stored).
     """
+    with _active():
+        return _build_action(root, target)
+
+
+def _build_action(root: str, target: str) -> dict[str, object] | TaskFailed:
     build, cache_mod = _build_step()
     stats: CacheStats = cache_mod.CacheStats()
     try:
@@ -207,6 +317,7 @@ def build_action(root: str, target: str) -> dict[str, object] | TaskFailed:
                 cache=cache,
                 environ=os.environ,
                 log=log.getChild("build"),
+                session=_session(config, Path(config.build_dir)),
             )
             cache.flush()  # uploads finish before doit may end this worker
     except MetraleError as exc:
@@ -218,6 +329,7 @@ def build_action(root: str, target: str) -> dict[str, object] | TaskFailed:
         }
         return BuildFailed(f"{BUILD_TASK}:{target}: {exc}", failed)
     values = summarise_result(result)
+    values["seconds"] = round(result.seconds, 3)
     values["cache"] = nonzero_counters(stats)
     values[INPUTS_KEY] = dict(result.inputs)
     values[OUTPUTS_KEY] = encode_outputs(result.outputs)

@@ -191,7 +191,7 @@ def generation_key(
         "package": metrale_orch.__version__,
         "root": os.fspath(root),
         "build_dir": os.fspath(config.build_dir),
-        "config": config.to_dict(),
+        "config": _generation_config(config),
         "env": {name: environ.get(name) for name in sorted(names)},
         "toolchains": {name: tc.to_dict() for name, tc in sorted(toolchains.items())},
         "programs": {
@@ -203,6 +203,17 @@ def generation_key(
     }
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
     return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogateescape"))
+
+
+def _generation_config(config: Config) -> dict[str, object]:
+    """The configuration as the generated tasks depend on it: everything but how many
+    compiles run at once (``jobs``), which changes no task."""
+    doc = config.to_dict()
+    doc.pop("jobs", None)
+    sources = doc.get("sources")
+    if isinstance(sources, dict):
+        doc["sources"] = {k: v for k, v in sources.items() if k != "jobs"}
+    return doc
 
 
 def _to_cached(spec: BuildSpec) -> taskcache.CachedSpec:

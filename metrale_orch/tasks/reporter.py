@@ -36,7 +36,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import NoReturn, TextIO
 
@@ -53,10 +53,16 @@ from metrale_orch.errors import (
 )
 from metrale_orch.fsutil import write_atomic
 from metrale_orch.paths import BUILD_TASK, PROFILE_NAME, SMOKE_TASK, STATS_NAME
-from metrale_orch.tasks.actions import BuildFailed
+from metrale_orch.tasks.actions import (
+    BuildFailed,
+    progress_counts,
+    stop_builds,
+    wait_for_builds,
+)
 from metrale_orch.tasks.checker import PROFILE_KEY
 from metrale_orch.tasks.dicts import KIND
 from metrale_orch.tasks.doit_api import Task
+from metrale_orch.tasks.progress import LiveLine, progress_text
 from metrale_orch.tasks.runlock import BuildLock
 
 __all__ = [
@@ -165,6 +171,14 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         self._lock: BuildLock | None = None
         #: ``smoke:<hw>`` summary lines, printed last (after the build's own summary).
         self._smoke_lines: list[str] = []
+        #: The live progress line on a terminal (:mod:`metrale_orch.tasks.progress`).
+        self._live: LiveLine | None = None
+        self._tty = _is_terminal(outstream)
+        #: Last build's compile seconds per target, and the targets finished this run.
+        self._expected: dict[str, float] = {}
+        self._finished: set[str] = set()
+        self._started_names: set[str] = set()
+        self._selected: set[str] = set()
 
     # -- doit's interface -----------------------------------------------------------------------
 
@@ -184,6 +198,9 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
                     dep for dep in getattr(tasks[name], "task_dep", ()) if dep.startswith(_BASE)
                 )
         self._total = len(names)
+        self._selected = names
+        if self._tty:
+            self._expected = _expected_target_seconds()
 
     def execute_task(self, task: Task) -> None:
         if _is_build(task):
@@ -192,6 +209,9 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
                 return  # skips and tree errors report at the end / as FAILED
             self._ran = True
             self._started += 1
+            self._started_names.add(task.name)
+            if self._tty and self._live is None:
+                self._live = _live_line(self.outstream, self._progress_text)
             width = len(str(max(self._total, self._started)))
             total = max(self._total, self._started)
             self.write(f"[{self._started:>{width}}/{total}] {task.name}\n")
@@ -221,6 +241,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             self._bump("skipped")
         else:
             self._bump("cached" if outcome == "cached" else "built")
+            self._finished_line(task.name, values)
         self._take(values)
 
     def add_failure(self, task: Task, fail: BaseException) -> None:
@@ -247,12 +268,54 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
 
     def write(self, text: str) -> None:
         # A message may name a file whose name is not UTF-8: show it, never fail on it.
+        if self._live is not None:
+            self._live.print(printable(text))
+            return
         super().write(printable(text))
+
+    def _finished_line(self, name: str, values: Mapping[str, object]) -> None:
+        """One line per finished target: its modules' outcomes and its time."""
+        self._finished.add(name)
+        modules = values.get("modules")
+        counts = modules if isinstance(modules, dict) else {}
+        compiled = int(counts.get("compiled", 0))
+        hits = sum(int(v) for k, v in counts.items() if k in ("local", "remote"))
+        seconds = values.get("seconds")
+        took = f" in {seconds:.1f} s" if isinstance(seconds, int | float) else ""
+        self.write(
+            f"done {name}: {compiled + hits} module(s), {compiled} compiled, {hits} from cache"
+            f"{took}\n"
+        )
+
+    def _progress_text(self) -> str:
+        counts, jobs = progress_counts()
+        elapsed = time.perf_counter() - self._start
+        if not counts.get("total"):  # workers in other processes: count targets
+            done = len(self._finished) + self._counts.get("failed", 0)
+            counts = {"done": done, "total": self._total}
+        left = float(counts.get("expected_left", 0.0))
+        left += sum(
+            sec
+            for name, sec in self._expected.items()
+            if name in self._selected
+            and name not in self._finished
+            and name not in self._started_names
+        )
+        eta = left / max(1, jobs) if self._expected else None
+        return progress_text(counts, elapsed, eta)
 
     def complete_run(self) -> None:
         # doit calls this from its runner's `finally`, after saving every finished task:
         # an exception being handled here is what is ending the run.
         ending = sys.exc_info()[1]
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+        if isinstance(ending, KeyboardInterrupt):
+            # The target threads were told to stop (the signal handler); let the ones
+            # still installing finish, so nothing half-written is left when we exit.
+            stop_builds()
+            wait_for_builds(10)
         if self._lock is not None:  # doit has written its database: the next build may go
             self._lock.release()
         if isinstance(ending, KeyboardInterrupt):
@@ -347,6 +410,46 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             write_atomic(config.build_dir / PROFILE_NAME, encode_profile(doc))
         except (MetraleError, OSError) as exc:  # the profile must never fail the run
             sys.stderr.write(f"warning: could not write the build profile: {exc}\n")
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    """Whether the live line may be drawn on ``stream``: a terminal, not a dumb one, not
+    CI (whose log viewers show every redraw)."""
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+    return bool(tty) and os.environ.get("TERM", "") != "dumb" and not os.environ.get("CI")
+
+
+def _live_line(stream: TextIO, sample: Callable[[], str]) -> LiveLine | None:
+    try:
+        line = LiveLine(stream, sample)
+        line.start()
+    except Exception:  # no rich, or a terminal it cannot drive: the plain lines remain
+        return None
+    return line
+
+
+def _expected_target_seconds() -> dict[str, float]:
+    """``build:<target>`` -> the compile seconds of its last build (its profile), for the
+    ETA; {} when there is no profile."""
+    from metrale_orch.build.profile import read_profile
+
+    try:
+        config = load_config(Path.cwd(), os.environ)
+        events = read_profile(config.build_dir / PROFILE_NAME)
+    except (MetraleError, OSError):
+        return {}
+    out: dict[str, float] = {}
+    for event in events:
+        args = event.get("args")
+        if event.get("cat") != "compile" or not isinstance(args, dict):
+            continue
+        dur = event.get("dur", 0)
+        name = f"{_BASE}{args.get('target', '')}"
+        out[name] = out.get(name, 0.0) + (dur / 1e6 if isinstance(dur, int | float) else 0.0)
+    return out
 
 
 def _brief(targets: list[str]) -> str:

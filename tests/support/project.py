@@ -95,9 +95,13 @@ text = open(source).read()
 if "#error" in text:
     sys.stderr.write(f"{source}(1): error: forced failure\\n")
     sys.exit(1)
+import time
+times = os.environ.get("FAKECC_TIMES")
+if times:
+    with open(times, "a") as fh:
+        fh.write(f"start {time.time_ns()} {os.getpid()} {os.path.basename(source)}\\n")
 delay = float(os.environ.get("FAKECC_DELAY", "0") or 0)
 if delay:
-    import time
     time.sleep(delay)
 names = re.findall(r'extern "C" __global__ void (\\w+)\\(', text)
 body = ".version 8.0\\n.target " + arch + "\\n.address_size 64\\n"
@@ -105,6 +109,9 @@ body += "".join(f".visible .entry {n}(\\n)\\n{{\\n ret;\\n}}\\n" for n in names)
 body += "// " + " ".join(a for a in argv if a.startswith("-D")) + "\\n"
 with open(out, "w") as fh:
     fh.write(body)
+if times:
+    with open(times, "a") as fh:
+        fh.write(f"end {time.time_ns()} {os.getpid()} {os.path.basename(source)}\\n")
 log = os.environ.get("FAKECC_LOG")
 if log:
     with open(log, "a") as fh:

@@ -1,0 +1,257 @@
+"""E1-E3: how the build uses the machine's cores (issue 19), against peers in the same run.
+
+    python bench/bench_parallel.py e1 [OUT] [--target hopper/qwen3-8b/bf16] [--jobs N]
+    python bench/bench_parallel.py e2 [OUT]
+    python bench/bench_parallel.py e3 [OUT] [--jobs 1,8,32,64] [--scale 0.25] [--sleep 0.2]
+
+E1  one target of the sample tree, cold (cache off): ``doit build:TARGET`` against the
+    floor, the very same compiles run ``jobs`` at a time by ``xargs -P`` (read from the
+    build log, each into a fresh directory, in the staged tree our build left).
+E2  the whole sample tree, cold: ``doit build`` with no options against ninja running the
+    same compiles (one edge each) at its default parallelism (cores + 2).
+E3  the real-shaped tree (``bench/gen_tree.py --profile real``) with a fake compiler that
+    sleeps ``--sleep`` seconds and uses no CPU, cache off, at each ``jobs``: build time,
+    throughput (compiles per second) against the ideal ``jobs / sleep``, and the
+    orchestration cost per (target, module) pair: the wall time beyond the ideal
+    ``compiles * sleep / jobs``, over the pairs.
+
+Prints each measurement and its ratio; nothing is asserted (these machines are noisy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+PY = sys.executable
+DODO = "from metrale_orch.dodo import *  # noqa: F403\n"
+
+#: ``<target>: compile <module>: (cd <cwd> &&) <argv>`` lines of the build log.
+_COMPILE_LINE = re.compile(r": (?P<target>\S+): compile (?P<module>\S+): \(cd (?P<cwd>.+?) &&\) (?P<argv>.*)$")
+#: The per-compile temporary directory, however an argument spells it.
+_TMP = re.compile(r"[^\s,]*?\.tmp/[^/\s,]+")
+
+
+def env_for(out: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("METRALE_ORCH_")}
+    env["METRALE_ORCH_LOCAL_CACHE"] = str(out / "local-cache")
+    env["METRALE_ORCH_CACHE_MODE"] = "off"
+    env.update(extra)
+    return env
+
+
+def sample_copy(out: Path) -> Path:
+    root = out / "sample"
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    shutil.copytree(REPO / "kernels", root / "kernels")
+    if (REPO / "toolchains").is_dir():
+        shutil.copytree(REPO / "toolchains", root / "toolchains")
+    (root / "dodo.py").write_text(DODO)
+    return root
+
+
+def timed(argv: list[str], cwd: Path, env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    took = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"failed ({proc.returncode}): {' '.join(argv)}\n{proc.stdout}{proc.stderr}")
+    return took
+
+
+def logged_compiles(root: Path) -> list[tuple[str, list[str]]]:
+    """(stage-relative cwd, argv) of every compile the last build ran, from its log."""
+    out = []
+    for line in (root / "build" / "metrale-orch.log").read_text().splitlines():
+        m = _COMPILE_LINE.search(line)
+        if m is None:
+            continue
+        stage = root / "build" / "stage" / m["target"] / m["cwd"]
+        out.append((str(stage), shlex.split(m["argv"])))
+    return out
+
+
+def floor_commands(compiles: list[tuple[str, list[str]]], scratch: Path) -> list[str]:
+    """Shell lines running each compile in its staged directory into a fresh directory."""
+    lines = []
+    for i, (cwd, argv) in enumerate(compiles):
+        target = scratch / str(i)
+        target.mkdir(parents=True, exist_ok=True)
+        args = [_TMP.sub(str(target), a) for a in argv]
+        lines.append(f"cd {shlex.quote(cwd)} && {shlex.join(args)}")
+    return lines
+
+
+def clean(root: Path) -> None:
+    for name in ("build", ".doit.db"):
+        path = root / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def e1(args: argparse.Namespace) -> None:
+    out: Path = args.out
+    root = sample_copy(out)
+    jobs = args.jobs or len(os.sched_getaffinity(0))
+    env = env_for(out, METRALE_ORCH_JOBS=str(jobs))
+    serial = env_for(out, METRALE_ORCH_JOBS="1")
+    ours = []
+    floors = []
+    ones = []
+    for _ in range(args.reps):
+        clean(root)
+        ones.append(timed([PY, "-m", "doit", f"build:{args.target}"], root, serial))
+        clean(root)
+        ours.append(timed([PY, "-m", "doit", f"build:{args.target}"], root, env))
+        compiles = logged_compiles(root)
+        scratch = Path(tempfile.mkdtemp(dir=out))
+        script = "\n".join(floor_commands(compiles, scratch)) + "\n"
+        floors.append(_xargs(script, jobs, root, env))
+        shutil.rmtree(scratch)
+    o, f, s = min(ours), min(floors), min(ones)
+    print(f"E1 {args.target}: {len(compiles)} compiles, jobs = {jobs}, best of {args.reps}")
+    print(f"  doit build:{args.target} (jobs = {jobs}): {o:.2f} s")
+    print(f"  floor, xargs -P {jobs} of the same compiles: {f:.2f} s")
+    print(f"  ratio: {o / f:.2f}x (goal <= 1.15x)")
+    print(f"  the same build with jobs = 1: {s:.2f} s ({s / o:.2f}x slower)")
+
+
+def _xargs(script: str, jobs: int, root: Path, env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run(
+        ["xargs", "-P", str(jobs), "-d", "\n", "-n", "1", "bash", "-c"],
+        input=script,
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    took = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"the floor failed:\n{proc.stdout}{proc.stderr}")
+    return took
+
+
+def e2(args: argparse.Namespace) -> None:
+    out: Path = args.out
+    root = sample_copy(out)
+    env = env_for(out)
+    if shutil.which("ninja") is None:
+        sys.exit("ninja is not installed (pip install ninja)")
+    ours = []
+    ninjas = []
+    for _ in range(args.reps):
+        clean(root)
+        ours.append(timed([PY, "-m", "doit", "build"], root, env))
+        compiles = logged_compiles(root)
+        scratch = Path(tempfile.mkdtemp(dir=out))
+        lines = floor_commands(compiles, scratch)
+        edges = ["rule run", "  command = $cmd", ""]
+        for i, line in enumerate(lines):
+            edges += [f"build out{i}: run", f"  cmd = {line.replace('$', '$$')}", ""]
+        (scratch / "build.ninja").write_text("\n".join(edges))
+        ninjas.append(timed(["ninja", "-C", str(scratch)], root, env))
+        shutil.rmtree(scratch)
+    o, n = min(ours), min(ninjas)
+    cores = len(os.sched_getaffinity(0))
+    print(f"E2 the sample tree: {len(compiles)} compiles, {cores} cores, best of {args.reps}")
+    print(f"  doit build (no options): {o:.2f} s")
+    print(f"  ninja, the same compiles at its default -j ({cores + 2}): {n:.2f} s")
+    print(f"  ratio: {o / n:.2f}x (goal <= 1.10x)")
+
+
+FAKE = """#!/bin/sh
+out=""; prev=""
+for a in "$@"; do
+  if [ "$prev" = "-o" ]; then out="$a"; fi
+  case "$a" in --version) echo "fakecc 1.0 (sleeps)"; exit 0;; esac
+  prev="$a"
+done
+sleep {sleep}
+printf '.version 8.0\\n.target sm_90a\\n' > "$out"
+"""
+
+TOOLCHAIN = """[toolchain]
+name = "nvcc"
+vendors = ["nvidia", "cuda"]
+program = "fakecc"
+version_args = ["--version"]
+output = "ptx"
+flags_key = "extra_nvcc_flags"
+argv = ["{program}", "{arch_flags}", "{flags}", "-I{include}", "{source}", "-o", "{output}"]
+"""
+
+
+def e3(args: argparse.Namespace) -> None:
+    out: Path = args.out
+    root = out / "real"
+    if root.exists():
+        shutil.rmtree(root)
+    subprocess.run(
+        [PY, str(HERE / "gen_tree.py"), str(root), "--profile", "real", "--scale", str(args.scale)],
+        check=True,
+        capture_output=True,
+    )
+    bin_dir = out / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    fake = bin_dir / "fakecc"
+    fake.write_text(FAKE.replace("{sleep}", str(args.sleep)))
+    fake.chmod(0o755)
+    (root / "toolchains").mkdir(exist_ok=True)
+    (root / "toolchains" / "nvcc.toml").write_text(TOOLCHAIN)
+    print(f"E3 the real-shaped tree (--scale {args.scale}), fake compiler sleeping {args.sleep} s")
+    for jobs in [int(j) for j in args.jobs.split(",")]:
+        clean(root)
+        env = env_for(out, METRALE_ORCH_JOBS=str(jobs))
+        env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+        took = timed([PY, "-m", "doit", "build:gb10/*", "build:hopper/*", "build:b200/*",
+                      "build:b300/*"], root, env)  # fmt: skip
+        events = json.loads((root / "build" / "profile.json").read_text())["traceEvents"]
+        compiles = sum(1 for e in events if e.get("cat") == "compile")
+        pairs = sum(1 for e in events if e.get("cat") == "key")
+        ideal = compiles * args.sleep / jobs
+        rate = compiles / took
+        per_pair_ms = max(0.0, took - ideal) / max(1, pairs) * 1000
+        print(
+            f"  jobs {jobs:>3}: {took:7.2f} s for {compiles} compiles ({pairs} pairs); "
+            f"{rate:6.1f} compiles/s = {rate / (jobs / args.sleep):.2f} x the ideal "
+            f"{jobs / args.sleep:.0f}/s; orchestration {per_pair_ms:.2f} ms per pair"
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = ap.add_subparsers(dest="bench", required=True)
+    for name in ("e1", "e2", "e3"):
+        p = sub.add_parser(name)
+        p.add_argument("out", type=Path, nargs="?", default=HERE / "out" / f"parallel-{name}")
+        p.add_argument("--reps", type=int, default=1)
+    sub.choices["e1"].add_argument("--target", default="hopper/qwen3-8b/bf16")
+    sub.choices["e1"].add_argument("--jobs", type=int, default=0)
+    sub.choices["e3"].add_argument("--jobs", default="1,8,32,64")
+    sub.choices["e3"].add_argument("--scale", type=float, default=0.25)
+    sub.choices["e3"].add_argument("--sleep", type=float, default=0.2)
+    args = ap.parse_args()
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    {"e1": e1, "e2": e2, "e3": e3}[args.bench](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""One build run's shared state, passed to every target's build (no module-level state).
+
+A :class:`BuildSession` holds what the targets of one run share: the executor
+that runs their compile actions (``jobs`` at a time), the artefacts already
+obtained (so two targets sharing a key compile it once), the hashes of files
+outside the stage, the temporary directories already swept, the last build's
+compile times (longest work first) and the live counters a progress line
+reads. The doit integration makes one per process; a caller of
+:func:`~metrale_orch.build.compile.build_target` without one gets a private one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+from metrale_orch.build.deps import FileHasher
+from metrale_orch.build.memo import ArtefactMemo
+from metrale_orch.executor import Executor, LocalExecutor
+from metrale_orch.paths import STATE_DIR
+
+__all__ = ["SLOTS_DIR", "BuildSession", "Progress"]
+
+#: The machine-wide compile slots (``<build_dir>/.state/jobs/slot-N``).
+SLOTS_DIR = "jobs"
+
+
+@dataclass(slots=True)
+class Progress:
+    """Live module counts of a run, updated by the build threads (read under ``lock``)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    total: int = 0
+    done: int = 0
+    #: Module pipelines started and not finished (most wait for an executor slot).
+    pipelines: int = 0
+    hits: int = 0
+    compiled: int = 0
+    failed: int = 0
+    #: Expected seconds of the modules not yet done (the last build's times).
+    expected_left: float = 0.0
+
+    def snapshot(self) -> dict[str, float]:
+        """The counts, read together."""
+        with self.lock:
+            return {
+                "total": self.total,
+                "done": self.done,
+                "pipelines": self.pipelines,
+                "hits": self.hits,
+                "compiled": self.compiled,
+                "failed": self.failed,
+                "expected_left": self.expected_left,
+            }
+
+    def add(self, modules: int, expected: float) -> None:
+        with self.lock:
+            self.total += modules
+            self.expected_left += expected
+
+    def started(self) -> None:
+        with self.lock:
+            self.pipelines += 1
+
+    def finished(self, outcome: str, expected: float) -> None:
+        with self.lock:
+            self.pipelines -= 1
+            self.done += 1
+            self.expected_left = max(0.0, self.expected_left - expected)
+            if outcome == "failed":
+                self.failed += 1
+            elif outcome == "compiled":
+                self.compiled += 1
+            else:
+                self.hits += 1
+
+
+class BuildSession:
+    """See the module docstring. Thread-safe; one per process (or per caller)."""
+
+    def __init__(
+        self,
+        executor: Executor,
+        *,
+        expected: Mapping[str, float] | None = None,
+    ) -> None:
+        self.executor = executor
+        self.memo = ArtefactMemo()
+        self.hasher = FileHasher()
+        self.progress = Progress()
+        #: Compile seconds of each key in the last build (its profile), for ordering.
+        self.expected: Mapping[str, float] = MappingProxyType(dict(expected or {}))
+        self._swept: set[str] = set()
+        self._lock = threading.Lock()
+        # Module pipelines (key, lookup, compile, store) of every target in flight; a
+        # pipeline mostly waits for an executor slot, so there are more than ``jobs``.
+        self._pool = ThreadPoolExecutor(
+            max_workers=max(32, 4 * executor.jobs), thread_name_prefix="metrale-module"
+        )
+
+    @classmethod
+    def local(
+        cls, *, jobs: int, build_dir: Path, expected: Mapping[str, float] | None = None
+    ) -> BuildSession:
+        """A session running compiles on this machine, ``jobs`` at once across every process
+        of the build (slot files under ``build_dir``)."""
+        slots = Path(build_dir) / STATE_DIR / SLOTS_DIR
+        return cls(LocalExecutor(jobs, slot_dir=slots), expected=expected)
+
+    @property
+    def pool(self) -> ThreadPoolExecutor:
+        return self._pool
+
+    def first_sweep(self, directory: str) -> bool:
+        """True the first time ``directory`` is asked about in this session."""
+        with self._lock:
+            if directory in self._swept:
+                return False
+            self._swept.add(directory)
+            return True
+
+    def stop(self) -> None:
+        """Stop every compile in flight and refuse the rest (Ctrl-C, SIGTERM)."""
+        self.executor.stop()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

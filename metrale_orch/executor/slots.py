@@ -1,0 +1,128 @@
+"""Slots that bound how many actions run at once: in this process, and on this machine.
+
+:class:`PrioritySlots` hands ``jobs`` slots to the threads of one process, the
+waiting action with the longest expected time first (ties in arrival order).
+
+:class:`MachineSlots` is the jobserver shared by every process of one build
+(doit's ``-P process`` workers): ``jobs`` slot files under the build's state
+directory, each held with an exclusive ``flock`` while an action runs. The
+kernel releases a lock when its process dies, so a killed worker never leaks a
+slot (the tokens of a make-style pipe jobserver are lost with their holder).
+Within one process the priority slots are taken first, so a process never holds
+more machine slots than it has actions running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import heapq
+import itertools
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["MachineSlots", "PrioritySlots"]
+
+
+class PrioritySlots:
+    """``jobs`` slots for the threads of this process (see the module docstring)."""
+
+    def __init__(self, jobs: int) -> None:
+        if jobs < 1:
+            raise ValueError(f"jobs must be at least 1, not {jobs}")
+        self.jobs = jobs
+        self._free = jobs
+        self._cond = threading.Condition()
+        self._waiting: list[tuple[float, int]] = []
+        self._order = itertools.count()
+        self._closed = False
+
+    @contextlib.contextmanager
+    def slot(self, expected: float) -> Iterator[bool]:
+        """Hold a slot for the ``with`` block; yields False (and holds none) once closed."""
+        got = self._acquire(expected)
+        try:
+            yield got
+        finally:
+            if got:
+                self._release()
+
+    def close(self) -> None:
+        """Wake every waiter with no slot; later callers get none."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _acquire(self, expected: float) -> bool:
+        entry = (-float(expected), next(self._order))
+        with self._cond:
+            heapq.heappush(self._waiting, entry)
+            while not self._closed and not (self._free and self._waiting[0] == entry):
+                self._cond.wait()
+            if self._closed:
+                self._waiting.remove(entry)
+                heapq.heapify(self._waiting)
+                return False
+            heapq.heappop(self._waiting)
+            self._free -= 1
+            if self._free and self._waiting:
+                self._cond.notify_all()  # the next in line may go too
+            return True
+
+    def _release(self) -> None:
+        with self._cond:
+            self._free += 1
+            self._cond.notify_all()
+
+
+class MachineSlots:
+    """``jobs`` flock-held slot files in ``directory`` (see the module docstring)."""
+
+    #: Seconds between tries while every slot is held by another process.
+    POLL = 0.005
+
+    def __init__(self, directory: Path, jobs: int) -> None:
+        self.directory = Path(directory)
+        self.jobs = jobs
+
+    @contextlib.contextmanager
+    def slot(self, stopped: threading.Event) -> Iterator[bool]:
+        """Hold one slot file for the ``with`` block and yield True; yield False (holding
+        none) when ``stopped`` is set while waiting. Where the directory cannot be
+        written, yields True holding none: the in-process bound is all there is."""
+        fd = self._acquire(stopped)
+        try:
+            yield fd is not None
+        finally:
+            if fd is not None and fd >= 0:
+                os.close(fd)  # closing the descriptor releases the lock
+
+    def _acquire(self, stopped: threading.Event) -> int | None:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return -1
+        start = os.getpid() % self.jobs
+        delay = self.POLL
+        while not stopped.is_set():
+            for i in range(self.jobs):
+                path = self.directory / f"slot-{(start + i) % self.jobs}"
+                try:
+                    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                except OSError:
+                    return -1
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                except OSError:
+                    os.close(fd)
+                    return -1
+                return fd
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        return None
