@@ -38,7 +38,9 @@ PY = sys.executable
 DODO = "from metrale_orch.dodo import *  # noqa: F403\n"
 
 #: ``<target>: compile <module>: (cd <cwd> &&) <argv>`` lines of the build log.
-_COMPILE_LINE = re.compile(r": (?P<target>\S+): compile (?P<module>\S+): \(cd (?P<cwd>.+?) &&\) (?P<argv>.*)$")
+_COMPILE_LINE = re.compile(
+    r": (?P<target>\S+): compile (?P<module>\S+): \(cd (?P<cwd>.+?) &&\) (?P<argv>.*)$"
+)
 #: The per-compile temporary directory, however an argument spells it.
 _TMP = re.compile(r"[^\s,]*?\.tmp/[^/\s,]+")
 
