@@ -69,6 +69,23 @@ def test_dependency_private_members(tmp_path: Path) -> None:
         assert not doit_api.has_record(dep, "t")
 
 
+def test_ignore_mark(tmp_path: Path) -> None:
+    """`doit ignore`'s mark as the adapter reads it, and the trap it steps around: doit's
+    sqlite backend caches an empty record for any task it is asked about."""
+    db = tmp_path / "db"
+    task = doit_api.make_task({"name": "build:h/m/q", "actions": [], "uptodate": [False]})
+    with doit_api.open_dependency(db, checker_cls=ContentChecker, codec_cls=TaskDataCodec) as dep:
+        _require(dep, "ignore", "status_is_ignore", "remove")
+        assert not doit_api.is_ignored(dep, task)
+        assert not doit_api.has_record(dep, task.name), "is_ignored made up a record"
+        dep.ignore(task)
+        assert doit_api.is_ignored(dep, task)
+        dep.backend.dump()  # what `doit ignore` does when it ends
+    with doit_api.open_dependency(db, checker_cls=ContentChecker, codec_cls=TaskDataCodec) as dep:
+        assert doit_api.is_ignored(dep, task) and doit_api.has_record(dep, task.name)
+        assert doit_api.stored_state(dep, task.name, "ignore:") == "1"
+
+
 def test_task_and_status_members() -> None:
     task = doit_api.make_task({"name": "build:h/m/q", "actions": [], "uptodate": [False]})
     assert isinstance(task, Task)

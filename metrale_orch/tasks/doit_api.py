@@ -4,7 +4,10 @@ Everything the package needs from doit beyond its documented extension points
 (``check_file_uptodate``, ``codec_cls``, ``reporter``, ``uptodate`` objects,
 task dicts) goes through here: a task's stored per-file state
 (``Dependency._get``/``_set``), whether a task has a record (``Dependency._in``),
-and closing the sqlite backend without doit's final dump (``SqliteDB._conn``).
+whether ``doit ignore`` marked it (``Dependency.status_is_ignore``: the mark is the
+record's ``"ignore:"`` key, and doit's sqlite backend writes it *in place of* the
+record, so an ignored task keeps no saved state at all), and closing the sqlite
+backend without doit's final dump (``SqliteDB._conn``).
 ``tests/test_doit_api.py`` checks each attribute and signature used, so a doit
 upgrade that moves one fails there, by name, rather than deep in a build.
 
@@ -27,6 +30,7 @@ __all__ = [
     "Task",
     "doit_version",
     "has_record",
+    "is_ignored",
     "make_task",
     "open_dependency",
     "store_state",
@@ -52,6 +56,16 @@ def store_state(dep: Dependency, task: str, path: str, state: object) -> None:
 def has_record(dep: Dependency, task: str) -> bool:
     """Whether doit's database holds a record of ``task`` (it ran successfully once)."""
     return bool(dep._in(task))
+
+
+def is_ignored(dep: Dependency, task: Task) -> bool:
+    """Whether ``doit ignore`` marked ``task``: ``doit build`` then skips it (``!!``) until
+    ``doit forget`` drops the mark (with the rest of the record).
+
+    Asks :func:`has_record` first: doit's sqlite backend caches an empty record for any
+    task it is asked about, and ``has_record`` then answers True for a task with none.
+    """
+    return has_record(dep, task.name) and bool(dep.status_is_ignore(task))
 
 
 def make_task(task: dict[str, object]) -> Task:

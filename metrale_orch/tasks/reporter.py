@@ -1,12 +1,18 @@
 """The doit reporter of ``metrale_orch.dodo``: progress, failures, one summary line.
 
 Build tasks (``build:…``) are shown as ``[ i/n] build:<target>`` when they
-start; up-to-date ones are counted silently. A failure prints its one-line
-message (the compiler's output for compile errors). At the end:
+start; up-to-date ones are counted silently, and so are those marked by ``doit
+ignore`` (doit's ``!!`` lines: the group ``build`` is "ignored" too whenever one
+of its targets is, which says nothing). A failure prints its one-line message
+(the compiler's output for compile errors). At the end:
 
     build: 3 built, 2 from cache, 995 up to date, 4 skipped, 1 failed in 1.2 s
     skipped 4 targets: toolchain 'metal' is not installed: ... (apple/*)
     cache: <the cache's own summary line>
+
+With ignored targets the line counts them too (``…, 1 failed, 2 ignored in …``,
+only then, so the common line keeps its shape) and one more line names them and
+how to undo the mark.
 
 Each build task returns a small value (``outcome``, module outcomes, this
 task's cache statistics, cache warnings, its profile spans); the reporter adds
@@ -80,6 +86,8 @@ def format_summary(counts: dict[str, int], seconds: float) -> str:
         f"{counts.get('skipped', 0)} skipped",
         f"{counts.get('failed', 0)} failed",
     ]
+    if counts.get("ignored"):
+        parts.append(f"{counts['ignored']} ignored")
     return f"build: {', '.join(parts)} in {seconds:.1f} s"
 
 
@@ -156,6 +164,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         self._started = 0
         self._counts: dict[str, int] = {}
         self._skipped: dict[str, list[str]] = {}
+        self._ignored: list[str] = []
         self._stats: list[dict[str, int]] = []
         self._spans: list[dict[str, object]] = []
         self._warnings: list[str] = []
@@ -204,6 +213,14 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             self._bump("uptodate")
         elif task.name != BUILD_TASK and not task.name.startswith("_"):
             self.write(f"-- {task.title()}\n")
+
+    def skip_ignore(self, task: Task) -> None:
+        if _is_build(task):
+            self._any_build = True
+            self._bump("ignored")
+            self._ignored.append(task.name[len(_BASE) :])
+        elif task.name != BUILD_TASK and not task.name.startswith("_"):
+            super().skip_ignore(task)
 
     def add_success(self, task: Task) -> None:
         if not _is_build(task):
@@ -290,6 +307,11 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         self.write(format_summary(self._counts, seconds) + "\n")
         for reason, targets in sorted(self._skipped.items()):
             self.write(f"skipped {len(targets)} target(s): {reason} ({_brief(targets)})\n")
+        if self._ignored:
+            self.write(
+                f"ignored {len(self._ignored)} target(s) marked by `doit ignore` "
+                f"({_brief(self._ignored)}); `doit forget {_BASE}<target>` builds one again\n"
+            )
         for warning in self._warnings:
             self.write(f"warning: {warning}\n")
         if self._ran:  # a no-op run leaves the last build's statistics and profile in place
