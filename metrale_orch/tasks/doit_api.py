@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import doit
+from doit import Globals
 from doit.dependency import Dependency, SqliteDB
 from doit.task import Task, dict_to_task
 
@@ -33,6 +34,7 @@ __all__ = [
     "is_ignored",
     "make_task",
     "open_dependency",
+    "running_backend",
     "store_state",
     "stored_state",
 ]
@@ -66,6 +68,13 @@ def is_ignored(dep: Dependency, task: Task) -> bool:
     task it is asked about, and ``has_record`` then answers True for a task with none.
     """
     return has_record(dep, task.name) and bool(dep.status_is_ignore(task))
+
+
+def running_backend() -> object:
+    """The database backend of the doit command running in this process, or None before
+    doit opens it (``doit.Globals.dep_manager``, doit's public accessor)."""
+    dep = Globals.dep_manager
+    return None if dep is None else dep.backend
 
 
 def make_task(task: dict[str, object]) -> Task:

@@ -32,7 +32,13 @@ How a run ends is decided here too, since doit's runner calls
 - failed: exit 1 when every failure is a target that ran and failed (a
   compile error), 2 when one is a tree, configuration or doit error. doit
   alone would say 2 whenever the group ``build`` ran, since it counts the
-  group's unmet dependencies as errors (:func:`exit_status`).
+  group's unmet dependencies as errors (:func:`exit_status`);
+- doit's database could not be saved (a full disk): the summary, then one
+  ``error:`` line naming the file and why, and at least exit 1
+  (:class:`~metrale_orch.tasks.database.Database` keeps the failure for this).
+
+A file of the run's report (``cache-stats.json``, ``profile.json``) that cannot
+be written is one warning line naming it and why; it never fails the run.
 """
 
 from __future__ import annotations
@@ -61,8 +67,9 @@ from metrale_orch.fsutil import write_atomic
 from metrale_orch.paths import BUILD_TASK, PROFILE_NAME, SMOKE_TASK, STATS_NAME
 from metrale_orch.tasks.actions import BuildFailed
 from metrale_orch.tasks.checker import PROFILE_KEY
+from metrale_orch.tasks.database import Database
 from metrale_orch.tasks.dicts import KIND
-from metrale_orch.tasks.doit_api import Task
+from metrale_orch.tasks.doit_api import Task, running_backend
 from metrale_orch.tasks.runlock import BuildLock
 
 __all__ = [
@@ -172,6 +179,8 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         self._any_build = False
         self._ran = False
         self._lock: BuildLock | None = None
+        #: doit's database of this run, when it is this package's (reports a failed save).
+        self._database: Database | None = None
         #: ``smoke:<hw>`` summary lines, printed last (after the build's own summary).
         self._smoke_lines: list[str] = []
 
@@ -181,6 +190,10 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         # doit calls this before its first up-to-date check of a run that executes
         # tasks (never for `list`/`info`): one build per project from here to the end.
         self._lock = _take_build_lock()
+        backend = running_backend()
+        if isinstance(backend, Database):  # a failed final save is said with the summary
+            backend.report_at_end()
+            self._database = backend
         self._start = time.perf_counter()
         self._origin_ns = time.time_ns()
         selected = set(selected_tasks or ())
@@ -282,6 +295,9 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             (_kind(f["task"]) if _is_build(f["task"]) else "other", f["exception"])
             for f in self.failures
         )
+        unsaved = self._database.failure if self._database is not None else None
+        if unsaved is not None:  # doit's status says nothing of its database
+            status = max(status or 0, unsaved.exit_code)
         if status is not None and not self.runtime_errors and status != self._doit_status():
             raise SystemExit(status)
 
@@ -301,6 +317,8 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             self._complete_build()
         for line in self._smoke_lines:
             self.write(line + "\n")
+        if self._database is not None and self._database.failure is not None:
+            self.write(f"error: {self._database.failure}\n")
 
     def _complete_build(self) -> None:
         seconds = time.perf_counter() - self._start
@@ -340,17 +358,19 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         # Imported only after a run that built: a no-op never needs the cache.
         from metrale_orch import cache as cache_mod
 
+        path = Path(STATS_NAME)
         try:
             config = load_config(Path.cwd(), os.environ)
+            path = config.build_dir / STATS_NAME
             total = cache_mod.CacheStats()
             for item in self._stats:
                 total = total + cache_mod.CacheStats.from_dict(item)
             line = total.summary_line()
             if line:
                 self.write(f"{line}\n")
-            cache_mod.write_stats(config.build_dir / STATS_NAME, total)
+            cache_mod.write_stats(path, total)
         except Exception as exc:  # the summary must never fail the run
-            sys.stderr.write(f"warning: could not write cache statistics: {exc}\n")
+            _warn_unwritten("the cache statistics", path, exc)
 
     def _write_profile(self) -> None:
         """Write every span of this run to profile.json, atomically (Chrome trace events)."""
@@ -363,12 +383,21 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
                 spans.append(Span.from_dict(item))
             except ValueError:  # not from this package's actions: leave it out
                 continue
+        path = Path(PROFILE_NAME)
         try:
             config = load_config(Path.cwd(), os.environ)
+            path = config.build_dir / PROFILE_NAME
             doc = trace_document(spans, origin_ns=self._origin_ns, main_pid=os.getpid())
-            write_atomic(config.build_dir / PROFILE_NAME, encode_profile(doc))
+            write_atomic(path, encode_profile(doc))
         except (MetraleError, OSError) as exc:  # the profile must never fail the run
-            sys.stderr.write(f"warning: could not write the build profile: {exc}\n")
+            _warn_unwritten("the build profile", path, exc)
+
+
+def _warn_unwritten(what: str, path: Path, exc: BaseException) -> None:
+    """One stderr line for a file of the run's report that could not be written: which,
+    where, and why (an ``OSError``'s own words, e.g. "No space left on device")."""
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    sys.stderr.write(printable(f"warning: could not write {what} {path}: {reason}") + "\n")
 
 
 def _brief(targets: list[str]) -> str:
