@@ -2,7 +2,8 @@
 
 :class:`Database` is doit's ``SqliteDB`` with two changes, registered as the doit
 backend plugin :data:`BACKEND` (the ``doit.BACKEND`` entry point of this
-package; ``DOIT_CONFIG`` selects it):
+package; ``DOIT_CONFIG`` selects it). What touches doit's private state is
+:class:`~metrale_orch.tasks.doit_api.SavedOnceSqliteDB`; this module adds the policy:
 
 - every write waits for the final save: doit deletes a failed task's record
   (and ``doit forget`` deletes records) at once, inside the transaction the
@@ -33,9 +34,8 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from doit.dependency import DatabaseException, SqliteDB
-
 from metrale_orch.errors import EXIT_FAILURE, MetraleError, printable
+from metrale_orch.tasks.doit_api import DatabaseException, SavedOnceSqliteDB
 
 __all__ = ["BACKEND", "Database", "DatabaseUnwritable", "unwritable_reason"]
 
@@ -87,20 +87,12 @@ def unwritable_reason(exc: BaseException) -> str | None:
     return None
 
 
-class Database(SqliteDB):  # type: ignore[misc]
+class Database(SavedOnceSqliteDB):
     """doit's sqlite3 backend, written in one transaction at the end (module docstring)."""
 
     desc = "sqlite3, saved in one transaction; a full disk is one line (metrale-orch)"
 
-    # SqliteDB's state (doit ships no types): each task's record, the tasks changed.
-    _cache: dict[str, dict[str, object]]
-    _dirty: set[str]
-    _conn: sqlite3.Connection
-    name: str
-
     def __init__(self, name: str, codec: object, *, module_name: str | None = None) -> None:
-        self._removed: set[str] = set()
-        self._clear = False
         self._defer = False
         #: Why the final save failed, once it has (see :meth:`report_at_end`).
         self.failure: DatabaseUnwritable | None = None
@@ -117,60 +109,19 @@ class Database(SqliteDB):  # type: ignore[misc]
         with its status; until this is called, a failed save ends the process itself."""
         self._defer = True
 
-    # -- doit's interface: reads see the pending deletes; writes wait for dump() ----------------
-
-    def get(self, task_id: str, dependency: str) -> object:
-        if task_id not in self._cache and (self._clear or task_id in self._removed):
-            return None
-        return super().get(task_id, dependency)
-
-    def in_(self, task_id: str) -> bool:
-        if task_id in self._cache:
-            return True
-        if self._clear or task_id in self._removed:
-            return False
-        return bool(super().in_(task_id))
-
-    def remove(self, task_id: str) -> None:
-        self._cache.pop(task_id, None)
-        self._dirty.discard(task_id)
-        self._removed.add(task_id)
-
-    def remove_all(self) -> None:
-        self._cache = {}
-        self._dirty = set()
-        self._removed = set()
-        self._clear = True
-
     def dump(self) -> None:
-        """Save every change of the run in one transaction, then close the database."""
-        unsaved = len(self._dirty | self._removed)
+        """Save the command's changes (all or none), then close; see the module docstring."""
+        unsaved = self.pending()
         try:
-            self._write()
+            super().dump()
         except sqlite3.Error as exc:
-            with contextlib.suppress(sqlite3.Error):
-                self._conn.rollback()
             reason = unwritable_reason(exc)
             if reason is None:
                 raise
-            self.failure = DatabaseUnwritable(_shown(self.name), reason, unsaved, self._defer)
-        finally:
-            with contextlib.suppress(sqlite3.Error):
-                self._conn.close()
-            self._dirty, self._removed, self._clear = set(), set(), False
+            shown = _shown(str(self.name))
+            self.failure = DatabaseUnwritable(shown, reason, unsaved, self._defer)
         if self.failure is not None and not self._defer:
             _end(self.failure)
-
-    def _write(self) -> None:
-        conn = self._conn
-        if self._clear:
-            conn.execute("delete from doit")
-        for task_id in sorted(self._removed):
-            conn.execute("delete from doit where task_id=?", (task_id,))
-        for task_id in sorted(self._dirty):
-            record = self.codec.encode(self._cache[task_id])
-            conn.execute("insert or replace into doit values (?,?)", (task_id, record))
-        conn.commit()
 
 
 def _shown(name: str) -> Path:
