@@ -66,6 +66,7 @@ from metrale_orch.tasks.actions import (
 )
 from metrale_orch.tasks.checker import ContentChecker, TaskDataCodec
 from metrale_orch.tasks.creators import Generation, cached_tasks, named_failures
+from metrale_orch.tasks.database import BACKEND
 from metrale_orch.tasks.dicts import TaskDict, explicit_targets
 from metrale_orch.tasks.reporter import BuildReporter, end_interrupted
 
@@ -73,7 +74,8 @@ __all__ = ["DOIT_CONFIG", "task_build", "task_check"]  # what `import *` takes
 
 DOIT_CONFIG: dict[str, object] = {
     "default_tasks": [BUILD_TASK],
-    "backend": "sqlite3",
+    # doit's sqlite3, saved in one transaction; an unwritable database is one line.
+    "backend": BACKEND,
     "dep_file": DB_NAME,
     "check_file_uptodate": ContentChecker,
     "codec_cls": TaskDataCodec,

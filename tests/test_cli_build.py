@@ -116,6 +116,53 @@ def test_why_missing_output_and_never_built(tmp_path: Path) -> None:
     assert "missing output: build/hopper/qwen/w4/manifest.json" in out
 
 
+def test_an_ignored_target_is_ignored_everywhere(tmp_path: Path) -> None:
+    """After `doit ignore`, nothing changed: status, why and the summary line say
+    "ignored" (not 3 changed inputs and every signature part), --exit-code treats it as
+    doit does (nothing to build), and after `doit forget` it is stale with no record
+    and the next build restores it."""
+    root = make_project(tmp_path / "p")
+    use_fake_compiler(root, tmp_path / "bin")
+    env = project_env(tmp_path, fake_bin=tmp_path / "bin")
+    assert doit(root, ["build:hopper/*"], env).returncode == 0
+    ignored = doit(root, ["ignore", "build:hopper/qwen/w8"], env)
+    assert ignored.returncode == 0, ignored.text
+
+    st = status_json(root, env, "hopper/*")
+    assert st["hopper/qwen/w4"]["status"] == "up to date"
+    assert st["hopper/qwen/w8"] == {
+        "target": "hopper/qwen/w8",
+        "status": "ignored",
+        "detail": "`doit ignore`d: `doit build` skips it until `doit forget build:hopper/qwen/w8`",
+    }
+    code, out, _ = cli(root, env, "status", "--exit-code", "hopper/*")
+    assert code == 0, out
+    assert "ignored     hopper/qwen/w8" in out and "1 ignored, 1 up to date" in out
+    code, out, _ = cli(root, env, "why", "hopper/qwen/w8")
+    assert code == 0
+    assert out.startswith("hopper/qwen/w8 is ignored (marked by `doit ignore build:hopper")
+    assert "changed input" not in out and "signature part" not in out
+    assert "`doit forget build:hopper/qwen/w8` drops the mark" in out
+
+    run = doit(root, ["build:hopper/*"], env)
+    assert run.returncode == 0, run.text
+    summary = [ln for ln in run.out.splitlines() if ln.startswith("build: ")]
+    assert len(summary) == 1 and ", 1 up to date, 0 skipped, 0 failed, 1 ignored in" in summary[0]
+    assert "ignored 1 target(s) marked by `doit ignore` (hopper/qwen/w8)" in run.out
+    assert "!! build" not in run.out  # doit's line for the group: it says nothing
+    listed = doit(root, ["list", "--status", "build:hopper/qwen/w8"], env)
+    assert listed.out.startswith("I build:hopper/qwen/w8"), listed.text
+
+    assert doit(root, ["forget", "build:hopper/qwen/w8"], env).returncode == 0
+    st = status_json(root, env, "hopper/qwen/w8")
+    assert st["hopper/qwen/w8"]["status"] == "stale" and st["hopper/qwen/w8"]["never_built"]
+    code, out, _ = cli(root, env, "why", "hopper/qwen/w8")
+    assert "never built successfully, or forgotten (no record in .doit.db)" in out
+    run = doit(root, ["build:hopper/*"], env)
+    assert run.returncode == 0 and "ignored" not in run.out, run.text
+    assert status_json(root, env, "hopper/*")["hopper/qwen/w8"]["status"] == "up to date"
+
+
 def test_rdeps_targets_and_modules(built: tuple[Path, dict[str, str]]) -> None:
     root, env = built
     code, out, err = cli(root, env, "rdeps", "kernels/hopper/common/util.cuh", "--json")

@@ -8,6 +8,7 @@ status``.
 from __future__ import annotations
 
 import inspect
+import sqlite3
 from pathlib import Path
 
 import doit
@@ -67,6 +68,48 @@ def test_dependency_private_members(tmp_path: Path) -> None:
         tmp_path / "db", checker_cls=ContentChecker, codec_cls=TaskDataCodec
     ) as dep:
         assert not doit_api.has_record(dep, "t")
+
+
+def test_ignore_mark(tmp_path: Path) -> None:
+    """`doit ignore`'s mark as the adapter reads it, and the trap it steps around: doit's
+    sqlite backend caches an empty record for any task it is asked about."""
+    db = tmp_path / "db"
+    task = doit_api.make_task({"name": "build:h/m/q", "actions": [], "uptodate": [False]})
+    with doit_api.open_dependency(db, checker_cls=ContentChecker, codec_cls=TaskDataCodec) as dep:
+        _require(dep, "ignore", "status_is_ignore", "remove")
+        assert not doit_api.is_ignored(dep, task)
+        assert not doit_api.has_record(dep, task.name), "is_ignored made up a record"
+        dep.ignore(task)
+        assert doit_api.is_ignored(dep, task)
+        dep.backend.dump()  # what `doit ignore` does when it ends
+    with doit_api.open_dependency(db, checker_cls=ContentChecker, codec_cls=TaskDataCodec) as dep:
+        assert doit_api.is_ignored(dep, task) and doit_api.has_record(dep, task.name)
+        assert doit_api.stored_state(dep, task.name, "ignore:") == "1"
+
+
+def test_saved_once_sqlite_relies_on_sqlitedb_state(tmp_path: Path) -> None:
+    """The members :class:`doit_api.SavedOnceSqliteDB` reads and replaces, and doit's
+    public accessor of the running command's database."""
+    _require(doit, "Globals")
+    _require(doit.Globals, "dep_manager")
+    db = doit_api.SavedOnceSqliteDB(str(tmp_path / "db"), codec=TaskDataCodec())
+    _require(db, "_cache", "_dirty", "_conn", "codec", "name")
+    assert isinstance(db._conn, sqlite3.Connection)
+    assert isinstance(db._cache, dict) and isinstance(db._dirty, set)
+    db.set("t", "k", "v")
+    assert db._dirty == {"t"} and db._cache == {"t": {"k": "v"}}
+    db.dump()
+    saved = doit.Globals.dep_manager
+    try:
+        doit.Globals.dep_manager = None
+        assert doit_api.running_backend() is None
+        with doit_api.open_dependency(
+            tmp_path / "db", checker_cls=ContentChecker, codec_cls=TaskDataCodec
+        ) as dep:
+            doit.Globals.dep_manager = dep
+            assert doit_api.running_backend() is dep.backend
+    finally:
+        doit.Globals.dep_manager = saved
 
 
 def test_task_and_status_members() -> None:

@@ -30,7 +30,7 @@ from metrale_orch import dodo
 from metrale_orch.cli import main
 from metrale_orch.errors import Interrupted, interrupt_exit_code, printable
 from metrale_orch.tasks.actions import BuildFailed
-from metrale_orch.tasks.reporter import exit_status, format_interrupted
+from metrale_orch.tasks.reporter import exit_status, format_interrupted, format_summary
 from tests.support.project import (
     FILES,
     DoitRun,
@@ -243,6 +243,12 @@ def test_exit_status_rules() -> None:
     assert exit_status([("error", TaskFailed("tree")), ("build", TaskFailed("x"))]) == 2
     assert exit_status([("build", TaskError("doit"))]) == 2
     assert exit_status([("build", BuildFailed("x", {"exit_code": 2}))]) == 2
+
+
+def test_the_summary_counts_ignored_targets_only_when_there_are_some() -> None:
+    common = "build: 1 built, 0 from cache, 0 up to date, 0 skipped, 0 failed"
+    assert format_summary({"built": 1}, 0.04) == f"{common} in 0.0 s"
+    assert format_summary({"built": 1, "ignored": 2}, 0.04) == f"{common}, 2 ignored in 0.0 s"
 
 
 # ------------------------------------------------------------------------------ broken names

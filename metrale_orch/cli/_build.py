@@ -6,11 +6,16 @@ read doit's dependency database (``<root>/.doit.db``, sqlite3) through doit's
 own ``Dependency`` API with the same content checker, so their answer is the
 one ``doit build`` would act on. They never write the database.
 
-- ``status [PATTERN] [--json]``: each target (``fnmatch`` wildcards, e.g.
-  ``'hopper/*'``) as ``up to date``, ``stale``, ``error`` or ``skipped``.
+- ``status [PATTERN] [--json] [--exit-code]``: each target (``fnmatch`` wildcards,
+  e.g. ``'hopper/*'``) as ``up to date``, ``stale``, ``error``, ``skipped`` or
+  ``ignored`` (marked by ``doit ignore``). ``--exit-code`` exits 1 when ``doit
+  build`` has something to do: a stale or failing target. A skipped target (no
+  compiler here) and an ignored one (doit skips it, as ``doit list --status``
+  shows ``I``) are not.
 - ``why TARGET``: which inputs changed, appeared or disappeared, which
   signature parts (layout, flags, toolchain, defaults, ...) differ from the
-  last successful build, or which output is missing.
+  last successful build, or which output is missing; for an ignored target,
+  that it is ignored and what ``doit forget`` / ``doit build`` then do.
 - ``rdeps FILE``: the targets whose inputs include the file, and in each the
   modules whose compile can read it (its source, or its textual include
   closure over the staged layout, as the cache keys it); a file no module
@@ -29,12 +34,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from metrale_orch.errors import UsageError
-from metrale_orch.paths import DB_NAME
+from metrale_orch.paths import BUILD_TASK, DB_NAME
 from metrale_orch.tasks import status
 
 if TYPE_CHECKING:
@@ -68,7 +73,8 @@ def _run_status(args: argparse.Namespace, ctx: Context) -> int:
 
 def _status_code(args: argparse.Namespace, counts: Mapping[str, int]) -> int:
     """0, or with ``--exit-code`` 1 when a target is stale or in error (as ``git diff
-    --exit-code``); skipped targets (no compiler here) are not a change."""
+    --exit-code``); skipped targets (no compiler here) and ignored ones (``doit build``
+    skips them) are not a change."""
     return 1 if args.exit_code and (counts.get("stale") or counts.get("error")) else 0
 
 
@@ -96,16 +102,30 @@ def _run_why(args: argparse.Namespace, ctx: Context) -> int:
     if st.status == "skipped":
         w(f"{st.target} is skipped: {st.detail}\n")
         return 0
+    if st.status == "ignored":
+        _why_ignored(st, w)
+        return 0
     if st.status == "error" and not (st.changed or st.added or st.removed):
         w(f"{st.target} does not build: {st.detail}\n")
         return 0
     w(f"{st.target} is stale:\n")
     if st.never_built:
-        w(f"  never built successfully (no record in {DB_NAME})\n")
+        w(f"  never built successfully, or forgotten (no record in {DB_NAME})\n")
     for key, items in st.reasons():
         for item in items:
             w(f"  {_WHY_LABELS[key]}: {item}\n")
     return 0
+
+
+def _why_ignored(st: status.TargetStatus, w: Callable[[str], object]) -> None:
+    task = f"{BUILD_TASK}:{st.target}"
+    w(f"{st.target} is ignored (marked by `doit ignore {task}`):\n")
+    w("  `doit build` skips it and leaves its files as they are (`doit list --status`: I)\n")
+    w(f"  its record in {DB_NAME} holds only the mark: nothing is known of its inputs\n")
+    w(
+        f"  `doit forget {task}` drops the mark; the next `doit build` then builds it "
+        "again (from the cache when nothing changed)\n"
+    )
 
 
 def _rel_to_root(root: Path, text: str) -> str:
@@ -156,7 +176,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``status``, ``why`` and ``rdeps`` to ``sub``."""
     p = sub.add_parser(
         "status",
-        help="show each target as up to date, stale, error or skipped",
+        help="show each target as up to date, stale, error, skipped or ignored",
         description="Each target's state as `doit build` would see it. PATTERN is an "
         "fnmatch wildcard over hw/model/quant (quote it: 'hopper/*').",
     )
@@ -165,7 +185,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--exit-code",
         action="store_true",
-        help="exit 1 when any target is stale or in error (for CI: 'is anything to build?')",
+        help="exit 1 when any target is stale or in error (for CI: 'is anything to build?'); "
+        "skipped and ignored targets are not",
     )
     p.set_defaults(run=_run_status)
 

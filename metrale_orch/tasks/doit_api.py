@@ -4,7 +4,13 @@ Everything the package needs from doit beyond its documented extension points
 (``check_file_uptodate``, ``codec_cls``, ``reporter``, ``uptodate`` objects,
 task dicts) goes through here: a task's stored per-file state
 (``Dependency._get``/``_set``), whether a task has a record (``Dependency._in``),
-and closing the sqlite backend without doit's final dump (``SqliteDB._conn``).
+whether ``doit ignore`` marked it (``Dependency.status_is_ignore``: the mark is the
+record's ``"ignore:"`` key, and doit's sqlite backend writes it *in place of* the
+record, so an ignored task keeps no saved state at all), and closing the sqlite
+backend without doit's final dump (``SqliteDB._conn``). :class:`SavedOnceSqliteDB`
+is doit's sqlite backend with every write held for the final save (its
+``_cache``, ``_dirty`` and ``_conn``); :mod:`metrale_orch.tasks.database` builds
+the package's backend on it.
 ``tests/test_doit_api.py`` checks each attribute and signature used, so a doit
 upgrade that moves one fails there, by name, rather than deep in a build.
 
@@ -14,21 +20,28 @@ which mypy sees as ``Any`` (the honest exception to concrete types).
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import doit
-from doit.dependency import Dependency, SqliteDB
+from doit import Globals
+from doit.dependency import DatabaseException, Dependency, SqliteDB
 from doit.task import Task, dict_to_task
 
 __all__ = [
+    "DatabaseException",
     "Dependency",
+    "SavedOnceSqliteDB",
     "Task",
     "doit_version",
     "has_record",
+    "is_ignored",
     "make_task",
     "open_dependency",
+    "running_backend",
     "store_state",
     "store_values",
     "stored_state",
@@ -70,6 +83,23 @@ def has_record(dep: Dependency, task: str) -> bool:
     return bool(dep._in(task))
 
 
+def is_ignored(dep: Dependency, task: Task) -> bool:
+    """Whether ``doit ignore`` marked ``task``: ``doit build`` then skips it (``!!``) until
+    ``doit forget`` drops the mark (with the rest of the record).
+
+    Asks :func:`has_record` first: doit's sqlite backend caches an empty record for any
+    task it is asked about, and ``has_record`` then answers True for a task with none.
+    """
+    return has_record(dep, task.name) and bool(dep.status_is_ignore(task))
+
+
+def running_backend() -> object:
+    """The database backend of the doit command running in this process, or None before
+    doit opens it (``doit.Globals.dep_manager``, doit's public accessor)."""
+    dep = Globals.dep_manager
+    return None if dep is None else dep.backend
+
+
 def make_task(task: dict[str, object]) -> Task:
     """doit's ``Task`` of a task dict, as doit's loader makes it."""
     return dict_to_task(task)
@@ -84,3 +114,71 @@ def open_dependency(db: Path, *, checker_cls: type, codec_cls: type) -> Iterator
         yield dep
     finally:
         dep.backend._conn.close()
+
+
+class SavedOnceSqliteDB(SqliteDB):  # type: ignore[misc]
+    """doit's ``SqliteDB`` with every write held for :meth:`dump`.
+
+    doit deletes records at once (a failed task's, ``doit forget``'s) inside the
+    transaction its dump commits anyway; here deletes wait too, reads see them
+    (:meth:`get`, :meth:`in_`), and :meth:`dump` writes deletes and records in one
+    transaction, sorted, that commits whole or is rolled back whole (the
+    ``sqlite3.Error`` is raised), then closes the database.
+    """
+
+    # SqliteDB's state (doit ships no types): each task's record, the tasks changed.
+    _cache: dict[str, dict[str, object]]
+    _dirty: set[str]
+    _conn: sqlite3.Connection
+
+    def __init__(self, name: str, codec: object, *, module_name: str | None = None) -> None:
+        self._removed: set[str] = set()
+        self._clear = False
+        super().__init__(name, codec, module_name=module_name)
+
+    def pending(self) -> int:
+        """How many task records the next :meth:`dump` changes."""
+        return len(self._dirty | self._removed) + (1 if self._clear else 0)
+
+    def get(self, task_id: str, dependency: str) -> object:
+        if task_id not in self._cache and (self._clear or task_id in self._removed):
+            return None
+        return super().get(task_id, dependency)
+
+    def in_(self, task_id: str) -> bool:
+        if task_id in self._cache:
+            return True
+        if self._clear or task_id in self._removed:
+            return False
+        return bool(super().in_(task_id))
+
+    def remove(self, task_id: str) -> None:
+        self._cache.pop(task_id, None)
+        self._dirty.discard(task_id)
+        self._removed.add(task_id)
+
+    def remove_all(self) -> None:
+        self._cache = {}
+        self._dirty = set()
+        self._removed = set()
+        self._clear = True
+
+    def dump(self) -> None:
+        conn = self._conn
+        try:
+            if self._clear:
+                conn.execute("delete from doit")
+            for task_id in sorted(self._removed):
+                conn.execute("delete from doit where task_id=?", (task_id,))
+            for task_id in sorted(self._dirty):
+                record = self.codec.encode(self._cache[task_id])
+                conn.execute("insert or replace into doit values (?,?)", (task_id, record))
+            conn.commit()
+        except sqlite3.Error:
+            with contextlib.suppress(sqlite3.Error):
+                conn.rollback()
+            raise
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+            self._dirty, self._removed, self._clear = set(), set(), False

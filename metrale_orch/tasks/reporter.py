@@ -1,12 +1,18 @@
 """The doit reporter of ``metrale_orch.dodo``: progress, failures, one summary line.
 
 Build tasks (``build:…``) are shown as ``[ i/n] build:<target>`` when they
-start; up-to-date ones are counted silently. A failure prints its one-line
-message (the compiler's output for compile errors). At the end:
+start; up-to-date ones are counted silently, and so are those marked by ``doit
+ignore`` (doit's ``!!`` lines: the group ``build`` is "ignored" too whenever one
+of its targets is, which says nothing). A failure prints its one-line message
+(the compiler's output for compile errors). At the end:
 
     build: 3 built, 2 from cache, 995 up to date, 4 skipped, 1 failed in 1.2 s
     skipped 4 targets: toolchain 'metal' is not installed: ... (apple/*)
     cache: <the cache's own summary line>
+
+With ignored targets the line counts them too (``…, 1 failed, 2 ignored in …``,
+only then, so the common line keeps its shape) and one more line names them and
+how to undo the mark.
 
 Each build task returns a small value (``outcome``, module outcomes, this
 task's cache statistics, cache warnings, its profile spans); the reporter adds
@@ -26,7 +32,13 @@ How a run ends is decided here too, since doit's runner calls
 - failed: exit 1 when every failure is a target that ran and failed (a
   compile error), 2 when one is a tree, configuration or doit error. doit
   alone would say 2 whenever the group ``build`` ran, since it counts the
-  group's unmet dependencies as errors (:func:`exit_status`).
+  group's unmet dependencies as errors (:func:`exit_status`);
+- doit's database could not be saved (a full disk): the summary, then one
+  ``error:`` line naming the file and why, and at least exit 1
+  (:class:`~metrale_orch.tasks.database.Database` keeps the failure for this).
+
+A file of the run's report (``cache-stats.json``, ``profile.json``) that cannot
+be written is one warning line naming it and why; it never fails the run.
 """
 
 from __future__ import annotations
@@ -60,8 +72,9 @@ from metrale_orch.tasks.actions import (
     wait_for_builds,
 )
 from metrale_orch.tasks.checker import PROFILE_KEY
+from metrale_orch.tasks.database import Database
 from metrale_orch.tasks.dicts import KIND
-from metrale_orch.tasks.doit_api import Task
+from metrale_orch.tasks.doit_api import Task, running_backend
 from metrale_orch.tasks.progress import LiveLine, progress_text
 from metrale_orch.tasks.runlock import BuildLock
 
@@ -86,6 +99,8 @@ def format_summary(counts: dict[str, int], seconds: float) -> str:
         f"{counts.get('skipped', 0)} skipped",
         f"{counts.get('failed', 0)} failed",
     ]
+    if counts.get("ignored"):
+        parts.append(f"{counts['ignored']} ignored")
     return f"build: {', '.join(parts)} in {seconds:.1f} s"
 
 
@@ -162,6 +177,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         self._started = 0
         self._counts: dict[str, int] = {}
         self._skipped: dict[str, list[str]] = {}
+        self._ignored: list[str] = []
         self._stats: list[dict[str, int]] = []
         self._spans: list[dict[str, object]] = []
         self._warnings: list[str] = []
@@ -169,6 +185,8 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         self._any_build = False
         self._ran = False
         self._lock: BuildLock | None = None
+        #: doit's database of this run, when it is this package's (reports a failed save).
+        self._database: Database | None = None
         #: ``smoke:<hw>`` summary lines, printed last (after the build's own summary).
         self._smoke_lines: list[str] = []
         #: The live progress line on a terminal (:mod:`metrale_orch.tasks.progress`).
@@ -186,6 +204,10 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         # doit calls this before its first up-to-date check of a run that executes
         # tasks (never for `list`/`info`): one build per project from here to the end.
         self._lock = _take_build_lock()
+        backend = running_backend()
+        if isinstance(backend, Database):  # a failed final save is said with the summary
+            backend.report_at_end()
+            self._database = backend
         self._start = time.perf_counter()
         self._origin_ns = time.time_ns()
         selected = set(selected_tasks or ())
@@ -224,6 +246,14 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             self._bump("uptodate")
         elif task.name != BUILD_TASK and not task.name.startswith("_"):
             self.write(f"-- {task.title()}\n")
+
+    def skip_ignore(self, task: Task) -> None:
+        if _is_build(task):
+            self._any_build = True
+            self._bump("ignored")
+            self._ignored.append(task.name[len(_BASE) :])
+        elif task.name != BUILD_TASK and not task.name.startswith("_"):
+            super().skip_ignore(task)
 
     def add_success(self, task: Task) -> None:
         if not _is_build(task):
@@ -328,6 +358,9 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             (_kind(f["task"]) if _is_build(f["task"]) else "other", f["exception"])
             for f in self.failures
         )
+        unsaved = self._database.failure if self._database is not None else None
+        if unsaved is not None:  # doit's status says nothing of its database
+            status = max(status or 0, unsaved.exit_code)
         if status is not None and not self.runtime_errors and status != self._doit_status():
             raise SystemExit(status)
 
@@ -347,12 +380,19 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             self._complete_build()
         for line in self._smoke_lines:
             self.write(line + "\n")
+        if self._database is not None and self._database.failure is not None:
+            self.write(f"error: {self._database.failure}\n")
 
     def _complete_build(self) -> None:
         seconds = time.perf_counter() - self._start
         self.write(format_summary(self._counts, seconds) + "\n")
         for reason, targets in sorted(self._skipped.items()):
             self.write(f"skipped {len(targets)} target(s): {reason} ({_brief(targets)})\n")
+        if self._ignored:
+            self.write(
+                f"ignored {len(self._ignored)} target(s) marked by `doit ignore` "
+                f"({_brief(self._ignored)}); `doit forget {_BASE}<target>` builds one again\n"
+            )
         for warning in self._warnings:
             self.write(f"warning: {warning}\n")
         if self._ran:  # a no-op run leaves the last build's statistics and profile in place
@@ -381,17 +421,19 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         # Imported only after a run that built: a no-op never needs the cache.
         from metrale_orch import cache as cache_mod
 
+        path = Path(STATS_NAME)
         try:
             config = load_config(Path.cwd(), os.environ)
+            path = config.build_dir / STATS_NAME
             total = cache_mod.CacheStats()
             for item in self._stats:
                 total = total + cache_mod.CacheStats.from_dict(item)
             line = total.summary_line()
             if line:
                 self.write(f"{line}\n")
-            cache_mod.write_stats(config.build_dir / STATS_NAME, total)
+            cache_mod.write_stats(path, total)
         except Exception as exc:  # the summary must never fail the run
-            sys.stderr.write(f"warning: could not write cache statistics: {exc}\n")
+            _warn_unwritten("the cache statistics", path, exc)
 
     def _write_profile(self) -> None:
         """Write every span of this run to profile.json, atomically (Chrome trace events)."""
@@ -404,12 +446,21 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
                 spans.append(Span.from_dict(item))
             except ValueError:  # not from this package's actions: leave it out
                 continue
+        path = Path(PROFILE_NAME)
         try:
             config = load_config(Path.cwd(), os.environ)
+            path = config.build_dir / PROFILE_NAME
             doc = trace_document(spans, origin_ns=self._origin_ns, main_pid=os.getpid())
-            write_atomic(config.build_dir / PROFILE_NAME, encode_profile(doc))
+            write_atomic(path, encode_profile(doc))
         except (MetraleError, OSError) as exc:  # the profile must never fail the run
-            sys.stderr.write(f"warning: could not write the build profile: {exc}\n")
+            _warn_unwritten("the build profile", path, exc)
+
+
+def _warn_unwritten(what: str, path: Path, exc: BaseException) -> None:
+    """One stderr line for a file of the run's report that could not be written: which,
+    where, and why (an ``OSError``'s own words, e.g. "No space left on device")."""
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    sys.stderr.write(printable(f"warning: could not write {what} {path}: {reason}") + "\n")
 
 
 def _is_terminal(stream: TextIO) -> bool:

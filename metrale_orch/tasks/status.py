@@ -7,6 +7,13 @@ database (``<root>/.doit.db``) through doit's own ``Dependency`` with the same
 content checker (:mod:`metrale_orch.tasks.doit_api`), so the answer is the one
 ``doit build`` would act on. Nothing here writes the database or prints: the CLI
 formats the values returned.
+
+A target marked with ``doit ignore`` is ``ignored``, whatever its inputs: doit
+skips it before any up-to-date check, and its sqlite backend stores the mark in
+place of the task's record, so there is no saved state to compare with (reading
+it anyway would call every input and signature part changed). ``doit forget``
+drops the mark with the record: the target is then ``stale`` (no record) and
+the next build runs it, from the cache when nothing changed.
 """
 
 from __future__ import annotations
@@ -30,10 +37,18 @@ from metrale_orch.tasks.check import UNPROBED
 from metrale_orch.tasks.checker import SIGNATURE_KEY, ContentChecker, SignatureCheck, TaskDataCodec
 from metrale_orch.tasks.creators import named_failures
 from metrale_orch.tasks.dicts import BuildSpec
-from metrale_orch.tasks.doit_api import Dependency, Task, has_record, make_task, open_dependency
+from metrale_orch.tasks.doit_api import (
+    Dependency,
+    Task,
+    has_record,
+    is_ignored,
+    make_task,
+    open_dependency,
+)
 from metrale_orch.tree import Layout
 
 __all__ = [
+    "IGNORED_DETAIL",
     "BrokenTree",
     "NoSuchTarget",
     "Reach",
@@ -46,7 +61,10 @@ __all__ = [
 ]
 
 #: A target's state as ``doit build`` would see it.
-Status = Literal["up to date", "stale", "error", "skipped"]
+Status = Literal["up to date", "stale", "error", "skipped", "ignored"]
+
+#: The detail of an ignored target: what marked it, and how to undo the mark.
+IGNORED_DETAIL = "`doit ignore`d: `doit build` skips it until `doit forget {task}`"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -160,13 +178,27 @@ def statuses(
             s.target: make_task({**s.task, "name": f"{BUILD_TASK}:{s.target}"}) for s in chosen
         }
         for spec in chosen:
-            if spec.kind == "error":
+            task = tasks[spec.target]
+            if dep is not None and is_ignored(dep, task):
+                out.append(_ignored_status(spec, task))
+            elif spec.kind == "error":
                 out.append(TargetStatus(target=spec.target, status="error", detail=spec.message))
             elif spec.kind == "skip":
                 out.append(TargetStatus(target=spec.target, status="skipped", detail=spec.message))
             else:
-                out.append(_build_status(spec, tasks[spec.target], dep, detailed))
+                out.append(_build_status(spec, task, dep, detailed))
     return out, chosen
+
+
+def _ignored_status(spec: BuildSpec, task: Task) -> TargetStatus:
+    """An ignored target: what doit does with it, and what it would be without the mark
+    when the tree alone says so (a skip or an error; a build's state is unknown)."""
+    detail = IGNORED_DETAIL.format(task=task.name)
+    if spec.kind == "error":
+        detail += f"; without the mark it fails: {spec.message}"
+    elif spec.kind == "skip":
+        detail += f"; without the mark it is skipped: {spec.message}"
+    return TargetStatus(target=spec.target, status="ignored", detail=detail)
 
 
 def _sorted_reason(reasons: Mapping[str, object], key: str) -> tuple[str, ...]:

@@ -244,7 +244,7 @@ def orch_run(root: Path, args: Sequence[str], env: Mapping[str, str], timeout: f
     return Run(("metrale-orch", *args), proc.returncode, proc.stdout, proc.stderr)
 
 
-_COUNT_RE = re.compile(r"(\d+) (built|from cache|up to date|skipped|failed)")
+_COUNT_RE = re.compile(r"(\d+) (built|from cache|up to date|skipped|failed|ignored)")
 
 
 def summary_counts(run: Run) -> dict[str, int]:
