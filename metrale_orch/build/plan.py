@@ -14,13 +14,19 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
 from metrale_orch import cache as cache_mod
-from metrale_orch.build.argv import compile_argv, env_switches, keyed_environment, link_argv
+from metrale_orch.build.argv import (
+    Switches,
+    compile_argv,
+    env_switches,
+    keyed_environment,
+    link_argv,
+)
 from metrale_orch.build.errors import BuildConfigError
 from metrale_orch.build.hip_mirror import MIRROR_DIR, HipCompat, hip_identity, mirrored_source
 from metrale_orch.build.staging import role_dir
@@ -352,110 +358,35 @@ def plan_target(
     env_in = environ or {}
     hw = layout.hardware
     toolchain = select_toolchain(hw, toolchains)
-    if not hw.arch:
-        raise BuildConfigError(
-            rel(hw.path), "[hardware] arch", 'is required to build (e.g. arch = "sm_90a")'
-        )
-    arch = hw.arch
+    arch = _required_arch(hw, rel)
     docs = config_docs(layout)
     flags = _merge_flags(layout, docs, toolchain.flags_key, rel)
     layout_modules = layout.modules()
     names = _module_names(docs, layout_modules, rel)
     defaults, defaults_doc = memo.defaults(hw)
-    env = memo.env(toolchain, env_in)
+    keyed_env = memo.env(toolchain, env_in)
     switches = env_switches(toolchain, env_in)
-    if switches.env:
-        env = MappingProxyType(dict(sorted({**env, **switches.env}.items())))
-    compat: HipCompat | None = None
-    if toolchain.dialect == "hip":
-        compat = hip_compat or HipCompat()
-        if compat.problem:
-            raise BuildConfigError("configuration", "hip_compat_dir", compat.problem)
-        if layout.source_model == MIRROR_DIR:
-            raise BuildConfigError(
-                f"kernels/{hw.name}/{layout.source_model}",
-                "(directory)",
-                f"a model named {MIRROR_DIR!r} would share the HIP mirror's stage directory; "
-                "rename the model directory",
-            )
-        identity = hip_identity(identity, compat)
-    plain = not (switches.env or toolchain.link_argv or compat is not None)
-    ext = toolchain.extension
-    modules: list[ModulePlan] = []
-    for stem, entry in layout_modules:
-        role = layout.role_of(entry)
-        cwd = role_dir(layout, role)
-        name = names[stem]
-        artefact = f"{name}.{ext}"
-        if plain:
-            argv = memo.argv(toolchain, arch, flags, entry.name, artefact)
-        else:
-            # As run_compile runs it, with the program's name and the artefact's: the
-            # mirrored source (HIP), the switches, and a second step after "&&".
-            inter = f"{name}.{toolchain.intermediate_extension}" if toolchain.link_argv else ""
-            argv = compile_argv(
-                toolchain,
-                arch=arch,
-                flags=flags,
-                include=".",
-                source=entry.name if compat is None else mirrored_source(cwd, entry.name),
-                output=artefact,
-                intermediate=inter,
-                switches=switches,
-                compat_include=compat.spelled if compat is not None else "",
-            )
-            if inter:
-                link = link_argv(toolchain, arch=arch, intermediate=inter, output=artefact)
-                argv = (*argv, "&&", *link)
-        modules.append(
-            ModulePlan(
-                stem=stem,
-                name=name,
-                role=role.value,
-                entry=entry.name,
-                source=entry.source,
-                source_rel=rel(entry.source),
-                staged=f"{cwd}/{entry.name}",
-                cwd=cwd,
-                artefact=artefact,
-                argv=argv,
-            )
-        )
-    deps: set[Path] = set(layout.inputs())
-    deps.update(layout.hardware_manifests)
-    deps.update(layout.model_manifests)
-    if toolchain.file is not None:
-        deps.add(toolchain.file)
+    env = _planned_env(keyed_env, switches)
+    compat = _hip_compat_of(toolchain, layout, hip_compat)
     if compat is not None:
-        deps.update(compat.paths)
+        identity = hip_identity(identity, compat)
+    steps = _ArgvSteps(
+        memo=memo, toolchain=toolchain, arch=arch, flags=flags, switches=switches, compat=compat
+    )
+    modules = [
+        _plan_module(layout, stem, entry, names[stem], steps, rel) for stem, entry in layout_modules
+    ]
     tree_levers = memo.tree_levers()
-    if tree_levers.file is not None:
-        deps.add(tree_levers.file)
-    dep_of = rel.dep
-    keyed = sorted([(dep_of(p), p) for p in deps])
+    keyed = _keyed_file_deps(layout, toolchain, compat, tree_levers, rel.dep)
     signature = {
         "schema": PLAN_SCHEMA,
         "cache_schema": cache_mod.SCHEMA,
         "target": str(layout.target),
         "arch": arch,
-        "toolchain": {
-            "name": toolchain.name,
-            "identity": identity,
-            "argv": list(toolchain.argv),
-            "link_argv": list(toolchain.link_argv),
-            "output": toolchain.output,
-            "extension": ext,
-        },
+        "toolchain": _toolchain_signature(toolchain, identity),
         "env": dict(env),
         "flags": list(flags),
-        "layout": {
-            "source_model": layout.source_model,
-            "leaf": {n: rel(e.source) for n, e in layout.leaf.items()},
-            "common": {n: rel(e.source) for n, e in layout.common.items()},
-            "leaf_subdirs": {n: rel(p) for n, p in layout.leaf_subdirs.items()},
-            "common_subdirs": {n: rel(p) for n, p in layout.common_subdirs.items()},
-            "shadows": [shadow_dict(s, rel) for s in layout.shadows],
-        },
+        "layout": _layout_signature(layout, rel),
         "modules": [
             {"stem": m.stem, "name": m.name, "staged": m.staged, "argv": list(m.argv)}
             for m in modules
@@ -478,6 +409,155 @@ def plan_target(
         file_dep_rels=tuple(dict.fromkeys(r for r, _ in keyed)),
         hip_compat=compat,
     )
+
+
+def _required_arch(hw: Hardware, rel: RootRel) -> str:
+    """``[hardware] arch`` of the own HARDWARE.toml; a build cannot go without one."""
+    if not hw.arch:
+        raise BuildConfigError(
+            rel(hw.path), "[hardware] arch", 'is required to build (e.g. arch = "sm_90a")'
+        )
+    return hw.arch
+
+
+def _planned_env(env: Mapping[str, str], switches: Switches) -> Mapping[str, str]:
+    """The toolchain's allow-listed environment with the switches that are set, sorted."""
+    if not switches.env:
+        return env
+    return MappingProxyType(dict(sorted({**env, **switches.env}.items())))
+
+
+def _hip_compat_of(
+    toolchain: Toolchain, layout: Layout, hip_compat: HipCompat | None
+) -> HipCompat | None:
+    """The HIP compat directory a ``hip``-dialect toolchain's target reads (None for others).
+
+    Raises :class:`BuildConfigError` for an unusable compat directory, or a model whose
+    directory name is the HIP mirror's.
+    """
+    if toolchain.dialect != "hip":
+        return None
+    compat = hip_compat or HipCompat()
+    if compat.problem:
+        raise BuildConfigError("configuration", "hip_compat_dir", compat.problem)
+    if layout.source_model == MIRROR_DIR:
+        raise BuildConfigError(
+            f"kernels/{layout.hardware.name}/{layout.source_model}",
+            "(directory)",
+            f"a model named {MIRROR_DIR!r} would share the HIP mirror's stage directory; "
+            "rename the model directory",
+        )
+    return compat
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _ArgvSteps:
+    """What every module's compile argv of one target shares."""
+
+    memo: PlanMemo
+    toolchain: Toolchain
+    arch: str
+    flags: tuple[str, ...]
+    switches: Switches
+    compat: HipCompat | None
+
+    @property
+    def plain(self) -> bool:
+        """One compile step of the entry as named (memoisable): no switches, link or HIP."""
+        return not (self.switches.env or self.toolchain.link_argv or self.compat is not None)
+
+
+def _plan_module(
+    layout: Layout, stem: str, entry: Entry, name: str, steps: _ArgvSteps, rel: RootRel
+) -> ModulePlan:
+    """The plan of one module: where it is staged and how it is compiled."""
+    role = layout.role_of(entry)
+    cwd = role_dir(layout, role)
+    artefact = f"{name}.{steps.toolchain.extension}"
+    return ModulePlan(
+        stem=stem,
+        name=name,
+        role=role.value,
+        entry=entry.name,
+        source=entry.source,
+        source_rel=rel(entry.source),
+        staged=f"{cwd}/{entry.name}",
+        cwd=cwd,
+        artefact=artefact,
+        argv=_module_argv(steps, cwd, entry.name, name, artefact),
+    )
+
+
+def _module_argv(
+    steps: _ArgvSteps, cwd: str, entry_name: str, name: str, artefact: str
+) -> tuple[str, ...]:
+    """The module's compile argv with the program's name and the artefact's."""
+    toolchain = steps.toolchain
+    if steps.plain:
+        return steps.memo.argv(toolchain, steps.arch, steps.flags, entry_name, artefact)
+    # As run_compile runs it: the mirrored source (HIP), the switches, and a second
+    # step after "&&".
+    compat = steps.compat
+    inter = f"{name}.{toolchain.intermediate_extension}" if toolchain.link_argv else ""
+    argv = compile_argv(
+        toolchain,
+        arch=steps.arch,
+        flags=steps.flags,
+        include=".",
+        source=entry_name if compat is None else mirrored_source(cwd, entry_name),
+        output=artefact,
+        intermediate=inter,
+        switches=steps.switches,
+        compat_include=compat.spelled if compat is not None else "",
+    )
+    if inter:
+        link = link_argv(toolchain, arch=steps.arch, intermediate=inter, output=artefact)
+        argv = (*argv, "&&", *link)
+    return argv
+
+
+def _keyed_file_deps(
+    layout: Layout,
+    toolchain: Toolchain,
+    compat: HipCompat | None,
+    tree_levers: DeclaredLevers,
+    dep_of: Callable[[Path], str],
+) -> list[tuple[str, Path]]:
+    """(doit spelling, path) of every file the build depends on, sorted by spelling."""
+    deps: set[Path] = set(layout.inputs())
+    deps.update(layout.hardware_manifests)
+    deps.update(layout.model_manifests)
+    if toolchain.file is not None:
+        deps.add(toolchain.file)
+    if compat is not None:
+        deps.update(compat.paths)
+    if tree_levers.file is not None:
+        deps.add(tree_levers.file)
+    return sorted([(dep_of(p), p) for p in deps])
+
+
+def _toolchain_signature(toolchain: Toolchain, identity: str) -> dict[str, object]:
+    """The toolchain as the plan's signature records it."""
+    return {
+        "name": toolchain.name,
+        "identity": identity,
+        "argv": list(toolchain.argv),
+        "link_argv": list(toolchain.link_argv),
+        "output": toolchain.output,
+        "extension": toolchain.extension,
+    }
+
+
+def _layout_signature(layout: Layout, rel: RootRel) -> dict[str, object]:
+    """The resolved layout map (root-relative) as the plan's signature records it."""
+    return {
+        "source_model": layout.source_model,
+        "leaf": {n: rel(e.source) for n, e in layout.leaf.items()},
+        "common": {n: rel(e.source) for n, e in layout.common.items()},
+        "leaf_subdirs": {n: rel(p) for n, p in layout.leaf_subdirs.items()},
+        "common_subdirs": {n: rel(p) for n, p in layout.common_subdirs.items()},
+        "shadows": [shadow_dict(s, rel) for s in layout.shadows],
+    }
 
 
 def shadow_dict(shadow: Shadow, root: Path | RootRel) -> dict[str, str]:

@@ -248,72 +248,15 @@ def parse_toolchain(
     Raises :class:`ToolchainError` naming ``where`` and the key for an unknown
     key, a wrong type, an unknown output kind or a bad template.
     """
-    fields: dict[str, object] = dict(base or {})
-    fields.pop("vendors", None)  # never inherited: a variant is picked explicitly
-    for key, value in table.items():
-        if key in _STR_KEYS:
-            if not isinstance(value, str):
-                raise ToolchainError(where, key, f"must be a string, got {type(value).__name__}")
-        elif key in _LIST_KEYS:
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise ToolchainError(where, key, "must be an array of strings")
-        else:
-            known = ", ".join(sorted((*_STR_KEYS, *_LIST_KEYS)))
-            raise ToolchainError(where, key, f"unknown key (known keys: {known})")
-        fields[key] = value
-    for key in ("name", "program", "argv"):
-        if not fields.get(key):
-            raise ToolchainError(where, key, "is required (or `extends` a toolchain that has it)")
-    name = _text(fields, "name")
-    if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
-        raise ToolchainError(where, "name", f"{name!r} must be letters, digits, '-', '_', '.'")
+    fields = _merged_fields(table, where, base)
+    name = _checked_name(fields, where)
     output = _text(fields, "output", "ptx")
-    default_flag, default_ext = OUTPUT_KINDS.get(output, ("", output))
-    # A changed output kind brings its own flag and extension unless given here.
-    if "output_flag" in table:
-        output_flag = str(table["output_flag"])
-    elif "output" in table or "output_flag" not in fields:
-        if output not in OUTPUT_KINDS:
-            kinds = ", ".join(OUTPUT_KINDS)
-            raise ToolchainError(
-                where,
-                "output",
-                f"unknown output kind {output!r} (known: {kinds}); or set output_flag",
-            )
-        output_flag = default_flag
-    else:
-        output_flag = str(fields["output_flag"])
-    if "extension" in table:
-        extension = str(table["extension"])
-    elif "output" in table or "extension" not in fields:
-        extension = default_ext
-    else:
-        extension = str(fields["extension"])
-    if not extension or "/" in extension or extension.startswith("."):
-        raise ToolchainError(where, "extension", f"{extension!r} is not a file extension")
+    output_flag = _output_flag(table, fields, output, where)
+    extension = _extension(table, fields, output, where)
     argv = _words(fields, "argv")
     link = _words(fields, "link_argv")
-    if link:
-        _check_template(argv, where, "argv", ("{source}", "{intermediate}"))
-        _check_template(link, where, "link_argv", ("{intermediate}", "{output}"))
-        intermediate = str(fields.get("intermediate_extension", ""))
-        if not intermediate or "/" in intermediate or intermediate.startswith("."):
-            raise ToolchainError(
-                where,
-                "intermediate_extension",
-                f"{intermediate!r} is not a file extension (a two-step toolchain needs one)",
-            )
-        if intermediate == extension:
-            raise ToolchainError(
-                where, "intermediate_extension", f"must differ from the artefact's {extension!r}"
-            )
-    else:
-        _check_template(argv, where, "argv", ("{source}", "{output}"))
-        intermediate = ""
-    dialect = _text(fields, "dialect")
-    if dialect not in DIALECTS:
-        known = ", ".join(repr(d) for d in DIALECTS)
-        raise ToolchainError(where, "dialect", f"unknown dialect {dialect!r} (known: {known})")
+    intermediate = _checked_steps(fields, argv, link, extension, where)
+    dialect = _dialect(fields, where)
     _check_program(fields, where)
     return Toolchain(
         name=name,
@@ -350,6 +293,110 @@ def parse_toolchain(
         install_hint=_text(fields, "install_hint") or f"`{fields['program']}`",
         file=file,
     )
+
+
+def _merged_fields(
+    table: Mapping[str, object], where: str, base: Mapping[str, object] | None
+) -> dict[str, object]:
+    """``base``'s fields (less ``vendors``) overlaid with ``table``'s, each key type-checked."""
+    fields: dict[str, object] = dict(base or {})
+    fields.pop("vendors", None)  # never inherited: a variant is picked explicitly
+    for key, value in table.items():
+        if key in _STR_KEYS:
+            if not isinstance(value, str):
+                raise ToolchainError(where, key, f"must be a string, got {type(value).__name__}")
+        elif key in _LIST_KEYS:
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ToolchainError(where, key, "must be an array of strings")
+        else:
+            known = ", ".join(sorted((*_STR_KEYS, *_LIST_KEYS)))
+            raise ToolchainError(where, key, f"unknown key (known keys: {known})")
+        fields[key] = value
+    return fields
+
+
+def _checked_name(fields: Mapping[str, object], where: str) -> str:
+    """The toolchain's name, once ``name``, ``program`` and ``argv`` are known to be set."""
+    for key in ("name", "program", "argv"):
+        if not fields.get(key):
+            raise ToolchainError(where, key, "is required (or `extends` a toolchain that has it)")
+    name = _text(fields, "name")
+    if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise ToolchainError(where, "name", f"{name!r} must be letters, digits, '-', '_', '.'")
+    return name
+
+
+def _output_flag(
+    table: Mapping[str, object], fields: Mapping[str, object], output: str, where: str
+) -> str:
+    """The flag selecting ``output``: the table's; else, when the table changes the output
+    kind (or nothing is inherited), the kind's own; else the inherited one."""
+    if "output_flag" in table:
+        return str(table["output_flag"])
+    if "output" in table or "output_flag" not in fields:
+        if output not in OUTPUT_KINDS:
+            kinds = ", ".join(OUTPUT_KINDS)
+            raise ToolchainError(
+                where,
+                "output",
+                f"unknown output kind {output!r} (known: {kinds}); or set output_flag",
+            )
+        return OUTPUT_KINDS[output][0]
+    return str(fields["output_flag"])
+
+
+def _extension(
+    table: Mapping[str, object], fields: Mapping[str, object], output: str, where: str
+) -> str:
+    """The artefact's extension: the table's; else, when the table changes the output kind
+    (or nothing is inherited), the kind's own (an unknown kind's name); else the inherited
+    one."""
+    if "extension" in table:
+        extension = str(table["extension"])
+    elif "output" in table or "extension" not in fields:
+        extension = OUTPUT_KINDS.get(output, ("", output))[1]
+    else:
+        extension = str(fields["extension"])
+    if not extension or "/" in extension or extension.startswith("."):
+        raise ToolchainError(where, "extension", f"{extension!r} is not a file extension")
+    return extension
+
+
+def _checked_steps(
+    fields: Mapping[str, object],
+    argv: tuple[str, ...],
+    link: tuple[str, ...],
+    extension: str,
+    where: str,
+) -> str:
+    """The intermediate extension ("" for a one-step toolchain), once the templates of
+    the compile (and link) step hold the placeholders they need."""
+    if not link:
+        _check_template(argv, where, "argv", ("{source}", "{output}"))
+        return ""
+    _check_template(argv, where, "argv", ("{source}", "{intermediate}"))
+    _check_template(link, where, "link_argv", ("{intermediate}", "{output}"))
+    intermediate = str(fields.get("intermediate_extension", ""))
+    if not intermediate or "/" in intermediate or intermediate.startswith("."):
+        raise ToolchainError(
+            where,
+            "intermediate_extension",
+            f"{intermediate!r} is not a file extension (a two-step toolchain needs one)",
+        )
+    if intermediate == extension:
+        raise ToolchainError(
+            where, "intermediate_extension", f"must differ from the artefact's {extension!r}"
+        )
+    return intermediate
+
+
+def _dialect(fields: Mapping[str, object], where: str) -> str:
+    """``dialect``, one of :data:`DIALECTS`."""
+    dialect = _text(fields, "dialect")
+    if dialect not in DIALECTS:
+        known = ", ".join(repr(d) for d in DIALECTS)
+        raise ToolchainError(where, "dialect", f"unknown dialect {dialect!r} (known: {known})")
+    return dialect
 
 
 def _text(fields: Mapping[str, object], key: str, default: str = "") -> str:

@@ -37,7 +37,9 @@ only mark of a kernel as opposed to a device function) is dropped; the
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from metrale_orch.smoke.errors import SmokeError
 from metrale_orch.smoke.ptx import PtxError, PtxInfo, parse_ptx
@@ -250,8 +252,48 @@ def _notes(blob: bytes) -> list[tuple[str, int, bytes]]:
     return out
 
 
+class _Header(NamedTuple):
+    """What the ELF header tells: the ABI version, ``e_flags`` and the section table."""
+
+    abi: int
+    flags: int
+    shoff: int
+    shentsize: int
+    shnum: int
+    shstrndx: int
+
+
+class _Symbol(NamedTuple):
+    """One symbol table entry, as much of it as kernels need."""
+
+    name: str
+    info: int
+    other: int
+    shndx: int
+    size: int
+
+
 def parse_cubin(data: bytes) -> CubinInfo:
     """Read a CUDA ELF. Raises :class:`ElfError` when it is not one (or is truncated)."""
+    header = _cuda_header(data)
+    sections = _sections(data, header.shoff, header.shnum, header.shentsize, header.shstrndx)
+    sm, flag_variant = _flag_arch(header.abi, header.flags)
+    ptxas_options, compat_a = _toolkit_info(data, sections)
+    symbols = _symbols(data, sections)
+    regs, frames = _kernel_attributes(data, sections)
+    kernels = _kernels(sections, symbols, regs, frames)
+    return CubinInfo(
+        sm=sm,
+        variant=_variant(sm, flag_variant, ptxas_options, compat_a),
+        abi_version=header.abi,
+        e_flags=header.flags,
+        ptxas_options=ptxas_options,
+        kernels=tuple(kernels),
+    )
+
+
+def _cuda_header(data: bytes) -> _Header:
+    """The header of a 64-bit little-endian CUDA ELF; :class:`ElfError` for anything else."""
     if not is_elf(data):
         raise ElfError("not an ELF file (bad magic)")
     if len(data) < _EHDR.size:
@@ -276,16 +318,18 @@ def parse_cubin(data: bytes) -> CubinInfo:
         raise ElfError("not a 64-bit little-endian ELF")
     if machine != EM_CUDA:
         raise ElfError(f"ELF machine is {machine}, not EM_CUDA ({EM_CUDA}): not a cubin")
-    abi = ident[8]
-    sections = _sections(data, shoff, shnum, shentsize, shstrndx)
+    return _Header(ident[8], flags, shoff, shentsize, shnum, shstrndx)
 
+
+def _flag_arch(abi: int, flags: int) -> tuple[int, str | None]:
+    """(SM number, ``"a"`` or None) as ``e_flags`` spells them for the ELF ABI version."""
     if abi >= 8:
-        sm = (flags >> 8) & 0xFF
-        variant: str | None = None
-    else:
-        sm = flags & 0xFF
-        variant = "a" if flags & 0x800 else None
+        return (flags >> 8) & 0xFF, None
+    return flags & 0xFF, "a" if flags & 0x800 else None
 
+
+def _toolkit_info(data: bytes, sections: list[_Section]) -> tuple[str, int | None]:
+    """(ptxas's recorded options or "", ``.nv.compat`` attribute 9 or None)."""
     ptxas_options = ""
     compat_a: int | None = None
     for sec in sections:
@@ -300,6 +344,15 @@ def parse_cubin(data: bytes) -> CubinInfo:
             for fmt, attr, value in _nv_info_records(blob):
                 if fmt == 2 and attr == 9 and isinstance(value, int):
                     compat_a = value
+    return ptxas_options, compat_a
+
+
+def _variant(
+    sm: int, flag_variant: str | None, ptxas_options: str, compat_a: int | None
+) -> str | None:
+    """The arch suffix: ptxas's recorded ``-arch`` when it names this SM, else the flags'
+    ``a``, else ``a`` when ``.nv.compat`` marks one."""
+    variant = flag_variant
     recorded = _ptxas_arch(ptxas_options) if ptxas_options else None
     if recorded and recorded.startswith("sm_"):
         digits = recorded[3:].rstrip("abcdefghijklmnopqrstuvwxyz")
@@ -307,10 +360,13 @@ def parse_cubin(data: bytes) -> CubinInfo:
             variant = recorded[3 + len(digits) :]
     if variant is None and compat_a == 1:
         variant = "a"
+    return variant
 
-    # Symbols.
+
+def _symbols(data: bytes, sections: list[_Section]) -> list[_Symbol]:
+    """The entries of the symbol table (none without one), in table order."""
     symtab = next((s for s in sections if s.type == _SHT_SYMTAB), None)
-    symbols: list[tuple[str, int, int, int, int]] = []  # name, info, other, shndx, size
+    symbols: list[_Symbol] = []
     if symtab is not None and 0 <= symtab.link < len(sections):
         strtab = sections[symtab.link]
         strings = data[strtab.offset : strtab.offset + strtab.size]
@@ -318,8 +374,14 @@ def parse_cubin(data: bytes) -> CubinInfo:
             name, info, other, shndx, _value, size = _SYM.unpack_from(
                 data, symtab.offset + i * _SYM.size
             )
-            symbols.append((_cstr(strings, name), info, other, shndx, size))
+            symbols.append(_Symbol(_cstr(strings, name), info, other, shndx, size))
+    return symbols
 
+
+def _kernel_attributes(
+    data: bytes, sections: list[_Section]
+) -> tuple[dict[int, int], dict[int, int]]:
+    """(register count, stack frame size) by symbol index, from the ``.nv.info`` records."""
     regs: dict[int, int] = {}
     frames: dict[int, int] = {}
     for sec in sections:
@@ -332,41 +394,55 @@ def parse_cubin(data: bytes) -> CubinInfo:
                     regs[sym] = value
                 elif attr == _EIATTR_FRAME_SIZE:
                     frames[sym] = value
+    return regs, frames
 
-    reserved = any(s[0].startswith(".nv.reservedSmem") for s in symbols)
+
+def _kernels(
+    sections: list[_Section],
+    symbols: list[_Symbol],
+    regs: Mapping[int, int],
+    frames: Mapping[int, int],
+) -> list[CubinKernel]:
+    """The kernels among the symbols with their resources, sorted by name."""
+    reserved = any(s.name.startswith(".nv.reservedSmem") for s in symbols)
     by_name = {s.name: s for s in sections}
     kernels = []
-    for index, (name, info, other, shndx, size) in enumerate(symbols):
-        if info & 0xF != _STT_FUNC or not other & _STO_CUDA_ENTRY:
+    for index, symbol in enumerate(symbols):
+        if not _is_kernel(symbol, sections):
             continue
-        if not 0 < shndx < len(sections) or sections[shndx].name != f".text.{name}":
-            continue
-        code = sections[shndx]
-        shared_sec = by_name.get(f".nv.shared.{name}")
-        shared = shared_sec.size if shared_sec is not None else 0
-        if reserved and shared >= _RESERVED_SMEM:
-            shared -= _RESERVED_SMEM
+        code = sections[symbol.shndx]
         registers = regs.get(index)
         if registers is None and code.info >> 24:
             registers = code.info >> 24
         kernels.append(
             CubinKernel(
-                name=name,
+                name=symbol.name,
                 registers=registers,
-                shared_bytes=shared,
+                shared_bytes=_static_shared(by_name.get(f".nv.shared.{symbol.name}"), reserved),
                 frame_bytes=frames.get(index),
-                code_bytes=size or code.size,
+                code_bytes=symbol.size or code.size,
             )
         )
     kernels.sort(key=lambda k: k.name)
-    return CubinInfo(
-        sm=sm,
-        variant=variant,
-        abi_version=abi,
-        e_flags=flags,
-        ptxas_options=ptxas_options,
-        kernels=tuple(kernels),
-    )
+    return kernels
+
+
+def _is_kernel(symbol: _Symbol, sections: list[_Section]) -> bool:
+    """An entry function (``STO_CUDA_ENTRY``) with its code in ``.text.<name>``."""
+    if symbol.info & 0xF != _STT_FUNC or not symbol.other & _STO_CUDA_ENTRY:
+        return False
+    if not 0 < symbol.shndx < len(sections):
+        return False
+    return sections[symbol.shndx].name == f".text.{symbol.name}"
+
+
+def _static_shared(shared_sec: _Section | None, reserved: bool) -> int:
+    """A kernel's static shared memory as ``ptxas -v`` prints it: the size of its
+    ``.nv.shared.<name>`` less the 1 KiB the driver reserves, when ptxas folded that in."""
+    shared = shared_sec.size if shared_sec is not None else 0
+    if reserved and shared >= _RESERVED_SMEM:
+        shared -= _RESERVED_SMEM
+    return shared
 
 
 def parse_fatbin(data: bytes) -> FatbinInfo:
