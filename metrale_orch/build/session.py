@@ -25,6 +25,8 @@ from metrale_orch.paths import STATE_DIR
 
 __all__ = ["SLOTS_DIR", "BuildSession", "Progress"]
 
+#: Fewest module pipelines in flight at once in one session (see ``__init__``).
+PIPELINES = 32
 #: The machine-wide compile slots (``<build_dir>/.state/jobs/slot-N``).
 SLOTS_DIR = "jobs"
 
@@ -96,10 +98,12 @@ class BuildSession:
         self.expected: Mapping[str, float] = MappingProxyType(dict(expected or {}))
         self._swept: set[str] = set()
         self._lock = threading.Lock()
-        # Module pipelines (key, lookup, compile, store) of every target in flight; a
-        # pipeline mostly waits for an executor slot, so there are more than ``jobs``.
+        # Module pipelines (lookup, compile, store) of every target in flight. A pipeline
+        # mostly waits: for an executor slot, or for the pipeline of another target that
+        # owns the same key. More threads than this only contend for the interpreter
+        # (measured: E3 in BENCHMARKS.md, 1024 threads were 2.5x slower than 128).
         self._pool = ThreadPoolExecutor(
-            max_workers=max(32, 4 * executor.jobs), thread_name_prefix="metrale-module"
+            max_workers=max(PIPELINES, 4 * executor.jobs), thread_name_prefix="metrale-module"
         )
 
     @classmethod

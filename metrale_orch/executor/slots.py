@@ -27,16 +27,29 @@ from pathlib import Path
 __all__ = ["MachineSlots", "PrioritySlots"]
 
 
+class _Waiter:
+    """One thread waiting for a slot: woken alone, when the slot is handed to it."""
+
+    __slots__ = ("event", "granted")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.granted = False
+
+
 class PrioritySlots:
-    """``jobs`` slots for the threads of this process (see the module docstring)."""
+    """``jobs`` slots for the threads of this process (see the module docstring).
+
+    A released slot is handed straight to the first waiter in line, and only that
+    thread wakes (hundreds of module pipelines may wait at once)."""
 
     def __init__(self, jobs: int) -> None:
         if jobs < 1:
             raise ValueError(f"jobs must be at least 1, not {jobs}")
         self.jobs = jobs
         self._free = jobs
-        self._cond = threading.Condition()
-        self._waiting: list[tuple[float, int]] = []
+        self._lock = threading.Lock()
+        self._waiting: list[tuple[float, int, _Waiter]] = []
         self._order = itertools.count()
         self._closed = False
 
@@ -52,30 +65,32 @@ class PrioritySlots:
 
     def close(self) -> None:
         """Wake every waiter with no slot; later callers get none."""
-        with self._cond:
+        with self._lock:
             self._closed = True
-            self._cond.notify_all()
+            waiting, self._waiting = self._waiting, []
+        for _exp, _n, waiter in waiting:
+            waiter.event.set()
 
     def _acquire(self, expected: float) -> bool:
-        entry = (-float(expected), next(self._order))
-        with self._cond:
-            heapq.heappush(self._waiting, entry)
-            while not self._closed and not (self._free and self._waiting[0] == entry):
-                self._cond.wait()
+        with self._lock:
             if self._closed:
-                self._waiting.remove(entry)
-                heapq.heapify(self._waiting)
                 return False
-            heapq.heappop(self._waiting)
-            self._free -= 1
-            if self._free and self._waiting:
-                self._cond.notify_all()  # the next in line may go too
-            return True
+            if self._free and not self._waiting:
+                self._free -= 1
+                return True
+            waiter = _Waiter()
+            heapq.heappush(self._waiting, (-float(expected), next(self._order), waiter))
+        waiter.event.wait()
+        return waiter.granted
 
     def _release(self) -> None:
-        with self._cond:
-            self._free += 1
-            self._cond.notify_all()
+        with self._lock:
+            if not self._waiting:
+                self._free += 1
+                return
+            _exp, _n, waiter = heapq.heappop(self._waiting)
+            waiter.granted = True  # the slot passes to it without ever being free
+        waiter.event.set()
 
 
 class MachineSlots:

@@ -242,9 +242,10 @@ def default_target_threads(environ: Mapping[str, str]) -> int:
     in the working directory (1 when its configuration cannot be read: the build then
     reports why)."""
     try:
-        return load_config(Path.cwd(), environ).jobs
+        jobs = load_config(Path.cwd(), environ).jobs
     except MetraleError:
         return 1
+    return max(1, jobs)
 
 
 def _session(config: Config, build_dir: Path) -> BuildSession:
