@@ -54,6 +54,7 @@ from metrale_orch.build.staging import (
     stage,
     uncontained,
 )
+from metrale_orch.build.subshell import check_compile_paths
 from metrale_orch.build.toolchains import Toolchain, load_toolchains, select_toolchain
 from metrale_orch.cache import Cache
 from metrale_orch.config import Config
@@ -87,8 +88,10 @@ def build_target(
     modules go on. Raises ``LayoutError`` for a tree error,
     :class:`ToolchainMissing` when the compiler is not installed,
     :class:`ToolchainError` / :class:`BuildConfigError` / ``DefaultsError`` for
-    bad settings, :class:`~metrale_orch.build.staging.ContainmentError` for an input
-    outside ``kernels/`` and :class:`StageError` when the build dir cannot be
+    bad settings, :class:`UnsafePathError` (before any compile) for a path the
+    compiler's sub-shell would misread,
+    :class:`~metrale_orch.build.staging.ContainmentError` for an input outside
+    ``kernels/`` and :class:`StageError` when the build dir cannot be
     written.
     """
     start = time.perf_counter()
@@ -107,6 +110,13 @@ def build_target(
     )
     memo = PlanMemo(root)
     compat = scan_hip_compat(root, config.hip_compat_dir) if tc.dialect == "hip" else None
+    check_compile_paths(
+        build_dir=build_dir,
+        environ=environ,
+        toolkit=found.roots,
+        host_compiler_env=tc.host_compiler_env,
+        compat_dir=None if compat is None else compat.dir,
+    )
     plan = plan_target(
         root,
         layout,
