@@ -11,20 +11,24 @@ artefact, the depfile, the intermediate, the include directories: see
 before the first compile:
 
 - the working directory itself (below the build directory): nvcc names the
-  source by its absolute path in double quotes (``--orig_src_path_name``), so a
-  backquote, a double quote, ``$(`` or ``${`` there breaks every compile, and
-  ``$$`` (the shell's process id) changes the names nvcc hashes from that path
-  for internal-linkage device symbols on every compile; a plain ``$x`` is
-  expanded in that name too (the same way every time: ``extern "C"`` entry
-  points and their artefacts' bytes are those of a plain directory);
-- absolute paths the compiler still sees as arguments or variables (``TMPDIR``,
-  the host compiler from the environment, a directory outside the build's
-  reach): ``$``, a backquote, quotes and commas break them;
+  source by its absolute path in double quotes (``--orig_src_path_name``, with
+  ``"`` escaped), so a backquote, ``\\"``, ``$(`` or ``${`` there breaks every
+  compile, and ``$$`` (the shell's process id) changes the names nvcc hashes
+  from that path for internal-linkage device symbols on every compile; a plain
+  ``$x`` is expanded in that name too, the same way every time (``extern "C"``
+  entry points' artefacts are byte for byte those of a plain directory);
+- absolute paths the compiler still gets from a variable (``TMPDIR``,
+  ``NVCC_CCBIN``): ``$``, a backquote or ``\\"`` there breaks them;
+- include directories still reached through the root (a HIP compat directory
+  outside the build directory's reach): nvcc splits them at commas and quotes
+  them in single quotes, so a comma, a quote or a backquote breaks them;
 - the toolkit's own directories, which nvcc puts in double quotes in its
   commands: ``$``, a backquote or a double quote there breaks them.
 
-Measured with nvcc 13.0 (``sh`` is dash); spaces, ``;&|()<>*?!#~=:{}[]%@^+``,
-tabs, newlines and non-ASCII letters are safe in every one of these places.
+Measured with nvcc 13.0 (``sh`` is dash). Spaces, ``;&|()<>*?!#~=:{}[]%@^+``,
+tabs, newlines, backslashes and non-ASCII letters are safe in all of these
+places; only the depfile, which nvcc passes unquoted in ``-Xcompiler=``, breaks
+on them, and it is relative (it holds none of the checkout's path).
 The ``*_problem`` functions are pure; :func:`check_compile_paths` resolves
 symlinks (the compiler sees physical paths) and raises.
 """
@@ -34,62 +38,91 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from metrale_orch.build.errors import UnsafePathError
 
 __all__ = [
-    "arg_problem",
+    "PathProblem",
     "check_compile_paths",
     "cwd_problem",
+    "include_problem",
     "toolkit_problem",
+    "variable_problem",
 ]
+
+
+class PathProblem(NamedTuple):
+    """What in a path the compiler's sub-shell misreads."""
+
+    #: The offending text: one character, or ``$(``, ``${``, ``$$``, ``\\"``.
+    text: str
+    #: Why it breaks ("nvcc's sub-shell expands as a variable").
+    why: str
+
 
 _SHELL = "nvcc's sub-shell"
 #: In a double-quoted word of an ``sh`` command line (the working directory's path).
-_IN_QUOTES: tuple[tuple[str, str], ...] = (
-    ("`", f"{_SHELL} runs as a command substitution"),
-    ('"', f"ends the double quotes {_SHELL} reads the path in"),
-    ("$(", f"{_SHELL} runs as a command substitution"),
-    ("${", f"{_SHELL} expands as a variable"),
-    # nvcc hashes the source's (expanded) path into internal device symbols' names.
-    ("$$", f"{_SHELL} expands to its process id, so internal symbols differ every compile"),
+_IN_QUOTES: tuple[PathProblem, ...] = (
+    PathProblem("`", f"{_SHELL} runs as a command substitution"),
+    # nvcc escapes a double quote there, but not a backslash before one.
+    PathProblem('\\"', f"ends the double quotes {_SHELL} reads the path in"),
+    PathProblem("$(", f"{_SHELL} runs as a command substitution"),
+    PathProblem("${", f"{_SHELL} reads as a parameter expansion"),
+    PathProblem(
+        "$$",
+        f"{_SHELL} expands to its process id, which nvcc hashes into the names of internal "
+        "device symbols: they would differ every compile",
+    ),
 )
 #: In a toolkit directory nvcc spells in double quotes (``"$_HERE_/..."``, ``-I"..."``).
-_IN_TOOLKIT: tuple[tuple[str, str], ...] = (
-    ("`", f"{_SHELL} runs as a command substitution"),
-    ('"', f"ends the double quotes {_SHELL} reads the path in"),
-    ("$", f"{_SHELL} expands as a variable"),
+_IN_TOOLKIT: tuple[PathProblem, ...] = (
+    PathProblem("`", f"{_SHELL} runs as a command substitution"),
+    PathProblem('"', f"ends the double quotes {_SHELL} reads the path in"),
+    PathProblem("$", f"{_SHELL} expands as a variable"),
 )
-#: In an argument or variable nvcc passes on (``-o``, ``-I``, ``-ccbin``, ``TMPDIR``).
-_IN_ARGUMENT: tuple[tuple[str, str], ...] = (
-    *_IN_TOOLKIT,
-    ("'", f"{_SHELL} reads as a quote"),
-    (",", "nvcc reads as a separator between option values"),
+#: In a path nvcc gets from a variable or an argument and quotes with ``"`` escaped
+#: (``TMPDIR``, ``NVCC_CCBIN``, ``-ccbin``, the source; not ``-o``: that is quoted as
+#: the toolkit is).
+_IN_VARIABLE: tuple[PathProblem, ...] = (
+    PathProblem("`", f"{_SHELL} runs as a command substitution"),
+    PathProblem('\\"', f"ends the double quotes {_SHELL} reads the path in"),
+    PathProblem("$", f"{_SHELL} expands as a variable"),
+)
+#: In an include directory (``-I``, ``-include``): nvcc splits it at commas and passes
+#: it on in single quotes.
+_IN_INCLUDE: tuple[PathProblem, ...] = (
+    PathProblem("`", f"{_SHELL} runs as a command substitution"),
+    PathProblem('"', f"{_SHELL} reads as a quote"),
+    PathProblem("'", f"ends the single quotes {_SHELL} reads the path in"),
+    PathProblem(",", "nvcc reads as a separator between option values"),
 )
 
 
-def _first(path: str, table: Sequence[tuple[str, str]]) -> tuple[str, str] | None:
-    hits = [(path.find(text), text, why) for text, why in table if text in path]
-    if not hits:
-        return None
-    _at, text, why = min(hits)
-    return text, why
+def _first(path: str, table: Sequence[PathProblem]) -> PathProblem | None:
+    hits = [(path.find(p.text), p) for p in table if p.text in path]
+    return min(hits)[1] if hits else None
 
 
-def cwd_problem(path: str) -> tuple[str, str] | None:
-    """(the text, why it breaks) for a compile's working directory, or None (pure)."""
+def cwd_problem(path: str) -> PathProblem | None:
+    """The problem for a compile's working directory, or None (pure)."""
     return _first(path, _IN_QUOTES)
 
 
-def toolkit_problem(path: str) -> tuple[str, str] | None:
-    """(the text, why it breaks) for a directory of the compiler's toolkit, or None (pure)."""
+def toolkit_problem(path: str) -> PathProblem | None:
+    """The problem for a directory of the compiler's toolkit, or None (pure)."""
     return _first(path, _IN_TOOLKIT)
 
 
-def arg_problem(path: str) -> tuple[str, str] | None:
-    """(the text, why it breaks) for a path the compiler gets as an argument, or None
-    (pure)."""
-    return _first(path, _IN_ARGUMENT)
+def variable_problem(path: str) -> PathProblem | None:
+    """The problem for an absolute path the compiler gets from a variable
+    or an argument (``TMPDIR``, ``NVCC_CCBIN``, ``-o``), or None (pure)."""
+    return _first(path, _IN_VARIABLE)
+
+
+def include_problem(path: str) -> PathProblem | None:
+    """The problem for an include directory (``-I``), or None (pure)."""
+    return _first(path, _IN_INCLUDE)
 
 
 def check_compile_paths(
@@ -119,13 +152,13 @@ def check_compile_paths(
                 "(METRALE_ORCH_BUILD_DIR) to a directory without it",
             )
     tmpdir = environ.get("TMPDIR", "")
-    found = arg_problem(tmpdir) if tmpdir else None
+    found = variable_problem(tmpdir) if tmpdir else None
     if found:
         raise UnsafePathError(
             "TMPDIR", tmpdir, *found, "nvcc writes its temporary files there: set another TMPDIR"
         )
     host = environ.get(host_compiler_env, "") if host_compiler_env else ""
-    found = arg_problem(host) if os.sep in host else None
+    found = variable_problem(host) if os.sep in host else None
     if found:
         raise UnsafePathError(
             host_compiler_env,
@@ -146,7 +179,7 @@ def check_compile_paths(
             )
     if compat_dir is not None:
         rel = os.path.relpath(os.path.realpath(compat_dir), os.path.realpath(build_dir))
-        found = arg_problem(rel)
+        found = include_problem(rel)
         if found:
             raise UnsafePathError(
                 "the HIP compat directory",
