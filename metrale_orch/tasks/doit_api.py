@@ -4,7 +4,8 @@ Everything the package needs from doit beyond its documented extension points
 (``check_file_uptodate``, ``codec_cls``, ``reporter``, ``uptodate`` objects,
 task dicts) goes through here: a task's stored per-file state
 (``Dependency._get``/``_set``), whether a task has a record (``Dependency._in``),
-and closing the sqlite backend without doit's final dump (``SqliteDB._conn``).
+closing the sqlite backend without doit's final dump (``SqliteDB._conn``), and
+every record of the sqlite database (its ``doit`` table, for ``doit dumpdb``).
 ``tests/test_doit_api.py`` checks each attribute and signature used, so a doit
 upgrade that moves one fails there, by name, rather than deep in a build.
 
@@ -30,6 +31,7 @@ __all__ = [
     "make_task",
     "open_dependency",
     "store_state",
+    "stored_records",
     "stored_state",
 ]
 
@@ -68,3 +70,14 @@ def open_dependency(db: Path, *, checker_cls: type, codec_cls: type) -> Iterator
         yield dep
     finally:
         dep.backend._conn.close()
+
+
+#: The table and columns doit's sqlite backend keeps its records in (``SqliteDB``).
+_SQLITE_RECORDS = "select task_id, task_data from doit order by task_id"
+
+
+def stored_records(dep: Dependency) -> list[tuple[str, object]]:
+    """Every task's record in the sqlite database ``dep`` reads (from
+    :func:`open_dependency`), decoded by its codec, sorted by task name."""
+    rows = dep.backend._conn.execute(_SQLITE_RECORDS).fetchall()
+    return [(str(row["task_id"]), row["task_data"]) for row in rows]
