@@ -122,3 +122,19 @@ def test_task_and_status_members() -> None:
     reporter = ConsoleReporter(None, {})
     _require(reporter, "failures", "runtime_errors", "outstream")
     assert doit_api.doit_version() == str(doit.__version__)  # part of the task-cache key
+
+
+def test_stored_records_reads_every_task_of_doits_sqlite_table(tmp_path: Path) -> None:
+    """``doit dumpdb`` lists the sqlite backend's records from its table (name, columns)."""
+    dep = Dependency(SqliteDB, str(tmp_path / "db"), checker_cls=ContentChecker,
+                     codec_cls=TaskDataCodec)  # fmt: skip
+    dep._set("b:2", "x.cu", [1, 2, "h"])
+    dep._set("a:1", "_values_:", {"outcome": "built"})
+    dep.close()  # doit's own dump writes both records
+    with doit_api.open_dependency(
+        tmp_path / "db", checker_cls=ContentChecker, codec_cls=TaskDataCodec
+    ) as dep:
+        assert doit_api.stored_records(dep) == [
+            ("a:1", {"_values_:": {"outcome": "built"}}),
+            ("b:2", {"x.cu": [1, 2, "h"]}),
+        ]

@@ -70,6 +70,7 @@ from metrale_orch.build.staging import (
     stage,
     uncontained,
 )
+from metrale_orch.build.subshell import check_compile_paths
 from metrale_orch.build.toolchains import Toolchain, load_toolchains, select_toolchain
 from metrale_orch.cache import Cache
 from metrale_orch.config import Config
@@ -134,9 +135,11 @@ def build_target(
     written then) while the other modules go on. Raises ``LayoutError`` for a tree
     error, :class:`ToolchainMissing` when the compiler is not installed,
     :class:`ToolchainError` / :class:`BuildConfigError` / ``DefaultsError`` for bad
-    settings, :class:`~metrale_orch.build.staging.ContainmentError` for an input
-    outside ``kernels/``, :class:`StageError` when the build dir cannot be written,
-    and :class:`~metrale_orch.executor.ActionStopped` when the session was stopped.
+    settings, :class:`UnsafePathError` (before any compile) for a path the compiler's
+    sub-shell would misread, :class:`~metrale_orch.build.staging.ContainmentError` for
+    an input outside ``kernels/``, :class:`StageError` when the build dir cannot be
+    written, and :class:`~metrale_orch.executor.ActionStopped` when the session was
+    stopped.
     """
     own = session is None
     if session is None:
@@ -222,6 +225,13 @@ def _prepare(
         )
         memo = PlanMemo(root)
         compat = scan_hip_compat(root, config.hip_compat_dir) if tc.dialect == "hip" else None
+        check_compile_paths(
+            build_dir=build_dir,
+            environ=environ,
+            toolkit=found.roots,
+            host_compiler_env=tc.host_compiler_env,
+            compat_dir=None if compat is None else compat.dir,
+        )
         plan = plan_target(
             root,
             layout,

@@ -25,6 +25,7 @@ __all__ = [
     "StageError",
     "ToolchainError",
     "ToolchainMissing",
+    "UnsafePathError",
 ]
 
 
@@ -138,6 +139,23 @@ class ContainmentError(StageError):
     exit_code = 2
 
     template = "{target}: {path}: {problem}"
+
+
+class UnsafePathError(BuildError):
+    """A path every compile would see holds text the compiler's sub-shell misreads
+    (:mod:`~metrale_orch.build.subshell`); raised before any compile."""
+
+    exit_code = 2
+
+    #: What the path is ("the build directory", "TMPDIR", ...).
+    what: str
+    path: str
+    #: The offending text (one character, or ``$(``/``${``) and why it breaks.
+    text: str
+    why: str
+    hint: str
+
+    template = "{what} {path} contains {text!r}, which {why}; {hint}"
 
 
 class ProfileMissing(BuildError):

@@ -1,7 +1,9 @@
 """Compile one module for real: in its staged role directory, into a temporary directory.
 
 :func:`run_compile` renders the toolchain's argv for this machine (the
-program's path, absolute output), runs it through :func:`metrale_orch.proc.run_process`
+program's path; every other path relative to the module's working directory, which
+no sub-shell of the compiler can misread: :mod:`~metrale_orch.build.subshell`), runs it
+through :func:`metrale_orch.proc.run_process`
 and returns the artefact's bytes with the inputs the compile read (from the
 compiler's dependency list, or the scanned closure). :class:`BuildContext` is
 what every module of one target's build shares. Leftovers of killed compiles
@@ -113,6 +115,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _relative(path: Path, cwd: str) -> str:
+    """``path`` as the compiler gets it: relative to its working directory ``cwd`` (a
+    real path). nvcc passes paths on through ``sh -c`` and splits option values at
+    commas; relative, no character of the checkout's path reaches it. Both sides are
+    resolved, so a symlinked build directory cannot make ``..`` lead elsewhere."""
+    return os.path.relpath(os.path.realpath(path), cwd)
+
+
 def run_compile(
     ctx: BuildContext, module: ModulePlan, *, expected: float = 0.0
 ) -> tuple[bytes, float, tuple[tuple[str, str, str], ...]]:
@@ -142,11 +152,13 @@ def run_compile(
             target, str(ctx.tmp_root), f"cannot create a temporary directory: {exc}"
         ) from None
     cwd = staged.dir / module.cwd
+    here = os.path.realpath(cwd)
     try:
         out = tmp / module.artefact
         depfile = tmp / "deps.d"
         switches = env_switches(tc, plan.env)
         compat = plan.hip_compat
+        compat_dir = None if compat is None else compat.dir
         source = module.entry
         if compat is not None:
             try:
@@ -165,18 +177,17 @@ def run_compile(
             flags=plan.flags,
             include=".",
             source=source,
-            output=str(out),
-            intermediate="" if intermediate is None else str(intermediate),
+            output=_relative(out, here),
+            intermediate="" if intermediate is None else _relative(intermediate, here),
             switches=switches,
-            compat_include="" if compat is None or compat.dir is None else str(compat.dir),
+            compat_include="" if compat_dir is None else _relative(compat_dir, here),
         )
         layer_inc = ctx.layer_includes.get(module.staged, "")
         if layer_inc:  # SPEC 3.3.1: the module's layer directory, mirrored under .tree/
             argv = (*argv, f"-I{layer_inc}")
         if tc.depfile_args:
-            # Relative to the cwd: no comma of the checkout's path can split -Xcompiler=.
-            spelled = os.path.relpath(depfile, cwd)
-            argv = (*argv, *(a.format_map({"depfile": spelled}) for a in tc.depfile_args))
+            rel = _relative(depfile, here)
+            argv = (*argv, *(a.format_map({"depfile": rel}) for a in tc.depfile_args))
         steps = [argv]
         if intermediate is not None:
             steps.append(
@@ -184,8 +195,8 @@ def run_compile(
                     tc,
                     program=str(ctx.program),
                     arch=plan.arch,
-                    intermediate=str(intermediate),
-                    output=str(out),
+                    intermediate=_relative(intermediate, here),
+                    output=_relative(out, here),
                 )
             )
         seconds = 0.0

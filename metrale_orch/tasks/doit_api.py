@@ -10,7 +10,8 @@ record, so an ignored task keeps no saved state at all), and closing the sqlite
 backend without doit's final dump (``SqliteDB._conn``). :class:`SavedOnceSqliteDB`
 is doit's sqlite backend with every write held for the final save (its
 ``_cache``, ``_dirty`` and ``_conn``); :mod:`metrale_orch.tasks.database` builds
-the package's backend on it.
+the package's backend on it. Every record of the sqlite database (its ``doit``
+table) is read for ``doit dumpdb``.
 ``tests/test_doit_api.py`` checks each attribute and signature used, so a doit
 upgrade that moves one fails there, by name, rather than deep in a build.
 
@@ -44,6 +45,7 @@ __all__ = [
     "running_backend",
     "store_state",
     "store_values",
+    "stored_records",
     "stored_state",
     "stored_values",
 ]
@@ -182,3 +184,14 @@ class SavedOnceSqliteDB(SqliteDB):  # type: ignore[misc]
             with contextlib.suppress(sqlite3.Error):
                 conn.close()
             self._dirty, self._removed, self._clear = set(), set(), False
+
+
+#: The table and columns doit's sqlite backend keeps its records in (``SqliteDB``).
+_SQLITE_RECORDS = "select task_id, task_data from doit order by task_id"
+
+
+def stored_records(dep: Dependency) -> list[tuple[str, object]]:
+    """Every task's record in the sqlite database ``dep`` reads (from
+    :func:`open_dependency`), decoded by its codec, sorted by task name."""
+    rows = dep.backend._conn.execute(_SQLITE_RECORDS).fetchall()
+    return [(str(row["task_id"]), row["task_data"]) for row in rows]

@@ -21,6 +21,7 @@ from metrale_orch.build.hip_mirror import HipCompat, scan_hip_compat
 from metrale_orch.build.plan import PlanMemo, plan_target
 from metrale_orch.build.probe import FoundToolchain, find_toolchain
 from metrale_orch.build.staging import beyond_layout
+from metrale_orch.build.subshell import check_compile_paths
 from metrale_orch.build.toolchains import Toolchain, load_toolchains, select_toolchain
 from metrale_orch.config import Config, load_config
 from metrale_orch.errors import MetraleError, is_printable, printable
@@ -99,6 +100,8 @@ def generate_specs(
             config = load_config(root, environ)
         if toolchains is None:
             toolchains = load_toolchains(root)
+        # Before any compile: one error, not the same failure of every compile.
+        check_compile_paths(build_dir=config.build_dir, environ=environ)
         snapshot = TreeSnapshot(root)
         resolved = resolve_all(root, snapshot)
     except MetraleError as exc:
@@ -154,6 +157,15 @@ def generate_specs(
                 raise tool
             if toolchain.dialect == "hip" and hip_compat is None:
                 hip_compat = scan_hip_compat(root, config.hip_compat_dir)
+            check_compile_paths(
+                build_dir=config.build_dir,
+                environ=environ,
+                toolkit=tool.roots,
+                host_compiler_env=toolchain.host_compiler_env,
+                compat_dir=hip_compat.dir
+                if toolchain.dialect == "hip" and hip_compat is not None
+                else None,
+            )
             plan = plan_target(
                 root,
                 layout,
