@@ -20,7 +20,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -141,56 +141,101 @@ def run_compile(
     Raises :class:`CompileError`, or :class:`StageError` when the temporary
     directory or the mirror cannot be written.
     """
-    plan, staged, log = ctx.plan, ctx.staged, ctx.log
-    target = str(plan.target)
-    tc = plan.toolchain
+    tmp = _temporary_dir(ctx, module)
+    try:
+        steps = _render_steps(ctx, module, tmp)
+        seconds, text, returncode = _run_steps(ctx, module, steps, expected)
+        fail = _failure(ctx, module, returncode, text)
+        try:
+            data = steps.output.read_bytes()
+        except OSError:
+            data = b""
+        if not data:
+            raise fail(steps.argvs[-1], f"exited 0 but wrote no {module.artefact}")
+        read = _files_read(ctx, module, steps, fail)
+        recorded = record_inputs(
+            read,
+            stage_dir=os.path.abspath(ctx.staged.dir),
+            cwd=os.path.abspath(steps.cwd),
+            module_cwd=module.cwd,
+            staged=ctx.staged.hashes,
+            roots=ctx.roots,
+            hasher=ctx.session.hasher,
+            system_dirs=ctx.system_dirs,
+        )
+        return data, seconds, tuple((k, p, h) for k, p, h in recorded)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Steps:
+    """The argvs of one module's compile, and where it runs and writes."""
+
+    argvs: tuple[tuple[str, ...], ...]
+    cwd: Path
+    output: Path
+    depfile: Path
+    #: The first step's intermediate file (two-step toolchains), else None.
+    intermediate: Path | None
+
+
+def _temporary_dir(ctx: BuildContext, module: ModulePlan) -> Path:
+    """A fresh directory under the build's ``.tmp`` for one compile (raises StageError)."""
     try:
         ctx.tmp_root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f"{module.name}.{os.getpid()}.", dir=ctx.tmp_root))
+        return Path(tempfile.mkdtemp(prefix=f"{module.name}.{os.getpid()}.", dir=ctx.tmp_root))
     except OSError as exc:
         raise StageError(
-            target, str(ctx.tmp_root), f"cannot create a temporary directory: {exc}"
+            str(ctx.plan.target), str(ctx.tmp_root), f"cannot create a temporary directory: {exc}"
         ) from None
+
+
+def _render_steps(ctx: BuildContext, module: ModulePlan, tmp: Path) -> _Steps:
+    """The module's argvs for this machine, every path relative to its working directory
+    (writes the HIP mirror first for a ``hip`` toolchain; raises StageError)."""
+    plan, staged, tc = ctx.plan, ctx.staged, ctx.plan.toolchain
     cwd = staged.dir / module.cwd
     here = os.path.realpath(cwd)
-    try:
-        out = tmp / module.artefact
-        depfile = tmp / "deps.d"
-        switches = env_switches(tc, plan.env)
-        compat = plan.hip_compat
-        compat_dir = None if compat is None else compat.dir
-        source = module.entry
-        if compat is not None:
-            try:
-                with ctx.mirror_lock:
-                    write_mirror(staged.dir, mirror_files(staged.hashes, module.cwd), staged.hashes)
-            except OSError as exc:
-                raise StageError(
-                    target, str(staged.dir / MIRROR_DIR), f"cannot write the HIP mirror: {exc}"
-                ) from None
-            source = mirrored_source(module.cwd, module.entry)
-        intermediate = tmp / f"{module.name}.{tc.intermediate_extension}" if tc.link_argv else None
-        argv = compile_argv(
-            tc,
-            program=str(ctx.program),
-            arch=plan.arch,
-            flags=plan.flags,
-            include=".",
-            source=source,
-            output=_relative(out, here),
-            intermediate="" if intermediate is None else _relative(intermediate, here),
-            switches=switches,
-            compat_include="" if compat_dir is None else _relative(compat_dir, here),
-        )
-        layer_inc = ctx.layer_includes.get(module.staged, "")
-        if layer_inc:  # SPEC 3.3.1: the module's layer directory, mirrored under .tree/
-            argv = (*argv, f"-I{layer_inc}")
-        if tc.depfile_args:
-            rel = _relative(depfile, here)
-            argv = (*argv, *(a.format_map({"depfile": rel}) for a in tc.depfile_args))
-        steps = [argv]
-        if intermediate is not None:
-            steps.append(
+    out = tmp / module.artefact
+    depfile = tmp / "deps.d"
+    compat = plan.hip_compat
+    compat_dir = None if compat is None else compat.dir
+    source = module.entry
+    if compat is not None:
+        try:
+            with ctx.mirror_lock:
+                write_mirror(staged.dir, mirror_files(staged.hashes, module.cwd), staged.hashes)
+        except OSError as exc:
+            raise StageError(
+                str(plan.target),
+                str(staged.dir / MIRROR_DIR),
+                f"cannot write the HIP mirror: {exc}",
+            ) from None
+        source = mirrored_source(module.cwd, module.entry)
+    intermediate = tmp / f"{module.name}.{tc.intermediate_extension}" if tc.link_argv else None
+    argv = compile_argv(
+        tc,
+        program=str(ctx.program),
+        arch=plan.arch,
+        flags=plan.flags,
+        include=".",
+        source=source,
+        output=_relative(out, here),
+        intermediate="" if intermediate is None else _relative(intermediate, here),
+        switches=env_switches(tc, plan.env),
+        compat_include="" if compat_dir is None else _relative(compat_dir, here),
+    )
+    layer_inc = ctx.layer_includes.get(module.staged, "")
+    if layer_inc:  # SPEC 3.3.1: the module's layer directory, mirrored under .tree/
+        argv = (*argv, f"-I{layer_inc}")
+    if tc.depfile_args:
+        rel = _relative(depfile, here)
+        argv = (*argv, *(a.format_map({"depfile": rel}) for a in tc.depfile_args))
+    argvs = [tuple(argv)]
+    if intermediate is not None:
+        argvs.append(
+            tuple(
                 link_argv(
                     tc,
                     program=str(ctx.program),
@@ -199,107 +244,106 @@ def run_compile(
                     output=_relative(out, here),
                 )
             )
-        seconds = 0.0
-        texts: list[str] = []
-        for step in steps:
-            log.info(
-                "%s: compile %s: (cd %s &&) %s", target, module.name, module.cwd, format_argv(step)
-            )
-            action = Action(
-                argv=tuple(step),
-                cwd=cwd,
-                env=ctx.environ,
-                timeout=COMPILE_TIMEOUT,
-                expected=expected,
-                label=f"{target} {module.name}",
-            )
-            try:
-                done = ctx.session.executor.run(action)
-            except ProcessError as exc:
-                raise CompileError(
-                    target=target,
-                    module=module.name,
-                    argv=step,
-                    returncode=exc.returncode,
-                    output=exc.output,
-                    reason=exc.reason,
-                    source=module.source_rel,
-                ) from None
-            seconds += done.seconds
-            texts.append((done.stdout + done.stderr).strip())
-            if intermediate is not None and step is argv and not intermediate.is_file():
-                raise CompileError(
-                    target=target,
-                    module=module.name,
-                    argv=step,
-                    returncode=done.returncode,
-                    output=texts[-1],
-                    reason=f"exited 0 but wrote no {intermediate.name}",
-                    source=module.source_rel,
-                )
-        text = "\n".join(t for t in texts if t)
-        if text:
-            log.info("%s: %s: compiler output:\n%s", target, module.name, text)
-        try:
-            data = out.read_bytes()
-        except OSError:
-            data = b""
-        if not data:
-            raise CompileError(
-                target=target,
-                module=module.name,
-                argv=steps[-1],
-                returncode=done.returncode,
-                output=text,
-                reason=f"exited 0 but wrote no {module.artefact}",
-                source=module.source_rel,
-            )
-        if tc.depfile_args:
-            try:
-                read = parse_depfile(depfile.read_text(encoding="utf-8", errors="surrogateescape"))
-            except OSError:
-                read = []
-            if not read:
-                raise CompileError(
-                    target=target,
-                    module=module.name,
-                    argv=argv,
-                    returncode=done.returncode,
-                    output=text,
-                    reason="exited 0 but wrote no dependency list (toolchain depfile_args)",
-                    source=module.source_rel,
-                )
-            if compat is not None:
-                read = unmirror(
-                    read, stage_dir=os.path.abspath(staged.dir), cwd=os.path.abspath(cwd)
-                )
-        else:
-            includes = scan_includes(staged)
-            words = ctx.words.get(module.cwd, (plan.flags, ()))
-            closure = resolve_closure(
-                [module.staged],
-                staged=staged.hashes,
-                includes_of=includes,
-                dirs=include_dirs(module.cwd, *words),
-            )
-            read = [posixpath.relpath(p, module.cwd) for p in closure]
-        before, after = ctx.words.get(module.cwd, (plan.flags, switches.extra))
-        files = [
-            os.path.join(p, "gcc") if os.path.isdir(os.path.join(cwd, p)) else p
-            for p in read_files_of((*before, *after))
-        ]
-        read = [*read, *files]
-        recorded = record_inputs(
-            read,
-            stage_dir=os.path.abspath(staged.dir),
-            cwd=os.path.abspath(cwd),
-            module_cwd=module.cwd,
-            staged=staged.hashes,
-            roots=ctx.roots,
-            hasher=ctx.session.hasher,
-            system_dirs=ctx.system_dirs,
         )
-        inputs = tuple((k, p, h) for k, p, h in recorded)
-        return data, seconds, inputs
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    return _Steps(
+        argvs=tuple(argvs), cwd=cwd, output=out, depfile=depfile, intermediate=intermediate
+    )
+
+
+def _failure(
+    ctx: BuildContext, module: ModulePlan, returncode: int | None, output: str
+) -> Callable[[Sequence[str], str], CompileError]:
+    """A maker of this module's :class:`CompileError` for a step and a reason."""
+
+    def make(argv: Sequence[str], reason: str) -> CompileError:
+        return CompileError(
+            target=str(ctx.plan.target),
+            module=module.name,
+            argv=argv,
+            returncode=returncode,
+            output=output,
+            reason=reason,
+            source=module.source_rel,
+        )
+
+    return make
+
+
+def _run_steps(
+    ctx: BuildContext, module: ModulePlan, steps: _Steps, expected: float
+) -> tuple[float, str, int]:
+    """Run each step through the session's executor: (seconds, the compiler's output,
+    the last exit code). Raises :class:`CompileError`."""
+    target = str(ctx.plan.target)
+    seconds = 0.0
+    texts: list[str] = []
+    returncode = 0
+    for step in steps.argvs:
+        ctx.log.info(
+            "%s: compile %s: (cd %s &&) %s", target, module.name, module.cwd, format_argv(step)
+        )
+        action = Action(
+            argv=step,
+            cwd=steps.cwd,
+            env=ctx.environ,
+            timeout=COMPILE_TIMEOUT,
+            expected=expected,
+            label=f"{target} {module.name}",
+        )
+        try:
+            done = ctx.session.executor.run(action)
+        except ProcessError as exc:
+            raise _failure(ctx, module, exc.returncode, exc.output)(step, exc.reason) from None
+        seconds += done.seconds
+        returncode = done.returncode
+        texts.append((done.stdout + done.stderr).strip())
+        first = step is steps.argvs[0]
+        if steps.intermediate is not None and first and not steps.intermediate.is_file():
+            reason = f"exited 0 but wrote no {steps.intermediate.name}"
+            raise _failure(ctx, module, done.returncode, texts[-1])(step, reason)
+    text = "\n".join(t for t in texts if t)
+    if text:
+        ctx.log.info("%s: %s: compiler output:\n%s", target, module.name, text)
+    return seconds, text, returncode
+
+
+def _files_read(
+    ctx: BuildContext,
+    module: ModulePlan,
+    steps: _Steps,
+    fail: Callable[[Sequence[str], str], CompileError],
+) -> list[str]:
+    """What the compile read, as the compiler spelled it: its dependency list (mirrored
+    files named as the staged files they were made from), else the scanned closure,
+    plus the files named by flags. Raises :class:`CompileError` for a missing list."""
+    plan, staged = ctx.plan, ctx.staged
+    tc = plan.toolchain
+    if tc.depfile_args:
+        try:
+            text = steps.depfile.read_text(encoding="utf-8", errors="surrogateescape")
+            read = parse_depfile(text)
+        except OSError:
+            read = []
+        if not read:
+            reason = "exited 0 but wrote no dependency list (toolchain depfile_args)"
+            raise fail(steps.argvs[0], reason)
+        if plan.hip_compat is not None:
+            read = unmirror(
+                read, stage_dir=os.path.abspath(staged.dir), cwd=os.path.abspath(steps.cwd)
+            )
+    else:
+        words = ctx.words.get(module.cwd, (plan.flags, ()))
+        closure = resolve_closure(
+            [module.staged],
+            staged=staged.hashes,
+            includes_of=scan_includes(staged),
+            dirs=include_dirs(module.cwd, *words),
+        )
+        read = [posixpath.relpath(p, module.cwd) for p in closure]
+    switches = env_switches(tc, plan.env)
+    before, after = ctx.words.get(module.cwd, (plan.flags, switches.extra))
+    files = [
+        os.path.join(p, "gcc") if os.path.isdir(os.path.join(steps.cwd, p)) else p
+        for p in read_files_of((*before, *after))
+    ]
+    return [*read, *files]
