@@ -44,8 +44,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TypedDict, Unpack
 
-from metrale_orch.build.toolchains import load_toolchains, select_toolchain
 from metrale_orch.errors import MetraleError
+from metrale_orch.toolchain.definitions import load_toolchains, select_toolchain
 from metrale_orch.tree import LayoutError, TreeSnapshot, resolve_all
 
 __all__ = [

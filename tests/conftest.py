@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch.build.memo import reset_build_memo
-from metrale_orch.build.probe import reset_identity_memo
 from metrale_orch.defaults import reset_resolved
+from metrale_orch.steps.memo import reset_build_memo
+from metrale_orch.toolchain.probe import reset_identity_memo
 from tests.support.project import make_project, project_env, use_fake_compiler
 from tests.support.servers import ObjectServer, gcs_server, s3_server
 

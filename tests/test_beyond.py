@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch.build.staging import beyond_layout, stage
+from metrale_orch.steps.staging import beyond_layout, stage
 from metrale_orch.tree import Target, discover
 from metrale_orch.tree.beyond import TREE_DIR, layer_include, quoted_includes
 from tests.support.trust import base_env, doit_run, orch_run, write_files

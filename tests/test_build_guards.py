@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch.build.compile import build_target
-from metrale_orch.build.errors import ContainmentError
-from metrale_orch.build.memo import reset_build_memo
-from metrale_orch.build.probe import reset_identity_memo
-from metrale_orch.build.staging import uncontained
+from metrale_orch.steps.errors import ContainmentError
+from metrale_orch.steps.memo import reset_build_memo
+from metrale_orch.steps.staging import uncontained
+from metrale_orch.steps.target import build_target
+from metrale_orch.toolchain.probe import reset_identity_memo
 from metrale_orch.tree import Target
 from tests.support.build import fake_toolchain_env, make_cache, make_config, small_tree
 from tests.support.project import doit

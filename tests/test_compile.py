@@ -13,15 +13,15 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metrale_orch.build.compile import build_target
-from metrale_orch.build.errors import BuildConfigError, CompileError, ToolchainMissing
-from metrale_orch.build.includes import Includes, include_dirs, parse_includes, resolve_closure
-from metrale_orch.build.locate import find_program
-from metrale_orch.build.memo import reset_build_memo
-from metrale_orch.build.plan import plan_target
-from metrale_orch.build.results import TargetResult
-from metrale_orch.build.session import BuildSession
-from metrale_orch.build.toolchains import builtin_toolchains
+from metrale_orch.steps.errors import BuildConfigError, CompileError, ToolchainMissing
+from metrale_orch.steps.includes import Includes, include_dirs, parse_includes, resolve_closure
+from metrale_orch.steps.memo import reset_build_memo
+from metrale_orch.steps.plan import plan_target
+from metrale_orch.steps.results import TargetResult
+from metrale_orch.steps.session import BuildSession
+from metrale_orch.steps.target import build_target
+from metrale_orch.toolchain.definitions import builtin_toolchains
+from metrale_orch.toolchain.locate import find_program
 from metrale_orch.tree import Target, discover
 from tests.support.build import (
     compiles,

@@ -19,10 +19,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metrale_orch import defaults as D
-from metrale_orch.build.compile import build_target
-from metrale_orch.build.memo import reset_build_memo
-from metrale_orch.build.plan import plan_target
-from metrale_orch.build.toolchains import builtin_toolchains
 from metrale_orch.cli import main
 from metrale_orch.defaults import (
     BASELINE_BATCHM_MAX,
@@ -66,6 +62,10 @@ from metrale_orch.defaults import (
     write_docs,
 )
 from metrale_orch.errors import MetraleError
+from metrale_orch.steps.memo import reset_build_memo
+from metrale_orch.steps.plan import plan_target
+from metrale_orch.steps.target import build_target
+from metrale_orch.toolchain.definitions import builtin_toolchains
 from metrale_orch.tree import Target, discover
 from tests.support.build import fake_toolchain_env, make_cache, make_config, small_tree
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch.build.deps import (
+from metrale_orch.steps.deps import (
     FileHasher,
     classify,
     flag_files,
@@ -16,8 +16,8 @@ from metrale_orch.build.deps import (
     parse_depfile,
     record_inputs,
 )
-from metrale_orch.build.includes import include_dirs, parse_includes, pre_includes
-from metrale_orch.build.keys import embeds_paths
+from metrale_orch.steps.includes import include_dirs, parse_includes, pre_includes
+from metrale_orch.steps.keys import embeds_paths
 
 
 def test_parse_depfile_nvcc_and_gcc_forms() -> None:

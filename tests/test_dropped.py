@@ -18,8 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metrale_orch.build.compile import build_target
-from metrale_orch.build.dropped import (
+from metrale_orch.steps.dropped import (
     MAX_INCLUDE_DEPTH,
     MAX_MACRO_HOPS,
     Drop,
@@ -31,8 +30,9 @@ from metrale_orch.build.dropped import (
     shadow_drops,
     shadow_exemptions,
 )
-from metrale_orch.build.errors import BuildConfigError
-from metrale_orch.build.staging import stage
+from metrale_orch.steps.errors import BuildConfigError
+from metrale_orch.steps.staging import stage
+from metrale_orch.steps.target import build_target
 from metrale_orch.tree import Target, discover
 from tests.support.build import (
     compiles,

@@ -19,6 +19,7 @@ import errno
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -168,7 +169,7 @@ def test_a_full_disk_under_the_database(tmp_path: Path, existing: bool) -> None:
         disk.free()
         if existing:
             status = subprocess.run(
-                [shutil.which("metrale-orch") or "metrale-orch", "status", "--exit-code"],
+                [sys.executable, "-m", "metrale_orch", "status", "--exit-code"],
                 cwd=root,
                 env=dict(env),
                 capture_output=True,

@@ -31,14 +31,28 @@ ALLOWED: dict[str, frozenset[str]] = {
     "defaults": frozenset(),
     "cache": frozenset({"config"}),
     "executor": frozenset(),
-    "build": frozenset({"tree", "defaults", "cache", "config", "executor"}),
+    "toolchain": frozenset({"tree"}),
+    "steps": frozenset({"tree", "defaults", "cache", "config", "executor", "toolchain"}),
     "smoke": frozenset({"tree", "config"}),
-    "resources": frozenset({"build", "smoke", "tree", "config"}),
-    "matrix": frozenset({"build", "tree"}),
-    "tasks": frozenset({"build", "cache", "config", "defaults", "smoke", "tree"}),
+    "resources": frozenset({"steps", "toolchain", "smoke", "tree", "config"}),
+    "matrix": frozenset({"steps", "toolchain", "tree"}),
+    "tasks": frozenset(
+        {"steps", "toolchain", "executor", "cache", "config", "defaults", "smoke", "tree"}
+    ),
     "dodo": frozenset({"tasks"}),
     "cli": frozenset(
-        {"tasks", "build", "cache", "config", "defaults", "matrix", "resources", "smoke", "tree"}
+        {
+            "tasks",
+            "steps",
+            "toolchain",
+            "cache",
+            "config",
+            "defaults",
+            "matrix",
+            "resources",
+            "smoke",
+            "tree",
+        }
     ),
     "__main__": frozenset({"cli"}),
     "__init__": frozenset(),

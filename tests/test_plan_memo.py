@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from metrale_orch.build.plan import PlanMemo, RootRel, plan_target
-from metrale_orch.build.toolchains import load_toolchains
 from metrale_orch.paths import root_relative
+from metrale_orch.steps.plan import PlanMemo, RootRel, plan_target
 from metrale_orch.tasks.dicts import rel_posix
+from metrale_orch.toolchain.definitions import load_toolchains
 from metrale_orch.tree import Layout, resolve_all
 from tests.support.project import make_project
 

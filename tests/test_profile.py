@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch.build.compile import build_target
-from metrale_orch.build.errors import ProfileError, ProfileMissing
-from metrale_orch.build.memo import reset_build_memo
-from metrale_orch.build.profile import (
+from metrale_orch.cli import main
+from metrale_orch.config import default_jobs
+from metrale_orch.steps.errors import ProfileError, ProfileMissing
+from metrale_orch.steps.memo import reset_build_memo
+from metrale_orch.steps.profile import (
     Span,
     SpanRecorder,
     encode_profile,
@@ -27,8 +28,7 @@ from metrale_orch.build.profile import (
     summarize_profile,
     trace_document,
 )
-from metrale_orch.cli import main
-from metrale_orch.config import default_jobs
+from metrale_orch.steps.target import build_target
 from metrale_orch.tasks.checker import PROFILE_KEY, TaskDataCodec
 from metrale_orch.tree import Target
 from tests.support.build import make_cache, make_config

@@ -17,8 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch.build.compile import build_target
-from metrale_orch.build.memo import reset_build_memo
 from metrale_orch.cli import main
 from metrale_orch.paths import STATE_DIR
 from metrale_orch.resources import (
@@ -32,6 +30,8 @@ from metrale_orch.resources import (
     parse_ptxas_report,
 )
 from metrale_orch.resources.report import ModuleResources
+from metrale_orch.steps.memo import reset_build_memo
+from metrale_orch.steps.target import build_target
 from metrale_orch.tree import Target
 from tests.support.build import make_cache, make_config, output_kinds_tree
 

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch.build.compile import build_target
-from metrale_orch.build.errors import ToolchainMissing
-from metrale_orch.build.locate import find_program
-from metrale_orch.build.memo import reset_build_memo
-from metrale_orch.build.probe import reset_identity_memo
-from metrale_orch.build.results import TargetResult
-from metrale_orch.build.toolchains import builtin_toolchains, select_toolchain
+from metrale_orch.steps.errors import ToolchainMissing
+from metrale_orch.steps.memo import reset_build_memo
+from metrale_orch.steps.results import TargetResult
+from metrale_orch.steps.target import build_target
+from metrale_orch.toolchain.definitions import builtin_toolchains, select_toolchain
+from metrale_orch.toolchain.locate import find_program
+from metrale_orch.toolchain.probe import reset_identity_memo
 from metrale_orch.tree import Layout, resolve_all
 from tests.support.build import make_cache, make_config, output_kinds_tree
 

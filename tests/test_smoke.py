@@ -691,7 +691,7 @@ def test_gpu_synthetic_kernel(tmp_path: Path, kind: str) -> None:
 def test_gpu_sample_tree(tmp_path: Path) -> None:
     """Build every NVIDIA target of the sample tree for this device and run all its cases."""
     dev = _device_or_skip()
-    import metrale_orch.build.compile as compile_mod
+    import metrale_orch.steps.target as compile_mod
     from metrale_orch.tree import hardware, resolve_all
 
     repo = Path(__file__).resolve().parent.parent
@@ -761,7 +761,7 @@ def test_sample_cases_parse_and_references_match_shapes() -> None:
 @needs_nvcc
 def test_sample_target_static_checks(tmp_path: Path) -> None:
     """Build one sample NVIDIA target with the real build step; every static check passes."""
-    import metrale_orch.build.compile as compile_mod
+    import metrale_orch.steps.target as compile_mod
 
     layouts = [
         lay

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch.build.errors import StageError
-from metrale_orch.build.staging import plan_stage, stage
+from metrale_orch.steps.errors import StageError
+from metrale_orch.steps.staging import plan_stage, stage
 from metrale_orch.tree import Target, discover
 from tests.support.build import small_tree, write
 

@@ -1,4 +1,4 @@
-"""Paths nvcc's sub-shell would misread (:mod:`metrale_orch.build.subshell`).
+"""Paths nvcc's sub-shell would misread (:mod:`metrale_orch.steps.subshell`).
 
 The tables are checked against the real nvcc (it misreads what they name, and
 only that), then real builds in project roots holding shell characters are
@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch.build.compile import build_target
-from metrale_orch.build.errors import UnsafePathError
-from metrale_orch.build.subshell import (
+from metrale_orch.steps.errors import UnsafePathError
+from metrale_orch.steps.subshell import (
     check_compile_paths,
     cwd_problem,
     include_problem,
     toolkit_problem,
     variable_problem,
 )
+from metrale_orch.steps.target import build_target
 from metrale_orch.tree import Target
 from tests.support.build import (
     compiles,

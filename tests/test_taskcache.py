@@ -16,8 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch.build.probe import reset_identity_memo
-from metrale_orch.build.toolchains import load_toolchains
 from metrale_orch.cache import CacheStats
 from metrale_orch.config import load_config
 from metrale_orch.paths import TREE_TASK
@@ -37,6 +35,8 @@ from metrale_orch.tasks.specs import (
     resolve_build_specs,
     smoke_task_dicts,
 )
+from metrale_orch.toolchain.definitions import load_toolchains
+from metrale_orch.toolchain.probe import reset_identity_memo
 from tests.support.project import doit
 
 STATE = Path("build/.state")

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch.build.argv import compile_argv
-from metrale_orch.build.errors import ToolchainError, ToolchainMissing
-from metrale_orch.build.locate import find_program
-from metrale_orch.build.probe import find_toolchain, probe_toolchain, reset_identity_memo
-from metrale_orch.build.toolchains import builtin_toolchains, load_toolchains, select_toolchain
+from metrale_orch.steps.errors import ToolchainError, ToolchainMissing
+from metrale_orch.toolchain.argv import compile_argv
+from metrale_orch.toolchain.definitions import builtin_toolchains, load_toolchains, select_toolchain
+from metrale_orch.toolchain.locate import find_program
+from metrale_orch.toolchain.probe import find_toolchain, probe_toolchain, reset_identity_memo
 from metrale_orch.tree import Hardware
 from tests.support.build import fake_toolchain_env, write
 

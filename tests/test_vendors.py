@@ -25,10 +25,9 @@ from typing import Any
 import pytest
 import xxhash
 
-from metrale_orch.build.argv import env_switches, hip_flags
-from metrale_orch.build.compile import build_target
-from metrale_orch.build.errors import BuildConfigError, ToolchainError, ToolchainMissing
-from metrale_orch.build.hip_mirror import (
+from metrale_orch.config import ConfigError, load_config
+from metrale_orch.steps.errors import BuildConfigError, ToolchainError, ToolchainMissing
+from metrale_orch.steps.hip_mirror import (
     MIRROR_DIR,
     HipCompat,
     mirror_files,
@@ -38,19 +37,20 @@ from metrale_orch.build.hip_mirror import (
     unmirror,
     write_mirror,
 )
-from metrale_orch.build.locate import find_program, find_root
-from metrale_orch.build.memo import reset_build_memo
-from metrale_orch.build.plan import plan_target
-from metrale_orch.build.probe import (
+from metrale_orch.steps.memo import reset_build_memo
+from metrale_orch.steps.plan import plan_target
+from metrale_orch.steps.results import TargetResult
+from metrale_orch.steps.target import build_target
+from metrale_orch.tasks.specs import resolve_build_specs
+from metrale_orch.toolchain.argv import env_switches, hip_flags
+from metrale_orch.toolchain.definitions import builtin_toolchains, load_toolchains
+from metrale_orch.toolchain.locate import find_program, find_root
+from metrale_orch.toolchain.probe import (
     find_toolchain,
     probe_toolchain,
     reset_identity_memo,
     toolchain_stamp,
 )
-from metrale_orch.build.results import TargetResult
-from metrale_orch.build.toolchains import builtin_toolchains, load_toolchains
-from metrale_orch.config import ConfigError, load_config
-from metrale_orch.tasks.specs import resolve_build_specs
 from metrale_orch.tree import Target, discover
 from tests.support.build import (
     compiles,

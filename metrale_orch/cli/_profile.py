@@ -3,7 +3,7 @@
 Reads ``<build_dir>/profile.json`` (written by every ``doit build`` that ran
 something; open it in Perfetto or ``chrome://tracing`` for the timeline) and
 prints the slowest compiles (target, module, seconds, outcome) and the totals.
-The reading and adding up live in :mod:`metrale_orch.build.profile`; this
+The reading and adding up live in :mod:`metrale_orch.steps.profile`; this
 module parses the arguments and formats the summary.
 """
 
@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from metrale_orch.build.profile import ProfileSummary, read_profile, summarize_profile
 from metrale_orch.errors import UsageError
 from metrale_orch.paths import PROFILE_NAME, root_relative
+from metrale_orch.steps.profile import ProfileSummary, read_profile, summarize_profile
 
 if TYPE_CHECKING:
     from metrale_orch.cli import Context

@@ -27,8 +27,6 @@ from pathlib import Path
 
 import xxhash
 
-from metrale_orch.build.locate import locate_toolchain
-from metrale_orch.build.toolchains import Toolchain, load_toolchains, select_toolchain
 from metrale_orch.errors import MetraleError
 from metrale_orch.fsutil import write_atomic
 from metrale_orch.manifest import Manifest, ManifestError, read_manifest
@@ -49,6 +47,8 @@ from metrale_orch.resources.report import (
     parse_ptxas_report,
 )
 from metrale_orch.smoke.elf import is_elf, is_fatbin, parse_cubin, parse_fatbin
+from metrale_orch.toolchain.definitions import Toolchain, load_toolchains, select_toolchain
+from metrale_orch.toolchain.locate import locate_toolchain
 from metrale_orch.tree import Target, TreeSnapshot, walk
 
 __all__ = [

@@ -9,7 +9,7 @@ cache, and a small JSON-ready value per task that the reporter aggregates.
 
 Per-process state (:data:`_PROCESS`): the opened cache, so a remote tier's
 circuit breaker and connections live once per worker rather than once per
-target, and the build session (:class:`~metrale_orch.build.session.BuildSession`:
+target, and the build session (:class:`~metrale_orch.steps.session.BuildSession`:
 the executor that runs at most ``jobs`` compiles at once, the artefacts already
 obtained), which every target built by this process shares. It is explicit and
 resettable (:func:`reset_process_state`). Ctrl-C and SIGTERM stop the session's
@@ -52,9 +52,9 @@ from metrale_orch.tasks.checker import (
 from metrale_orch.tree import Target
 
 if TYPE_CHECKING:
-    from metrale_orch.build.results import TargetResult
-    from metrale_orch.build.session import BuildSession
     from metrale_orch.cache import Cache, CacheStats
+    from metrale_orch.steps.results import TargetResult
+    from metrale_orch.steps.session import BuildSession
 
 __all__ = [
     "LOG_NAME",
@@ -73,7 +73,7 @@ __all__ = [
     "wait_for_builds",
 ]
 
-_log = logging.getLogger("metrale_orch.build")
+_log = logging.getLogger("metrale_orch.steps")
 
 #: Per-process state; see the module docstring.
 _PROCESS: dict[str, tuple[tuple[str, ...], Cache]] = {}
@@ -219,10 +219,10 @@ def configure_build_log(build_dir: Path, *, max_bytes: int, backups: int) -> log
 
 
 def _build_step() -> tuple[ModuleType, ModuleType]:
-    """The build step and the cache (:mod:`metrale_orch.build.compile`,
+    """The build step and the cache (:mod:`metrale_orch.steps.target`,
     :mod:`metrale_orch.cache`), imported when a build runs (see the module docstring)."""
     from metrale_orch import cache
-    from metrale_orch.build import compile as build
+    from metrale_orch.steps import target as build
 
     return build, cache
 
@@ -251,9 +251,9 @@ def default_target_threads(environ: Mapping[str, str]) -> int:
 def _session(config: Config, build_dir: Path) -> BuildSession:
     """This process's build session for ``config`` (made on first use): its compiles are
     ordered by the last build's profile, longest first."""
-    from metrale_orch.build.profile import compile_times, read_profile
-    from metrale_orch.build.session import BuildSession  # see the module docstring
     from metrale_orch.paths import PROFILE_NAME
+    from metrale_orch.steps.profile import compile_times, read_profile
+    from metrale_orch.steps.session import BuildSession  # see the module docstring
 
     key = (str(build_dir), config.jobs)
     with _SESSIONS_LOCK:

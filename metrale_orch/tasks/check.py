@@ -6,17 +6,17 @@ hardware rather than restating their rules:
 
 - the configuration (:func:`~metrale_orch.config.load_config`: ``pyproject.toml``
   ``[tool.metrale-orch]``, ``METRALE_ORCH_*``) and ``toolchains/*.toml``
-  (:func:`~metrale_orch.build.toolchains.load_toolchains`);
+  (:func:`~metrale_orch.toolchain.definitions.load_toolchains`);
 - every target's resolution (:func:`~metrale_orch.tree.resolve_all`: manifests,
-  symlinks, shadows), containment (:func:`~metrale_orch.build.staging.uncontained`),
-  its stage (:func:`~metrale_orch.build.staging.plan_stage`), vendor → toolchain
-  (:func:`~metrale_orch.build.toolchains.select_toolchain`), ``[build]`` flag types
-  (:func:`~metrale_orch.build.compile.merge_flags`), ``[modules]`` names
-  (:func:`~metrale_orch.build.compile.module_names`), the whole plan
-  (:func:`~metrale_orch.build.plan.plan_target`: ``[hardware] arch``, ``[defaults]``),
+  symlinks, shadows), containment (:func:`~metrale_orch.steps.staging.uncontained`),
+  its stage (:func:`~metrale_orch.steps.staging.plan_stage`), vendor → toolchain
+  (:func:`~metrale_orch.toolchain.definitions.select_toolchain`), ``[build]`` flag types
+  (:func:`~metrale_orch.steps.target.merge_flags`), ``[modules]`` names
+  (:func:`~metrale_orch.steps.target.module_names`), the whole plan
+  (:func:`~metrale_orch.steps.plan.plan_target`: ``[hardware] arch``, ``[defaults]``),
   its ``[shadow_exempt]`` tables (``_dropped.shadow_exemptions``), its
   ``SMOKE.toml`` cases (:func:`~metrale_orch.smoke.scan_cases`) and the includes
-  that escape ``kernels/`` (:func:`~metrale_orch.build.staging.beyond_layout`);
+  that escape ``kernels/`` (:func:`~metrale_orch.steps.staging.beyond_layout`);
 - every hardware's ``[defaults]`` and ``[hardware] sm_count`` and its vendor's
   toolchain, whether or not it has targets; ``kernels/LEVERS.toml``
   (:func:`~metrale_orch.defaults.read_tree_levers`).
@@ -24,7 +24,7 @@ hardware rather than restating their rules:
 Each step runs on its own, so one target's first error never hides another
 file's. Planning uses :data:`UNPROBED` as the toolchain identity: no compiler
 runs. Each compiler is located as the build locates it
-(:func:`~metrale_orch.build.toolchains.locate_toolchain`): one that is not installed is
+(:func:`~metrale_orch.toolchain.definitions.locate_toolchain`): one that is not installed is
 no problem (the build skips its targets) but is listed with the build's reason
 (:attr:`CheckReport.skipped`); a variable naming an unusable one is a problem. Beyond what the build
 refuses, ``check`` also refuses symlinks no target reads, shadows whose winner
@@ -53,17 +53,17 @@ from typing import Literal
 import xxhash
 
 from metrale_orch import tree as lay
-from metrale_orch.build.dropped import shadow_exemptions
-from metrale_orch.build.errors import BuildConfigError, ToolchainMissing
-from metrale_orch.build.hip_mirror import HipCompat, scan_hip_compat
-from metrale_orch.build.locate import locate_toolchain
-from metrale_orch.build.plan import PlanMemo, merge_flags, module_names, plan_target
-from metrale_orch.build.staging import beyond_layout, plan_stage, uncontained
-from metrale_orch.build.toolchains import Toolchain, load_toolchains, select_toolchain
 from metrale_orch.config import Config, load_config
 from metrale_orch.defaults import read_tree_levers
 from metrale_orch.errors import MetraleError, is_printable, printable
 from metrale_orch.smoke import scan_cases
+from metrale_orch.steps.dropped import shadow_exemptions
+from metrale_orch.steps.errors import BuildConfigError, ToolchainMissing
+from metrale_orch.steps.hip_mirror import HipCompat, scan_hip_compat
+from metrale_orch.steps.plan import PlanMemo, merge_flags, module_names, plan_target
+from metrale_orch.steps.staging import beyond_layout, plan_stage, uncontained
+from metrale_orch.toolchain.definitions import Toolchain, load_toolchains, select_toolchain
+from metrale_orch.toolchain.locate import locate_toolchain
 
 __all__ = ["UNPROBED", "CheckReport", "check_tree", "report_lines"]
 
@@ -286,7 +286,7 @@ class _Steps:
         return self._compat
 
     def plan(self, layout: lay.Layout, toolchains: Mapping[str, Toolchain]) -> None:
-        """:func:`~metrale_orch.build.plan.plan_target` as the build calls it (``dodo``)."""
+        """:func:`~metrale_orch.steps.plan.plan_target` as the build calls it (``dodo``)."""
         toolchain = select_toolchain(layout.hardware, toolchains)
         plan_target(
             self.root,

@@ -30,12 +30,10 @@ from pathlib import Path
 import xxhash
 
 import metrale_orch
-from metrale_orch.build.hip_mirror import scan_hip_compat
-from metrale_orch.build.probe import toolchain_stamp
-from metrale_orch.build.toolchains import Toolchain, load_toolchains
 from metrale_orch.config import Config, load_config
 from metrale_orch.errors import MetraleError, printable
 from metrale_orch.paths import STATE_DIR, TREE_TASK
+from metrale_orch.steps.hip_mirror import scan_hip_compat
 from metrale_orch.tasks import taskcache
 from metrale_orch.tasks.checker import SignatureCheck
 from metrale_orch.tasks.dicts import (
@@ -48,6 +46,8 @@ from metrale_orch.tasks.dicts import (
     plan_skip_task,
 )
 from metrale_orch.tasks.doit_api import doit_version
+from metrale_orch.toolchain.definitions import Toolchain, load_toolchains
+from metrale_orch.toolchain.probe import toolchain_stamp
 from metrale_orch.tree import LayoutError, Target, TreeSnapshot, discover
 
 __all__ = [

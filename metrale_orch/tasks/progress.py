@@ -5,7 +5,7 @@ second:
 
     modules 41/69 · 2 in flight · 12 hits · 0 failed · 0:17 · ETA 0:09
 
-The counts are the build session's (:class:`~metrale_orch.build.session.Progress`)
+The counts are the build session's (:class:`~metrale_orch.steps.session.Progress`)
 of every process whose session this one can read: doit's own process, where the
 default (thread) runs build every target. Under ``-P process`` the workers' counts
 reach the reporter only as their targets finish, so the line counts targets there.

@@ -19,7 +19,7 @@ task's cache statistics, cache warnings, its profile spans); the reporter adds
 the statistics up, prints each distinct cache warning once and writes them to
 ``<build_dir>/cache-stats.json``, and writes every target's spans, on the
 worker that ran them, to ``<build_dir>/profile.json`` (Chrome trace events:
-:mod:`metrale_orch.build.profile`). A run that built nothing (a no-op) leaves
+:mod:`metrale_orch.steps.profile`). A run that built nothing (a no-op) leaves
 both files of the last build that did in place, and costs nothing for them.
 Other tasks (``check``, ``smoke:…``) are reported as doit's console reporter does.
 
@@ -438,7 +438,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
     def _write_profile(self) -> None:
         """Write every span of this run to profile.json, atomically (Chrome trace events)."""
         # Imported only after a run that built: a no-op never needs the profile's classes.
-        from metrale_orch.build.profile import Span, encode_profile, trace_document
+        from metrale_orch.steps.profile import Span, encode_profile, trace_document
 
         spans = []
         for item in self._spans:
@@ -485,7 +485,7 @@ def _live_line(stream: TextIO, sample: Callable[[], str]) -> LiveLine | None:
 def _expected_target_seconds() -> dict[str, float]:
     """``build:<target>`` -> the compile seconds of its last build (its profile), for the
     ETA; {} when there is no profile."""
-    from metrale_orch.build.profile import read_profile
+    from metrale_orch.steps.profile import read_profile
 
     try:
         config = load_config(Path.cwd(), os.environ)

@@ -16,13 +16,6 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from metrale_orch.build.errors import ToolchainMissing
-from metrale_orch.build.hip_mirror import HipCompat, scan_hip_compat
-from metrale_orch.build.plan import PlanMemo, plan_target
-from metrale_orch.build.probe import FoundToolchain, find_toolchain
-from metrale_orch.build.staging import beyond_layout
-from metrale_orch.build.subshell import check_compile_paths
-from metrale_orch.build.toolchains import Toolchain, load_toolchains, select_toolchain
 from metrale_orch.config import Config, load_config
 from metrale_orch.errors import MetraleError, is_printable, printable
 from metrale_orch.paths import (
@@ -33,6 +26,11 @@ from metrale_orch.paths import (
     rel_posix,
     target_dir,
 )
+from metrale_orch.steps.errors import ToolchainMissing
+from metrale_orch.steps.hip_mirror import HipCompat, scan_hip_compat
+from metrale_orch.steps.plan import PlanMemo, plan_target
+from metrale_orch.steps.staging import beyond_layout
+from metrale_orch.steps.subshell import check_compile_paths
 from metrale_orch.tasks.creators import Generation, cached_tasks, named_failures
 from metrale_orch.tasks.dicts import (
     BuildSpec,
@@ -43,6 +41,8 @@ from metrale_orch.tasks.dicts import (
     plan_skip_task,
 )
 from metrale_orch.tasks.smoke import smoke_tasks
+from metrale_orch.toolchain.definitions import Toolchain, load_toolchains, select_toolchain
+from metrale_orch.toolchain.probe import FoundToolchain, find_toolchain
 from metrale_orch.tree import (
     Layout,
     LayoutError,

@@ -26,12 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from metrale_orch.build.includes import Includes, module_closure, parse_includes
-from metrale_orch.build.plan import TargetPlan, plan_target
-from metrale_orch.build.staging import plan_stage
-from metrale_orch.build.toolchains import load_toolchains
 from metrale_orch.errors import MetraleError, UsageError
 from metrale_orch.paths import BUILD_TASK, DB_NAME, TREE_TASK, rel_posix
+from metrale_orch.steps.includes import Includes, module_closure, parse_includes
+from metrale_orch.steps.plan import TargetPlan, plan_target
+from metrale_orch.steps.staging import plan_stage
 from metrale_orch.tasks import specs as generation
 from metrale_orch.tasks.check import UNPROBED
 from metrale_orch.tasks.checker import SIGNATURE_KEY, ContentChecker, SignatureCheck, TaskDataCodec
@@ -45,6 +44,7 @@ from metrale_orch.tasks.doit_api import (
     make_task,
     open_dependency,
 )
+from metrale_orch.toolchain.definitions import load_toolchains
 from metrale_orch.tree import Layout
 
 __all__ = [
@@ -303,7 +303,7 @@ class Reach:
 def _modules_reaching(plan: TargetPlan, layout: Layout, rel: str, root: Path) -> list[str]:
     """Names of the modules whose compile can read ``rel``: its own source, or a file in
     its include closure over the target's staged layout: the build's own
-    :func:`~metrale_orch.build.includes.module_closure`, seen from the plan (the closure the
+    :func:`~metrale_orch.steps.includes.module_closure`, seen from the plan (the closure the
     cache keys on, without the flags only the build adds)."""
     staged = {srel: rel_posix(src, root) for srel, src in plan_stage(layout).items()}
     includes: dict[str, Includes] = {}

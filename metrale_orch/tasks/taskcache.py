@@ -11,7 +11,7 @@ far more than doit's own up-to-date checks. Its result is a function of:
   every run and puts them, by value, into the key);
 - the environment the generation reads, each toolchain's program as found on
   ``PATH`` (real path, size, mtime; see
-  :func:`~metrale_orch.build.probe.toolchain_stamp`), the root, the build dir,
+  :func:`~metrale_orch.toolchain.probe.toolchain_stamp`), the root, the build dir,
   the versions of Python and doit, and the source files of this package.
 
 The first three go into a *key* computed on every run (cheap); the tree and

@@ -2,7 +2,7 @@
 
 :func:`run_compile` renders the toolchain's argv for this machine (the
 program's path; every other path relative to the module's working directory, which
-no sub-shell of the compiler can misread: :mod:`~metrale_orch.build.subshell`), runs it
+no sub-shell of the compiler can misread: :mod:`~metrale_orch.steps.subshell`), runs it
 through :func:`metrale_orch.proc.run_process`
 and returns the artefact's bytes with the inputs the compile read (from the
 compiler's dependency list, or the scanned closure). :class:`BuildContext` is
@@ -25,23 +25,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from metrale_orch.build.argv import compile_argv, env_switches, link_argv
-from metrale_orch.build.deps import parse_depfile, record_inputs
-from metrale_orch.build.errors import CompileError, StageError
-from metrale_orch.build.hip_mirror import (
+from metrale_orch.cache import Cache
+from metrale_orch.steps.deps import parse_depfile, record_inputs
+from metrale_orch.steps.errors import CompileError, StageError
+from metrale_orch.steps.hip_mirror import (
     MIRROR_DIR,
     mirror_files,
     mirrored_source,
     unmirror,
     write_mirror,
 )
-from metrale_orch.build.includes import include_dirs, read_files_of, resolve_closure, scan_includes
-from metrale_orch.build.plan import ModulePlan, TargetPlan
-from metrale_orch.build.staging import StagedTarget
-from metrale_orch.cache import Cache
+from metrale_orch.steps.includes import include_dirs, read_files_of, resolve_closure, scan_includes
+from metrale_orch.steps.plan import ModulePlan, TargetPlan
+from metrale_orch.steps.staging import StagedTarget
+from metrale_orch.toolchain.argv import compile_argv, env_switches, link_argv
 
 if TYPE_CHECKING:
-    from metrale_orch.build.session import BuildSession
+    from metrale_orch.steps.session import BuildSession
 from metrale_orch.executor import Action
 from metrale_orch.proc import ProcessError, format_argv
 
@@ -129,7 +129,7 @@ def run_compile(
     """Compile one module in its staged role directory into a temporary directory.
 
     As the reference drives each compiler (SPEC 3.3): a ``hip``-dialect toolchain
-    compiles the module's mirror (:mod:`metrale_orch.build.hip_mirror`, written under
+    compiles the module's mirror (:mod:`metrale_orch.steps.hip_mirror`, written under
     the stage) with the project's compat directory as ``-I``; a two-step
     toolchain (Metal) turns the first step's intermediate into the artefact;
     the toolchain's environment switches are those of the plan.

@@ -3,17 +3,17 @@
 Each error keeps its data as attributes (fields, see
 :class:`~metrale_orch.errors.MetraleError`) and says what and where in its text
 (file and key, target and module, the command line and the compiler's
-output). Imports nothing of the build package, so every build module may
-raise them.
+output). Imports nothing of the build steps, so every step may raise them; the
+toolchain's own errors (:mod:`metrale_orch.toolchain.errors`) are named here too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import KW_ONLY
 
 from metrale_orch.errors import MetraleError
 from metrale_orch.proc import format_argv
+from metrale_orch.toolchain.errors import ToolchainError, ToolchainMissing
 
 __all__ = [
     "BuildConfigError",
@@ -33,37 +33,6 @@ class BuildError(MetraleError):
     """Base of every error of the build steps (toolchains, staging, compiling)."""
 
     exit_code = 1
-
-
-class ToolchainError(BuildError):
-    """A toolchain definition or selection is wrong; names the file and the key."""
-
-    exit_code = 2
-
-    where: str
-    key: str
-    problem: str
-
-    def __str__(self) -> str:
-        if self.key:
-            return f"{self.where}: {self.key}: {self.problem}"
-        return f"{self.where}: {self.problem}"
-
-
-class ToolchainMissing(BuildError):
-    """The selected toolchain's program is not installed; says what to install."""
-
-    exit_code = 1
-
-    toolchain: str
-    program: str
-    hint: str
-    _: KW_ONLY
-    detail: str = ""
-
-    def __str__(self) -> str:
-        what = self.detail or f"`{self.program}` was not found"
-        return f"toolchain {self.toolchain!r} is not installed: {what}; install {self.hint}"
 
 
 class BuildConfigError(BuildError):
@@ -143,7 +112,7 @@ class ContainmentError(StageError):
 
 class UnsafePathError(BuildError):
     """A path every compile would see holds text the compiler's sub-shell misreads
-    (:mod:`~metrale_orch.build.subshell`); raised before any compile."""
+    (:mod:`~metrale_orch.steps.subshell`); raised before any compile."""
 
     exit_code = 2
 

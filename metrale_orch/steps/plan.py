@@ -20,17 +20,6 @@ from pathlib import Path
 from types import MappingProxyType
 
 from metrale_orch import cache as cache_mod
-from metrale_orch.build.argv import (
-    Switches,
-    compile_argv,
-    env_switches,
-    keyed_environment,
-    link_argv,
-)
-from metrale_orch.build.errors import BuildConfigError
-from metrale_orch.build.hip_mirror import MIRROR_DIR, HipCompat, hip_identity, mirrored_source
-from metrale_orch.build.staging import role_dir
-from metrale_orch.build.toolchains import Toolchain, select_toolchain
 from metrale_orch.defaults import (
     DeclaredLevers,
     TargetDefaults,
@@ -40,6 +29,17 @@ from metrale_orch.defaults import (
 )
 from metrale_orch.defaults.levers import JsonValue
 from metrale_orch.paths import root_relative
+from metrale_orch.steps.errors import BuildConfigError
+from metrale_orch.steps.hip_mirror import MIRROR_DIR, HipCompat, hip_identity, mirrored_source
+from metrale_orch.steps.staging import role_dir
+from metrale_orch.toolchain.argv import (
+    Switches,
+    compile_argv,
+    env_switches,
+    keyed_environment,
+    link_argv,
+)
+from metrale_orch.toolchain.definitions import Toolchain, select_toolchain
 from metrale_orch.tree import Entry, Hardware, Layout, Shadow, Target
 
 __all__ = [
@@ -173,7 +173,7 @@ class PlanMemo:
     def argv(
         self, toolchain: Toolchain, arch: str, flags: tuple[str, ...], source: str, output: str
     ) -> tuple[str, ...]:
-        """:func:`~metrale_orch.build.toolchains.compile_argv` with the program name, memoised."""
+        """:func:`~metrale_orch.toolchain.argv.compile_argv` with the program name, memoised."""
         key = (id(toolchain), arch, flags, source, output)
         got = self._argvs.get(key)
         if got is None:
@@ -185,7 +185,7 @@ class PlanMemo:
         return got
 
     def env(self, toolchain: Toolchain, environ: Mapping[str, str]) -> Mapping[str, str]:
-        """:func:`~metrale_orch.build.toolchains.keyed_environment`, memoised."""
+        """:func:`~metrale_orch.toolchain.definitions.keyed_environment`, memoised."""
         key = (id(toolchain), id(environ))
         got = self._envs.get(key)
         if got is None:
@@ -339,11 +339,11 @@ def plan_target(
     once per memo, ``kernels/LEVERS.toml``, a file dependency of every target).
 
     ``identity`` is the selected toolchain's probed identity
-    (:func:`~metrale_orch.build.probe.probe_toolchain`); ``environ`` supplies the
+    (:func:`~metrale_orch.toolchain.probe.probe_toolchain`); ``environ`` supplies the
     toolchain's environment allow-list values; ``memo`` shares work between
     the plans of one resolution pass (see :class:`PlanMemo`); ``hip_compat`` is
     the project's HIP compat directory
-    (:func:`~metrale_orch.build.hip_mirror.scan_hip_compat`), read by the targets of a
+    (:func:`~metrale_orch.steps.hip_mirror.scan_hip_compat`), read by the targets of a
     ``hip``-dialect toolchain: its files are their file dependencies and, with
     the mirror's rules, part of their identity. The environment switches of the
     toolchain (``METRALE_KERNEL_NO_STRICT``, ``METRALE_EXTRA_NVCC_FLAGS``) enter

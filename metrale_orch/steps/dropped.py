@@ -45,9 +45,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from metrale_orch.build.staging import StagedTarget, role_dir
 from metrale_orch.errors import printable
 from metrale_orch.paths import root_relative
+from metrale_orch.steps.staging import StagedTarget, role_dir
 from metrale_orch.tree import Entry, Layout, Role
 
 __all__ = [

@@ -6,7 +6,7 @@ obtained (so two targets sharing a key compile it once), the hashes of files
 outside the stage, the temporary directories already swept, the last build's
 compile times (longest work first) and the live counters a progress line
 reads. The doit integration makes one per process; a caller of
-:func:`~metrale_orch.build.compile.build_target` without one gets a private one.
+:func:`~metrale_orch.steps.target.build_target` without one gets a private one.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from metrale_orch.build.deps import FileHasher
-from metrale_orch.build.memo import ArtefactMemo
 from metrale_orch.executor import Executor, LocalExecutor
 from metrale_orch.paths import STATE_DIR
+from metrale_orch.steps.deps import FileHasher
+from metrale_orch.steps.memo import ArtefactMemo
 
 __all__ = ["SLOTS_DIR", "BuildSession", "Progress"]
 

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import xxhash
 
-from metrale_orch.build.dropped import Drop
-from metrale_orch.build.errors import StageError
-from metrale_orch.build.plan import TargetPlan, shadow_dict
-from metrale_orch.build.results import ModuleResult
 from metrale_orch.defaults import render_defaults_header, render_defaults_json
 from metrale_orch.fsutil import FileState, file_state, write_if_changed
 from metrale_orch.manifest import Manifest, ManifestShadow
 from metrale_orch.paths import MANIFEST_NAME, root_relative, target_dir
+from metrale_orch.steps.dropped import Drop
+from metrale_orch.steps.errors import StageError
+from metrale_orch.steps.plan import TargetPlan, shadow_dict
+from metrale_orch.steps.results import ModuleResult
 from metrale_orch.tree import Layout
 
 __all__ = ["DEFAULTS_HEADER", "DEFAULTS_JSON", "install", "plan_manifest"]
@@ -40,7 +40,7 @@ def plan_manifest(
     dropped: Sequence[Drop],
 ) -> Manifest:
     """The ``manifest.json`` of SPEC 4.1 (pure); ``dropped``: the target's shadow drops
-    (:func:`metrale_orch.build.dropped.shadow_drops`), listed whether exempted or not."""
+    (:func:`metrale_orch.steps.dropped.shadow_drops`), listed whether exempted or not."""
     return Manifest(
         target=str(plan.target),
         arch=plan.arch,

@@ -3,9 +3,9 @@
 :func:`find_program` searches the toolchain's variables, fixed paths, ``PATH``,
 install prefixes and pip wheels in that order; :func:`find_root` finds the
 toolkit root of a compiler picked per arch (``{root}/.../{arch}/...``);
-:func:`locate_toolchain` raises :class:`~metrale_orch.build.errors.ToolchainMissing`
+:func:`locate_toolchain` raises :class:`~metrale_orch.toolchain.errors.ToolchainMissing`
 with the text the build skips with. Nothing here runs the compiler
-(:mod:`~metrale_orch.build.probe` does).
+(:mod:`~metrale_orch.toolchain.probe` does).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import sysconfig
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from metrale_orch.build.errors import ToolchainError, ToolchainMissing
-from metrale_orch.build.toolchains import Toolchain
+from metrale_orch.toolchain.definitions import Toolchain
+from metrale_orch.toolchain.errors import ToolchainError, ToolchainMissing
 
 __all__ = ["executable", "find_program", "find_root", "locate_toolchain"]
 

@@ -1,14 +1,14 @@
 """Build one target (SPEC 3.2-3.4, 4.1): stage it, key each module, obtain, install.
 
 :func:`build_target` stages the target, keys each module
-(:mod:`~metrale_orch.build.keys`), takes it from the per-process memo or the
-cache, otherwise compiles it (:func:`~metrale_orch.build.run.run_compile`, under
+(:mod:`~metrale_orch.steps.keys`), takes it from the per-process memo or the
+cache, otherwise compiles it (:func:`~metrale_orch.steps.compile.run_compile`, under
 the cache's key lock) and publishes it, then installs the artefacts
 atomically, bakes ``target_defaults.json``/``.h`` and writes ``manifest.json``
-last (:mod:`~metrale_orch.build.install`). A memoised or cached artefact is
+last (:mod:`~metrale_orch.steps.install`). A memoised or cached artefact is
 taken only when every file its compile read still has the content it had.
 Each step is recorded as a span of the build profile
-(:mod:`~metrale_orch.build.profile`), returned in ``TargetResult.spans``.
+(:mod:`~metrale_orch.steps.profile`), returned in ``TargetResult.spans``.
 """
 
 from __future__ import annotations
@@ -28,40 +28,42 @@ from typing import Literal
 
 import xxhash
 
-from metrale_orch.build.argv import env_switches
-from metrale_orch.build.deps import (
+from metrale_orch.cache import Cache
+from metrale_orch.config import Config
+from metrale_orch.fsutil import FileState, file_digest
+from metrale_orch.paths import STATE_DIR, TMP_DIR, stage_dir
+from metrale_orch.steps.compile import BuildContext, run_compile, sweep_tmp
+from metrale_orch.steps.deps import (
     FileHasher,
     external_stamps,
     hashed_state,
     inputs_match,
     unknown_state,
 )
-from metrale_orch.build.dropped import (
+from metrale_orch.steps.dropped import (
     Drop,
     Exemptions,
     drop_warnings,
     scan_drops,
     shadow_exemptions,
 )
-from metrale_orch.build.errors import BuildConfigError, CompileError, ContainmentError
-from metrale_orch.build.hip_mirror import HipCompat, scan_hip_compat
-from metrale_orch.build.includes import (
+from metrale_orch.steps.errors import BuildConfigError, CompileError, ContainmentError
+from metrale_orch.steps.hip_mirror import HipCompat, scan_hip_compat
+from metrale_orch.steps.includes import (
     Includes,
     effective_flags,
     include_dirs,
     resolve_closure,
     scan_includes,
 )
-from metrale_orch.build.install import install
-from metrale_orch.build.keys import checkout_of, module_key
-from metrale_orch.build.memo import Obtained
-from metrale_orch.build.plan import ModulePlan, PlanMemo, TargetPlan, config_docs, plan_target
-from metrale_orch.build.probe import find_toolchain
-from metrale_orch.build.profile import SpanRecorder
-from metrale_orch.build.results import ModuleResult, TargetResult
-from metrale_orch.build.run import BuildContext, run_compile, sweep_tmp
-from metrale_orch.build.session import BuildSession
-from metrale_orch.build.staging import (
+from metrale_orch.steps.install import install
+from metrale_orch.steps.keys import checkout_of, module_key
+from metrale_orch.steps.memo import Obtained
+from metrale_orch.steps.plan import ModulePlan, PlanMemo, TargetPlan, config_docs, plan_target
+from metrale_orch.steps.profile import SpanRecorder
+from metrale_orch.steps.results import ModuleResult, TargetResult
+from metrale_orch.steps.session import BuildSession
+from metrale_orch.steps.staging import (
     StagedTarget,
     beyond_layout,
     check_contained,
@@ -70,18 +72,16 @@ from metrale_orch.build.staging import (
     stage,
     uncontained,
 )
-from metrale_orch.build.subshell import check_compile_paths
-from metrale_orch.build.toolchains import Toolchain, load_toolchains, select_toolchain
-from metrale_orch.cache import Cache
-from metrale_orch.config import Config
-from metrale_orch.fsutil import FileState, file_digest
-from metrale_orch.paths import STATE_DIR, TMP_DIR, stage_dir
+from metrale_orch.steps.subshell import check_compile_paths
+from metrale_orch.toolchain.argv import env_switches
+from metrale_orch.toolchain.definitions import Toolchain, load_toolchains, select_toolchain
+from metrale_orch.toolchain.probe import find_toolchain
 from metrale_orch.tree import Layout, Target, discover, read_manifest_warnings
 from metrale_orch.tree.beyond import TREE_DIR, Beyond, layer_include
 
 __all__ = ["build_target"]
 
-_log = logging.getLogger("metrale_orch.build")
+_log = logging.getLogger("metrale_orch.steps")
 
 #: How :func:`_obtain` got an artefact: this process's memo, a cache tier, or the compiler.
 Obtainment = Literal["memo", "local", "remote", "compiled"]
@@ -136,7 +136,7 @@ def build_target(
     error, :class:`ToolchainMissing` when the compiler is not installed,
     :class:`ToolchainError` / :class:`BuildConfigError` / ``DefaultsError`` for bad
     settings, :class:`UnsafePathError` (before any compile) for a path the compiler's
-    sub-shell would misread, :class:`~metrale_orch.build.staging.ContainmentError` for
+    sub-shell would misread, :class:`~metrale_orch.steps.staging.ContainmentError` for
     an input outside ``kernels/``, :class:`StageError` when the build dir cannot be
     written, and :class:`~metrale_orch.executor.ActionStopped` when the session was
     stopped.
@@ -439,7 +439,7 @@ def _digest_or_empty(path: Path) -> str:
 def _beyond_layout(root: Path, layout: Layout, compat: HipCompat | None) -> Beyond:
     """SPEC 3.3.1: the tree files this target's compiles reach beyond its layout (to be
     staged under ``.tree/``). Raises the first escaping include (naming the file and line)
-    and :class:`~metrale_orch.build.staging.ContainmentError` for a file reached through a
+    and :class:`~metrale_orch.steps.staging.ContainmentError` for a file reached through a
     symlink."""
     allow = () if compat is None or compat.dir is None else (str(compat.dir),)
     beyond = beyond_layout(root, layout, allow=allow)
@@ -515,7 +515,7 @@ def _obtain(
     and the inputs its compile read.
 
     A memoised or cached artefact is taken only when every file its compile
-    read still has the content it had (:func:`metrale_orch.build.deps.inputs_match`);
+    read still has the content it had (:func:`metrale_orch.steps.deps.inputs_match`);
     otherwise the module is compiled and the new entry replaces the local one.
     One pipeline per key at a time in this session, and one per key across processes
     while a cache is open (its key lock): a target whose module shares a key with one

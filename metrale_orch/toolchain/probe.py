@@ -23,8 +23,12 @@ from pathlib import Path
 
 import xxhash
 
-from metrale_orch.build.argv import keyed_environment
-from metrale_orch.build.dryrun import (
+from metrale_orch.errors import MetraleError
+from metrale_orch.fsutil import file_hash, write_atomic
+from metrale_orch.proc import ProcessError
+from metrale_orch.toolchain.argv import keyed_environment
+from metrale_orch.toolchain.definitions import Toolchain
+from metrale_orch.toolchain.dryrun import (
     SEARCH_PATH_VARS,
     dryrun_files,
     dryrun_roots,
@@ -32,12 +36,8 @@ from metrale_orch.build.dryrun import (
     run_tool,
     search_dirs,
 )
-from metrale_orch.build.errors import ToolchainError, ToolchainMissing
-from metrale_orch.build.locate import executable, find_program, find_root, locate_toolchain
-from metrale_orch.build.toolchains import Toolchain
-from metrale_orch.errors import MetraleError
-from metrale_orch.fsutil import file_hash, write_atomic
-from metrale_orch.proc import ProcessError
+from metrale_orch.toolchain.errors import ToolchainError, ToolchainMissing
+from metrale_orch.toolchain.locate import executable, find_program, find_root, locate_toolchain
 
 __all__ = [
     "FoundToolchain",

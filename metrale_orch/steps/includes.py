@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from metrale_orch.build.deps import flag_files, flag_values
-from metrale_orch.build.errors import StageError
-from metrale_orch.build.plan import ModulePlan, TargetPlan
-from metrale_orch.build.staging import StagedTarget
+from metrale_orch.steps.deps import flag_files, flag_values
+from metrale_orch.steps.errors import StageError
+from metrale_orch.steps.plan import ModulePlan, TargetPlan
+from metrale_orch.steps.staging import StagedTarget
 from metrale_orch.tree.beyond import DIRECTIVE, SPLICE_RE
 
 __all__ = [
@@ -66,7 +66,7 @@ def parse_includes(data: bytes) -> Includes:
     comments around the ``#`` are understood. Directives are matched per line, so
     a ``//``-commented one is skipped while one inside a ``/* */`` block counts
     (more, never less). This is the key's fast first guess: a hit is verified
-    against what the compiler itself read (:mod:`metrale_orch.build.deps`).
+    against what the compiler itself read (:mod:`metrale_orch.steps.deps`).
     """
     if b"\\" in data:
         data = SPLICE_RE.sub(b"", data)

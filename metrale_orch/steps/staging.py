@@ -28,8 +28,8 @@ from types import MappingProxyType
 
 import xxhash
 
-from metrale_orch.build.errors import ContainmentError, StageError
 from metrale_orch.fsutil import write_atomic
+from metrale_orch.steps.errors import ContainmentError, StageError
 from metrale_orch.tree import Layout, Role
 from metrale_orch.tree.beyond import TREE_DIR, Beyond, find_beyond_layout
 

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from metrale_orch.build.errors import ToolchainError
-from metrale_orch.build.toolchains import LIST_PLACEHOLDERS, Toolchain
+from metrale_orch.toolchain.definitions import LIST_PLACEHOLDERS, Toolchain
+from metrale_orch.toolchain.errors import ToolchainError
 
 __all__ = [
     "Switches",

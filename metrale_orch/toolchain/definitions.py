@@ -12,8 +12,8 @@ another toolchain's fields). A hardware picks its toolchain by vendor, or by
 
 Pure: :func:`parse_toolchain`, :func:`select_toolchain`. I/O: :func:`load_toolchains`
 and :func:`builtin_toolchains` (read the files). How a toolchain is called lives in
-:mod:`~metrale_orch.build.argv`, where its compiler is in
-:mod:`~metrale_orch.build.locate`, what it is in :mod:`~metrale_orch.build.probe`.
+:mod:`~metrale_orch.toolchain.argv`, where its compiler is in
+:mod:`~metrale_orch.toolchain.locate`, what it is in :mod:`~metrale_orch.toolchain.probe`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from metrale_orch.build.errors import ToolchainError
+from metrale_orch.toolchain.errors import ToolchainError
 
 if TYPE_CHECKING:  # only for annotations: the build's no-op path skips importing the resolver
     from metrale_orch.tree import Hardware
@@ -57,7 +57,7 @@ OUTPUT_KINDS: Mapping[str, tuple[str, str]] = MappingProxyType(
 )
 
 #: How a toolchain adapts the CUDA sources and flags of a tree: "" (as they are) or
-#: "hip" (the warp-mask mirror of :mod:`metrale_orch.build.hip_mirror`, ``--fmad``
+#: "hip" (the warp-mask mirror of :mod:`metrale_orch.steps.hip_mirror`, ``--fmad``
 #: translated by :func:`hip_flags`, the project's HIP compat directory as ``-I``).
 DIALECTS = ("", "hip")
 

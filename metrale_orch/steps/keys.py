@@ -5,7 +5,7 @@ toolchain name and identity, the arch, the argv with the program *name* and
 paths relative to the module's role directory (its cwd), the values of the
 toolchain's environment allow-list, the module's entry and artefact name, and
 the content hash of every file of its include closure
-(:func:`~metrale_orch.build.includes.module_closure`). Closure paths enter the
+(:func:`~metrale_orch.steps.includes.module_closure`). Closure paths enter the
 key relative to the module's cwd, so the same module in two models or two
 checkouts shares one key, while an unrelated file changes no key. Flags that
 embed absolute paths in the artefact (line or debug info) make the key
@@ -20,10 +20,10 @@ import posixpath
 from collections.abc import Mapping, Sequence
 
 from metrale_orch import cache as cache_mod
-from metrale_orch.build.deps import FileHasher
-from metrale_orch.build.includes import Includes, effective_flags, module_closure
-from metrale_orch.build.plan import PLAN_SCHEMA, ModulePlan, TargetPlan
-from metrale_orch.build.staging import StagedTarget
+from metrale_orch.steps.deps import FileHasher
+from metrale_orch.steps.includes import Includes, effective_flags, module_closure
+from metrale_orch.steps.plan import PLAN_SCHEMA, ModulePlan, TargetPlan
+from metrale_orch.steps.staging import StagedTarget
 
 __all__ = ["checkout_of", "embeds_paths", "module_key", "module_key_parts"]
 
@@ -103,7 +103,7 @@ def module_key(
 ) -> str:
     """The action key of ``module``: its scanned closure over the stage (plus files named
     by flags, hashed through ``hasher``) and everything in :func:`module_key_parts`.
-    ``words`` are :func:`~metrale_orch.build.includes.effective_flags` in the module's
+    ``words`` are :func:`~metrale_orch.steps.includes.effective_flags` in the module's
     cwd; ``layer_include`` the ``-I`` the compile adds for its layer directory ("")."""
     before, after = words
     closure = module_closure(

@@ -7,7 +7,7 @@ specially is then expanded or cut: ``-o /x/a$b/k.ptx`` reaches ``cicc`` as
 ``/x/a/k.ptx`` and the compile fails with ``cicc: IO error``. So the build hands
 the compiler every path it can relative to the module's working directory (the
 artefact, the depfile, the intermediate, the include directories: see
-:func:`~metrale_orch.build.run.run_compile`); what is left is checked here, once,
+:func:`~metrale_orch.steps.compile.run_compile`); what is left is checked here, once,
 before the first compile:
 
 - the working directory itself (below the build directory): nvcc names the
@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from metrale_orch.build.errors import UnsafePathError
+from metrale_orch.steps.errors import UnsafePathError
 
 __all__ = [
     "PathProblem",

@@ -51,8 +51,8 @@ from types import MappingProxyType
 
 import xxhash
 
-from metrale_orch.build.staging import COMMON_DIR
 from metrale_orch.fsutil import write_atomic, write_if_changed
+from metrale_orch.steps.staging import COMMON_DIR
 
 __all__ = [
     "MIRROR_DIR",

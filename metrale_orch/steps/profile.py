@@ -1,6 +1,6 @@
 """The build profile: where a build's time went, as Chrome trace events.
 
-:func:`~metrale_orch.build.compile.build_target` records one :class:`Span` per
+:func:`~metrale_orch.steps.target.build_target` records one :class:`Span` per
 step of a target (``build`` around ``plan``, ``stage``, then per module
 ``key``, ``lookup``, ``compile``, ``store``, and ``install``) through a
 :class:`SpanRecorder`; the spans travel with the doit task's values to the
@@ -30,7 +30,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal, get_args
 
-from metrale_orch.build.errors import ProfileError, ProfileMissing
+from metrale_orch.steps.errors import ProfileError, ProfileMissing
 
 __all__ = [
     "PROFILE_VERSION",
@@ -233,8 +233,8 @@ def encode_profile(doc: Mapping[str, object]) -> bytes:
 def read_profile(path: Path) -> list[dict[str, object]]:
     """The trace events of ``profile.json`` at ``path``.
 
-    Raises :class:`~metrale_orch.build.errors.ProfileMissing` when there is none
-    and :class:`~metrale_orch.build.errors.ProfileError` when it is not one.
+    Raises :class:`~metrale_orch.steps.errors.ProfileMissing` when there is none
+    and :class:`~metrale_orch.steps.errors.ProfileError` when it is not one.
     """
     try:
         text = path.read_text(encoding="utf-8")

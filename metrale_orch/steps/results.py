@@ -1,6 +1,6 @@
 """What one build of a target returns: per-module outcomes, failures, saved states.
 
-:class:`TargetResult` is the value :func:`~metrale_orch.build.compile.build_target`
+:class:`TargetResult` is the value :func:`~metrale_orch.steps.target.build_target`
 returns and, through ``to_dict()``, what a doit worker hands back (JSON-ready,
 keys sorted where they cross the process boundary).
 """
@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from types import MappingProxyType
 
-from metrale_orch.build.errors import CompileError
-from metrale_orch.build.profile import Span
 from metrale_orch.fsutil import FileState
 from metrale_orch.manifest import ManifestModule, ModuleOutcome
+from metrale_orch.steps.errors import CompileError
+from metrale_orch.steps.profile import Span
 
 __all__ = ["ModuleResult", "TargetResult"]
 
@@ -64,7 +64,7 @@ class TargetResult:
     #: (``-I/abs``, ``CPATH``, an absolute include) -> [mtime_ns, size, xxh3-128]: they
     #: make the target stale when they change.
     external: Mapping[str, FileState] = field(default_factory=lambda: MappingProxyType({}))
-    #: Where this build's time went, step by step (:mod:`metrale_orch.build.profile`).
+    #: Where this build's time went, step by step (:mod:`metrale_orch.steps.profile`).
     spans: tuple[Span, ...] = ()
 
     @property

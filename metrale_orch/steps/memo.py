@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from metrale_orch.build.deps import FileHasher
+from metrale_orch.steps.deps import FileHasher
 
 __all__ = [
     "ARTEFACT_MEMO",

@@ -4,7 +4,7 @@
 driver's ``-###``) on a throw-away source and normalises the temporary names,
 so two runs print the same text; :func:`dryrun_files` and :func:`dryrun_roots`
 read the programs and toolkit directories it names; :func:`search_dirs` reads
-a host compiler's include search list. Used by :mod:`~metrale_orch.build.probe`.
+a host compiler's include search list. Used by :mod:`~metrale_orch.toolchain.probe`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from metrale_orch.build.toolchains import Toolchain
 from metrale_orch.proc import run_process
+from metrale_orch.toolchain.definitions import Toolchain
 
 __all__ = [
     "PROBE_TIMEOUT",
