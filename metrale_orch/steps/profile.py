@@ -40,6 +40,7 @@ __all__ = [
     "SpanArgs",
     "SpanRecorder",
     "Step",
+    "compile_seconds",
     "compile_times",
     "encode_profile",
     "read_profile",
@@ -380,5 +381,15 @@ def compile_times(events: Iterable[Mapping[str, object]]) -> dict[str, float]:
             continue
         key = args.get("key")
         if isinstance(key, str) and key:
-            out[key] = max(out.get(key, 0.0), _num(event.get("dur", 0)) / 1e6)
+            out[key] = max(out.get(key, 0.0), compile_seconds(event))
     return out
+
+
+def compile_seconds(event: Mapping[str, object]) -> float:
+    """How long a ``compile`` event's compiler ran: its ``seconds`` arg (the span also
+    holds the wait for an executor slot), else the span's duration (older profiles)."""
+    args = event.get("args")
+    seconds = args.get("seconds") if isinstance(args, Mapping) else None
+    if isinstance(seconds, int | float) and not isinstance(seconds, bool):
+        return float(seconds)
+    return _num(event.get("dur", 0)) / 1e6

@@ -197,6 +197,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         self._finished: set[str] = set()
         self._started_names: set[str] = set()
         self._selected: set[str] = set()
+        self._count_lock = threading.Lock()
 
     # -- doit's interface -----------------------------------------------------------------------
 
@@ -230,13 +231,15 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             if _kind(task) != "build":
                 return  # skips and tree errors report at the end / as FAILED
             self._ran = True
-            self._started += 1
-            self._started_names.add(task.name)
-            if self._tty and self._live is None:
-                self._live = _live_line(self.outstream, self._progress_text)
-            width = len(str(max(self._total, self._started)))
-            total = max(self._total, self._started)
-            self.write(f"[{self._started:>{width}}/{total}] {task.name}\n")
+            with self._count_lock:  # doit's target threads call this at once
+                self._started += 1
+                started = self._started
+                self._started_names.add(task.name)
+                if self._tty and self._live is None:
+                    self._live = _live_line(self.outstream, self._progress_text)
+            width = len(str(max(self._total, started)))
+            total = max(self._total, started)
+            self.write(f"[{started:>{width}}/{total}] {task.name}\n")
         elif task.actions and not task.name.startswith("_") and task.name != BUILD_TASK:
             self.write(f".  {task.title()}\n")
 
@@ -485,7 +488,7 @@ def _live_line(stream: TextIO, sample: Callable[[], str]) -> LiveLine | None:
 def _expected_target_seconds() -> dict[str, float]:
     """``build:<target>`` -> the compile seconds of its last build (its profile), for the
     ETA; {} when there is no profile."""
-    from metrale_orch.steps.profile import read_profile
+    from metrale_orch.steps.profile import compile_seconds, read_profile
 
     try:
         config = load_config(Path.cwd(), os.environ)
@@ -497,9 +500,8 @@ def _expected_target_seconds() -> dict[str, float]:
         args = event.get("args")
         if event.get("cat") != "compile" or not isinstance(args, dict):
             continue
-        dur = event.get("dur", 0)
         name = f"{_BASE}{args.get('target', '')}"
-        out[name] = out.get(name, 0.0) + (dur / 1e6 if isinstance(dur, int | float) else 0.0)
+        out[name] = out.get(name, 0.0) + compile_seconds(event)
     return out
 
 
