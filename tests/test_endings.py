@@ -72,14 +72,28 @@ def _interrupted_build(
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 120
-    while not list((root / "build").glob("*/*/*/manifest.json")):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.02)
-    time.sleep(0.2)  # the first target's task ends; the next one is compiling
-    proc.send_signal(sig)
-    out, err = proc.communicate(timeout=120)
+    try:
+        deadline = time.monotonic() + 120
+        while not _any_manifest(root / "build"):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.02)
+        time.sleep(0.2)  # the first target's task ends; the next one is compiling
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     return proc.returncode, out, err
+
+
+def _any_manifest(build: Path) -> bool:
+    """Whether a target's manifest exists yet (compiles' temporary directories come and
+    go under ``build/`` while it is looked at)."""
+    try:
+        return any(build.glob("*/*/*/manifest.json"))
+    except FileNotFoundError:
+        return False
 
 
 def _kept(out: str) -> int:
