@@ -18,7 +18,16 @@ from pathlib import Path
 
 from metrale_orch.errors import MetraleError
 
-__all__ = ["Completed", "ProcessError", "decode_output", "format_argv", "run_process"]
+__all__ = [
+    "Completed",
+    "ProcessError",
+    "decode_output",
+    "finished",
+    "format_argv",
+    "run_process",
+    "start_process",
+    "timed_out",
+]
 
 #: Characters of output kept in a ProcessError's ``tail``.
 TAIL_CHARS = 4000
@@ -81,17 +90,37 @@ def run_process(
     Raises :class:`ProcessError` when the program cannot be started, runs past
     ``timeout`` seconds (it is killed), or exits with a non-zero status.
     """
-    args = [str(a) for a in argv]
     start = time.perf_counter()
+    args, proc = start_process(argv, cwd=cwd, env=env)
     try:
-        proc = subprocess.run(
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise timed_out(args, out, err, timeout) from None
+    return finished(args, proc.returncode, out, err, time.perf_counter() - start)
+
+
+def start_process(
+    argv: Sequence[str],
+    *,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    new_session: bool = False,
+) -> tuple[list[str], subprocess.Popen[bytes]]:
+    """Start ``argv`` (no standard input, output piped; with ``new_session`` in a process
+    group of its own) and return its argv as text with the process. Raises
+    :class:`ProcessError` when it cannot be started."""
+    args = [str(a) for a in argv]
+    try:
+        proc = subprocess.Popen(
             args,
             cwd=cwd,
             env=None if env is None else dict(env),
             stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=timeout,
-            check=False,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=new_session,
         )
     except FileNotFoundError:
         raise ProcessError(args, None, reason="program not found") from None
@@ -99,22 +128,28 @@ def run_process(
         raise ProcessError(args, None, reason="program is not executable") from None
     except NotADirectoryError:
         raise ProcessError(args, None, reason=f"working directory {cwd} is not usable") from None
-    except subprocess.TimeoutExpired as exc:
-        output = decode_output(exc.stdout) + decode_output(exc.stderr)
-        raise ProcessError(
-            args, None, output=output, reason=f"timed out after {timeout:g} s"
-        ) from None
-    seconds = time.perf_counter() - start
-    stdout, stderr = decode_output(proc.stdout), decode_output(proc.stderr)
-    if proc.returncode != 0:
-        raise ProcessError(args, proc.returncode, output=stdout + stderr)
+    return args, proc
+
+
+def finished(
+    args: Sequence[str], returncode: int, out: bytes | None, err: bytes | None, seconds: float
+) -> Completed:
+    """The :class:`Completed` of a process that exited; raises :class:`ProcessError` for a
+    non-zero status."""
+    stdout, stderr = decode_output(out), decode_output(err)
+    if returncode != 0:
+        raise ProcessError(args, returncode, output=stdout + stderr)
     return Completed(
-        argv=tuple(args),
-        returncode=proc.returncode,
-        stdout=stdout,
-        stderr=stderr,
-        seconds=seconds,
+        argv=tuple(args), returncode=returncode, stdout=stdout, stderr=stderr, seconds=seconds
     )
+
+
+def timed_out(
+    args: Sequence[str], out: bytes | None, err: bytes | None, timeout: float | None
+) -> ProcessError:
+    """The error of a process killed after ``timeout`` seconds, with what it printed."""
+    output = decode_output(out) + decode_output(err)
+    return ProcessError(args, None, output=output, reason=f"timed out after {timeout:g} s")
 
 
 def decode_output(data: bytes | str | None) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from metrale_orch.executor.action import Action, ActionStopped
 from metrale_orch.executor.slots import MachineSlots, PrioritySlots
-from metrale_orch.proc import Completed, ProcessError, decode_output
+from metrale_orch.proc import Completed, finished, start_process, timed_out
 
 __all__ = ["LocalExecutor"]
 
@@ -85,26 +85,8 @@ class LocalExecutor:
             _signal_group(proc, signal.SIGKILL)
 
     def _spawn(self, action: Action) -> Completed:
-        args = [str(a) for a in action.argv]
         start = time.perf_counter()
-        try:
-            proc = subprocess.Popen(
-                args,
-                cwd=action.cwd,
-                env=dict(action.env),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
-        except FileNotFoundError:
-            raise ProcessError(args, None, reason="program not found") from None
-        except PermissionError:
-            raise ProcessError(args, None, reason="program is not executable") from None
-        except NotADirectoryError:
-            raise ProcessError(
-                args, None, reason=f"working directory {action.cwd} is not usable"
-            ) from None
+        args, proc = start_process(action.argv, cwd=action.cwd, env=action.env, new_session=True)
         with self._lock:
             self._running[proc.pid] = proc
             self.peak = max(self.peak, len(self._running))
@@ -116,12 +98,7 @@ class LocalExecutor:
             except subprocess.TimeoutExpired:
                 _signal_group(proc, signal.SIGKILL)
                 out, err = proc.communicate()
-                raise ProcessError(
-                    args,
-                    None,
-                    output=decode_output(out) + decode_output(err),
-                    reason=f"timed out after {action.timeout:g} s",
-                ) from None
+                raise timed_out(args, out, err, action.timeout) from None
         finally:
             with self._lock:
                 self._running.pop(proc.pid, None)
@@ -130,16 +107,7 @@ class LocalExecutor:
                 proc.wait()
         if self._stopped.is_set():
             raise ActionStopped(f"{action.label or args[0]}: stopped")
-        stdout, stderr = decode_output(out), decode_output(err)
-        if proc.returncode != 0:
-            raise ProcessError(args, proc.returncode, output=stdout + stderr)
-        return Completed(
-            argv=tuple(args),
-            returncode=proc.returncode,
-            stdout=stdout,
-            stderr=stderr,
-            seconds=time.perf_counter() - start,
-        )
+        return finished(args, proc.returncode, out, err, time.perf_counter() - start)
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
