@@ -130,6 +130,13 @@ _KEYS: dict[str, tuple[str | None, str]] = {
     "jobs": ("METRALE_ORCH_JOBS", "jobs"),
 }
 
+#: Integer kinds: (least value, what a value that is no integer must be, what one below the
+#: least must be).
+_INTEGERS: dict[str, tuple[int, str, str]] = {
+    "count": (0, "an integer", "a non-negative integer"),
+    "jobs": (1, "a positive integer (compiles at once)", "a positive integer (compiles at once)"),
+}
+
 #: Kinds whose command-line value may come as text to be parsed.
 _TEXT_KINDS = ("seconds", "count", "table", "jobs")
 
@@ -205,27 +212,15 @@ def _convert(
         if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
             raise ConfigError(where, key, f"must be a positive number of seconds, got {value!r}")
         return float(value)
-    if kind == "count":
+    if kind in _INTEGERS:
+        least, not_a_number, out_of_range = _INTEGERS[kind]
         if from_text and isinstance(value, str):
             try:
                 value = int(value)
             except ValueError:
-                raise ConfigError(where, key, f"must be an integer, got {value!r}") from None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigError(where, key, f"must be a non-negative integer, got {value!r}")
-        return value
-    if kind == "jobs":
-        if from_text and isinstance(value, str):
-            try:
-                value = int(value)
-            except ValueError:
-                raise ConfigError(
-                    where, key, f"must be a positive integer (compiles at once), got {value!r}"
-                ) from None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(
-                where, key, f"must be a positive integer (compiles at once), got {value!r}"
-            )
+                raise ConfigError(where, key, f"must be {not_a_number}, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ConfigError(where, key, f"must be {out_of_range}, got {value!r}")
         return value
     if kind == "table":
         if from_text and isinstance(value, str):
