@@ -38,8 +38,6 @@ class Progress:
     lock: threading.Lock = field(default_factory=threading.Lock)
     total: int = 0
     done: int = 0
-    #: Module pipelines started and not finished (most wait for an executor slot).
-    pipelines: int = 0
     hits: int = 0
     compiled: int = 0
     failed: int = 0
@@ -52,7 +50,6 @@ class Progress:
             return {
                 "total": self.total,
                 "done": self.done,
-                "pipelines": self.pipelines,
                 "hits": self.hits,
                 "compiled": self.compiled,
                 "failed": self.failed,
@@ -64,13 +61,8 @@ class Progress:
             self.total += modules
             self.expected_left += expected
 
-    def started(self) -> None:
-        with self.lock:
-            self.pipelines += 1
-
     def finished(self, outcome: str, expected: float) -> None:
         with self.lock:
-            self.pipelines -= 1
             self.done += 1
             self.expected_left = max(0.0, self.expected_left - expected)
             if outcome == "failed":

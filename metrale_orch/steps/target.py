@@ -340,7 +340,9 @@ def _obtain_all(
     expected = {key: session.expected.get(key, 0.0) for _m, key in keyed}
     session.progress.add(len(keyed), sum(expected.values()))
     futures = [
-        session.pool.submit(contextvars.copy_context().run, _pipeline, ctx, module, key, rec)
+        session.pool.submit(
+            contextvars.copy_context().run, _pipeline, ctx, module, key, expected[key], rec
+        )
         for module, key in keyed
     ]
     try:
@@ -356,12 +358,13 @@ def _obtain_all(
     return [f.result() for f in futures]
 
 
-def _pipeline(ctx: BuildContext, module: ModulePlan, key: str, rec: SpanRecorder) -> _Obtained:
-    """One module: from the memo or the cache, else compiled (on a session thread)."""
+def _pipeline(
+    ctx: BuildContext, module: ModulePlan, key: str, expected: float, rec: SpanRecorder
+) -> _Obtained:
+    """One module: from the memo or the cache, else compiled (on a session thread);
+    ``expected`` is its compile's seconds in the last build (0 when unknown)."""
     t0 = time.perf_counter()
     progress = ctx.session.progress
-    expected = ctx.session.expected.get(key, 0.0)
-    progress.started()
     outcome: Obtainment | Literal["failed"] = "failed"
     failure: CompileError | None = None
     try:

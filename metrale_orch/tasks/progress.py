@@ -19,7 +19,6 @@ The ETA comes from the last build's profile: the compile seconds still expected
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
@@ -109,7 +108,3 @@ class LiveLine:
         with self._lock:
             if not self._stop.is_set():
                 self._live.update(self._text(text), refresh=True)
-
-
-def elapsed_since(start: float) -> float:
-    return time.perf_counter() - start
