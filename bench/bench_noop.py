@@ -53,6 +53,7 @@ for a in "$@"; do
   if [ "$prev" = "-o" ]; then out="$a"; fi
   prev="$a"
 done
+if [ -n "$FAKECC_SLEEP" ]; then sleep "$FAKECC_SLEEP"; fi
 printf '.version 8.0\\n.target sm_90a\\n' > "$out"
 """
 

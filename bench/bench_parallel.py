@@ -34,6 +34,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+from bench_noop import FAKECC, TOOLCHAIN  # noqa: E402  (the one fake nvcc of the benches)
+
 PY = sys.executable
 DODO = "from metrale_orch.dodo import *  # noqa: F403\n"
 
@@ -178,28 +181,6 @@ def e2(args: argparse.Namespace) -> None:
     print(f"  ratio: {o / n:.2f}x (goal <= 1.10x)")
 
 
-FAKE = """#!/bin/sh
-out=""; prev=""
-for a in "$@"; do
-  if [ "$prev" = "-o" ]; then out="$a"; fi
-  case "$a" in --version) echo "fakecc 1.0 (sleeps)"; exit 0;; esac
-  prev="$a"
-done
-sleep {sleep}
-printf '.version 8.0\\n.target sm_90a\\n' > "$out"
-"""
-
-TOOLCHAIN = """[toolchain]
-name = "nvcc"
-vendors = ["nvidia", "cuda"]
-program = "fakecc"
-version_args = ["--version"]
-output = "ptx"
-flags_key = "extra_nvcc_flags"
-argv = ["{program}", "{arch_flags}", "{flags}", "-I{include}", "{source}", "-o", "{output}"]
-"""
-
-
 def e3(args: argparse.Namespace) -> None:
     out: Path = args.out
     root = out / "real"
@@ -213,7 +194,7 @@ def e3(args: argparse.Namespace) -> None:
     bin_dir = out / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     fake = bin_dir / "fakecc"
-    fake.write_text(FAKE.replace("{sleep}", str(args.sleep)))
+    fake.write_text(FAKECC)  # bench_noop's stand-in, sleeping $FAKECC_SLEEP seconds
     fake.chmod(0o755)
     (root / "toolchains").mkdir(exist_ok=True)
     (root / "toolchains" / "nvcc.toml").write_text(TOOLCHAIN)
@@ -222,6 +203,7 @@ def e3(args: argparse.Namespace) -> None:
         clean(root)
         env = env_for(out, METRALE_ORCH_JOBS=str(jobs))
         env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+        env["FAKECC_SLEEP"] = str(args.sleep)
         took = timed([PY, "-m", "doit", "build"], root, env)
         events = json.loads((root / "build" / "profile.json").read_text())["traceEvents"]
         spans = [e for e in events if e.get("cat") == "compile"]
