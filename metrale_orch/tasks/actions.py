@@ -59,17 +59,20 @@ if TYPE_CHECKING:
 __all__ = [
     "LOG_NAME",
     "BuildFailed",
+    "begin_run",
     "build_action",
     "check_action",
     "clean_action",
     "configure_build_log",
     "default_target_threads",
+    "end_run",
     "error_action",
     "install_sigterm_handler",
     "progress_counts",
     "reset_process_state",
     "skip_action",
     "stop_builds",
+    "stop_requested",
     "wait_for_builds",
 ]
 
@@ -84,6 +87,10 @@ _ACTIVE = [0]
 _ACTIVE_CHANGED = threading.Condition()
 
 
+#: The values of a target that a stopped run did not build.
+STOPPED: dict[str, object] = {"outcome": "stopped"}
+
+
 class BuildFailed(TaskFailed):  # type: ignore[misc]
     """A ``TaskFailed`` that also carries the task's values (cache statistics, outcome).
 
@@ -96,8 +103,10 @@ class BuildFailed(TaskFailed):  # type: ignore[misc]
 
 
 def reset_process_state() -> None:
-    """Forget this process's cache, build session and log set-up (tests)."""
+    """Forget this process's cache, build session, log set-up and stop (tests)."""
     _PROCESS.clear()
+    end_run()
+    _Stop.signum = 0
     with _SESSIONS_LOCK:
         sessions = list(_SESSIONS.values())
         _SESSIONS.clear()
@@ -156,10 +165,68 @@ def stop_builds() -> None:
 
 # ------------------------------------------------------------------------------ signals
 
+#: Seconds a stopped run may take to hand doit every result before the signal is raised
+#: in doit's loop anyway (a task that does not watch the stop, such as a long smoke test).
+STOP_GRACE = 5.0
+
+
+class _Stop:
+    """The stop of this process's run: which signal asked for it (0: none), the process
+    that runs doit's loop (:func:`begin_run`), and the fallback timer."""
+
+    signum = 0
+    owner = 0
+    timer: threading.Timer | None = None
+
+
+def begin_run() -> None:
+    """doit's loop starts in this process (the reporter's ``initialize``): from here a
+    first Ctrl-C or SIGTERM stops the run gracefully (:func:`_sigterm`)."""
+    _Stop.signum = 0
+    _Stop.owner = os.getpid()
+
+
+def end_run() -> None:
+    """doit's loop has ended (the reporter's ``complete_run``)."""
+    _Stop.owner = 0
+    if _Stop.timer is not None:
+        _Stop.timer.cancel()
+        _Stop.timer = None
+
+
+def stop_requested() -> int:
+    """The signal that stopped this process's run, or 0."""
+    return _Stop.signum
+
 
 def _sigterm(signum: int, frame: FrameType | None) -> None:
+    first = not _Stop.signum
+    _Stop.signum = _Stop.signum or signum
     stop_builds()
-    raise Interrupted(signum)
+    if _Stop.owner != os.getpid():
+        # A worker process of doit's (or no run at all): end what runs here now; a
+        # repeat (Ctrl-C reaches the whole group, and the loop forwards) changes nothing.
+        if first:
+            raise Interrupted(signum)
+        return
+    if not first:
+        raise Interrupted(signum)  # a second Ctrl-C: stop waiting
+    # The loop's process: do not raise here, where doit waits for its workers' results
+    # (a result queued but not yet read would be lost, and with it a finished target's
+    # record). The stopped compiles end their targets at once as "stopped"; doit reads
+    # every result, saves the finished ones and ends the run (the reporter then exits
+    # 128 + signum). Worker processes are told too, as a SIGTERM sent to this process
+    # alone does not reach them.
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        with contextlib.suppress(OSError):
+            os.kill(child.pid or 0, signum)
+    import _thread
+
+    _Stop.timer = threading.Timer(STOP_GRACE, _thread.interrupt_main, (signum,))
+    _Stop.timer.daemon = True
+    _Stop.timer.start()
 
 
 def install_sigterm_handler() -> bool:
@@ -167,14 +234,16 @@ def install_sigterm_handler() -> bool:
     flight at once (whole process groups, :func:`stop_builds`) whichever thread runs
     it; returns whether it was installed.
 
-    doit writes its dependency database only when a run ends; on
-    ``KeyboardInterrupt`` its runner still ends the run normally (its
-    ``finally`` saves every finished task), whereas the default SIGTERM action
-    kills the process and loses all of them. The handler raises
-    :class:`~metrale_orch.errors.Interrupted` (a ``KeyboardInterrupt`` that
-    knows its signal), so the run ends with one line and exit status 143
-    (see ``BuildReporter``). Only the main thread can set a handler;
-    elsewhere this does nothing.
+    doit writes its dependency database only when a run ends, and the default
+    SIGTERM action kills the process and loses every finished task. While doit's
+    loop runs in this process, the first signal stops the builds and lets doit
+    collect every result (so each target that finished is saved, whichever thread
+    or worker built it); the reporter then ends the run with one line and exit
+    status ``128 + signum``. A second signal, a run that does not end within
+    :data:`STOP_GRACE`, or a signal outside a run raises
+    :class:`~metrale_orch.errors.Interrupted` (a ``KeyboardInterrupt`` that knows
+    its signal), which ends the run the same way. Only the main thread can set a
+    handler; elsewhere this does nothing.
     """
     if threading.current_thread() is not threading.main_thread():
         return False
@@ -304,6 +373,8 @@ def build_action(root: str, target: str) -> dict[str, object] | TaskFailed:
 def _build_action(root: str, target: str) -> dict[str, object] | TaskFailed:
     build, cache_mod = _build_step()
     stats: CacheStats = cache_mod.CacheStats()
+    if stop_requested():  # doit's `--continue` goes on handing out targets
+        return BuildFailed(f"{BUILD_TASK}:{target}: not started: the run was stopped", STOPPED)
     try:
         config = load_config(Path(root), os.environ)
         log = configure_build_log(
@@ -323,8 +394,11 @@ def _build_action(root: str, target: str) -> dict[str, object] | TaskFailed:
             cache.flush()  # uploads finish before doit may end this worker
     except MetraleError as exc:
         _log.error("%s:%s: %s", BUILD_TASK, target, exc)
+        from metrale_orch.executor import ActionStopped  # loaded by the build already
+
+        stopped = bool(stop_requested()) and isinstance(exc, ActionStopped)
         failed: dict[str, object] = {
-            "outcome": "failed",
+            "outcome": "stopped" if stopped else "failed",
             "cache": nonzero_counters(stats),
             "exit_code": exc.exit_code,
         }

@@ -59,6 +59,7 @@ from metrale_orch.config import load_config
 from metrale_orch.errors import (
     EXIT_FAILURE,
     EXIT_USAGE,
+    Interrupted,
     MetraleError,
     interrupt_exit_code,
     printable,
@@ -67,8 +68,11 @@ from metrale_orch.fsutil import write_atomic
 from metrale_orch.paths import BUILD_TASK, PROFILE_NAME, SMOKE_TASK, STATS_NAME
 from metrale_orch.tasks.actions import (
     BuildFailed,
+    begin_run,
+    end_run,
     progress_counts,
     stop_builds,
+    stop_requested,
     wait_for_builds,
 )
 from metrale_orch.tasks.checker import PROFILE_KEY
@@ -205,6 +209,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         # doit calls this before its first up-to-date check of a run that executes
         # tasks (never for `list`/`info`): one build per project from here to the end.
         self._lock = _take_build_lock()
+        begin_run()  # from here a first Ctrl-C or SIGTERM stops the run gracefully
         backend = running_backend()
         if isinstance(backend, Database):  # a failed final save is said with the summary
             backend.report_at_end()
@@ -282,6 +287,9 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             # The group fails because sub-tasks did; they were reported already.
             self.failures.append({"task": task, "exception": fail})
             return
+        if stop_requested() and self._consequence_of_stop(task, fail):
+            self.failures.append({"task": task, "exception": fail})
+            return
         if not _is_build(task):
             super().add_failure(task, fail)
             return
@@ -298,6 +306,16 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         if traceback and not isinstance(fail, BuildFailed):
             self.write(traceback)
         self.failures.append({"task": task, "exception": fail})
+
+    def _consequence_of_stop(self, task: Task, fail: BaseException) -> bool:
+        """Whether a failure reported after Ctrl-C or SIGTERM is only the stop itself (a
+        target whose compiles were stopped, or a task left with a dependency unmet):
+        said by the one closing line, not as a failure."""
+        values = getattr(fail, "values", None) or {}
+        if _is_build(task):
+            self._take({k: v for k, v in dict(values).items() if k == "cache"})
+            return values.get("outcome") == "stopped"
+        return isinstance(fail, UnmetDependency)
 
     def write(self, text: str) -> None:
         # A message may name a file whose name is not UTF-8: show it, never fail on it.
@@ -341,6 +359,10 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         # doit calls this from its runner's `finally`, after saving every finished task:
         # an exception being handled here is what is ending the run.
         ending = sys.exc_info()[1]
+        signum = stop_requested()
+        end_run()
+        if ending is None and signum:  # a graceful stop: doit collected every result
+            ending = Interrupted(signum)
         if self._live is not None:
             self._live.stop()
             self._live = None
