@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -83,6 +84,24 @@ class Config:
     #: Most compile actions run at once on this machine (default: the CPUs this process
     #: may use, :func:`default_jobs`).
     jobs: int = 1
+    #: Remote Execution API endpoint (``grpc://host:port``, ``grpcs://`` for TLS), or "".
+    remote_executor: str = ""
+    #: The REAPI instance name ("" for the server's default instance).
+    remote_instance: str = ""
+    #: Extra gRPC metadata sent with every remote call (an API key header, say); secret.
+    remote_headers: Mapping[str, object] = field(default_factory=_empty)
+    #: Most remote actions in flight at once (independent of ``jobs``).
+    remote_jobs: int = 100
+    #: Whether an infrastructure failure of remote execution fails the module instead of
+    #: running it locally.
+    remote_strict: bool = False
+    #: Seconds an action may wait for a worker (queued) before it runs locally instead.
+    remote_queue_timeout: float = 60.0
+    #: A container image the workers must run the compile in ("" for none).
+    remote_container_image: str = ""
+    #: A PEM file of the certificate authorities a ``grpcs://`` server is checked against
+    #: (None: the system's).
+    remote_ca_file: Path | None = None
     #: key -> "default" | "pyproject" | "env" | "cli"
     sources: Mapping[str, str] = field(default_factory=_empty)
 
@@ -102,6 +121,15 @@ class Config:
             if self.hip_compat_dir is None
             else _rel(self.hip_compat_dir, self.root),
             "jobs": self.jobs,
+            "remote_executor": self.remote_executor,
+            "remote_instance": self.remote_instance,
+            # Header values are credentials (an API key): never shown or written.
+            "remote_headers": {k: "<set>" for k in sorted(self.remote_headers)},
+            "remote_jobs": self.remote_jobs,
+            "remote_strict": self.remote_strict,
+            "remote_queue_timeout": self.remote_queue_timeout,
+            "remote_container_image": self.remote_container_image,
+            "remote_ca_file": "" if self.remote_ca_file is None else str(self.remote_ca_file),
             "sources": dict(sorted(self.sources.items())),
         }
 
@@ -128,7 +156,34 @@ _KEYS: dict[str, tuple[str | None, str]] = {
     "log_backups": (None, "count"),
     "hip_compat_dir": ("METRALE_ORCH_HIP_COMPAT_DIR", "optpath"),
     "jobs": ("METRALE_ORCH_JOBS", "jobs"),
+    "remote_executor": ("METRALE_ORCH_REMOTE_EXECUTOR", "grpc"),
+    "remote_instance": ("METRALE_ORCH_REMOTE_INSTANCE", "str"),
+    "remote_headers": ("METRALE_ORCH_REMOTE_HEADERS", "headers"),
+    "remote_jobs": ("METRALE_ORCH_REMOTE_JOBS", "jobs"),
+    "remote_strict": ("METRALE_ORCH_REMOTE_STRICT", "bool"),
+    "remote_queue_timeout": ("METRALE_ORCH_REMOTE_QUEUE_TIMEOUT", "seconds"),
+    "remote_container_image": ("METRALE_ORCH_REMOTE_CONTAINER_IMAGE", "str"),
+    "remote_ca_file": ("METRALE_ORCH_REMOTE_CA_FILE", "optpath"),
 }
+
+#: Settings that say where and how many compiles run, never what they produce: no task,
+#: key or artefact depends on them.
+EXECUTION_KEYS = frozenset(
+    {
+        "jobs",
+        "remote_executor",
+        "remote_instance",
+        "remote_headers",
+        "remote_jobs",
+        "remote_strict",
+        "remote_queue_timeout",
+        "remote_container_image",
+        "remote_ca_file",
+    }
+)
+
+_BOOLS = {"true": True, "1": True, "yes": True, "on": True,
+          "false": False, "0": False, "no": False, "off": False}  # fmt: skip
 
 #: Integer kinds: (least value, what a value that is no integer must be, what one below the
 #: least must be).
@@ -138,7 +193,7 @@ _INTEGERS: dict[str, tuple[int, str, str]] = {
 }
 
 #: Kinds whose command-line value may come as text to be parsed.
-_TEXT_KINDS = ("seconds", "count", "table", "jobs")
+_TEXT_KINDS = ("seconds", "count", "table", "jobs", "bool", "headers")
 
 #: Environment variables the configuration reads, for documentation.
 ENV_VARS: Mapping[str, str] = MappingProxyType(
@@ -222,6 +277,33 @@ def _convert(
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ConfigError(where, key, f"must be {out_of_range}, got {value!r}")
         return value
+    if kind == "grpc":
+        if not isinstance(value, str):
+            raise ConfigError(where, key, f"must be a string, got {type(value).__name__}")
+        text = value.strip()
+        if text and not re.fullmatch(r"grpcs?://[^/\s]+(:\d+)?/?", text):
+            raise ConfigError(
+                where, key, f"must be grpc://host:port or grpcs://host:port, got {value!r}"
+            )
+        return text.rstrip("/")
+    if kind == "bool":
+        if isinstance(value, str) and from_text and value.strip().lower() in _BOOLS:
+            return _BOOLS[value.strip().lower()]
+        if not isinstance(value, bool):
+            raise ConfigError(where, key, f"must be true or false, got {value!r}")
+        return value
+    if kind == "headers":
+        table = _convert("table", value, where, key, root, from_text)
+        assert isinstance(table, Mapping)
+        for name, header in table.items():
+            if not isinstance(header, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", name):
+                raise ConfigError(
+                    where,
+                    key,
+                    f"header {name!r}: a lower-case gRPC metadata name with a string value "
+                    "is needed",
+                )
+        return table
     if kind == "table":
         if from_text and isinstance(value, str):
             try:
@@ -287,8 +369,7 @@ def load_config(
             "command line",
             key,
             root,
-            from_text=isinstance(value, str)
-            and _KEYS[key][1] in ("seconds", "count", "table", "jobs"),
+            from_text=isinstance(value, str) and _KEYS[key][1] in _TEXT_KINDS,
         )
         sources[key] = "cli"
 

@@ -47,6 +47,9 @@ class Completed:
     stdout: str
     stderr: str
     seconds: float
+    #: Where it ran, when an executor could have sent it elsewhere: "" (here), "remote",
+    #: "remote (action cache)", or "local: <why it did not run remotely>".
+    where: str = ""
 
 
 class ProcessError(MetraleError):

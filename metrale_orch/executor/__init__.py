@@ -8,8 +8,16 @@ runs at most ``jobs`` of them at once on this machine, longest expected first,
 each in its own process group, and can stop every one in flight at once.
 """
 
-from metrale_orch.executor.action import Action, ActionStopped, Executor
+from metrale_orch.executor.action import Action, ActionStopped, Executor, RemoteForm
 from metrale_orch.executor.local import LocalExecutor
 from metrale_orch.executor.slots import MachineSlots, PrioritySlots
 
-__all__ = ["Action", "ActionStopped", "Executor", "LocalExecutor", "MachineSlots", "PrioritySlots"]
+__all__ = [
+    "Action",
+    "ActionStopped",
+    "Executor",
+    "LocalExecutor",
+    "MachineSlots",
+    "PrioritySlots",
+    "RemoteForm",
+]

@@ -10,7 +10,37 @@ from typing import Protocol
 from metrale_orch.errors import MetraleError
 from metrale_orch.proc import Completed
 
-__all__ = ["Action", "ActionStopped", "Executor"]
+__all__ = ["Action", "ActionStopped", "Executor", "RemoteForm"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RemoteForm:
+    """The same compile as a remote executor sends it (REAPI): an input root, a working
+    directory in it, outputs at fixed places in it, and only what the compile needs.
+
+    The local form's outputs are in a fresh temporary directory (its name differs every
+    run); here they are at fixed paths under the root, so the same compile is the same
+    remote action in every run and checkout (the action cache can answer it).
+    """
+
+    #: The local directory whose files make the input root.
+    root: Path
+    #: The input root: path relative to ``root`` (POSIX) -> xxh3-128 hex of its bytes
+    #: (the stage's hashes: the executor finds each file's SHA-256 through them).
+    files: Mapping[str, str]
+    #: The working directory, relative to ``root``.
+    cwd: str
+    #: The argv as the worker runs it (the program by name, found on the env's PATH).
+    argv: tuple[str, ...]
+    #: The whole environment the worker gives the compile (sorted by the executor).
+    env: Mapping[str, str]
+    #: Output path relative to ``root`` -> the local path its bytes are written to.
+    outputs: Mapping[str, Path]
+    #: Platform properties a worker must offer (toolchain, OS, ISA, image).
+    platform: Mapping[str, str]
+    #: Why this compile cannot run remotely ("": it can): it names a file outside the
+    #: input root and the toolchain's directories, or needs a step the form lacks.
+    local_reason: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,6 +58,8 @@ class Action:
     expected: float = 0.0
     #: What the action is for, in logs ("hopper/qwen3-8b/bf16 gemv").
     label: str = ""
+    #: The remote form, for an executor that can send it (None: local only).
+    remote: RemoteForm | None = None
 
 
 class ActionStopped(MetraleError):

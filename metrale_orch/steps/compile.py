@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,12 +37,13 @@ from metrale_orch.steps.hip_mirror import (
 )
 from metrale_orch.steps.includes import include_dirs, read_files_of, resolve_closure, scan_includes
 from metrale_orch.steps.plan import ModulePlan, TargetPlan
+from metrale_orch.steps.remote_form import OUT_DIR, remote_form
 from metrale_orch.steps.staging import StagedTarget
 from metrale_orch.toolchain.argv import compile_argv, env_switches, link_argv
 
 if TYPE_CHECKING:
     from metrale_orch.steps.session import BuildSession
-from metrale_orch.executor import Action
+from metrale_orch.executor import Action, RemoteForm
 from metrale_orch.proc import ProcessError, format_argv
 
 __all__ = ["COMPILE_TIMEOUT", "BuildContext", "run_compile", "sweep_tmp"]
@@ -144,15 +145,16 @@ def run_compile(
     tmp = _temporary_dir(ctx, module)
     try:
         steps = _render_steps(ctx, module, tmp)
-        seconds, text, returncode = _run_steps(ctx, module, steps, expected)
-        fail = _failure(ctx, module, returncode, text)
-        try:
-            data = steps.output.read_bytes()
-        except OSError:
-            data = b""
-        if not data:
-            raise fail(steps.argvs[-1], f"exited 0 but wrote no {module.artefact}")
-        read = _files_read(ctx, module, steps, fail)
+        remote = _remote_form(ctx, module, steps) if ctx.session.remote else None
+        seconds, text, returncode, where = _run_steps(ctx, module, steps, expected, remote)
+        data, read = _results(ctx, module, steps, returncode, text)
+        escape = _read_outside(ctx, steps, read) if where.startswith("remote") else ""
+        if remote is not None and escape:
+            # A remote worker read a file we cannot vouch for: compile here instead.
+            ctx.log.info("%s: %s: compiled again here: %s", ctx.plan.target, module.name, escape)
+            remote = replace(remote, local_reason=escape)
+            seconds, text, returncode, where = _run_steps(ctx, module, steps, expected, remote)
+            data, read = _results(ctx, module, steps, returncode, text)
         recorded = record_inputs(
             read,
             stage_dir=os.path.abspath(ctx.staged.dir),
@@ -166,6 +168,66 @@ def run_compile(
         return data, seconds, tuple((k, p, h) for k, p, h in recorded)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _results(
+    ctx: BuildContext, module: ModulePlan, steps: _Steps, returncode: int, text: str
+) -> tuple[bytes, list[str]]:
+    """The artefact's bytes and what the compile read (raises :class:`CompileError`)."""
+    fail = _failure(ctx, module, returncode, text)
+    try:
+        data = steps.output.read_bytes()
+    except OSError:
+        data = b""
+    if not data:
+        raise fail(steps.argvs[-1], f"exited 0 but wrote no {module.artefact}")
+    return data, _files_read(ctx, module, steps, fail)
+
+
+def _remote_form(ctx: BuildContext, module: ModulePlan, steps: _Steps) -> RemoteForm:
+    """The compile as a remote executor sends it: the same step rendered with its outputs
+    at fixed places under the stage's :data:`OUT_DIR` (see :mod:`.remote_form`)."""
+    staged = ctx.staged
+    fixed = _render_steps(ctx, module, staged.dir / OUT_DIR / module.name)
+    outputs = {posixpath.relpath(fixed.output, staged.dir): steps.output}
+    if ctx.plan.toolchain.depfile_args:
+        outputs[posixpath.relpath(fixed.depfile, staged.dir)] = steps.depfile
+    reason = ""
+    if len(fixed.argvs) > 1:
+        reason = "a two-step toolchain (its intermediate file is not sent)"
+    elif ctx.plan.hip_compat is not None:
+        reason = "HIP's mirrored sources are not sent"
+    return remote_form(
+        root=staged.dir,
+        files=staged.hashes,
+        cwd=module.cwd,
+        argv=fixed.argvs[0],
+        outputs=outputs,
+        toolchain=ctx.plan.toolchain,
+        identity=ctx.plan.identity,
+        environ=ctx.environ,
+        allowed=(*ctx.roots, *ctx.system_dirs),
+        container_image=ctx.session.container_image,
+        reason=reason,
+    )
+
+
+def _read_outside(ctx: BuildContext, steps: _Steps, read: Sequence[str]) -> str:
+    """What a remotely run compile read that this machine cannot vouch for, or "": a file
+    outside the input root (the stage) and the toolchain's own directories, or a
+    toolchain file that is not here (the worker's toolkit lies elsewhere)."""
+    stage = os.path.realpath(ctx.staged.dir)
+    tops = tuple(os.path.normpath(t) for t in (*ctx.roots, *ctx.system_dirs) if t)
+    for path in read:
+        full = os.path.normpath(os.path.join(steps.cwd, path))
+        if not path.startswith("/"):
+            if not os.path.realpath(full).startswith(stage + os.sep):
+                return f"it read {path!r}, outside the input root"
+        elif not any(full.startswith(t.rstrip("/") + "/") for t in tops):
+            return f"it read {path!r}, outside the input root and the toolchain"
+        elif not os.path.isfile(full):
+            return f"it read {path!r}, which is not on this machine"
+    return ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -270,14 +332,20 @@ def _failure(
 
 
 def _run_steps(
-    ctx: BuildContext, module: ModulePlan, steps: _Steps, expected: float
-) -> tuple[float, str, int]:
+    ctx: BuildContext,
+    module: ModulePlan,
+    steps: _Steps,
+    expected: float,
+    remote: RemoteForm | None = None,
+) -> tuple[float, str, int, str]:
     """Run each step through the session's executor: (seconds, the compiler's output,
-    the last exit code). Raises :class:`CompileError`."""
+    the last exit code, where it ran: :attr:`Completed.where`). ``remote`` is the
+    single step's remote form. Raises :class:`CompileError`."""
     target = str(ctx.plan.target)
     seconds = 0.0
     texts: list[str] = []
     returncode = 0
+    where = ""
     for step in steps.argvs:
         ctx.log.info(
             "%s: compile %s: (cd %s &&) %s", target, module.name, module.cwd, format_argv(step)
@@ -289,6 +357,7 @@ def _run_steps(
             timeout=COMPILE_TIMEOUT,
             expected=expected,
             label=f"{target} {module.name}",
+            remote=remote if len(steps.argvs) == 1 else None,
         )
         try:
             done = ctx.session.executor.run(action)
@@ -296,6 +365,7 @@ def _run_steps(
             raise _failure(ctx, module, exc.returncode, exc.output)(step, exc.reason) from None
         seconds += done.seconds
         returncode = done.returncode
+        where = done.where
         texts.append((done.stdout + done.stderr).strip())
         first = step is steps.argvs[0]
         if steps.intermediate is not None and first and not steps.intermediate.is_file():
@@ -304,7 +374,7 @@ def _run_steps(
     text = "\n".join(t for t in texts if t)
     if text:
         ctx.log.info("%s: %s: compiler output:\n%s", target, module.name, text)
-    return seconds, text, returncode
+    return seconds, text, returncode, where
 
 
 def _files_read(

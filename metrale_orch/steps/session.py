@@ -81,8 +81,14 @@ class BuildSession:
         executor: Executor,
         *,
         expected: Mapping[str, float] | None = None,
+        remote: bool = False,
+        container_image: str = "",
     ) -> None:
         self.executor = executor
+        #: Whether the executor can send compiles elsewhere (then each action carries
+        #: its remote form), and the container image remote workers run them in.
+        self.remote = remote
+        self.container_image = container_image
         self.memo = ArtefactMemo()
         self.hasher = FileHasher()
         self.progress = Progress()

@@ -30,7 +30,7 @@ from pathlib import Path
 import xxhash
 
 import metrale_orch
-from metrale_orch.config import Config, load_config
+from metrale_orch.config import EXECUTION_KEYS, Config, load_config
 from metrale_orch.errors import MetraleError, printable
 from metrale_orch.paths import STATE_DIR, TREE_TASK
 from metrale_orch.steps.hip_mirror import scan_hip_compat
@@ -206,13 +206,13 @@ def generation_key(
 
 
 def _generation_config(config: Config) -> dict[str, object]:
-    """The configuration as the generated tasks depend on it: everything but how many
-    compiles run at once (``jobs``), which changes no task."""
-    doc = config.to_dict()
-    doc.pop("jobs", None)
+    """The configuration as the generated tasks depend on it: everything but where and how
+    many compiles run (``jobs``, the remote executor: :data:`EXECUTION_KEYS`), which
+    changes no task."""
+    doc = {k: v for k, v in config.to_dict().items() if k not in EXECUTION_KEYS}
     sources = doc.get("sources")
     if isinstance(sources, dict):
-        doc["sources"] = {k: v for k, v in sources.items() if k != "jobs"}
+        doc["sources"] = {k: v for k, v in sources.items() if k not in EXECUTION_KEYS}
     return doc
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "Probe",
     "Stamp",
     "find_toolchain",
+    "host_compiler",
     "probe_toolchain",
     "reset_identity_memo",
     "toolchain_stamp",
@@ -91,7 +92,9 @@ def reset_identity_memo() -> None:
         _IDENTITY_MEMO.clear()
 
 
-def _host_compiler(toolchain: Toolchain, environ: Mapping[str, str]) -> Path | None:
+def host_compiler(toolchain: Toolchain, environ: Mapping[str, str]) -> Path | None:
+    """The host compiler ``toolchain``'s compiler would run with ``environ`` (its
+    ``host_compiler_env`` first, then ``host_compiler`` on ``PATH``), or None (I/O)."""
     name = (environ.get(toolchain.host_compiler_env) if toolchain.host_compiler_env else None) or (
         toolchain.host_compiler
     )
@@ -146,7 +149,7 @@ def probe_toolchain(
     """
     host = None
     if toolchain.host_compiler or toolchain.host_compiler_env:
-        host = _host_compiler(toolchain, environ)
+        host = host_compiler(toolchain, environ)
         if host is None:
             name = (
                 environ.get(toolchain.host_compiler_env, "") if toolchain.host_compiler_env else ""

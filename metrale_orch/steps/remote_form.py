@@ -1,0 +1,132 @@
+"""A module compile's remote form (REAPI): what a worker needs and nothing else (I/O: which).
+
+:func:`remote_form` turns a compile rendered for this machine into the
+:class:`~metrale_orch.executor.RemoteForm` a remote executor sends: the stage as the
+input root, the module's directory as the working directory, the outputs at fixed
+paths under :data:`OUT_DIR` (so the same compile is the same remote action in every
+run), the program's absolute path (the worker must have the same toolkit at the same
+place; the platform properties pin its identity), and a minimal environment: ``PATH``,
+the variables the toolchain reads, and the host compiler named explicitly. A compile
+that names a file outside the input root and the toolchain's own directories cannot
+be honoured remotely: its form says why (``local_reason``) and it runs here.
+"""
+
+from __future__ import annotations
+
+import os
+import platform as platform_mod
+import posixpath
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from metrale_orch.executor import RemoteForm
+from metrale_orch.toolchain.argv import keyed_environment
+from metrale_orch.toolchain.definitions import Toolchain
+from metrale_orch.toolchain.probe import host_compiler
+
+__all__ = ["OUT_DIR", "outside_input_root", "platform_properties", "remote_form"]
+
+#: Where a remote compile writes, under the input root.
+OUT_DIR = ".metrale-out"
+
+#: ``platform.machine()`` -> the REAPI ``ISA`` spelling (Bazel's, Buildbarn's).
+_ISA = {"x86_64": "x86-64", "amd64": "x86-64", "aarch64": "aarch64", "arm64": "aarch64"}
+
+#: The directories a remote ``PATH`` always ends with.
+_SYSTEM_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
+
+
+def platform_properties(toolchain: str, identity: str, container_image: str = "") -> dict[str, str]:
+    """The platform a worker must offer to run this toolchain's compiles (sorted): the OS
+    and ISA, the toolchain's name, version text and identity digest (what a worker's
+    toolkit must be, byte for byte), and the container image when one is set."""
+    human, _, digest = identity.rpartition(" | ")
+    props = {
+        "OSFamily": platform_mod.system().lower() or "linux",
+        "ISA": _ISA.get(platform_mod.machine().lower(), platform_mod.machine().lower()),
+        "metrale-toolchain": toolchain,
+        "metrale-toolchain-id": digest or identity,
+        "metrale-toolchain-version": " ".join((human or identity).split()),
+    }
+    if container_image:
+        props["container-image"] = container_image
+    return dict(sorted(props.items()))
+
+
+def _candidates(word: str) -> Iterable[str]:
+    """The paths a compiler word may name: itself, after ``=``, after a short option."""
+    yield word
+    if "=" in word:
+        yield word.split("=", 1)[1]
+    if word.startswith("-") and len(word) > 2:
+        yield word[2:]
+
+
+def outside_input_root(
+    words: Sequence[str], env: Mapping[str, str], *, cwd: str, allowed: Sequence[str]
+) -> str:
+    """What in ``words`` (the argv after the program) or ``env`` names a place outside the
+    input root (``cwd`` is the working directory relative to it) and outside the
+    ``allowed`` absolute directories (the toolchain's own), or "" (pure)."""
+    tops = tuple(os.path.normpath(a) for a in allowed if a)
+
+    def outside(path: str) -> bool:
+        if path.startswith("/"):
+            norm = os.path.normpath(path)
+            return not any(norm == t or norm.startswith(t.rstrip("/") + "/") for t in tops)
+        if "/" in path or path == "..":
+            norm = posixpath.normpath(posixpath.join(cwd, path))
+            return norm == ".." or norm.startswith("../")
+        return False
+
+    for word in words:
+        for cand in _candidates(word):
+            if outside(cand):
+                return f"the command names {cand!r}, outside the input root"
+    for name, value in sorted(env.items()):
+        for part in value.split(os.pathsep) if name != "PATH" else ():
+            for cand in _candidates(part.strip()):
+                if cand and outside(cand):
+                    return f"{name} names {cand!r}, outside the input root"
+    return ""
+
+
+def remote_form(
+    *,
+    root: Path,
+    files: Mapping[str, str],
+    cwd: str,
+    argv: Sequence[str],
+    outputs: Mapping[str, Path],
+    toolchain: Toolchain,
+    identity: str,
+    environ: Mapping[str, str],
+    allowed: Sequence[str],
+    container_image: str = "",
+    reason: str = "",
+) -> RemoteForm:
+    """The remote form of one compile step (see the module docstring). ``argv`` is the
+    step rendered with its outputs under :data:`OUT_DIR`; ``reason`` a cause already
+    known why it must run here."""
+    env = keyed_environment(toolchain, environ)
+    program = Path(argv[0])
+    host = host_compiler(toolchain, environ)
+    var = toolchain.host_compiler_env
+    if var and host is not None and var not in env:
+        env[var] = str(host)  # explicit: the worker's PATH cannot pick another
+    dirs = [str(program.parent)] + ([str(host.parent)] if host is not None else [])
+    env["PATH"] = os.pathsep.join(dict.fromkeys([*dirs, *_SYSTEM_PATH]))
+    if not reason:
+        reason = outside_input_root(argv[1:], env, cwd=cwd, allowed=[*allowed, *dirs])
+    if not reason and any(f == OUT_DIR or f.startswith(OUT_DIR + "/") for f in files):
+        reason = f"the stage holds {OUT_DIR}/, where remote compiles write"
+    return RemoteForm(
+        root=root,
+        files=files,
+        cwd=cwd,
+        argv=tuple(argv),
+        env=dict(sorted(env.items())),
+        outputs=dict(sorted(outputs.items())),
+        platform=platform_properties(toolchain.name, identity, container_image),
+        local_reason=reason,
+    )
