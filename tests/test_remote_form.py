@@ -175,8 +175,8 @@ def test_what_the_root_cannot_hold_compiles_here(tmp_path: Path) -> None:
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_a_file_read_by_absolute_path_is_compiled_again_here(tmp_path: Path) -> None:
     """The include scanner cannot follow a computed ``#include`` to a file outside the
-    tree, so no form can know of it; the remote compile's dependency list names it: the result is not used, the
-    module compiles here, and what is installed is this machine's compile."""
+    tree, so no form can know of it; the remote compile's dependency list names it: the
+    result is not used, the module compiles here, and this machine's compile is installed."""
     outside = tmp_path / "outside.h"
     outside.write_text("#define SCALE_BY 3.0f\n")
     root = small_tree(
