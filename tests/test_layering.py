@@ -29,8 +29,11 @@ ALLOWED: dict[str, frozenset[str]] = {
     "config": frozenset(),
     "tree": frozenset(),
     "defaults": frozenset(),
-    "cache": frozenset({"config"}),
-    "executor": frozenset(),
+    "cache": frozenset({"config", "remote"}),
+    # The REAPI client (grpc, protobuf: the optional `remote` extra, loaded lazily);
+    # the remote executor and the REAPI cache tier sit on it.
+    "remote": frozenset(),
+    "executor": frozenset({"remote"}),
     "toolchain": frozenset({"tree"}),
     "steps": frozenset({"tree", "defaults", "cache", "config", "executor", "toolchain"}),
     "smoke": frozenset({"tree", "config"}),

@@ -1,0 +1,107 @@
+"""Remote execution over REAPI v2 (gRPC): the client, input roots, and action messages.
+
+The package imports nothing heavy itself: grpcio and protobuf (the ``remote`` extra,
+``pip install 'metrale-orch[remote]'``) are loaded on first use of a name below, and
+only then, so the package works without the extra until a remote URL is configured.
+That first use is the one place that turns a missing extra into
+:class:`~metrale_orch.remote.errors.RemoteExtraMissing` (one line naming the extra).
+
+Modules, bottom up: :mod:`~.errors` and :mod:`~.digest` (pure, no protobuf),
+:mod:`~._proto` (generated stubs; :mod:`~.regen` writes them), :mod:`~.wire`,
+:mod:`~.merkle` (input roots), :mod:`~.action` (Command and Action), :mod:`~.rpc`
+(the channel and error mapping), :mod:`~.cas` and :mod:`~.execution` (the calls),
+:mod:`~.client` (:class:`RemoteClient`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from metrale_orch.remote.digest import EMPTY, Digest, digest_bytes, digest_file, parse_digest
+from metrale_orch.remote.errors import (
+    ActionSpecError,
+    BlobChanged,
+    BlobMissing,
+    CapabilityError,
+    CorruptBlob,
+    InputRootError,
+    MissingResultBlobs,
+    RemoteAuthError,
+    RemoteConfigError,
+    RemoteError,
+    RemoteExtraMissing,
+    RemoteRejected,
+    RemoteUnavailable,
+)
+
+if TYPE_CHECKING:
+    from metrale_orch.remote.action import ActionBlobs, build_action
+    from metrale_orch.remote.cas import UploadStats
+    from metrale_orch.remote.client import Capabilities, RemoteClient
+    from metrale_orch.remote.execution import ExecuteResult, Timings
+    from metrale_orch.remote.merkle import InputFile, InputRoot, MerkleMemo, build_input_root
+
+__all__ = [
+    "EMPTY",
+    "ActionBlobs",
+    "ActionSpecError",
+    "BlobChanged",
+    "BlobMissing",
+    "Capabilities",
+    "CapabilityError",
+    "CorruptBlob",
+    "Digest",
+    "ExecuteResult",
+    "InputFile",
+    "InputRoot",
+    "InputRootError",
+    "MerkleMemo",
+    "MissingResultBlobs",
+    "RemoteAuthError",
+    "RemoteClient",
+    "RemoteConfigError",
+    "RemoteError",
+    "RemoteExtraMissing",
+    "RemoteRejected",
+    "RemoteUnavailable",
+    "Timings",
+    "UploadStats",
+    "build_action",
+    "build_input_root",
+    "digest_bytes",
+    "digest_file",
+    "parse_digest",
+]
+
+#: Names loaded on first use -> the module that defines them (each needs the extra).
+_LAZY = {
+    "ActionBlobs": "action",
+    "build_action": "action",
+    "UploadStats": "cas",
+    "Capabilities": "client",
+    "RemoteClient": "client",
+    "ExecuteResult": "execution",
+    "Timings": "execution",
+    "InputFile": "merkle",
+    "InputRoot": "merkle",
+    "MerkleMemo": "merkle",
+    "build_input_root": "merkle",
+}
+
+#: Top-level modules of the ``remote`` extra.
+_EXTRA_MODULES = frozenset({"grpc", "google"})
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        loaded = importlib.import_module(f"{__name__}.{module}")
+    except ImportError as exc:
+        missing = exc.name or ""
+        if missing.split(".")[0] not in _EXTRA_MODULES:
+            raise
+        raise RemoteExtraMissing(missing) from None
+    return getattr(loaded, name)

@@ -1,0 +1,310 @@
+"""The REAPI v2 client: capabilities, the CAS, the action cache and Execute over one channel.
+
+:class:`RemoteClient` is what the rest of the package uses; it is thread-safe (a
+build calls it from a hundred threads at once) and raises only
+:mod:`~metrale_orch.remote.errors`. Invariants:
+
+- Capabilities are read first, once (threads that arrive meanwhile wait for that one
+  call, and share its failure for ``timeout`` seconds rather than each spending a
+  deadline): SHA-256 must be among the server's digest functions, the batch limit
+  is the smaller of the server's ``max_batch_total_size_bytes`` (4 MiB when it says 0)
+  and the client's ``batch_limit``.
+- Uploads ask FindMissingBlobs first; an action result is uploaded only after every
+  blob it names is in the CAS (:meth:`RemoteClient.update_action_result` checks).
+- Downloads are verified; a corrupt blob is an error, never a value.
+- Every call runs under a deadline: ``timeout`` for plain calls, that plus
+  ``size / MIN_RATE`` for transfers, the caller's for Execute.
+- A client belongs to the process that made it: a gRPC channel does not survive a
+  ``fork`` (doit's process workers make their own).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import grpc
+
+from metrale_orch.remote._proto import remote_execution_pb2 as re_pb2
+from metrale_orch.remote.cas import Cas, UploadStats
+from metrale_orch.remote.digest import CHUNK, EMPTY, Digest
+from metrale_orch.remote.errors import (
+    CapabilityError,
+    MissingResultBlobs,
+    RemoteConfigError,
+    RemoteError,
+)
+from metrale_orch.remote.execution import ExecuteResult, execute
+from metrale_orch.remote.merkle import Blob
+from metrale_orch.remote.rpc import MAX_MESSAGE, Rpc, code_of
+from metrale_orch.remote.wire import digest_message, from_message
+
+__all__ = ["DEFAULT_BATCH_LIMIT", "Capabilities", "RemoteClient", "UploadStats"]
+
+#: The batch limit when the server sets none (gRPC's default message limit).
+DEFAULT_BATCH_LIMIT = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Capabilities:
+    """What the server offers, as the client uses it."""
+
+    #: The batch limit the client keeps to (see the module docstring).
+    max_batch_bytes: int
+    #: As the server advertised it (0: no limit set).
+    server_max_batch_bytes: int
+    exec_enabled: bool
+    ac_update_enabled: bool
+    #: REAPI versions the server speaks, ``major.minor``.
+    low_api: str
+    high_api: str
+
+
+class RemoteClient:
+    """A REAPI v2 client over one gRPC channel (see the module docstring).
+
+    ``url``: ``grpc://host:port`` (plaintext) or ``grpcs://host[:port]`` (TLS with the
+    system roots, or ``ca_file``). ``headers`` go with every call (an API key such as
+    ``x-buildbuddy-api-key``). ``timeout``: seconds per call. ``batch_limit`` lowers the
+    server's batch limit. Raises :class:`RemoteConfigError` for settings it cannot use;
+    nothing is sent before the first call.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        instance: str = "",
+        headers: Mapping[str, str] | None = None,
+        timeout: float = 60.0,
+        ca_file: Path | None = None,
+        batch_limit: int | None = None,
+        chunk_size: int = CHUNK,
+    ) -> None:
+        if not timeout > 0:
+            raise RemoteConfigError("timeout", f"{timeout!r} must be a positive number of seconds")
+        if batch_limit is not None and batch_limit < 4096:
+            raise RemoteConfigError("batch limit", f"{batch_limit} bytes is below 4096")
+        if not 0 < chunk_size <= MAX_MESSAGE // 2:
+            raise RemoteConfigError("chunk size", f"{chunk_size} bytes is out of range")
+        self.url = url
+        self.instance = instance
+        self.timeout = timeout
+        self._rpc = Rpc(url, instance=instance, headers=headers or {}, ca_file=ca_file)
+        self._batch_limit = batch_limit
+        self._cas = Cas(
+            self._rpc, timeout=timeout, chunk_size=chunk_size, limit=self._max_batch_bytes
+        )
+        self._lock = threading.Lock()
+        self._caps: Capabilities | None = None
+        self._caps_failure: tuple[float, RemoteError] | None = None
+
+    # -- capabilities ----------------------------------------------------------------------
+
+    def capabilities(self) -> Capabilities:
+        """The server's capabilities, read once; raises :class:`CapabilityError` without
+        SHA-256, or the call's :class:`RemoteError`."""
+        caps = self._caps
+        if caps is not None:
+            return caps
+        with self._lock:
+            if self._caps is not None:
+                return self._caps
+            if self._caps_failure is not None and time.monotonic() < self._caps_failure[0]:
+                raise self._caps_failure[1]
+            try:
+                self._caps = self._read_capabilities()
+            except RemoteError as exc:
+                self._caps_failure = (time.monotonic() + self.timeout, exc)
+                raise
+            return self._caps
+
+    def _read_capabilities(self) -> Capabilities:
+        rpc = self._rpc
+        try:
+            answer = rpc.get_capabilities(
+                re_pb2.GetCapabilitiesRequest(instance_name=self.instance),
+                timeout=self.timeout,
+                metadata=rpc.metadata,
+            )
+        except grpc.RpcError as exc:
+            raise rpc.error(exc, "GetCapabilities", self.timeout) from None
+        cache = answer.cache_capabilities
+        functions = set(cache.digest_functions)
+        if re_pb2.DigestFunction.SHA256 not in functions:
+            names = sorted(re_pb2.DigestFunction.Value.Name(f) for f in functions) or ["none"]
+            raise CapabilityError(
+                self.url,
+                f"the server's CAS does not offer SHA-256 (it offers {', '.join(names)}); "
+                "metrale-orch needs SHA-256 digests",
+            )
+        server_limit = int(cache.max_batch_total_size_bytes)
+        limit = min(
+            server_limit or DEFAULT_BATCH_LIMIT,
+            MAX_MESSAGE - 1024 * 1024,
+            self._batch_limit or MAX_MESSAGE,
+        )
+        return Capabilities(
+            max_batch_bytes=limit,
+            server_max_batch_bytes=server_limit,
+            exec_enabled=answer.execution_capabilities.exec_enabled,
+            ac_update_enabled=cache.action_cache_update_capabilities.update_enabled,
+            low_api=f"{answer.low_api_version.major}.{answer.low_api_version.minor}",
+            high_api=f"{answer.high_api_version.major}.{answer.high_api_version.minor}",
+        )
+
+    def _max_batch_bytes(self) -> int:
+        return self.capabilities().max_batch_bytes
+
+    # -- the CAS ---------------------------------------------------------------------------
+
+    def find_missing(self, digests: Iterable[Digest]) -> set[Digest]:
+        """The digests the CAS lacks; raises a :class:`RemoteError`."""
+        self.capabilities()
+        return self._cas.find_missing(digests)
+
+    def upload(self, blobs: Mapping[Digest, Blob]) -> UploadStats:
+        """Put every blob the CAS lacks (FindMissingBlobs first; small ones batched, big
+        ones streamed). A ``Path`` blob is read now and must still match its digest
+        (:class:`BlobChanged`). Raises a :class:`RemoteError`."""
+        self.capabilities()
+        return self._cas.upload(blobs)
+
+    def download(self, digest: Digest) -> bytes:
+        """The verified bytes of ``digest``; raises :class:`BlobMissing`,
+        :class:`CorruptBlob` or another :class:`RemoteError`."""
+        self.capabilities()
+        return self._cas.download(digest)
+
+    def download_to(self, digest: Digest, path: Path) -> None:
+        """Write the verified blob to ``path`` (atomically, streamed when big); raises as
+        :meth:`download` does, and ``OSError`` when ``path`` cannot be written."""
+        self.capabilities()
+        self._cas.download_to(digest, path)
+
+    def std_outputs(self, result: re_pb2.ActionResult) -> tuple[bytes, bytes]:
+        """(stdout, stderr) of a result, inline or downloaded."""
+        out = [
+            raw if raw or not result.HasField(name) else self.download(from_message(digest))
+            for raw, name, digest in (
+                (result.stdout_raw, "stdout_digest", result.stdout_digest),
+                (result.stderr_raw, "stderr_digest", result.stderr_digest),
+            )
+        ]
+        return bytes(out[0]), bytes(out[1])
+
+    # -- the action cache ------------------------------------------------------------------
+
+    def get_action_result(
+        self,
+        action: Digest,
+        *,
+        inline_stdout: bool = False,
+        inline_stderr: bool = False,
+        inline_output_files: Iterable[str] = (),
+    ) -> re_pb2.ActionResult | None:
+        """The cached result of ``action``, or None; raises a :class:`RemoteError`."""
+        self.capabilities()
+        request = re_pb2.GetActionResultRequest(
+            instance_name=self.instance,
+            action_digest=digest_message(action),
+            inline_stdout=inline_stdout,
+            inline_stderr=inline_stderr,
+            inline_output_files=sorted(inline_output_files),
+        )
+        rpc = self._rpc
+        try:
+            return rpc.get_action_result(request, timeout=self.timeout, metadata=rpc.metadata)
+        except grpc.RpcError as exc:
+            if code_of(exc) is grpc.StatusCode.NOT_FOUND:
+                return None
+            raise rpc.error(exc, "GetActionResult", self.timeout) from None
+
+    def update_action_result(
+        self,
+        action: Digest,
+        result: re_pb2.ActionResult,
+        *,
+        blobs: Mapping[Digest, Blob] | None = None,
+    ) -> re_pb2.ActionResult:
+        """Store ``result`` for ``action``, after its ``blobs`` (outputs, stdout, stderr)
+        are in the CAS. A digest the result names that is neither in ``blobs`` nor in
+        the CAS raises :class:`MissingResultBlobs` before anything is stored. Raises
+        :class:`CapabilityError` when the server refuses action cache updates."""
+        caps = self.capabilities()
+        if not caps.ac_update_enabled:
+            raise CapabilityError(self.url, "the server does not accept action cache updates")
+        given = blobs or {}
+        if given:
+            self.upload(given)
+        named = _result_digests(result) - set(given) - {EMPTY}
+        missing = self._cas.find_missing(named) if named else set()
+        if missing:
+            raise MissingResultBlobs(self.url, tuple(str(d) for d in sorted(missing)))
+        request = re_pb2.UpdateActionResultRequest(
+            instance_name=self.instance, action_digest=digest_message(action), action_result=result
+        )
+        rpc = self._rpc
+        try:
+            return rpc.update_action_result(request, timeout=self.timeout, metadata=rpc.metadata)
+        except grpc.RpcError as exc:
+            raise rpc.error(exc, "UpdateActionResult", self.timeout) from None
+
+    # -- execution -------------------------------------------------------------------------
+
+    def execute(
+        self,
+        action: Digest,
+        *,
+        skip_cache_lookup: bool = False,
+        timeout: float,
+        platform: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
+    ) -> ExecuteResult:
+        """Run ``action`` (its blobs uploaded) and wait, ``timeout`` seconds in all; the
+        result carries the exit code, whatever it is, and the stage timings. ``platform``
+        only words the error when no worker takes the action. Raises
+        :class:`CapabilityError` when the server does not execute, and
+        :class:`RemoteUnavailable`, :class:`RemoteAuthError` or :class:`RemoteRejected`."""
+        if not self.capabilities().exec_enabled:
+            raise CapabilityError(self.url, "the server does not execute actions (cache only)")
+        return execute(
+            self._rpc,
+            action,
+            skip_cache_lookup=skip_cache_lookup,
+            timeout=timeout,
+            platform=platform,
+        )
+
+    # -- lifetime --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the channel; calls in flight fail."""
+        self._rpc.close()
+
+    def __enter__(self) -> RemoteClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _result_digests(result: re_pb2.ActionResult) -> set[Digest]:
+    """Every blob a result names directly (output files, trees, stdout, stderr) (pure)."""
+    named = {from_message(f.digest) for f in result.output_files}
+    for directory in result.output_directories:
+        named.add(from_message(directory.tree_digest))
+        if directory.HasField("root_directory_digest"):
+            named.add(from_message(directory.root_directory_digest))
+    for name in ("stdout_digest", "stderr_digest"):
+        if result.HasField(name):
+            named.add(from_message(getattr(result, name)))
+    return named

@@ -1,0 +1,319 @@
+"""The one door to the gRPC channel: the URL, the headers, typed calls, and error mapping.
+
+:class:`Rpc` opens one channel (``grpc://host:port`` plaintext, ``grpcs://host[:port]``
+TLS with the system roots or a CA file), sends the same metadata with every call
+(the caller's headers and REAPI's ``RequestMetadata``), and turns every gRPC failure
+into one of :mod:`~metrale_orch.remote.errors` (:meth:`Rpc.error`). Its call objects
+are typed multicallables built from the generated descriptors' service and method
+names, so no method path is spelled by hand. A channel and its calls are
+thread-safe: one :class:`Rpc` serves every thread of a build.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol, TypeVar
+from urllib.parse import urlsplit
+
+import grpc
+from google.longrunning import operations_pb2
+from google.protobuf.descriptor import FileDescriptor
+from google.protobuf.message import Message
+from google.rpc import status_pb2
+
+from metrale_orch.remote._proto import bytestream_pb2 as bs_pb2
+from metrale_orch.remote._proto import remote_execution_pb2 as re_pb2
+from metrale_orch.remote.errors import (
+    RemoteAuthError,
+    RemoteConfigError,
+    RemoteError,
+    RemoteRejected,
+    RemoteUnavailable,
+)
+
+__all__ = ["Rpc", "code_of", "describe", "header_metadata", "parse_url", "status_error"]
+
+#: Largest message the channel accepts or sends (batch calls stay well below).
+MAX_MESSAGE = 64 * 1024 * 1024
+#: Codes that mean the remote cannot serve now: the caller may fall back.
+INFRA_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.DATA_LOSS,
+    }
+)
+AUTH_CODES = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
+#: ``google.rpc.Status.code`` -> gRPC status code.
+CODES: Mapping[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
+
+_HEADER_NAME = re.compile(r"[0-9a-z][0-9a-z_.-]*")
+_REQUEST_METADATA = "build.bazel.remote.execution.v2.requestmetadata-bin"
+
+Req = TypeVar("Req", bound=Message)
+Resp = TypeVar("Resp")
+Resp_co = TypeVar("Resp_co", covariant=True)
+
+
+def parse_url(url: str) -> tuple[str, bool]:
+    """``(gRPC target, TLS?)`` of ``grpc://host:port`` or ``grpcs://host[:port]`` (pure).
+
+    Raises :class:`RemoteConfigError` for anything else.
+    """
+    scheme = url.partition("://")[0].lower() if "://" in url else ""
+    if scheme not in ("grpc", "grpcs"):
+        raise RemoteConfigError(
+            f"URL {url!r}", "use grpc://host:port (plaintext) or grpcs://host:port (TLS)"
+        )
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        raise RemoteConfigError(f"URL {url!r}", "the port is not a number 1-65535") from None
+    host = parts.hostname
+    if not host:
+        raise RemoteConfigError(f"URL {url!r}", "names no host")
+    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
+        raise RemoteConfigError(
+            f"URL {url!r}", "has a path, query or user; the instance name is its own setting"
+        )
+    if port is None:
+        if scheme == "grpc":
+            raise RemoteConfigError(f"URL {url!r}", "needs a port (grpc://host:port)")
+        port = 443
+    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return target, scheme == "grpcs"
+
+
+def header_metadata(headers: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The caller's headers as gRPC metadata, sorted; raises :class:`RemoteConfigError`."""
+    out = []
+    for name, value in headers.items():
+        key = name.strip().lower()
+        if not _HEADER_NAME.fullmatch(key) or key.startswith("grpc-") or key.endswith("-bin"):
+            raise RemoteConfigError(
+                f"header {name!r}", "not a plain gRPC metadata name (lowercase a-z, 0-9, - _ .)"
+            )
+        if not value.isascii() or not value.isprintable():
+            raise RemoteConfigError(f"header {name!r}", "its value must be printable ASCII")
+        out.append((key, value))
+    return tuple(sorted(out))
+
+
+def describe(text: str | None, limit: int = 160) -> str:
+    """A server's detail text on one short line."""
+    line = " ".join((text or "").split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+class Rpc:
+    """One channel and its typed calls (see the module docstring)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        instance: str,
+        headers: Mapping[str, str],
+        ca_file: Path | None,
+    ) -> None:
+        target, tls = parse_url(url)
+        self.url = url
+        self.instance = instance
+        self.header_names = tuple(name for name, _ in header_metadata(headers))
+        self.metadata: tuple[tuple[str, str | bytes], ...] = (
+            *header_metadata(headers),
+            (_REQUEST_METADATA, _request_metadata()),
+        )
+        options = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE),
+            ("grpc.max_send_message_length", MAX_MESSAGE),
+            ("grpc.primary_user_agent", "metrale-orch"),
+        ]
+        if tls:
+            creds = grpc.ssl_channel_credentials(root_certificates=_read_ca(ca_file))
+            self.channel = grpc.secure_channel(target, creds, options=options)
+        else:
+            if ca_file is not None:
+                raise RemoteConfigError("CA file", f"{ca_file} is set for a plaintext grpc:// URL")
+            self.channel = grpc.insecure_channel(target, options=options)
+        ch, re_file, bs_file = self.channel, re_pb2.DESCRIPTOR, bs_pb2.DESCRIPTOR
+        cas, ac = "ContentAddressableStorage", "ActionCache"
+        self.get_capabilities = _unary(
+            ch,
+            (re_file, "Capabilities", "GetCapabilities"),
+            re_pb2.GetCapabilitiesRequest,
+            re_pb2.ServerCapabilities,
+        )
+        self.find_missing = _unary(
+            ch,
+            (re_file, cas, "FindMissingBlobs"),
+            re_pb2.FindMissingBlobsRequest,
+            re_pb2.FindMissingBlobsResponse,
+        )
+        self.batch_update = _unary(
+            ch,
+            (re_file, cas, "BatchUpdateBlobs"),
+            re_pb2.BatchUpdateBlobsRequest,
+            re_pb2.BatchUpdateBlobsResponse,
+        )
+        self.batch_read = _unary(
+            ch,
+            (re_file, cas, "BatchReadBlobs"),
+            re_pb2.BatchReadBlobsRequest,
+            re_pb2.BatchReadBlobsResponse,
+        )
+        self.get_action_result = _unary(
+            ch,
+            (re_file, ac, "GetActionResult"),
+            re_pb2.GetActionResultRequest,
+            re_pb2.ActionResult,
+        )
+        self.update_action_result = _unary(
+            ch,
+            (re_file, ac, "UpdateActionResult"),
+            re_pb2.UpdateActionResultRequest,
+            re_pb2.ActionResult,
+        )
+        self.execute = _stream(
+            ch, (re_file, "Execution", "Execute"), re_pb2.ExecuteRequest, operations_pb2.Operation
+        )
+        self.wait_execution = _stream(
+            ch,
+            (re_file, "Execution", "WaitExecution"),
+            re_pb2.WaitExecutionRequest,
+            operations_pb2.Operation,
+        )
+        self.read = _stream(
+            ch, (bs_file, "ByteStream", "Read"), bs_pb2.ReadRequest, bs_pb2.ReadResponse
+        )
+        self.write: grpc.StreamUnaryMultiCallable[bs_pb2.WriteRequest, bs_pb2.WriteResponse] = (
+            ch.stream_unary(
+                _path((bs_file, "ByteStream", "Write")),
+                request_serializer=_serialize,
+                response_deserializer=bs_pb2.WriteResponse.FromString,
+            )
+        )
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def resource_prefix(self) -> str:
+        """``{instance}/`` (nothing for the default instance), for ByteStream names."""
+        return f"{self.instance}/" if self.instance else ""
+
+    def error(self, exc: grpc.RpcError, call: str, timeout: float) -> RemoteError:
+        """The client error for a failed call (``timeout``: the deadline it ran under)."""
+        code = code_of(exc)
+        detail = describe(exc.details() if callable(getattr(exc, "details", None)) else str(exc))
+        return self.code_error(code, detail, call, timeout)
+
+    def code_error(
+        self, code: grpc.StatusCode, detail: str, call: str, timeout: float
+    ) -> RemoteError:
+        if code in AUTH_CODES:
+            return RemoteAuthError(self.url, code.name, detail, self.header_names)
+        if code in INFRA_CODES:
+            return RemoteUnavailable(self.url, self._reason(code, detail, call, timeout))
+        return RemoteRejected(self.url, call, code.name, detail)
+
+    def _reason(self, code: grpc.StatusCode, detail: str, call: str, timeout: float) -> str:
+        low = detail.lower()
+        if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+            return f"no answer to {call} within {timeout:g} s"
+        if code is grpc.StatusCode.UNAVAILABLE:
+            if "connection refused" in low:
+                return f"unreachable: {self.url} (connection refused)"
+            if "dns" in low or "resolve" in low or "name or service not known" in low:
+                return f"unreachable: {self.url} (cannot resolve the host)"
+            if "handshake" in low or "ssl" in low or "certificate" in low:
+                return f"unreachable: {self.url} (TLS handshake failed: {detail})"
+            if "failed to connect" in low or "connect failed" in low:
+                return f"unreachable: {self.url} ({detail})"
+            if any(w in low for w in ("socket closed", "reset", "broken pipe", "goaway", "eof")):
+                return f"connection lost during {call} ({detail})"
+        if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+            return f"{call}: the server is overloaded ({detail})"
+        return f"{call} failed ({code.name}: {detail})"
+
+
+def status_error(rpc: Rpc, status: status_pb2.Status, call: str, timeout: float) -> RemoteError:
+    """The client error for a non-OK ``google.rpc.Status`` inside an answer."""
+    code = CODES.get(int(status.code), grpc.StatusCode.UNKNOWN)
+    return rpc.code_error(code, describe(status.message), call, timeout)
+
+
+def code_of(exc: grpc.RpcError) -> grpc.StatusCode:
+    """The status code of a failed call (UNKNOWN when the error carries none)."""
+    try:
+        return exc.code() if callable(getattr(exc, "code", None)) else grpc.StatusCode.UNKNOWN
+    except Exception:  # a broken error object: still an error of the transport
+        return grpc.StatusCode.UNKNOWN
+
+
+def _serialize(message: Message) -> bytes:
+    return message.SerializeToString()
+
+
+#: (generated file, service, method) naming one RPC.
+_Method = tuple[FileDescriptor, str, str]
+
+
+def _path(method: _Method) -> str:
+    """``/package.Service/Method``, looked up in the generated descriptor (never spelled)."""
+    file, service, name = method
+    found = file.services_by_name[service].methods_by_name[name]
+    return f"/{found.containing_service.full_name}/{found.name}"
+
+
+class _FromString(Protocol[Resp_co]):
+    def FromString(self, data: bytes, /) -> Resp_co: ...
+
+
+def _unary(
+    channel: grpc.Channel, method: _Method, request: type[Req], response: _FromString[Resp]
+) -> grpc.UnaryUnaryMultiCallable[Req, Resp]:
+    """A typed unary call (``request`` only types it: every message serializes alike)."""
+    return channel.unary_unary(
+        _path(method), request_serializer=_serialize, response_deserializer=response.FromString
+    )
+
+
+def _stream(
+    channel: grpc.Channel, method: _Method, request: type[Req], response: _FromString[Resp]
+) -> grpc.UnaryStreamMultiCallable[Req, Resp]:
+    """A typed server-streaming call."""
+    return channel.unary_stream(
+        _path(method), request_serializer=_serialize, response_deserializer=response.FromString
+    )
+
+
+def _read_ca(ca_file: Path | None) -> bytes | None:
+    if ca_file is None:
+        return None
+    try:
+        return Path(ca_file).read_bytes()
+    except OSError as exc:
+        raise RemoteConfigError("CA file", f"{ca_file}: {exc.strerror or exc}") from None
+
+
+def _request_metadata() -> bytes:
+    """REAPI's ``RequestMetadata`` naming this tool and this client's invocation."""
+    try:
+        version = importlib.metadata.version("metrale-orch")
+    except importlib.metadata.PackageNotFoundError:
+        version = ""
+    meta = re_pb2.RequestMetadata(
+        tool_details=re_pb2.ToolDetails(tool_name="metrale-orch", tool_version=version),
+        tool_invocation_id=str(uuid.uuid4()),
+    )
+    return meta.SerializeToString()
