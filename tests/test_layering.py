@@ -33,7 +33,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     # The REAPI client (grpc, protobuf: the optional `remote` extra, loaded lazily);
     # the remote executor and the REAPI cache tier sit on it.
     "remote": frozenset(),
-    "executor": frozenset({"remote"}),
+    "executor": frozenset({"remote", "config"}),
     "toolchain": frozenset({"tree"}),
     "steps": frozenset({"tree", "defaults", "cache", "config", "executor", "toolchain"}),
     "smoke": frozenset({"tree", "config"}),
@@ -47,6 +47,7 @@ ALLOWED: dict[str, frozenset[str]] = {
         {
             "tasks",
             "steps",
+            "executor",
             "toolchain",
             "cache",
             "config",

@@ -3,7 +3,8 @@
 ``main`` is a one-screen pipeline: parse, find the root, dispatch to a
 sub-command, turn any package error into one clear line and an exit code.
 Each group of sub-commands lives in a private module (``_layout``,
-``_defaults``, ``_build``, ``_profile``, ``_cache``, ``_matrix``, ``_resources``) exposing
+``_defaults``, ``_build``, ``_profile``, ``_cache``, ``_matrix``, ``_resources``,
+``_remote``) exposing
 ``register(subparsers)``; a sub-command is a function
 ``(args, ctx) -> int``. This package and the doit reporter are the only
 places that print.
@@ -26,7 +27,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from metrale_orch.cli import _build, _cache, _defaults, _layout, _matrix, _profile, _resources
+from metrale_orch.cli import (
+    _build,
+    _cache,
+    _defaults,
+    _layout,
+    _matrix,
+    _profile,
+    _remote,
+    _resources,
+)
 from metrale_orch.config import Config, find_root, load_config
 from metrale_orch.errors import (
     MetraleError,
@@ -81,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (_layout, _defaults, _build, _profile, _cache, _matrix, _resources):
+    for module in (_layout, _defaults, _build, _profile, _cache, _matrix, _resources, _remote):
         module.register(sub)
     return parser
 

@@ -60,6 +60,8 @@ class Action:
     label: str = ""
     #: The remote form, for an executor that can send it (None: local only).
     remote: RemoteForm | None = None
+    #: Who asked (the target), for the counts of where actions ran.
+    owner: str = ""
 
 
 class ActionStopped(MetraleError):

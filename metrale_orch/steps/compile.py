@@ -186,9 +186,10 @@ def _results(
 
 def _remote_form(ctx: BuildContext, module: ModulePlan, steps: _Steps) -> RemoteForm:
     """The compile as a remote executor sends it: the same step rendered with its outputs
-    at fixed places under the stage's :data:`OUT_DIR` (see :mod:`.remote_form`)."""
+    at fixed places under :data:`OUT_DIR` in the module's directory (REAPI output paths
+    are relative to the working directory, without ``..``; see :mod:`.remote_form`)."""
     staged = ctx.staged
-    fixed = _render_steps(ctx, module, staged.dir / OUT_DIR / module.name)
+    fixed = _render_steps(ctx, module, staged.dir / module.cwd / OUT_DIR / module.name)
     outputs = {posixpath.relpath(fixed.output, staged.dir): steps.output}
     if ctx.plan.toolchain.depfile_args:
         outputs[posixpath.relpath(fixed.depfile, staged.dir)] = steps.depfile
@@ -358,6 +359,7 @@ def _run_steps(
             expected=expected,
             label=f"{target} {module.name}",
             remote=remote if len(steps.argvs) == 1 else None,
+            owner=target,
         )
         try:
             done = ctx.session.executor.run(action)

@@ -26,7 +26,7 @@ from metrale_orch.toolchain.probe import host_compiler
 
 __all__ = ["OUT_DIR", "outside_input_root", "platform_properties", "remote_form"]
 
-#: Where a remote compile writes, under the input root.
+#: Where a remote compile writes, under its working directory.
 OUT_DIR = ".metrale-out"
 
 #: ``platform.machine()`` -> the REAPI ``ISA`` spelling (Bazel's, Buildbarn's).
@@ -118,8 +118,8 @@ def remote_form(
     env["PATH"] = os.pathsep.join(dict.fromkeys([*dirs, *_SYSTEM_PATH]))
     if not reason:
         reason = outside_input_root(argv[1:], env, cwd=cwd, allowed=[*allowed, *dirs])
-    if not reason and any(f == OUT_DIR or f.startswith(OUT_DIR + "/") for f in files):
-        reason = f"the stage holds {OUT_DIR}/, where remote compiles write"
+    if not reason and any(f"{OUT_DIR}/" in f"/{f}/" for f in files):
+        reason = f"the stage holds a {OUT_DIR}/ directory, where remote compiles write"
     return RemoteForm(
         root=root,
         files=files,

@@ -41,7 +41,7 @@ from doit.exceptions import TaskFailed
 
 from metrale_orch.config import Config, load_config
 from metrale_orch.errors import Interrupted, MetraleError, printable
-from metrale_orch.paths import BUILD_TASK, LOG_NAME
+from metrale_orch.paths import BUILD_TASK, LOG_NAME, STATE_DIR
 from metrale_orch.tasks.checker import (
     EXTERNAL_KEY,
     INPUTS_KEY,
@@ -80,7 +80,7 @@ _log = logging.getLogger("metrale_orch.steps")
 
 #: Per-process state; see the module docstring.
 _PROCESS: dict[str, tuple[tuple[str, ...], Cache]] = {}
-_SESSIONS: dict[tuple[str, int], BuildSession] = {}
+_SESSIONS: dict[tuple[str, int, str], BuildSession] = {}
 _SESSIONS_LOCK = threading.Lock()
 #: Build actions running in this process (doit's target threads), and its condition.
 _ACTIVE = [0]
@@ -324,7 +324,7 @@ def _session(config: Config, build_dir: Path) -> BuildSession:
     from metrale_orch.steps.profile import compile_times, read_profile
     from metrale_orch.steps.session import BuildSession  # see the module docstring
 
-    key = (str(build_dir), config.jobs)
+    key = (str(build_dir), config.jobs, config.remote_executor)
     with _SESSIONS_LOCK:
         got = _SESSIONS.get(key)
         if got is not None:
@@ -333,9 +333,41 @@ def _session(config: Config, build_dir: Path) -> BuildSession:
             expected = compile_times(read_profile(build_dir / PROFILE_NAME))
         except MetraleError:
             expected = {}
-        session = BuildSession.local(jobs=config.jobs, build_dir=build_dir, expected=expected)
+        if config.remote_executor:
+            session = _remote_session(config, build_dir, expected)
+        else:
+            session = BuildSession.local(jobs=config.jobs, build_dir=build_dir, expected=expected)
         _SESSIONS[key] = session
         return session
+
+
+def _remote_session(config: Config, build_dir: Path, expected: Mapping[str, float]) -> BuildSession:
+    """A session whose compiles go to ``config.remote_executor`` (raises the one-line
+    error of a missing ``remote`` extra)."""
+    from metrale_orch.executor import LocalExecutor
+    from metrale_orch.executor.reapi import open_backend
+    from metrale_orch.executor.remote import RemoteExecutor
+    from metrale_orch.steps.session import SLOTS_DIR, BuildSession
+
+    local = LocalExecutor(config.jobs, slot_dir=build_dir / STATE_DIR / SLOTS_DIR)
+    executor = RemoteExecutor(
+        open_backend(config),
+        local,
+        remote_jobs=config.remote_jobs,
+        strict=config.remote_strict,
+    )
+    return BuildSession(
+        executor, expected=expected, remote=True, container_image=config.remote_container_image
+    )
+
+
+def _remote_counts(session: BuildSession, target: str) -> dict[str, object]:
+    """Where this target's compile actions ran (empty without remote execution)."""
+    counts = getattr(session.executor, "counts", None)
+    if not callable(counts):
+        return {}
+    found = counts(target).to_dict()
+    return found if isinstance(found, dict) else {}
 
 
 def summarise_result(result: TargetResult) -> dict[str, object]:
@@ -381,6 +413,7 @@ def _build_action(root: str, target: str) -> dict[str, object] | TaskFailed:
             config.build_dir, max_bytes=config.log_max_bytes, backups=config.log_backups
         )
         cache = _cache(config, cache_mod)
+        session = _session(config, Path(config.build_dir))
         with cache.track() as stats:
             result: TargetResult = build.build_target(
                 Path(root),
@@ -389,9 +422,10 @@ def _build_action(root: str, target: str) -> dict[str, object] | TaskFailed:
                 cache=cache,
                 environ=os.environ,
                 log=log.getChild("build"),
-                session=_session(config, Path(config.build_dir)),
+                session=session,
             )
             cache.flush()  # uploads finish before doit may end this worker
+        remote = _remote_counts(session, target)
     except MetraleError as exc:
         _log.error("%s:%s: %s", BUILD_TASK, target, exc)
         from metrale_orch.executor import ActionStopped  # loaded by the build already
@@ -406,6 +440,8 @@ def _build_action(root: str, target: str) -> dict[str, object] | TaskFailed:
     values = summarise_result(result)
     values["seconds"] = round(result.seconds, 3)
     values["cache"] = nonzero_counters(stats)
+    if remote:
+        values["remote"] = remote
     values[INPUTS_KEY] = dict(result.inputs)
     values[OUTPUTS_KEY] = encode_outputs(result.outputs)
     if result.external:

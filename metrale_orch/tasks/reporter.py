@@ -108,6 +108,41 @@ def format_summary(counts: dict[str, int], seconds: float) -> str:
     return f"build: {', '.join(parts)} in {seconds:.1f} s"
 
 
+def add_remote_counts(total: dict[str, object], counts: Mapping[str, object]) -> None:
+    """Add one target's ``remote`` value (where its compile actions ran) to ``total``."""
+    for name in ("remote", "action_cache"):
+        value = counts.get(name, 0)
+        if isinstance(value, int) and value:
+            old = total.get(name, 0)
+            total[name] = (old if isinstance(old, int) else 0) + value
+    local = counts.get("local")
+    if isinstance(local, dict) and local:
+        mine = total.setdefault("local", {})
+        assert isinstance(mine, dict)
+        for reason, n in local.items():
+            if isinstance(n, int):
+                mine[str(reason)] = mine.get(str(reason), 0) + n
+
+
+def format_remote(total: Mapping[str, object]) -> str:
+    """The summary's remote execution line (pure), e.g. ``remote: 48 ran remotely (12 from
+    the action cache), 3 ran here: no worker for platform … (3)``."""
+    remote = total.get("remote", 0)
+    cached = total.get("action_cache", 0)
+    assert isinstance(remote, int) and isinstance(cached, int)
+    line = f"remote: {remote + cached} ran remotely"
+    if cached:
+        line += f" ({cached} from the action cache)"
+    local = total.get("local")
+    if isinstance(local, dict) and local:
+        here = sum(n for n in local.values() if isinstance(n, int))
+        reasons = sorted(local.items(), key=lambda kv: (-int(kv[1]), str(kv[0])))
+        shown = "; ".join(f"{reason} ({n})" for reason, n in reasons[:3])
+        more = f"; {len(reasons) - 3} other reasons" if len(reasons) > 3 else ""
+        line += f", {here} ran here: {shown}{more}"
+    return line
+
+
 def format_interrupted(finished: int) -> str:
     """The one line a run stopped by Ctrl-C or SIGTERM ends with (pure)."""
     noun = "target" if finished == 1 else "targets"
@@ -202,6 +237,8 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         self._started_names: set[str] = set()
         self._selected: set[str] = set()
         self._count_lock = threading.Lock()
+        #: Where the compile actions ran (remote execution), added up over the targets.
+        self._remote: dict[str, object] = {}
 
     # -- doit's interface -----------------------------------------------------------------------
 
@@ -420,6 +457,8 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             )
         for warning in self._warnings:
             self.write(f"warning: {warning}\n")
+        if self._remote:
+            self.write(format_remote(self._remote) + "\n")
         if self._ran:  # a no-op run leaves the last build's statistics and profile in place
             self._write_stats()
             self._write_profile()
@@ -433,6 +472,9 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         stats = values.get("cache")
         if isinstance(stats, dict) and stats:
             self._stats.append(stats)
+        remote = values.get("remote")
+        if isinstance(remote, dict):
+            add_remote_counts(self._remote, remote)
         warnings = values.get("warnings", ()) or ()
         for warning in warnings if isinstance(warnings, list | tuple) else ():
             if warning not in self._warnings:

@@ -1,0 +1,199 @@
+"""The REAPI glue of the remote executor: one remote form in, its outputs written here.
+
+:class:`ReapiBackend` is the :class:`~metrale_orch.executor.remote.RemoteBackend` on a
+:class:`~metrale_orch.remote.client.RemoteClient`. Per action it builds the input root
+(SHA-256 of each staged file found once per content through the stage's xxh3 hashes;
+directory digests memoised by content, so the subtrees thousands of actions share are
+hashed and uploaded once), the Command and Action, uploads what the CAS lacks
+(FindMissingBlobs first; digests already known present this run are not asked
+about again), executes, and writes each declared output to its local path, verified
+against its SHA-256 as it is downloaded. Errors map onto the executor's two kinds:
+infrastructure (:class:`~metrale_orch.executor.remote.RemoteUnavailable`, run here
+instead) and a compile that ran and failed (a :class:`RemoteRun` with its exit code).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from metrale_orch.executor.action import RemoteForm
+from metrale_orch.executor.remote import RemoteRun, RemoteUnavailable
+from metrale_orch.remote.digest import Digest, digest_file
+from metrale_orch.remote.errors import (
+    BlobMissing,
+    CorruptBlob,
+    RemoteAuthError,
+    RemoteError,
+)
+from metrale_orch.remote.errors import RemoteUnavailable as ClientUnavailable
+
+if TYPE_CHECKING:
+    from metrale_orch.config import Config
+    from metrale_orch.remote._proto.remote_execution_pb2 import ActionResult
+    from metrale_orch.remote.client import RemoteClient
+    from metrale_orch.remote.merkle import Blob, InputRoot, MerkleMemo
+
+__all__ = ["ReapiBackend", "open_backend"]
+
+#: Seconds each unary call (capabilities, FindMissingBlobs, a batch) may take.
+CALL_TIMEOUT = 60.0
+
+
+def open_backend(config: Config) -> ReapiBackend:
+    """The backend for ``config.remote_executor`` (nothing is sent yet). Raises the
+    one-line error of a missing ``remote`` extra."""
+    from metrale_orch.remote.client import RemoteClient
+
+    client = RemoteClient(
+        config.remote_executor,
+        instance=config.remote_instance,
+        headers={k: str(v) for k, v in config.remote_headers.items()},
+        timeout=CALL_TIMEOUT,
+        ca_file=config.remote_ca_file,
+    )
+    return ReapiBackend(client, queue_timeout=config.remote_queue_timeout)
+
+
+class ReapiBackend:
+    """See the module docstring. Thread-safe."""
+
+    def __init__(self, client: RemoteClient, *, queue_timeout: float = 60.0) -> None:
+        from metrale_orch.remote.merkle import MerkleMemo
+
+        self.client = client
+        self.queue_timeout = queue_timeout
+        self._memo: MerkleMemo = MerkleMemo()
+        self._lock = threading.Lock()
+        #: xxh3-128 of a file's bytes -> its REAPI digest (the same bytes anywhere).
+        self._sha: dict[str, Digest] = {}
+        #: Digests known to be in the CAS this run (found there or uploaded).
+        self._present: set[Digest] = set()
+
+    @property
+    def endpoint(self) -> str:
+        return self.client.url
+
+    def close(self) -> None:
+        self.client.close()
+
+    def run(self, form: RemoteForm, *, timeout: float, cancel: threading.Event) -> RemoteRun:
+        from metrale_orch.remote.action import build_action
+
+        start = time.perf_counter()
+        try:
+            root = self._input_root(form)
+            outputs = {
+                posixpath.relpath(rel, form.cwd): local for rel, local in form.outputs.items()
+            }
+            action = build_action(
+                form.argv, form.env, form.cwd, outputs, root, form.platform, timeout
+            )
+            self._upload(action.blobs)
+            sent = time.perf_counter()
+            done = self.client.execute(
+                action.digest, timeout=timeout + self.queue_timeout, platform=form.platform
+            )
+            if done.timed_out:
+                return RemoteRun(
+                    returncode=124,
+                    stdout="",
+                    stderr=f"remote worker stopped the compile at its {timeout:g} s timeout",
+                    seconds=time.perf_counter() - start,
+                    worker=done.timings.worker,
+                )
+            stdout, stderr = self.client.std_outputs(done.result)
+            if done.exit_code == 0:
+                self._fetch_outputs(done.result, outputs)
+        except RemoteAuthError as exc:
+            raise RemoteUnavailable(str(exc)) from None
+        except ClientUnavailable as exc:
+            raise RemoteUnavailable(_reason(exc)) from None
+        except (BlobMissing, CorruptBlob) as exc:
+            raise RemoteUnavailable(f"bad result: {exc}") from None
+        except RemoteError as exc:
+            raise RemoteUnavailable(str(exc)) from None
+        except OSError as exc:
+            raise RemoteUnavailable(f"cannot read an input or write an output: {exc}") from None
+        wall = time.perf_counter() - start
+        return RemoteRun(
+            returncode=done.exit_code,
+            stdout=stdout.decode("utf-8", "replace"),
+            stderr=stderr.decode("utf-8", "replace"),
+            seconds=wall,
+            cached=done.cached,
+            stages=_stages(done, sent - start),
+            worker=done.timings.worker,
+        )
+
+    def _input_root(self, form: RemoteForm) -> InputRoot:
+        from metrale_orch.remote.merkle import InputFile, build_input_root
+
+        by_path: dict[Path, str] = {}
+        files: dict[str, InputFile] = {}
+        for rel, xxh in form.files.items():
+            path = form.root / rel
+            by_path[path] = xxh
+            files[rel] = InputFile(path, executable=os.access(path, os.X_OK))
+
+        def hasher(path: Path) -> Digest:
+            xxh = by_path.get(path, "")
+            with self._lock:
+                found = self._sha.get(xxh) if xxh else None
+            if found is not None:
+                return found
+            digest = digest_file(path)
+            if xxh:
+                with self._lock:
+                    self._sha[xxh] = digest
+            return digest
+
+        return build_input_root(files, hasher=hasher, memo=self._memo)
+
+    def _upload(self, blobs: Mapping[Digest, Blob]) -> None:
+        with self._lock:
+            unknown = {d: b for d, b in blobs.items() if d not in self._present}
+        if not unknown:
+            return
+        self.client.upload(unknown)
+        with self._lock:
+            self._present.update(unknown)
+
+    def _fetch_outputs(self, result: ActionResult, outputs: Mapping[str, Path]) -> None:
+        from metrale_orch.remote.wire import from_message
+
+        got = {f.path: from_message(f.digest) for f in result.output_files}
+        for rel, local in outputs.items():
+            digest = got.get(rel)
+            if digest is None:
+                continue  # the compile did not write it: the caller says what is missing
+            self.client.download_to(digest, local)
+
+
+def _reason(exc: ClientUnavailable) -> str:
+    reason = getattr(exc, "reason", "") or str(exc)
+    url = getattr(exc, "url", "")
+    return f"{reason} ({url})" if url and url not in reason else reason
+
+
+def _stages(done: object, upload: float) -> dict[str, tuple[float, float]]:
+    """The worker's stages as (start, end) wall-clock seconds, where reported."""
+    timings = getattr(done, "timings", None)
+    if timings is None:
+        return {}
+    spans = {
+        "queued": (timings.queued, timings.worker_start),
+        "fetching inputs": (timings.input_fetch_start, timings.input_fetch_completed),
+        "executing": (timings.execution_start, timings.execution_completed),
+        "uploading outputs": (timings.output_upload_start, timings.output_upload_completed),
+    }
+    out = {k: (a, b) for k, (a, b) in spans.items() if a and b and b >= a}
+    if upload > 0:
+        end = time.time() - (timings.wall or 0.0)
+        out["uploading inputs"] = (end - upload, end)
+    return out

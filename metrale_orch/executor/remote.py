@@ -1,0 +1,249 @@
+"""The remote executor: compile actions on a Remote Execution API engine, honest fallback.
+
+:class:`RemoteExecutor` sends every action that has a usable
+:class:`~metrale_orch.executor.RemoteForm` to a :class:`RemoteBackend` (the REAPI
+glue, :mod:`metrale_orch.executor.reapi`), at most ``remote_jobs`` at once and
+independently of the local ``jobs``; everything else runs on its
+:class:`~metrale_orch.executor.LocalExecutor`. Where each action ran is said on its
+:class:`~metrale_orch.proc.Completed` (``where``) and counted per owner (the target
+that asked), with the reason for each local run.
+
+Failures keep their meaning. A remote compile that exits non-zero is a compile error
+(:class:`~metrale_orch.proc.ProcessError`, as a local one), never retried here. An
+infrastructure failure (:class:`RemoteUnavailable`: unreachable, deadline, no worker
+for the platform, a lost worker, a corrupt blob) runs the action here instead, and
+after :data:`BREAKER_FAILURES` of them in a row the remote is not asked again this
+run (a circuit breaker: a dead endpoint costs one deadline, not one per action);
+with ``strict`` it is a failure of the module instead (CI, where a silent fallback
+would hide a broken farm).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from metrale_orch.errors import MetraleError
+from metrale_orch.executor.action import Action, ActionStopped, RemoteForm
+from metrale_orch.executor.local import LocalExecutor
+from metrale_orch.proc import Completed, ProcessError
+
+__all__ = [
+    "BREAKER_FAILURES",
+    "RemoteBackend",
+    "RemoteCounts",
+    "RemoteExecutor",
+    "RemoteRun",
+    "RemoteUnavailable",
+]
+
+#: Infrastructure failures in a row after which the remote is not asked again this run.
+BREAKER_FAILURES = 3
+
+
+class RemoteUnavailable(MetraleError):
+    """Remote execution could not run an action (infrastructure, not the compile):
+    ``reason`` is short and human ("unreachable: grpc://…", "no worker for platform …")."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RemoteRun:
+    """What a remote action came back with (its outputs already written locally)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    #: Wall seconds from sending to having the outputs here.
+    seconds: float
+    #: Whether the engine's action cache answered (nothing ran).
+    cached: bool = False
+    #: The worker's stages: name ("queued", "executing", "uploading", "downloading") ->
+    #: (start, end) in ``time.time()`` seconds, where the engine reported them.
+    stages: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    #: The worker that ran it, where known.
+    worker: str = ""
+
+
+class RemoteBackend(Protocol):
+    """Runs one remote form on an engine and writes its outputs to their local paths.
+    Raises :class:`RemoteUnavailable` for infrastructure trouble; a non-zero exit is a
+    :class:`RemoteRun`. ``cancel`` is set when the build stops."""
+
+    @property
+    def endpoint(self) -> str: ...
+
+    def run(self, form: RemoteForm, *, timeout: float, cancel: threading.Event) -> RemoteRun: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(slots=True)
+class RemoteCounts:
+    """Where one owner's actions ran: remotely, from the action cache, here (by reason)."""
+
+    remote: int = 0
+    action_cache: int = 0
+    local: Counter[str] = field(default_factory=Counter)
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready (sorted; zero counts left out)."""
+        out: dict[str, object] = {}
+        if self.remote:
+            out["remote"] = self.remote
+        if self.action_cache:
+            out["action_cache"] = self.action_cache
+        if self.local:
+            out["local"] = dict(sorted(self.local.items()))
+        return out
+
+
+class _Breaker:
+    """Opens after :data:`BREAKER_FAILURES` infrastructure failures in a row."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._failures = 0
+        self.reason = ""
+
+    @property
+    def open(self) -> bool:
+        with self._lock:
+            return self._failures >= BREAKER_FAILURES
+
+    def failed(self, reason: str) -> None:
+        with self._lock:
+            self._failures += 1
+            if self._failures >= BREAKER_FAILURES and not self.reason:
+                self.reason = reason
+
+    def succeeded(self) -> None:
+        with self._lock:
+            if self._failures < BREAKER_FAILURES:
+                self._failures = 0
+
+
+class RemoteExecutor:
+    """See the module docstring. Thread-safe."""
+
+    def __init__(
+        self,
+        backend: RemoteBackend,
+        local: LocalExecutor,
+        *,
+        remote_jobs: int = 100,
+        strict: bool = False,
+    ) -> None:
+        self.backend = backend
+        self.local = local
+        self.strict = strict
+        self._remote_jobs = remote_jobs
+        self._slots = threading.BoundedSemaphore(remote_jobs)
+        self._cancel = threading.Event()
+        self._breaker = _Breaker()
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._counts: dict[str, RemoteCounts] = {}
+
+    @property
+    def jobs(self) -> int:
+        """How many actions may be in flight at once: the remote budget (the local one
+        still caps what runs here)."""
+        return max(self.local.jobs, self._remote_jobs)
+
+    @property
+    def running(self) -> int:
+        with self._lock:
+            return self.local.running + self._in_flight
+
+    def stop(self) -> None:
+        self._cancel.set()
+        self.local.stop()
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def counts(self, owner: str) -> RemoteCounts:
+        """Where ``owner``'s actions ran so far, and forget them (the caller reports them)."""
+        with self._lock:
+            return self._counts.pop(owner, RemoteCounts())
+
+    def run(self, action: Action) -> Completed:
+        if self._cancel.is_set():
+            raise ActionStopped(f"{action.label or action.argv[0]}: not started: the build stopped")
+        form = action.remote
+        if form is None:
+            return self._here(action, "no remote form")
+        if form.local_reason:
+            return self._here(action, form.local_reason)
+        if self._breaker.open:
+            return self._unavailable(action, f"remote off after failures: {self._breaker.reason}")
+        try:
+            run = self._send(action, form)
+        except RemoteUnavailable as exc:
+            self._breaker.failed(exc.reason)
+            return self._unavailable(action, exc.reason)
+        self._breaker.succeeded()
+        with self._lock:
+            counts = self._counts.setdefault(action.owner, RemoteCounts())
+            if run.cached:
+                counts.action_cache += 1
+            else:
+                counts.remote += 1
+        where = "remote (action cache)" if run.cached else "remote"
+        if run.returncode != 0:  # the compile failed there: a compile error, as here
+            raise ProcessError(form.argv, run.returncode, output=run.stdout + run.stderr)
+        return Completed(
+            argv=form.argv,
+            returncode=run.returncode,
+            stdout=run.stdout,
+            stderr=run.stderr,
+            seconds=run.seconds,
+            where=where,
+        )
+
+    def _send(self, action: Action, form: RemoteForm) -> RemoteRun:
+        while not self._slots.acquire(timeout=0.1):
+            if self._cancel.is_set():
+                raise ActionStopped(f"{action.label or action.argv[0]}: not started: stopped")
+        with self._lock:
+            self._in_flight += 1
+        try:
+            run = self.backend.run(form, timeout=action.timeout, cancel=self._cancel)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+            self._slots.release()
+        if self._cancel.is_set():
+            raise ActionStopped(f"{action.label or action.argv[0]}: stopped")
+        return run
+
+    def _unavailable(self, action: Action, reason: str) -> Completed:
+        if self.strict:
+            raise ProcessError(
+                action.argv,
+                None,
+                reason=f"remote execution failed ({reason}); remote_strict forbids running it here",
+            )
+        return self._here(action, reason)
+
+    def _here(self, action: Action, reason: str) -> Completed:
+        start = time.perf_counter()
+        done = self.local.run(action)
+        with self._lock:
+            self._counts.setdefault(action.owner, RemoteCounts()).local[reason] += 1
+        return Completed(
+            argv=done.argv,
+            returncode=done.returncode,
+            stdout=done.stdout,
+            stderr=done.stderr,
+            seconds=done.seconds or time.perf_counter() - start,
+            where=f"local: {reason}",
+        )
