@@ -24,7 +24,7 @@ import pytest
 from metrale_orch.cache.reapi import ReapiObjects
 from metrale_orch.cache.remote import remote_object_path
 from metrale_orch.remote.client import RemoteClient
-from tests.support.reapi_cas import CasServer, bgd_path, cas_server
+from tests.support.reapi_cas_server import CasServer, bgd_path, cas_server
 from tests.support.servers import refused_endpoint
 from tests.test_remote_build import (
     WRAPPER,

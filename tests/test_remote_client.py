@@ -63,7 +63,7 @@ from metrale_orch.remote import (
 from metrale_orch.remote._proto import remote_execution_pb2 as re_pb2
 from metrale_orch.remote.cas import BLOB_OVERHEAD, REQUEST_OVERHEAD, fits, plan_batches
 from metrale_orch.remote.rpc import parse_url
-from tests.support.reapi_cas import CasServer, bgd_path, cas_server, free_port
+from tests.support.reapi_cas_server import CasServer, bgd_path, cas_server, free_port
 from tests.support.reapi_fake import FakeRemote, fake_remote, operation
 
 REPO = Path(__file__).resolve().parent.parent
