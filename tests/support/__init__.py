@@ -6,5 +6,9 @@
 - :mod:`tests.support.project`: a five-target project and real ``doit`` runs over it;
 - :mod:`tests.support.servers`: local S3/GCS servers and dead endpoints;
 - :mod:`tests.support.trust`: black-box projects built by real ``doit``/``metrale-orch``
-  runs, compiler wrappers, artefact comparison.
+  runs, compiler wrappers, artefact comparison;
+- :mod:`tests.support.reapi`: a real remote-execution engine (BuildGrid 0.4.4 on PostgreSQL)
+  with test workers, and its pieces: ``reapi_deps`` (the BuildGrid venv, PostgreSQL),
+  ``reapi_action`` (the probe's typed values); ``reapi_cas``, ``reapi_run``, ``reapi_worker``
+  and ``reapi_probe`` run in the BuildGrid venv, never in the test process.
 """

@@ -95,7 +95,7 @@ def operation(
 ) -> operations_pb2.Operation:
     """An Execute operation at ``stage``; done, with ``response``, when one is given."""
     op = operations_pb2.Operation(name=name, done=response is not None)
-    op.metadata.Pack(re_pb2.ExecuteOperationMetadata(stage=stage))
+    op.metadata.Pack(re_pb2.ExecuteOperationMetadata(stage=re_pb2.ExecutionStage.Value.Name(stage)))
     if response is not None:
         op.response.Pack(response)
     return op
