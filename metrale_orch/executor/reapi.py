@@ -97,7 +97,10 @@ class ReapiBackend:
             self._upload(action.blobs)
             sent = time.perf_counter()
             done = self.client.execute(
-                action.digest, timeout=timeout + self.queue_timeout, platform=form.platform
+                action.digest,
+                timeout=timeout + self.queue_timeout,
+                platform=form.platform,
+                queue_timeout=self.queue_timeout,
             )
             if done.timed_out:
                 return RemoteRun(

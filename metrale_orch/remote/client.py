@@ -263,6 +263,7 @@ class RemoteClient:
         skip_cache_lookup: bool = False,
         timeout: float,
         platform: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
+        queue_timeout: float | None = None,
     ) -> ExecuteResult:
         """Run ``action`` (its blobs uploaded) and wait, ``timeout`` seconds in all; the
         result carries the exit code, whatever it is, and the stage timings. ``platform``
@@ -277,6 +278,7 @@ class RemoteClient:
             skip_cache_lookup=skip_cache_lookup,
             timeout=timeout,
             platform=platform,
+            queue_timeout=queue_timeout,
         )
 
     # -- lifetime --------------------------------------------------------------------------

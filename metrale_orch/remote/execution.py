@@ -123,8 +123,11 @@ def execute(
     skip_cache_lookup: bool,
     timeout: float,
     platform: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
+    queue_timeout: float | None = None,
 ) -> ExecuteResult:
-    """Run ``action`` remotely and wait for it, under ``timeout`` seconds in all.
+    """Run ``action`` remotely and wait for it, under ``timeout`` seconds in all, and at
+    most ``queue_timeout`` seconds before a worker takes it (None: no bound but
+    ``timeout``; no worker for the platform is then said after ``queue_timeout``).
 
     ``platform`` only words the error when no worker takes the action. Raises
     :class:`RemoteUnavailable` (the caller may fall back), :class:`RemoteAuthError`
@@ -139,11 +142,20 @@ def execute(
     )
     watch = _Watch()
     breaks = 0
+    queue_deadline = deadline if queue_timeout is None else min(deadline, start + queue_timeout)
     while True:
-        remaining = deadline - time.monotonic()
+        now = time.monotonic()
+        waiting = watch.stage != _STAGE.EXECUTING and watch.stage != _STAGE.COMPLETED
+        limit = queue_deadline if waiting else deadline
+        remaining = limit - now
         if remaining <= 0:
-            raise _deadline_error(rpc, watch, timeout, platform)
-        op, why = _follow(rpc, request, watch, remaining, (timeout, platform))
+            raise _deadline_error(rpc, watch, limit - start, platform)
+        try:
+            op, why = _follow(rpc, request, watch, remaining, (limit - start, platform))
+        except RemoteUnavailable:
+            if not waiting or watch.stage != _STAGE.EXECUTING or time.monotonic() >= deadline:
+                raise
+            continue  # a worker took it as the queue deadline passed: wait for it to end
         if op is not None:
             return _result(rpc, op, watch, time.monotonic() - start, timeout)
         breaks += 1
