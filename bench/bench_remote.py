@@ -1,0 +1,222 @@
+"""X1-X3: remote execution and the REAPI tier (issue 20), against peers in the same run.
+
+    python bench/bench_remote.py x1 [OUT]
+    python bench/bench_remote.py x2 [OUT] [--workers 1,4,16] [--scale 0.1] [--sleep 0.2]
+    python bench/bench_remote.py x3 [OUT]
+
+X1  the sample tree cold (cache off): ``doit build`` with local ``jobs = 2`` against the same
+    build sent to a BuildGrid 0.4.4 engine with 2 test workers on this machine (real nvcc
+    both ways): the wall times and the overhead per action.
+X2  the real-shaped tree (``bench/gen_tree.py --profile real --scale``) with a fake compiler
+    that sleeps ``--sleep`` seconds, cache off, remote with 1, 4, 16 workers (a fresh
+    engine each, so nothing comes from its action cache): the build time against the ideal
+    ``distinct compiles x sleep / workers``.
+X3  warm rebuilds of the sample tree (a fresh checkout, an empty build directory, every
+    module a hit) from the local tier, from S3 (moto) and from a REAPI action cache
+    (BuildGrid's CAS + action cache), each filled by one cold build first.
+
+Prints each measurement and its ratio; nothing is asserted (these machines are noisy).
+The engine and the servers run on this machine, sharing its cores with the build.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO))
+from bench_noop import FAKECC, TOOLCHAIN  # noqa: E402
+
+from metrale_orch.steps.remote_form import platform_properties  # noqa: E402
+from metrale_orch.toolchain.definitions import builtin_toolchains, load_toolchains  # noqa: E402
+from metrale_orch.toolchain.probe import find_toolchain  # noqa: E402
+from tests.support.reapi import ReapiStack, StackOptions, reapi_stack  # noqa: E402
+from tests.support.reapi_deps import PostgresCluster, postgres_cluster  # noqa: E402
+
+PY = sys.executable
+DODO = "from metrale_orch.dodo import *  # noqa: F403\n"
+
+
+def env_for(out: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("METRALE_ORCH_")}
+    env["METRALE_ORCH_LOCAL_CACHE"] = str(out / "local-cache")
+    env["METRALE_ORCH_CACHE_MODE"] = "off"
+    env.update(extra)
+    return env
+
+
+def checkout(out: Path, name: str) -> Path:
+    root = out / name
+    if root.exists():
+        shutil.rmtree(root)
+    shutil.copytree(REPO / "kernels", root / "kernels")
+    (root / "dodo.py").write_text(DODO)
+    return root
+
+
+def timed(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, str]:
+    start = time.perf_counter()
+    proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    took = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed in {cwd}:\n{proc.stdout}{proc.stderr}")
+    return took, proc.stdout + proc.stderr
+
+
+def line_of(text: str, prefix: str) -> str:
+    return next((ln for ln in text.splitlines() if ln.startswith(prefix)), "")
+
+
+def offering(root: Path, hw_arch: str = "sm_90a") -> dict[str, tuple[str, ...]]:
+    """The platform this machine's nvcc (or the tree's toolchain) needs, as a worker offers it."""
+    tcs = load_toolchains(root) if (root / "toolchains").is_dir() else builtin_toolchains()
+    found = find_toolchain(tcs["nvcc"], os.environ, arch=hw_arch)
+    return {k: (v,) for k, v in platform_properties("nvcc", found.identity).items()}
+
+
+@contextlib.contextmanager
+def engine(
+    pg: PostgresCluster, workers: int, props: dict[str, tuple[str, ...]]
+) -> Iterator[ReapiStack]:
+    options = StackOptions(workers=0, keepalive_s=4.0)
+    with reapi_stack(options, postgres=pg) as stack:
+        for _ in range(workers):
+            stack.start_worker(props, wait=False)
+        for worker in stack.workers:
+            worker.wait_event("registered", timeout=60)
+        yield stack
+
+
+def remote_env(out: Path, stack: ReapiStack, **extra: str) -> dict[str, str]:
+    return env_for(
+        out,
+        METRALE_ORCH_REMOTE_EXECUTOR=stack.url,
+        METRALE_ORCH_REMOTE_INSTANCE=stack.instance,
+        **extra,
+    )
+
+
+def x1(args: argparse.Namespace) -> None:
+    out: Path = args.out
+    root = checkout(out, "sample-local")
+    local, text = timed([PY, "-m", "doit", "build"], root, env_for(out, METRALE_ORCH_JOBS="2"))
+    actions = json.loads((root / "build" / "profile.json").read_text())["traceEvents"]
+    compiles = sum(1 for e in actions if e.get("cat") == "compile")
+    print(f"X1 the sample tree cold: {compiles} compiles")
+    print(f"  local, jobs 2:            {local:6.2f} s   ({line_of(text, 'build: ')})")
+    with postgres_cluster() as pg, engine(pg, 2, offering(REPO)) as stack:
+        root = checkout(out, "sample-remote")
+        remote, text = timed([PY, "-m", "doit", "build"], root, remote_env(out, stack))
+    print(f"  remote, 2 workers:        {remote:6.2f} s   ({line_of(text, 'remote: ')})")
+    per = (remote - local) / max(1, compiles) * 2  # two compiles in flight either way
+    print(f"  ratio {remote / local:.2f}x; overhead {per * 1000:.0f} ms per action (2 at a time)")
+
+
+def x2(args: argparse.Namespace) -> None:
+    out: Path = args.out
+    root = out / "real"
+    if root.exists():
+        shutil.rmtree(root)
+    subprocess.run(
+        [PY, str(HERE / "gen_tree.py"), str(root), "--profile", "real", "--scale", str(args.scale)],
+        check=True,
+        capture_output=True,
+    )
+    bin_dir = out / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    fake = bin_dir / "fakecc"
+    fake.write_text(FAKECC)
+    fake.chmod(0o755)
+    (root / "toolchains").mkdir(exist_ok=True)
+    # FAKECC_SLEEP is one of the variables the toolchain reads: it goes with every action.
+    (root / "toolchains" / "nvcc.toml").write_text(TOOLCHAIN + 'env_allowlist = ["FAKECC_SLEEP"]\n')
+    os.environ["FAKECC_SLEEP"] = str(args.sleep)
+    os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    props = offering(root)
+    print(f"X2 the real-shaped tree (--scale {args.scale}), fake compiler sleeping {args.sleep} s")
+    with postgres_cluster() as pg:
+        for workers in [int(w) for w in args.workers.split(",")]:
+            with engine(pg, workers, props) as stack:
+                shutil.rmtree(root / "build", ignore_errors=True)
+                for db in root.glob(".doit.db*"):
+                    db.unlink()
+                env = remote_env(out, stack, METRALE_ORCH_REMOTE_JOBS=str(max(4, 2 * workers)))
+                took, text = timed([PY, "-m", "doit", "build"], root, env)
+            events = json.loads((root / "build" / "profile.json").read_text())["traceEvents"]
+            compiles = sum(1 for e in events if e.get("cat") == "compile")
+            ideal = compiles * args.sleep / workers
+            print(
+                f"  {workers:>2} workers: {took:7.2f} s for {compiles} compiles, ideal {ideal:6.1f} s "
+                f"({took / ideal:.2f}x)  [{line_of(text, 'remote: ')}]"
+            )
+
+
+def x3(args: argparse.Namespace) -> None:
+    from tests.support.reapi_cas_server import cas_server
+    from tests.support.servers import s3_server
+
+    out: Path = args.out
+    print("X3 warm rebuilds of the sample tree (every module a hit)")
+    results: dict[str, float] = {}
+    with s3_server() as s3, cas_server() as cas:
+        tiers = {
+            "local tier": {},
+            "S3 (moto)": {
+                "METRALE_ORCH_CACHE": s3.url("team"),
+                "METRALE_ORCH_STORAGE_OPTIONS": json.dumps(s3.storage_options),
+            },
+            "REAPI action cache": {
+                "METRALE_ORCH_CACHE": cas.url,
+                "METRALE_ORCH_STORAGE_OPTIONS": json.dumps({"instance": cas.instance}),
+            },
+        }
+        for name, extra in tiers.items():
+            slug = name.split()[0].lower()
+            cache = out / f"cache-{slug}"
+            shutil.rmtree(cache, ignore_errors=True)
+            env = env_for(
+                out,
+                METRALE_ORCH_CACHE_MODE="read-write",
+                METRALE_ORCH_LOCAL_CACHE=str(cache),
+                **extra,
+            )
+            timed([PY, "-m", "doit", "build"], checkout(out, f"fill-{slug}"), env)
+            if extra:  # a reader with an empty local cache: every hit comes from the remote
+                env["METRALE_ORCH_LOCAL_CACHE"] = str(out / f"cache-{slug}-reader")
+                shutil.rmtree(env["METRALE_ORCH_LOCAL_CACHE"], ignore_errors=True)
+            took, text = timed([PY, "-m", "doit", "build"], checkout(out, f"warm-{slug}"), env)
+            results[name] = took
+            print(f"  {name:<20} {took:6.2f} s   ({line_of(text, 'cache: ')})")
+    base = results["local tier"]
+    for name, took in results.items():
+        print(f"  {name:<20} {took / base:5.2f}x the local tier")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = ap.add_subparsers(dest="bench", required=True)
+    for name in ("x1", "x2", "x3"):
+        p = sub.add_parser(name)
+        p.add_argument("out", type=Path, nargs="?", default=HERE / "out" / f"remote-{name}")
+    sub.choices["x2"].add_argument("--workers", default="1,4,16")
+    sub.choices["x2"].add_argument("--scale", type=float, default=0.1)
+    sub.choices["x2"].add_argument("--sleep", type=float, default=0.2)
+    args = ap.parse_args()
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    {"x1": x1, "x2": x2, "x3": x3}[args.bench](args)
+
+
+if __name__ == "__main__":
+    main()
