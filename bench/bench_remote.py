@@ -157,8 +157,8 @@ def x2(args: argparse.Namespace) -> None:
             compiles = sum(1 for e in events if e.get("cat") == "compile")
             ideal = compiles * args.sleep / workers
             print(
-                f"  {workers:>2} workers: {took:7.2f} s for {compiles} compiles, ideal {ideal:6.1f} s "
-                f"({took / ideal:.2f}x)  [{line_of(text, 'remote: ')}]"
+                f"  {workers:>2} workers: {took:7.2f} s for {compiles} compiles, "
+                f"ideal {ideal:6.1f} s ({took / ideal:.2f}x)  [{line_of(text, 'remote: ')}]"
             )
 
 
