@@ -13,7 +13,7 @@ import shlex
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from metrale_orch.errors import MetraleError
@@ -50,6 +50,8 @@ class Completed:
     #: Where it ran, when an executor could have sent it elsewhere: "" (here), "remote",
     #: "remote (action cache)", or "local: <why it did not run remotely>".
     where: str = ""
+    #: A remote engine's stages of it: name -> (start, end) in ``time.time()`` seconds.
+    stages: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
 
 class ProcessError(MetraleError):

@@ -150,6 +150,17 @@ def test_built_remotely_byte_identical_then_from_the_action_cache(
     assert remote_line(run) == f"remote: {modules} ran remotely", run.text
     assert executed(workers) - before == modules  # every compile ran on a worker
     assert outputs(root) == outputs(local)
+    stats = json.loads((root / "build" / "cache-stats.json").read_text())
+    assert (stats["remote_executed"], stats["action_cache_hits"], stats["ran_here"]) == (
+        modules,
+        0,
+        0,
+    )
+    events = json.loads((root / "build" / "profile.json").read_text())["traceEvents"]
+    compiles = [e for e in events if e.get("cat") == "compile"]
+    assert len(compiles) == modules and {e["args"]["where"] for e in compiles} == {"remote"}
+    stages = {e["args"]["stage"] for e in events if e.get("cat") == "remote"}
+    assert {"queued", "executing", "uploading inputs"} <= stages, stages
 
     again = checkout(tmp_path, "b")  # another checkout, nothing cached here
     before = executed(workers)
@@ -159,6 +170,8 @@ def test_built_remotely_byte_identical_then_from_the_action_cache(
     assert line == f"remote: {modules} ran remotely ({modules} from the action cache)", line
     assert executed(workers) == before
     assert outputs(again) == outputs(local)
+    stats = json.loads((again / "build" / "cache-stats.json").read_text())
+    assert stats["action_cache_hits"] == modules and stats["remote_executed"] == 0
 
 
 def test_server_down_at_the_start_builds_here_counted(

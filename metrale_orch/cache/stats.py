@@ -30,6 +30,9 @@ _COUNTERS = (
     "bytes_up",
     "bytes_down",
     "remote_disabled",
+    "remote_executed",
+    "action_cache_hits",
+    "ran_here",
 )
 
 
@@ -58,6 +61,11 @@ class CacheStats:
     seconds_saved: float = 0.0
     #: Processes whose remote was switched off (breaker, missing extra).
     remote_disabled: int = 0
+    #: Compile actions a remote engine ran, answered from its action cache, and ran here
+    #: instead (remote execution: a reason each, counted in the build's summary).
+    remote_executed: int = 0
+    action_cache_hits: int = 0
+    ran_here: int = 0
 
     def to_dict(self) -> dict[str, int | float]:
         out: dict[str, int | float] = {name: getattr(self, name) for name in _COUNTERS}
@@ -119,6 +127,17 @@ class CacheStats:
         if self.remote_disabled:
             line += "; remote off"
         return line
+
+    def execution_line(self) -> str:
+        """Where the compile actions ran, e.g. ``remote execution: 48 ran remotely (12 from
+        the action cache), 3 ran here``; "" without remote execution."""
+        remote = self.remote_executed + self.action_cache_hits
+        if not remote and not self.ran_here:
+            return ""
+        line = f"remote execution: {remote} ran remotely"
+        if self.action_cache_hits:
+            line += f" ({self.action_cache_hits} from the action cache)"
+        return line + f", {self.ran_here} ran here"
 
 
 def _s(n: int) -> str:

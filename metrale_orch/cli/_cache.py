@@ -82,6 +82,8 @@ def run_stats(args: argparse.Namespace, ctx: Context) -> int:
         print(f"last run: no statistics yet ({STATS_FILE} is written by a build)", file=ctx.out)
     else:
         print(f"last run: {last.summary_line()}", file=ctx.out)
+        if last.execution_line():
+            print(f"last run: {last.execution_line()}", file=ctx.out)
     print(f"local: {local.objects} objects, {_mib(local.bytes)} in {local.directory}", file=ctx.out)
     print(f"remote: {config.cache or '(none)'}  mode: {config.cache_mode}", file=ctx.out)
     return 0

@@ -207,6 +207,7 @@ class RemoteExecutor:
             stderr=run.stderr,
             seconds=run.seconds,
             where=where,
+            stages=run.stages,
         )
 
     def _send(self, action: Action, form: RemoteForm) -> RemoteRun:

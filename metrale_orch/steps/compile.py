@@ -124,9 +124,19 @@ def _relative(path: Path, cwd: str) -> str:
     return os.path.relpath(os.path.realpath(path), cwd)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ran:
+    """Where a compile ran, when an executor could send it elsewhere (the profile's)."""
+
+    #: :attr:`~metrale_orch.proc.Completed.where`: "" (here), "remote", ...
+    where: str = ""
+    #: The remote engine's stages: name -> (start, end) in ``time.time()`` seconds.
+    stages: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+
+
 def run_compile(
     ctx: BuildContext, module: ModulePlan, *, expected: float = 0.0
-) -> tuple[bytes, float, tuple[tuple[str, str, str], ...]]:
+) -> tuple[bytes, float, tuple[tuple[str, str, str], ...], Ran]:
     """Compile one module in its staged role directory into a temporary directory.
 
     As the reference drives each compiler (SPEC 3.3): a ``hip``-dialect toolchain
@@ -138,7 +148,8 @@ def run_compile(
     Returns (artefact bytes, seconds, the inputs the compile read as
     ``(kind, path, hash)``: from the compiler's dependency list when the
     toolchain writes one (mirrored files named as the staged files they were
-    made from), else the scanned closure, plus the files named by flags).
+    made from), else the scanned closure, plus the files named by flags; and
+    where it ran, :class:`Ran`).
     Raises :class:`CompileError`, or :class:`StageError` when the temporary
     directory or the mirror cannot be written.
     """
@@ -146,14 +157,15 @@ def run_compile(
     try:
         steps = _render_steps(ctx, module, tmp)
         remote = _remote_form(ctx, module, steps) if ctx.session.remote else None
-        seconds, text, returncode, where = _run_steps(ctx, module, steps, expected, remote)
+        seconds, text, returncode, ran = _run_steps(ctx, module, steps, expected, remote)
         data, read = _results(ctx, module, steps, returncode, text)
+        where = ran.where
         escape = _read_outside(ctx, steps, read) if where.startswith("remote") else ""
         if remote is not None and escape:
             # A remote worker read a file we cannot vouch for: compile here instead.
             ctx.log.info("%s: %s: compiled again here: %s", ctx.plan.target, module.name, escape)
             remote = replace(remote, local_reason=escape)
-            seconds, text, returncode, where = _run_steps(ctx, module, steps, expected, remote)
+            seconds, text, returncode, ran = _run_steps(ctx, module, steps, expected, remote)
             data, read = _results(ctx, module, steps, returncode, text)
         recorded = record_inputs(
             read,
@@ -165,7 +177,7 @@ def run_compile(
             hasher=ctx.session.hasher,
             system_dirs=ctx.system_dirs,
         )
-        return data, seconds, tuple((k, p, h) for k, p, h in recorded)
+        return data, seconds, tuple((k, p, h) for k, p, h in recorded), ran
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -338,15 +350,15 @@ def _run_steps(
     steps: _Steps,
     expected: float,
     remote: RemoteForm | None = None,
-) -> tuple[float, str, int, str]:
+) -> tuple[float, str, int, Ran]:
     """Run each step through the session's executor: (seconds, the compiler's output,
-    the last exit code, where it ran: :attr:`Completed.where`). ``remote`` is the
-    single step's remote form. Raises :class:`CompileError`."""
+    the last exit code, where it ran). ``remote`` is the single step's remote form.
+    Raises :class:`CompileError`."""
     target = str(ctx.plan.target)
     seconds = 0.0
     texts: list[str] = []
     returncode = 0
-    where = ""
+    ran = Ran()
     for step in steps.argvs:
         ctx.log.info(
             "%s: compile %s: (cd %s &&) %s", target, module.name, module.cwd, format_argv(step)
@@ -367,7 +379,7 @@ def _run_steps(
             raise _failure(ctx, module, exc.returncode, exc.output)(step, exc.reason) from None
         seconds += done.seconds
         returncode = done.returncode
-        where = done.where
+        ran = Ran(where=done.where, stages=done.stages)
         texts.append((done.stdout + done.stderr).strip())
         first = step is steps.argvs[0]
         if steps.intermediate is not None and first and not steps.intermediate.is_file():
@@ -376,7 +388,7 @@ def _run_steps(
     text = "\n".join(t for t in texts if t)
     if text:
         ctx.log.info("%s: %s: compiler output:\n%s", target, module.name, text)
-    return seconds, text, returncode, where
+    return seconds, text, returncode, ran
 
 
 def _files_read(

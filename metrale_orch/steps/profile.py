@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 #: A step of a target's build: the whole target (``build``) and what it is made of.
-Step = Literal["build", "plan", "stage", "key", "lookup", "compile", "store", "install"]
+Step = Literal["build", "plan", "stage", "key", "lookup", "compile", "remote", "store", "install"]
 #: What a span's ``args`` hold: the outcome, byte counts, the cache key.
 ArgValue = str | int | float
 #: The args of a span being recorded (:meth:`SpanRecorder.span`).
@@ -153,13 +153,20 @@ class SpanRecorder:
     def add(self, step: Step, start_ns: int, *, module: str = "", **args: ArgValue) -> None:
         """Record ``step`` as running from ``start_ns`` (``time.time_ns()``) until now, on
         the calling thread's lane (a target's modules run on several threads at once)."""
+        self.add_between(step, start_ns, time.time_ns(), module=module, **args)
+
+    def add_between(
+        self, step: Step, start_ns: int, end_ns: int, *, module: str = "", **args: ArgValue
+    ) -> None:
+        """Record ``step`` as running from ``start_ns`` to ``end_ns`` (a remote engine's
+        times, as it reported them), on the calling thread's lane."""
         self._spans.append(
             Span(
                 step=step,
                 target=self.target,
                 module=module,
                 start_ns=start_ns,
-                end_ns=time.time_ns(),
+                end_ns=end_ns,
                 pid=self.pid,
                 tid=threading.get_native_id(),
                 args=MappingProxyType(args),

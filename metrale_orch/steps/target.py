@@ -605,9 +605,20 @@ def _compile_and_store(
     plan = ctx.plan
     with rec.span("compile", module=module.name, key=key) as args:
         args["outcome"] = "failed"
-        data, seconds, inputs = run_compile(ctx, module, expected=expected)
+        data, seconds, inputs, ran = run_compile(ctx, module, expected=expected)
         # The span also holds the wait for an executor slot; "seconds" is the compiler's.
         args.update(outcome="compiled", bytes=len(data), seconds=round(seconds, 6))
+        if ran.where:
+            args["where"] = ran.where
+    for name, (begin, end) in ran.stages.items():  # the remote engine's, as it reported
+        rec.add_between(
+            "remote",
+            int(begin * 1e9),
+            int(end * 1e9),
+            module=module.name,
+            stage=name,
+            key=key,
+        )
     if ctx.cache is not None:
         with rec.span("store", module=module.name, bytes=len(data), key=key):
             ctx.cache.put(

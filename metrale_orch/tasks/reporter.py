@@ -124,6 +124,18 @@ def add_remote_counts(total: dict[str, object], counts: Mapping[str, object]) ->
                 mine[str(reason)] = mine.get(str(reason), 0) + n
 
 
+def remote_totals(total: Mapping[str, object]) -> tuple[int, int, int]:
+    """(ran remotely, from the action cache, ran here) of :func:`add_remote_counts`'s total."""
+    remote, cached = total.get("remote", 0), total.get("action_cache", 0)
+    local = total.get("local")
+    here = sum(n for n in local.values() if isinstance(n, int)) if isinstance(local, dict) else 0
+    return (
+        remote if isinstance(remote, int) else 0,
+        cached if isinstance(cached, int) else 0,
+        here,
+    )
+
+
 def format_remote(total: Mapping[str, object]) -> str:
     """The summary's remote execution line (pure), e.g. ``remote: 48 ran remotely (12 from
     the action cache), 3 ran here: no worker for platform … (3)``."""
@@ -495,6 +507,10 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             total = cache_mod.CacheStats()
             for item in self._stats:
                 total = total + cache_mod.CacheStats.from_dict(item)
+            executed, cached, here = remote_totals(self._remote)
+            total.remote_executed += executed
+            total.action_cache_hits += cached
+            total.ran_here += here
             line = total.summary_line()
             if line:
                 self.write(f"{line}\n")
