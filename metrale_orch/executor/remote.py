@@ -183,8 +183,8 @@ class RemoteExecutor:
             return self._here(action, "no remote form")
         if form.local_reason:
             return self._here(action, form.local_reason)
-        if self._breaker.open:
-            return self._unavailable(action, f"remote off after failures: {self._breaker.reason}")
+        if self._breaker.open:  # counted under the failure that opened it
+            return self._unavailable(action, self._breaker.reason)
         try:
             run = self._send(action, form)
         except RemoteUnavailable as exc:

@@ -87,6 +87,9 @@ _ACTIVE = [0]
 _ACTIVE_CHANGED = threading.Condition()
 
 
+#: Most targets doit runs at once by default with remote execution.
+REMOTE_TARGET_THREADS = 32
+
 #: The values of a target that a stopped run did not build.
 STOPPED: dict[str, object] = {"outcome": "stopped"}
 
@@ -309,12 +312,15 @@ def _cache(config: Config, cache_mod: ModuleType) -> Cache:
 def default_target_threads(environ: Mapping[str, str]) -> int:
     """How many targets doit runs at once by default: the ``jobs`` setting of the project
     in the working directory (1 when its configuration cannot be read: the build then
-    reports why)."""
+    reports why); with remote execution enough to keep ``remote_jobs`` actions in flight
+    (up to :data:`REMOTE_TARGET_THREADS` targets: their threads mostly wait)."""
     try:
-        jobs = load_config(Path.cwd(), environ).jobs
+        config = load_config(Path.cwd(), environ)
     except MetraleError:
         return 1
-    return max(1, jobs)
+    if config.remote_executor:
+        return max(1, config.jobs, min(REMOTE_TARGET_THREADS, config.remote_jobs))
+    return max(1, config.jobs)
 
 
 def _session(config: Config, build_dir: Path) -> BuildSession:
