@@ -285,3 +285,49 @@ def test_an_action_past_its_timeout_is_a_compile_error(
         backend.close()
     assert run.returncode != 0 and "timeout" in run.stderr
     assert time.monotonic() - start < 20
+
+
+def _cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("METRALE_", "NVCC_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "metrale_orch", *args],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_remote_platform_prints_what_a_worker_offers(tmp_path: Path) -> None:
+    root = checkout(tmp_path, "p")
+    run = _cli(root, "remote", "platform", "b300")
+    assert run.returncode == 0, run.stderr
+    keys = [line.split("=", 1)[0] for line in run.stdout.splitlines()]
+    assert keys == sorted(keys)
+    assert dict(line.split("=", 1) for line in run.stdout.splitlines()) == _platform()
+    bad = _cli(root, "remote", "platform", "nosuch")
+    assert bad.returncode == 2 and "no hardware 'nosuch'" in bad.stderr, bad.stderr
+
+
+def test_remote_check_says_where_it_ran_and_what_is_wrong(
+    farm: tuple[ReapiStack, list[ReapiWorker]], reapi_stack_factory: Callable[..., ReapiStack],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    stack, workers = farm
+    root = checkout(tmp_path, "c")
+    sets = ["--set", f"remote_executor={stack.url}", "--set", f"remote_instance={stack.instance}"]
+    run = _cli(root, *sets, "remote", "check", "b300")
+    assert run.returncode == 0, run.stdout + run.stderr
+    names = {w.name for w in workers}
+    assert " ok: b300's nvcc compile ran on " in run.stdout
+    assert run.stdout.split(" ran on ")[1].split()[0] in names, run.stdout
+    assert _cli(root, "remote", "check").returncode == 2  # remote_executor not set
+    nobody = reapi_stack_factory(workers=0)
+    sets = ["--set", f"remote_executor={nobody.url}", "--set", "remote_queue_timeout=1"]
+    run = _cli(root, *sets, "--set", f"remote_instance={nobody.instance}", "remote", "check")
+    assert run.returncode == 1 and "FAILED: no worker for platform" in run.stderr, run.stderr
+    nobody.stop_server()
+    run = _cli(root, *sets, "--set", f"remote_instance={nobody.instance}", "remote", "check")
+    assert run.returncode == 1 and "FAILED: unreachable" in run.stderr, run.stderr
