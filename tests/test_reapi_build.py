@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import xxhash
 
 from metrale_orch.executor import RemoteForm
 from metrale_orch.executor.reapi import ReapiBackend
@@ -271,7 +272,7 @@ def test_an_action_past_its_timeout_is_a_compile_error(
     script.write_text("sleep 30\n")
     form = RemoteForm(
         root=tmp_path,
-        files={"slow.sh": "slow-1"},
+        files={"slow.sh": xxhash.xxh3_128_hexdigest(b"sleep 30\n")},
         cwd="",
         argv=("/bin/sh", "slow.sh"),
         env={"PATH": "/usr/bin:/bin"},
@@ -331,3 +332,69 @@ def test_remote_check_says_where_it_ran_and_what_is_wrong(
     nobody.stop_server()
     run = _cli(root, *sets, "--set", f"remote_instance={nobody.instance}", "remote", "check")
     assert run.returncode == 1 and "FAILED: unreachable" in run.stderr, run.stderr
+
+
+def test_stop_ends_remote_actions_in_flight_at_once(
+    farm: tuple[ReapiStack, list[ReapiWorker]], tmp_path: Path
+) -> None:
+    """Ctrl-C with remote compiles in flight: the channel closes, every action ends as
+    stopped at once (not after its timeout), and nothing is run here instead."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from metrale_orch.executor import Action, ActionStopped, LocalExecutor
+    from metrale_orch.executor.remote import RemoteExecutor
+
+    stack, workers = farm
+    (tmp_path / "slow.sh").write_text("sleep 30\n")
+    form = RemoteForm(
+        root=tmp_path,
+        files={"slow.sh": xxhash.xxh3_128_hexdigest(b"sleep 30\n")},
+        cwd="",
+        argv=("/bin/sh", "slow.sh"),
+        env={"PATH": "/usr/bin:/bin"},
+        outputs={},
+        platform=_platform(),
+    )
+    backend = ReapiBackend(RemoteClient(stack.url, instance=stack.instance, timeout=30))
+    ex = RemoteExecutor(backend, LocalExecutor(1))
+    here = tmp_path / "ran-here"
+    action = Action(argv=("/bin/sh", "-c", f"touch {here}"), cwd=tmp_path, remote=form, timeout=600)
+    before = executed(workers)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = [pool.submit(ex.run, action) for _ in range(2)]
+        deadline = time.monotonic() + 60
+        while executed(workers) - before < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        start = time.monotonic()
+        ex.stop()
+        for fut in futures:
+            with pytest.raises(ActionStopped):
+                fut.result(timeout=10)
+    assert time.monotonic() - start < 5
+    assert not here.exists()
+
+
+def test_a_file_changed_since_staging_is_never_sent(
+    farm: tuple[ReapiStack, list[ReapiWorker]], tmp_path: Path
+) -> None:
+    """The input root's digests come from the bytes on disk and must match what was staged
+    (the stage's xxh3): other bytes are never sent under the staged file's identity."""
+    from metrale_orch.executor.remote import RemoteUnavailable
+
+    stack, _ = farm
+    (tmp_path / "k.cu").write_text("// edited after staging\n")
+    form = RemoteForm(
+        root=tmp_path,
+        files={"k.cu": xxhash.xxh3_128_hexdigest(b"// as staged\n")},
+        cwd="",
+        argv=("/bin/true",),
+        env={"PATH": "/usr/bin:/bin"},
+        outputs={},
+        platform=_platform(),
+    )
+    backend = ReapiBackend(RemoteClient(stack.url, instance=stack.instance, timeout=30))
+    try:
+        with pytest.raises(RemoteUnavailable, match="changed since it was staged"):
+            backend.run(form, timeout=10, cancel=threading.Event())
+    finally:
+        backend.close()

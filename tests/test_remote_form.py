@@ -107,6 +107,16 @@ def test_platform_pins_the_toolchain() -> None:
         (["-I/usr/local/cuda/include", "x.cu"], {}, ""),
         (["x.cu"], {"CPATH": "/home/u/include"}, "/home/u/include"),
         (["x.cu"], {"PATH": "/home/u/bin:/usr/bin"}, ""),
+        # Found by an adversarial pass: paths inside option values and flag variables.
+        (["-Xcompiler=-I/home/u/inc"], {}, "/home/u/inc"),
+        (["-isystem/home/u/inc"], {}, "/home/u/inc"),
+        (["-Xcompiler", "-isystem,/home/u/inc"], {}, "/home/u/inc"),
+        (["-include/home/u/x.h"], {}, "/home/u/x.h"),
+        (["x.cu"], {"NVCC_PREPEND_FLAGS": "-O2 -I/home/u/inc"}, "/home/u/inc"),
+        (["x.cu"], {"NVCC_APPEND_FLAGS": "-Xcompiler -isystem/home/u"}, "/home/u"),
+        (["x.cu"], {"CPATH": "/usr/local/cuda/include:/home/x"}, "/home/x"),
+        (["--options-file", "../../../o.txt"], {}, "../../../o.txt"),
+        (["-gencode=arch=compute_90a,code=sm_90a", "-DX=a/b", "-I/usr/local/cuda/x"], {}, ""),
     ],
 )
 def test_outside_input_root(words: list[str], env: dict[str, str], outside: str) -> None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from metrale_orch.executor.action import RemoteForm
 from metrale_orch.executor.remote import RemoteRun, RemoteUnavailable
-from metrale_orch.remote.digest import Digest, digest_file
+from metrale_orch.remote.digest import Digest
 from metrale_orch.remote.errors import (
     BlobMissing,
     CorruptBlob,
@@ -150,7 +150,9 @@ class ReapiBackend:
                 found = self._sha.get(xxh) if xxh else None
             if found is not None:
                 return found
-            digest = digest_file(path)
+            digest, now = _digests(path)
+            if xxh and now != xxh:  # changed since it was staged: never send other bytes
+                raise RemoteUnavailable(f"{path.name} changed since it was staged")
             if xxh:
                 with self._lock:
                     self._sha[xxh] = digest
@@ -173,9 +175,24 @@ class ReapiBackend:
         got = {f.path: from_message(f.digest) for f in result.output_files}
         for rel, local in outputs.items():
             digest = got.get(rel)
-            if digest is None:
-                continue  # the compile did not write it: the caller says what is missing
+            if digest is None:  # exit 0 without an output: the engine's fault, not the compile's
+                raise RemoteUnavailable(f"bad result: exit 0 but no output {rel!r}")
             self.client.download_to(digest, local)
+
+
+def _digests(path: Path) -> tuple[Digest, str]:
+    """The REAPI digest of ``path`` and the xxh3-128 of the same bytes, in one read."""
+    import hashlib
+
+    import xxhash
+
+    sha, xxh, size = hashlib.sha256(), xxhash.xxh3_128(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            sha.update(chunk)
+            xxh.update(chunk)
+            size += len(chunk)
+    return Digest(sha.hexdigest(), size), xxh.hexdigest()
 
 
 def _reason(exc: ClientUnavailable) -> str:

@@ -166,6 +166,7 @@ class RemoteExecutor:
     def stop(self) -> None:
         self._cancel.set()
         self.local.stop()
+        self.backend.close()  # calls in flight fail at once: nothing waits for the engine
 
     def close(self) -> None:
         self.backend.close()
@@ -218,6 +219,11 @@ class RemoteExecutor:
             self._in_flight += 1
         try:
             run = self.backend.run(form, timeout=action.timeout, cancel=self._cancel)
+        except Exception:
+            if self._cancel.is_set():  # the channel closed under it by stop(): whatever
+                # the call raised (grpc's "Channel closed!"), the action was stopped
+                raise ActionStopped(f"{action.label or action.argv[0]}: stopped") from None
+            raise
         finally:
             with self._lock:
                 self._in_flight -= 1

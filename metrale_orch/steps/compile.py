@@ -36,6 +36,7 @@ from metrale_orch.steps.hip_mirror import (
     write_mirror,
 )
 from metrale_orch.steps.includes import include_dirs, read_files_of, resolve_closure, scan_includes
+from metrale_orch.steps.keys import checkout_of
 from metrale_orch.steps.plan import ModulePlan, TargetPlan
 from metrale_orch.steps.remote_form import OUT_DIR, remote_form
 from metrale_orch.steps.staging import StagedTarget
@@ -165,6 +166,9 @@ def run_compile(
             # A remote worker read a file we cannot vouch for: compile here instead.
             ctx.log.info("%s: %s: compiled again here: %s", ctx.plan.target, module.name, escape)
             remote = replace(remote, local_reason=escape)
+            for stale in (steps.output, steps.depfile):  # the remote result's files
+                with contextlib.suppress(FileNotFoundError):
+                    stale.unlink()
             seconds, text, returncode, ran = _run_steps(ctx, module, steps, expected, remote)
             data, read = _results(ctx, module, steps, returncode, text)
         recorded = record_inputs(
@@ -210,6 +214,10 @@ def _remote_form(ctx: BuildContext, module: ModulePlan, steps: _Steps) -> Remote
         reason = "a two-step toolchain (its intermediate file is not sent)"
     elif ctx.plan.hip_compat is not None:
         reason = "HIP's mirrored sources are not sent"
+    elif ctx.layer_includes.get(module.staged):
+        reason = "it reaches files beyond its layout (their empty .tree/ directories are not sent)"
+    elif checkout_of(ctx.plan, staged):
+        reason = "its flags embed source paths (-lineinfo, -G, -g): the worker's would differ"
     return remote_form(
         root=staged.dir,
         files=staged.hashes,

@@ -5,8 +5,9 @@
 input root, the module's directory as the working directory, the outputs at fixed
 paths under :data:`OUT_DIR` (so the same compile is the same remote action in every
 run), the program's absolute path (the worker must have the same toolkit at the same
-place; the platform properties pin its identity), and a minimal environment: ``PATH``,
-the variables the toolchain reads, and the host compiler named explicitly. A compile
+place; the platform properties pin its identity), and a minimal environment: ``PATH``
+(the compiler's and the host compiler's directories first) and the variables the
+toolchain reads. A compile
 that names a file outside the input root and the toolchain's own directories cannot
 be honoured remotely: its form says why (``local_reason``) and it runs here.
 """
@@ -16,7 +17,9 @@ from __future__ import annotations
 import os
 import platform as platform_mod
 import posixpath
-from collections.abc import Iterable, Mapping, Sequence
+import re
+import shlex
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from metrale_orch.executor import RemoteForm
@@ -53,13 +56,31 @@ def platform_properties(toolchain: str, identity: str, container_image: str = ""
     return dict(sorted(props.items()))
 
 
-def _candidates(word: str) -> Iterable[str]:
-    """The paths a compiler word may name: itself, after ``=``, after a short option."""
-    yield word
-    if "=" in word:
-        yield word.split("=", 1)[1]
-    if word.startswith("-") and len(word) > 2:
-        yield word[2:]
+#: A path after an option's name in one piece of a word (``-I/x``, ``-isystem/x``,
+#: ``--include-path`` then ``=/x``): the option's letters, then ``/`` or ``..``.
+_AFTER_OPTION = re.compile(r"^-+[A-Za-z_-]*?(/.*|\.\.(?:/.*)?)$")
+
+
+def _paths_in(word: str) -> list[str]:
+    """Every path a compiler word may name: its pieces between ``=``, ``,`` and (in a
+    search path) ``:``, each as it is or after an option's name (pure)."""
+    out: list[str] = []
+    for piece in re.split(r"[=,:]", word):
+        if piece.startswith("/") or piece == ".." or piece.startswith("../"):
+            out.append(piece)
+        elif piece.startswith("-"):
+            found = _AFTER_OPTION.match(piece)
+            if found:
+                out.append(found.group(1))
+    return out
+
+
+def _words(value: str) -> list[str]:
+    """A variable's or flag's words as the compiler driver splits them (shell-like)."""
+    try:
+        return shlex.split(value)
+    except ValueError:
+        return value.split()
 
 
 def outside_input_root(
@@ -67,27 +88,36 @@ def outside_input_root(
 ) -> str:
     """What in ``words`` (the argv after the program) or ``env`` names a place outside the
     input root (``cwd`` is the working directory relative to it) and outside the
-    ``allowed`` absolute directories (the toolchain's own), or "" (pure)."""
+    ``allowed`` absolute directories (the toolchain's own), or "" (pure).
+
+    Conservative: any absolute path anywhere in a word (``-Xcompiler=-I/x``, a list after
+    a comma, a search path's entries) counts, and every word of a variable's value (the
+    ``NVCC_*_FLAGS`` are flag lists): a directory the worker lacks is silently skipped by
+    the compiler, so a header there could shadow another without anything failing.
+    """
     tops = tuple(os.path.normpath(a) for a in allowed if a)
 
     def outside(path: str) -> bool:
         if path.startswith("/"):
             norm = os.path.normpath(path)
             return not any(norm == t or norm.startswith(t.rstrip("/") + "/") for t in tops)
-        if "/" in path or path == "..":
-            norm = posixpath.normpath(posixpath.join(cwd, path))
-            return norm == ".." or norm.startswith("../")
-        return False
+        norm = posixpath.normpath(posixpath.join(cwd, path))
+        return norm == ".." or norm.startswith("../")
+
+    def first_outside(word: str) -> str:
+        return next((path for path in _paths_in(word) if outside(path)), "")
 
     for word in words:
-        for cand in _candidates(word):
-            if outside(cand):
-                return f"the command names {cand!r}, outside the input root"
+        hit = first_outside(word)
+        if hit:
+            return f"the command names {hit!r}, outside the input root"
     for name, value in sorted(env.items()):
-        for part in value.split(os.pathsep) if name != "PATH" else ():
-            for cand in _candidates(part.strip()):
-                if cand and outside(cand):
-                    return f"{name} names {cand!r}, outside the input root"
+        if name == "PATH":
+            continue
+        for word in _words(value):
+            hit = first_outside(word)
+            if hit:
+                return f"{name} names {hit!r}, outside the input root"
     return ""
 
 
@@ -110,10 +140,10 @@ def remote_form(
     known why it must run here."""
     env = keyed_environment(toolchain, environ)
     program = Path(argv[0])
+    # The host compiler is pinned by PATH alone (its directory right after the compiler's,
+    # as the local PATH finds it first), not by NVCC_CCBIN: setting that would override a
+    # toolkit profile's compiler-bindir and could pick another compiler than here.
     host = host_compiler(toolchain, environ)
-    var = toolchain.host_compiler_env
-    if var and host is not None and var not in env:
-        env[var] = str(host)  # explicit: the worker's PATH cannot pick another
     dirs = [str(program.parent)] + ([str(host.parent)] if host is not None else [])
     env["PATH"] = os.pathsep.join(dict.fromkeys([*dirs, *_SYSTEM_PATH]))
     if not reason:
