@@ -37,6 +37,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 from bench_noop import FAKECC, TOOLCHAIN  # noqa: E402
+from bench_parallel import env_for  # noqa: E402  (cache off, a local cache of the run's own)
 
 from metrale_orch.steps.remote_form import platform_properties  # noqa: E402
 from metrale_orch.toolchain.definitions import builtin_toolchains, load_toolchains  # noqa: E402
@@ -46,14 +47,6 @@ from tests.support.reapi_deps import PostgresCluster, postgres_cluster  # noqa: 
 
 PY = sys.executable
 DODO = "from metrale_orch.dodo import *  # noqa: F403\n"
-
-
-def env_for(out: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("METRALE_ORCH_")}
-    env["METRALE_ORCH_LOCAL_CACHE"] = str(out / "local-cache")
-    env["METRALE_ORCH_CACHE_MODE"] = "off"
-    env.update(extra)
-    return env
 
 
 def checkout(out: Path, name: str) -> Path:

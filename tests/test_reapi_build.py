@@ -35,12 +35,11 @@ from metrale_orch.steps.remote_form import platform_properties
 from metrale_orch.toolchain.definitions import builtin_toolchains
 from metrale_orch.toolchain.probe import find_toolchain
 from tests.support.reapi import ReapiStack, ReapiWorker
+from tests.test_remote_build import checkout
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parent.parent
 TARGET = "b300/qwen3-8b/bf16"
-DODO = "from metrale_orch.dodo import *  # noqa: F403\n"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,11 +59,19 @@ def offering(platform: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
     return {k: (v,) for k, v in platform.items()}
 
 
-def checkout(tmp: Path, name: str) -> Path:
-    root = tmp / name
-    shutil.copytree(REPO / "kernels", root / "kernels")
-    (root / "dodo.py").write_text(DODO)
-    return root
+def script_form(tmp_path: Path, name: str, text: str, *, staged: str | None = None) -> RemoteForm:
+    """A form running ``/bin/sh <name>`` with ``text`` written there; ``staged`` is the text
+    the stage's hash says it holds (default: ``text``)."""
+    (tmp_path / name).write_text(text)
+    return RemoteForm(
+        root=tmp_path,
+        files={name: xxhash.xxh3_128_hexdigest((text if staged is None else staged).encode())},
+        cwd="",
+        argv=("/bin/sh", name),
+        env={"PATH": "/usr/bin:/bin"},
+        outputs={},
+        platform=_platform(),
+    )
 
 
 def build(root: Path, **settings: str) -> Run:
@@ -268,17 +275,7 @@ def test_an_action_past_its_timeout_is_a_compile_error(
 ) -> None:
     stack, _ = farm
     backend = ReapiBackend(RemoteClient(stack.url, instance=stack.instance, timeout=30))
-    script = tmp_path / "slow.sh"
-    script.write_text("sleep 30\n")
-    form = RemoteForm(
-        root=tmp_path,
-        files={"slow.sh": xxhash.xxh3_128_hexdigest(b"sleep 30\n")},
-        cwd="",
-        argv=("/bin/sh", "slow.sh"),
-        env={"PATH": "/usr/bin:/bin"},
-        outputs={},
-        platform=_platform(),
-    )
+    form = script_form(tmp_path, "slow.sh", "sleep 30\n")
     start = time.monotonic()
     try:
         run = backend.run(form, timeout=1.0, cancel=threading.Event())
@@ -345,16 +342,7 @@ def test_stop_ends_remote_actions_in_flight_at_once(
     from metrale_orch.executor.remote import RemoteExecutor
 
     stack, workers = farm
-    (tmp_path / "slow.sh").write_text("sleep 30\n")
-    form = RemoteForm(
-        root=tmp_path,
-        files={"slow.sh": xxhash.xxh3_128_hexdigest(b"sleep 30\n")},
-        cwd="",
-        argv=("/bin/sh", "slow.sh"),
-        env={"PATH": "/usr/bin:/bin"},
-        outputs={},
-        platform=_platform(),
-    )
+    form = script_form(tmp_path, "slow.sh", "sleep 30\n")
     backend = ReapiBackend(RemoteClient(stack.url, instance=stack.instance, timeout=30))
     ex = RemoteExecutor(backend, LocalExecutor(1))
     here = tmp_path / "ran-here"
@@ -382,16 +370,7 @@ def test_a_file_changed_since_staging_is_never_sent(
     from metrale_orch.executor.remote import RemoteUnavailable
 
     stack, _ = farm
-    (tmp_path / "k.cu").write_text("// edited after staging\n")
-    form = RemoteForm(
-        root=tmp_path,
-        files={"k.cu": xxhash.xxh3_128_hexdigest(b"// as staged\n")},
-        cwd="",
-        argv=("/bin/true",),
-        env={"PATH": "/usr/bin:/bin"},
-        outputs={},
-        platform=_platform(),
-    )
+    form = script_form(tmp_path, "k.sh", "# edited after staging\n", staged="# as staged\n")
     backend = ReapiBackend(RemoteClient(stack.url, instance=stack.instance, timeout=30))
     try:
         with pytest.raises(RemoteUnavailable, match="changed since it was staged"):

@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import stat
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,11 +25,11 @@ from metrale_orch.remote.client import RemoteClient
 from tests.support.reapi_cas_server import CasServer, bgd_path, cas_server
 from tests.support.servers import refused_endpoint
 from tests.test_remote_build import (
-    WRAPPER,
     Run,
     build,
     cache_stats,
     checkout,
+    logging_nvcc,
     manifest,
     outputs,
 )
@@ -79,15 +77,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
             pytest.fail("BuildGrid's bgd is needed for the REAPI tier tests")
         pytest.skip("BuildGrid (bgd) is not installed")
     tmp = tmp_path_factory.mktemp("reapi-cache")
-    (tmp / "bin").mkdir()
-    log = tmp / "nvcc.log"
-    wrapper = tmp / "bin" / "nvcc"
-    wrapper.write_text(WRAPPER.format(log=log, real=Path(real).resolve()))
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("METRALE_", "NVCC_"))}
-    base["PATH"] = os.pathsep.join(
-        [str(tmp / "bin"), str(Path(sys.executable).parent), base["PATH"]]
-    )
+    log, base = logging_nvcc(tmp, real)
     with cas_server() as server:
         root = checkout(tmp, "a")
         first = build(root, checkout_env(tmp, base, server, "a"), log)

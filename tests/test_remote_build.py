@@ -144,26 +144,29 @@ def cache_stats(root: Path) -> dict[str, Any]:
     return doc
 
 
-@pytest.fixture(scope="module")
-def project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
-    real = shutil.which("nvcc")
-    if real is None:
-        pytest.skip("nvcc is not installed")
-    tmp = tmp_path_factory.mktemp("remote-build")
+def logging_nvcc(tmp: Path, real: str) -> tuple[Path, dict[str, str]]:
+    """(log, environment): an ``nvcc`` first on PATH that logs each call to ``log`` and
+    runs ``real``; no METRALE_*/NVCC_* setting of this machine leaks in."""
     bindir = tmp / "bin"
     bindir.mkdir()
     log = tmp / "nvcc.log"
     wrapper = bindir / "nvcc"
     wrapper.write_text(WRAPPER.format(log=log, real=Path(real).resolve()))
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    base = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("METRALE_ORCH_", "METRALE_", "NVCC_"))
-    }
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("METRALE_", "NVCC_"))}
     path = [str(bindir), str(Path(sys.executable).parent), base.get("PATH", "")]
     base["PATH"] = os.pathsep.join(path)
     base["PYTHONDONTWRITEBYTECODE"] = "1"
+    return log, base
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
+    real = shutil.which("nvcc")
+    if real is None:
+        pytest.skip("nvcc is not installed")
+    tmp = tmp_path_factory.mktemp("remote-build")
+    log, base = logging_nvcc(tmp, real)
     with s3_server() as s3:
         root = checkout(tmp, "a")
         first = build(root, checkout_env(tmp, base, s3, "a"), log)

@@ -18,6 +18,7 @@ its digest, ``OSError`` for the rest.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -26,6 +27,7 @@ from metrale_orch.cache.objects import CorruptObject, ObjectTooLarge
 if TYPE_CHECKING:
     from metrale_orch.remote.client import RemoteClient
     from metrale_orch.remote.digest import Digest
+    from metrale_orch.remote.merkle import InputRoot
 
 __all__ = ["OBJECT_OUTPUT", "ReapiObjects"]
 
@@ -33,6 +35,14 @@ T = TypeVar("T")
 
 #: The output file name of an object's ActionResult.
 OBJECT_OUTPUT = "object"
+
+
+@functools.cache
+def _empty_root() -> InputRoot:
+    """The empty input root every object's synthetic action has (built once)."""
+    from metrale_orch.remote.merkle import build_input_root
+
+    return build_input_root({})
 
 
 class ReapiObjects:
@@ -44,11 +54,9 @@ class ReapiObjects:
     def action_of(self, path: str) -> Digest:
         """The synthetic Action digest that keys ``path``'s object (pure but for protobuf)."""
         from metrale_orch.remote.action import build_action
-        from metrale_orch.remote.merkle import build_input_root
 
-        empty = build_input_root({})
         return build_action(
-            ["metrale-orch-cache-object", path], {}, "", [OBJECT_OUTPUT], empty, {}, None
+            ["metrale-orch-cache-object", path], {}, "", [OBJECT_OUTPUT], _empty_root(), {}, None
         ).digest
 
     def get(self, path: str, max_size: int) -> bytes | None:

@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ReapiBackend", "open_backend"]
 
+#: Input roots kept for reuse (one per target stage in flight; a target's modules share one).
+ROOTS_KEPT = 64
+
 #: Seconds each unary call (capabilities, FindMissingBlobs, a batch) may take.
 CALL_TIMEOUT = 60.0
 
@@ -74,6 +77,8 @@ class ReapiBackend:
         self._sha: dict[str, Digest] = {}
         #: Digests known to be in the CAS this run (found there or uploaded).
         self._present: set[Digest] = set()
+        #: Stage directory -> (its file mapping, the input root built from it), newest last.
+        self._roots: dict[Path, tuple[Mapping[str, str], InputRoot]] = {}
 
     @property
     def endpoint(self) -> str:
@@ -135,6 +140,21 @@ class ReapiBackend:
         )
 
     def _input_root(self, form: RemoteForm) -> InputRoot:
+        """The form's input root: built once per stage (every module of a target shares
+        its stage's file mapping), then reused while the mapping is that same object."""
+        with self._lock:
+            cached = self._roots.get(form.root)
+        if cached is not None and cached[0] is form.files:
+            return cached[1]
+        root = self._build_root(form)
+        with self._lock:
+            self._roots.pop(form.root, None)
+            self._roots[form.root] = (form.files, root)
+            while len(self._roots) > ROOTS_KEPT:
+                self._roots.pop(next(iter(self._roots)))
+        return root
+
+    def _build_root(self, form: RemoteForm) -> InputRoot:
         from metrale_orch.remote.merkle import InputFile, build_input_root
 
         by_path: dict[Path, str] = {}

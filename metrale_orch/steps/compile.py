@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from metrale_orch.cache import Cache
-from metrale_orch.steps.deps import parse_depfile, record_inputs
+from metrale_orch.steps.deps import classify, parse_depfile, record_inputs
 from metrale_orch.steps.errors import CompileError, StageError
 from metrale_orch.steps.hip_mirror import (
     MIRROR_DIR,
@@ -36,7 +36,6 @@ from metrale_orch.steps.hip_mirror import (
     write_mirror,
 )
 from metrale_orch.steps.includes import include_dirs, read_files_of, resolve_closure, scan_includes
-from metrale_orch.steps.keys import checkout_of
 from metrale_orch.steps.plan import ModulePlan, TargetPlan
 from metrale_orch.steps.remote_form import OUT_DIR, remote_form
 from metrale_orch.steps.staging import StagedTarget
@@ -59,6 +58,9 @@ class BuildContext:
 
     plan: TargetPlan
     staged: StagedTarget
+    #: The absolute stage path when the target's flags embed paths (its keys are then
+    #: this checkout's), else "" (:func:`~metrale_orch.steps.keys.checkout_of`).
+    checkout: str
     program: Path
     roots: tuple[str, ...]
     system_dirs: tuple[str, ...]
@@ -216,7 +218,7 @@ def _remote_form(ctx: BuildContext, module: ModulePlan, steps: _Steps) -> Remote
         reason = "HIP's mirrored sources are not sent"
     elif ctx.layer_includes.get(module.staged):
         reason = "it reaches files beyond its layout (their empty .tree/ directories are not sent)"
-    elif checkout_of(ctx.plan, staged):
+    elif ctx.checkout:
         reason = "its flags embed source paths (-lineinfo, -G, -g): the worker's would differ"
     return remote_form(
         root=staged.dir,
@@ -235,18 +237,18 @@ def _remote_form(ctx: BuildContext, module: ModulePlan, steps: _Steps) -> Remote
 
 def _read_outside(ctx: BuildContext, steps: _Steps, read: Sequence[str]) -> str:
     """What a remotely run compile read that this machine cannot vouch for, or "": a file
-    outside the input root (the stage) and the toolchain's own directories, or a
-    toolchain file that is not here (the worker's toolkit lies elsewhere)."""
-    stage = os.path.realpath(ctx.staged.dir)
-    tops = tuple(os.path.normpath(t) for t in (*ctx.roots, *ctx.system_dirs) if t)
+    the dependency list's classification (:func:`~metrale_orch.steps.deps.classify`, as
+    :func:`record_inputs` records it) puts outside the stage and the toolchain's own
+    directories, or a toolchain file that is not here (the worker's toolkit lies
+    elsewhere)."""
+    stage, cwd = os.path.abspath(ctx.staged.dir), os.path.abspath(steps.cwd)
     for path in read:
-        full = os.path.normpath(os.path.join(steps.cwd, path))
-        if not path.startswith("/"):
-            if not os.path.realpath(full).startswith(stage + os.sep):
-                return f"it read {path!r}, outside the input root"
-        elif not any(full.startswith(t.rstrip("/") + "/") for t in tops):
+        kind, _ = classify(
+            path, stage_dir=stage, cwd=cwd, roots=ctx.roots, system_dirs=ctx.system_dirs
+        )
+        if kind == "abs":
             return f"it read {path!r}, outside the input root and the toolchain"
-        elif not os.path.isfile(full):
+        if kind != "stage" and not os.path.isfile(os.path.join(cwd, path)):
             return f"it read {path!r}, which is not on this machine"
     return ""
 

@@ -23,7 +23,7 @@ from metrale_orch.paths import STATE_DIR
 from metrale_orch.steps.deps import FileHasher
 from metrale_orch.steps.memo import ArtefactMemo
 
-__all__ = ["SLOTS_DIR", "BuildSession", "Progress"]
+__all__ = ["SLOTS_DIR", "BuildSession", "Progress", "local_executor"]
 
 #: Fewest module pipelines in flight at once in one session (see ``__init__``).
 PIPELINES = 32
@@ -73,6 +73,12 @@ class Progress:
                 self.hits += 1
 
 
+def local_executor(jobs: int, build_dir: Path) -> LocalExecutor:
+    """This machine's executor: ``jobs`` compiles at once across every process of the
+    build (slot files under ``<build_dir>/.state/jobs/``)."""
+    return LocalExecutor(jobs, slot_dir=Path(build_dir) / STATE_DIR / SLOTS_DIR)
+
+
 class BuildSession:
     """See the module docstring. Thread-safe; one per process (or per caller)."""
 
@@ -110,8 +116,7 @@ class BuildSession:
     ) -> BuildSession:
         """A session running compiles on this machine, ``jobs`` at once across every process
         of the build (slot files under ``build_dir``)."""
-        slots = Path(build_dir) / STATE_DIR / SLOTS_DIR
-        return cls(LocalExecutor(jobs, slot_dir=slots), expected=expected)
+        return cls(local_executor(jobs, build_dir), expected=expected)
 
     @property
     def pool(self) -> ThreadPoolExecutor:

@@ -99,7 +99,6 @@ class _Prepared:
     exempt: Exemptions
     drops: tuple[Drop, ...]
     includes: Mapping[str, Includes]
-    checkout: str
     #: The task's other file dependencies -> their digest when this build read them.
     others: Mapping[Path, str]
 
@@ -278,6 +277,7 @@ def _prepare(
         ctx = BuildContext(
             plan=plan,
             staged=staged,
+            checkout=checkout_of(plan, staged),
             program=found.program,
             roots=found.roots,
             system_dirs=found.system_dirs,
@@ -296,7 +296,6 @@ def _prepare(
                 for cwd in {m.cwd for m in plan.modules}
             },
         )
-        checkout = checkout_of(plan, staged)
     return _Prepared(
         layout=layout,
         plan=plan,
@@ -306,7 +305,6 @@ def _prepare(
         exempt=exempt,
         drops=tuple(drops),
         includes=includes,
-        checkout=checkout,
         others=others,
     )
 
@@ -332,7 +330,7 @@ def _obtain_all(
                 includes=prep.includes,
                 words=ctx.words.get(module.cwd, (prep.plan.flags, ())),
                 layer_include=ctx.layer_includes.get(module.staged, ""),
-                checkout=prep.checkout,
+                checkout=prep.ctx.checkout,
                 hasher=session.hasher,
             )
             args["key"] = key

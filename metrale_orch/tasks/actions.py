@@ -41,7 +41,7 @@ from doit.exceptions import TaskFailed
 
 from metrale_orch.config import Config, load_config
 from metrale_orch.errors import Interrupted, MetraleError, printable
-from metrale_orch.paths import BUILD_TASK, LOG_NAME, STATE_DIR
+from metrale_orch.paths import BUILD_TASK, LOG_NAME
 from metrale_orch.tasks.checker import (
     EXTERNAL_KEY,
     INPUTS_KEY,
@@ -350,15 +350,13 @@ def _session(config: Config, build_dir: Path) -> BuildSession:
 def _remote_session(config: Config, build_dir: Path, expected: Mapping[str, float]) -> BuildSession:
     """A session whose compiles go to ``config.remote_executor`` (raises the one-line
     error of a missing ``remote`` extra)."""
-    from metrale_orch.executor import LocalExecutor
     from metrale_orch.executor.reapi import open_backend
     from metrale_orch.executor.remote import RemoteExecutor
-    from metrale_orch.steps.session import SLOTS_DIR, BuildSession
+    from metrale_orch.steps.session import BuildSession, local_executor
 
-    local = LocalExecutor(config.jobs, slot_dir=build_dir / STATE_DIR / SLOTS_DIR)
     executor = RemoteExecutor(
         open_backend(config),
-        local,
+        local_executor(config.jobs, build_dir),
         remote_jobs=config.remote_jobs,
         strict=config.remote_strict,
     )

@@ -139,15 +139,12 @@ def remote_totals(total: Mapping[str, object]) -> tuple[int, int, int]:
 def format_remote(total: Mapping[str, object]) -> str:
     """The summary's remote execution line (pure), e.g. ``remote: 48 ran remotely (12 from
     the action cache), 3 ran here: no worker for platform … (3)``."""
-    remote = total.get("remote", 0)
-    cached = total.get("action_cache", 0)
-    assert isinstance(remote, int) and isinstance(cached, int)
+    remote, cached, here = remote_totals(total)
     line = f"remote: {remote + cached} ran remotely"
     if cached:
         line += f" ({cached} from the action cache)"
     local = total.get("local")
     if isinstance(local, dict) and local:
-        here = sum(n for n in local.values() if isinstance(n, int))
         reasons = sorted(local.items(), key=lambda kv: (-int(kv[1]), str(kv[0])))
         shown = "; ".join(f"{reason} ({n})" for reason, n in reasons[:3])
         more = f"; {len(reasons) - 3} other reasons" if len(reasons) > 3 else ""
