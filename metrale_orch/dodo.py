@@ -63,6 +63,7 @@ from metrale_orch.tasks.actions import (
     check_action,
     default_target_threads,
     install_sigterm_handler,
+    run_probes,
 )
 from metrale_orch.tasks.checker import ContentChecker, TaskDataCodec
 from metrale_orch.tasks.creators import Generation, cached_tasks, named_failures
@@ -118,7 +119,7 @@ def task_build() -> Iterator[TaskDict]:
     gc.disable()
     try:
         argv = sys.argv[1:]
-        specs, smoke, _how = cached_tasks(root, os.environ, argv, _generation)
+        specs, smoke, _how = cached_tasks(root, os.environ, argv, _generation, run_probes())
         yield {"name": None, "doc": "build every target (skipping those without a toolchain)"}
         for spec in specs:
             yield dict(spec.task)

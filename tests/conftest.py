@@ -29,8 +29,6 @@ from typing import Any
 import pytest
 
 from metrale_orch.defaults import reset_resolved
-from metrale_orch.steps.memo import reset_build_memo
-from metrale_orch.toolchain.probe import reset_identity_memo
 from tests.support import reapi
 from tests.support.project import make_project, project_env, use_fake_compiler
 from tests.support.reapi import PostgresCluster, ReapiStack, StackOptions, StackUnavailable
@@ -38,8 +36,6 @@ from tests.support.servers import ObjectServer, gcs_server, s3_server
 
 
 def _forget_process_state() -> None:
-    reset_build_memo()
-    reset_identity_memo()
     reset_resolved()
 
 

@@ -9,10 +9,8 @@ from pathlib import Path
 import pytest
 
 from metrale_orch.steps.errors import ContainmentError
-from metrale_orch.steps.memo import reset_build_memo
 from metrale_orch.steps.staging import uncontained
 from metrale_orch.steps.target import build_target
-from metrale_orch.toolchain.probe import reset_identity_memo
 from metrale_orch.tree import Target
 from tests.support.build import fake_toolchain_env, make_cache, make_config, small_tree
 from tests.support.project import doit
@@ -82,8 +80,6 @@ def test_undecodable_keyed_variable_is_keyed_not_a_traceback(tmp_path: Path) -> 
     config = make_config(root, tmp_path / "cache")
     keys = []
     for value in (b"/tmp/\xffd", b"/tmp/\xfed"):
-        reset_build_memo()
-        reset_identity_memo()
         result = build_target(
             root,
             TARGET,

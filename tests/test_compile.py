@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 
 from metrale_orch.steps.errors import BuildConfigError, CompileError, ToolchainMissing
 from metrale_orch.steps.includes import Includes, include_dirs, parse_includes, resolve_closure
-from metrale_orch.steps.memo import reset_build_memo
 from metrale_orch.steps.plan import plan_target
 from metrale_orch.steps.results import TargetResult
 from metrale_orch.steps.session import BuildSession
@@ -294,7 +293,6 @@ def test_second_build_hits_the_local_cache(
     root = small_tree(tmp_path / "repo")
     first = _build(root, env, tmp_path / "cache")
     shutil.rmtree(root / "build")
-    reset_build_memo()
     second = _build(root, env, tmp_path / "cache")
     assert [m.outcome for m in second.modules] == ["local"] * 3
     assert _keys(first) == _keys(second)
@@ -310,7 +308,6 @@ def test_keys_are_shared_across_checkout_directories(
     a = small_tree(tmp_path / "a")
     b = small_tree(tmp_path / "elsewhere/b")
     first = _build(a, env, tmp_path / "cache")
-    reset_build_memo()
     second = _build(b, env, tmp_path / "cache")
     assert _keys(first) == _keys(second)
     assert [m.outcome for m in second.modules] == ["local"] * 3
@@ -415,7 +412,6 @@ def test_unchanged_rebuild_rewrites_nothing(
     _build(root, env, tmp_path / "cache")
     out = root / "build/hw1/m1/q1"
     stamps = {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != "manifest.json"}
-    reset_build_memo()
     _build(root, env, tmp_path / "cache")
     assert {
         p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != "manifest.json"

@@ -62,7 +62,6 @@ from metrale_orch.defaults import (
     write_docs,
 )
 from metrale_orch.errors import MetraleError
-from metrale_orch.steps.memo import reset_build_memo
 from metrale_orch.steps.plan import plan_target
 from metrale_orch.steps.target import build_target
 from metrale_orch.toolchain.definitions import builtin_toolchains
@@ -2025,7 +2024,6 @@ def test_the_build_bakes_the_trees_levers(tmp_path: Path) -> None:
 
     # Without the declaration the same table is refused, naming every unknown key at once.
     (root / "kernels/LEVERS.toml").unlink()
-    reset_build_memo()
     with pytest.raises(UnknownLeverError) as info:
         build_target(root, target, config=config, cache=make_cache(config), environ=env)
     assert info.value.keys == ("moe_entries", "moe_tc")

@@ -433,6 +433,22 @@ def test_parallel_process_workers_clean_and_forget(
     assert started_targets(after) == ["gb10/qwen/w8"]
 
 
+@pytest.mark.parametrize("mode", [[], ["-n", "2", "-P", "process"]])
+def test_one_run_probes_each_toolchain_once(
+    fake_project: tuple[Path, dict[str, str]], tmp_path: Path, mode: list[str]
+) -> None:
+    """Task generation and the builds of one run share the run's probes (the session
+    holds them): a cold build and a no-op each run the compiler's version probe once."""
+    root, env = fake_project
+    probes = tmp_path / "probes.log"
+    env = {**env, "FAKECC_PROBES": str(probes)}
+    run_ok(root, env, *mode)
+    assert len(probes.read_text().splitlines()) == 1
+    probes.unlink()
+    assert started_targets(run_ok(root, env, *mode)) == []
+    assert len(probes.read_text().splitlines()) == 1  # probed again: a new run
+
+
 def test_sigterm_keeps_finished_targets(
     fake_project: tuple[Path, dict[str, str]], tmp_path: Path
 ) -> None:

@@ -19,7 +19,6 @@ import pytest
 from metrale_orch.cli import main
 from metrale_orch.config import default_jobs
 from metrale_orch.steps.errors import ProfileError, ProfileMissing
-from metrale_orch.steps.memo import reset_build_memo
 from metrale_orch.steps.profile import (
     Span,
     SpanRecorder,
@@ -344,7 +343,6 @@ def test_real_nvcc_build_has_a_span_per_module(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parent.parent
     if not (root / "kernels").is_dir():
         pytest.skip("the sample tree kernels/ is not there yet")
-    reset_build_memo()
     config = make_config(root, tmp_path / "cache", build_dir=str(tmp_path / "build"))
     result = build_target(
         root,

@@ -30,7 +30,6 @@ from metrale_orch.resources import (
     parse_ptxas_report,
 )
 from metrale_orch.resources.report import ModuleResources
-from metrale_orch.steps.memo import reset_build_memo
 from metrale_orch.steps.target import build_target
 from metrale_orch.tree import Target
 from tests.support.build import make_cache, make_config, output_kinds_tree
@@ -162,7 +161,6 @@ def sample_build(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     build = tmp / "build"
     config = make_config(ROOT, tmp / "cache", build_dir=str(build))
     cache = make_cache(config)
-    reset_build_memo()
     for name in (HOPPER, B200):
         result = build_target(
             ROOT, Target.parse(name), config=config, cache=cache, environ=dict(os.environ)
@@ -364,7 +362,6 @@ def test_cubin_and_fatbin_artefacts(tmp_path: Path) -> None:
     config = make_config(root, tmp_path / "cache", cache_mode="off")
     environ = dict(os.environ)
     for hw in ("h", "hc", "hf"):
-        reset_build_memo()
         target = Target(hardware=hw, model="m", quant="q")
         result = build_target(root, target, config=config, cache=None, environ=environ)
         assert not result.failed, result.failure_text()

@@ -16,12 +16,10 @@ from pathlib import Path
 import pytest
 
 from metrale_orch.steps.errors import ToolchainMissing
-from metrale_orch.steps.memo import reset_build_memo
 from metrale_orch.steps.results import TargetResult
 from metrale_orch.steps.target import build_target
 from metrale_orch.toolchain.definitions import builtin_toolchains, select_toolchain
 from metrale_orch.toolchain.locate import find_program
-from metrale_orch.toolchain.probe import reset_identity_memo
 from metrale_orch.tree import Layout, resolve_all
 from tests.support.build import make_cache, make_config, output_kinds_tree
 
@@ -49,8 +47,6 @@ def test_every_nvidia_module_compiles(
     record_property: Callable[[str, object], None],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    reset_build_memo()
-    reset_identity_memo()
     environ = dict(os.environ)
     layouts = _layouts()
     tcs = builtin_toolchains()
@@ -108,7 +104,6 @@ def test_every_nvidia_module_compiles(
 def test_output_kinds_and_checkout_independence(tmp_path: Path) -> None:
     from metrale_orch.tree import Target
 
-    reset_build_memo()
     environ = dict(os.environ)
     results = {}
     for name in ("a", "b"):
@@ -116,7 +111,6 @@ def test_output_kinds_and_checkout_independence(tmp_path: Path) -> None:
         config = make_config(root, tmp_path / "cache", cache_mode="off")
         hws = ("h", "hc", "hf") if name == "a" else ("h",)
         for hw in hws:
-            reset_build_memo()
             target = Target(hardware=hw, model="m", quant="q")
             result = build_target(root, target, config=config, cache=None, environ=environ)
             assert not result.failed, result.failure_text()

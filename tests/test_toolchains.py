@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -11,7 +16,13 @@ from metrale_orch.steps.errors import ToolchainError, ToolchainMissing
 from metrale_orch.toolchain.argv import compile_argv
 from metrale_orch.toolchain.definitions import builtin_toolchains, load_toolchains, select_toolchain
 from metrale_orch.toolchain.locate import find_program
-from metrale_orch.toolchain.probe import find_toolchain, probe_toolchain, reset_identity_memo
+from metrale_orch.toolchain.probe import (
+    Probe,
+    ProbeMemo,
+    find_toolchain,
+    probe_toolchain,
+    toolchain_stamps,
+)
 from metrale_orch.tree import Hardware
 from tests.support.build import fake_toolchain_env, write
 
@@ -228,36 +239,33 @@ def test_missing_host_compiler(tmp_path: Path) -> None:
         find_toolchain(builtin_toolchains()["nvcc"], env, site_dirs=[])
 
 
-def test_probe_runs_once_per_process_and_sees_every_change(tmp_path: Path) -> None:
+def test_probe_runs_once_per_run_and_sees_every_change(tmp_path: Path) -> None:
     env = fake_toolchain_env(tmp_path / "bin")
     nvcc = builtin_toolchains()["nvcc"]
     program = tmp_path / "bin/nvcc"
     state = tmp_path / "state"
-    ident = probe_toolchain(nvcc, program, env, state_dir=state).identity
+    run = ProbeMemo()
+    ident = probe_toolchain(nvcc, program, env, state_dir=state, memo=run).identity
     assert "Cuda compilation tools, release 99.0" in ident
     assert "host: gcc (Fake) 12.2.0" in ident
     assert "Copyright" not in ident
     # Only the binaries' content hashes are remembered across processes.
     hashes = json.loads((state / "file-hashes.json").read_text())
     assert str(program.resolve()) in hashes
-    # Within a process the probe is not repeated ...
+    # Within a run the probe is not repeated ...
     env["FAKE_NVCC_VERSION"] = "-changed"
-    assert probe_toolchain(nvcc, program, env, state_dir=state).identity == ident
-    # ... but a new process (a new run) probes again: no stat decides.
-    reset_identity_memo()
-    changed = probe_toolchain(nvcc, program, env, state_dir=state).identity
+    assert probe_toolchain(nvcc, program, env, state_dir=state, memo=run).identity == ident
+    # ... but a new run probes again: no stat decides.
+    changed = probe_toolchain(nvcc, program, env, state_dir=state, memo=ProbeMemo()).identity
     assert changed != ident and "release 99.0-changed" in changed
     # What the dry run shows (e.g. a flag a wrapper adds) is part of the identity.
-    reset_identity_memo()
     dry = probe_toolchain(nvcc, program, {**env, "FAKE_NVCC_DRYRUN": "-DWRAPPED=1"}).identity
     assert dry != changed
     # So is the host compiler's content, with the same --version output.
-    reset_identity_memo()
     gcc = tmp_path / "bin/gcc"
     gcc.write_text(gcc.read_text() + "# a wrapper that adds -DX\n")
     assert probe_toolchain(nvcc, program, env).identity != changed
     # A keyed environment variable (NVCC_*, CPATH ...) too.
-    reset_identity_memo()
     assert (
         probe_toolchain(nvcc, program, {**env, "CPATH": "/x"}).identity
         != probe_toolchain(nvcc, program, env).identity
@@ -285,14 +293,11 @@ def test_real_nvcc_seen_through_a_wrapper(tmp_path: Path) -> None:
     env = dict(os.environ)
     base = find_toolchain(nvcc, env, site_dirs=[])
     assert base.roots and all(Path(r).is_absolute() for r in base.roots)
-    reset_identity_memo()
     plain = probe_toolchain(nvcc, wrapper, env).identity
-    reset_identity_memo()
     flagged = probe_toolchain(
         nvcc, wrapper, {**env, "METRALE_TEST_WRAP_FLAGS": "-DWRAPPED=1"}
     ).identity
     assert plain != flagged
-    reset_identity_memo()
     assert probe_toolchain(nvcc, wrapper, env).identity == plain  # deterministic
 
 
@@ -310,6 +315,83 @@ def test_host_compiler_from_nvcc_ccbin_file_or_directory(tmp_path: Path) -> None
     other = _exe(tmp_path / "gcc13/gcc")
     other.write_text("#!/bin/sh\necho 'gcc (Other) 13.1.0'\n")
     for ccbin in (str(other), str(other.parent)):
-        reset_identity_memo()
         ident = probe_toolchain(nvcc, tmp_path / "bin/nvcc", {**env, "NVCC_CCBIN": ccbin}).identity
         assert " | host: gcc (Other) 13.1.0 | " in ident
+
+
+def test_a_run_probes_each_compiler_once_however_many_threads_ask() -> None:
+    memo = ProbeMemo()
+    calls: list[int] = []
+    gate = threading.Event()
+
+    def run() -> Probe:
+        calls.append(1)
+        gate.wait(5)
+        return Probe(identity="x | 1")
+
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(memo.probe, "k", run) for _ in range(8)]
+        time.sleep(0.2)  # let every thread reach the memo while the first one probes
+        gate.set()
+        assert {f.result().identity for f in futures} == {"x | 1"}
+    assert len(calls) == 1
+    assert memo.probe("k", run).identity == "x | 1" and len(calls) == 1
+
+
+def test_a_failed_probe_is_not_remembered() -> None:
+    memo = ProbeMemo()
+    outcomes: list[Probe | Exception] = [
+        ToolchainError("t", "version_args", "down"),
+        Probe(identity="ok"),
+    ]
+
+    def run() -> Probe:
+        got = outcomes.pop(0)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    with pytest.raises(ToolchainError):
+        memo.probe("k", run)
+    assert memo.probe("k", run).identity == "ok"
+
+
+def test_every_toolchain_is_probed_at_the_same_time(tmp_path: Path) -> None:
+    """The stamps of a run's toolchains are probed together, not one after another
+    (the no-op build waited for their sum): the probes' version runs overlap."""
+    log = tmp_path / "probes.log"
+    env = fake_toolchain_env(tmp_path / "bin")
+    slow = tmp_path / "bin/slowcc"
+    slow.write_text(
+        f"#!{sys.executable}\n"
+        "import os, sys, time\n"
+        f"log = open({str(log)!r}, 'a')\n"
+        "log.write(f'start {os.getpid()} {time.time()}\\n'); log.flush()\n"
+        "time.sleep(0.5)\n"
+        "log.write(f'end {os.getpid()} {time.time()}\\n'); log.close()\n"
+        "print('slowcc 1.0')\n"
+    )
+    slow.chmod(0o755)
+    base = builtin_toolchains()["nvcc"]
+    tcs = {
+        f"slow{i}": dataclasses.replace(
+            base,
+            name=f"slow{i}",
+            program="slowcc",
+            dryrun_args=(),
+            host_compiler="",
+            host_compiler_env="",
+            program_env=(),
+            program_paths=(),
+            version_args=(f"-v{i}",),
+        )
+        for i in range(3)
+    }
+    stamps = toolchain_stamps(tcs, env, memo=ProbeMemo())
+    assert sorted(stamps) == ["slow0", "slow1", "slow2"]
+    assert all(s[0] == "found" for s in stamps.values()), stamps
+    events = [line.split() for line in log.read_text().splitlines()]
+    starts = sorted(float(t) for kind, _, t in events if kind == "start")
+    ends = sorted(float(t) for kind, _, t in events if kind == "end")
+    assert len(starts) == 3
+    assert starts[-1] < ends[0], "the probes ran one after another"

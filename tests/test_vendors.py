@@ -37,7 +37,6 @@ from metrale_orch.steps.hip_mirror import (
     unmirror,
     write_mirror,
 )
-from metrale_orch.steps.memo import reset_build_memo
 from metrale_orch.steps.plan import plan_target
 from metrale_orch.steps.results import TargetResult
 from metrale_orch.steps.target import build_target
@@ -48,7 +47,6 @@ from metrale_orch.toolchain.locate import find_program, find_root
 from metrale_orch.toolchain.probe import (
     find_toolchain,
     probe_toolchain,
-    reset_identity_memo,
     toolchain_stamp,
 )
 from metrale_orch.tree import Target, discover
@@ -247,7 +245,6 @@ def test_nvcc_command_line_strict_and_extra_flags(tmp_path: Path) -> None:
     assert leaf[-1].startswith("-Xcompiler=-MD,-MF,")
 
     log.unlink()
-    reset_build_memo()
     loose = {**env, "METRALE_KERNEL_NO_STRICT": "1", "METRALE_EXTRA_NVCC_FLAGS": "-DE=1 '-DS=a b'"}
     second = _build(root, "hw1/m1/q1", loose)
     leaf = next(c["argv"] for c in compiles(log) if "leaf.cu" in c["argv"])
@@ -259,7 +256,6 @@ def test_nvcc_command_line_strict_and_extra_flags(tmp_path: Path) -> None:
     assert {m.outcome for m in second.modules} == {"compiled"}
     assert not {m.key for m in first.modules} & {m.key for m in second.modules}
     # "0" keeps the strict flags: the same keys as unset.
-    reset_build_memo()
     third = _build(root, "hw1/m1/q1", {**env, "METRALE_KERNEL_NO_STRICT": "0"})
     assert [m.key for m in third.modules] == [m.key for m in first.modules]
     assert {m.outcome for m in third.modules} == {"local"}
@@ -292,7 +288,6 @@ def test_path_embedding_extra_flags_make_keys_checkout_specific(tmp_path: Path) 
     for checkout in ("a", "b"):
         root = small_tree(tmp_path / checkout / "proj")
         for extra in ("-DX=1", "-lineinfo"):
-            reset_build_memo()
             built = _build(root, "hw1/m1/q1", {**env, "METRALE_EXTRA_NVCC_FLAGS": extra})
             keys[(checkout, extra)] = {m.key for m in built.modules}
     assert keys[("a", "-DX=1")] == keys[("b", "-DX=1")]
@@ -471,7 +466,6 @@ def test_scale_build_command_lines_and_cache(tmp_path: Path) -> None:
     assert manifest["toolchain"]["identity"].startswith("fake scale version 9.9 | ")
     assert _tree_digest(root / "kernels") == kernels
     # A second run: every module from the cache, nothing compiled.
-    reset_build_memo()
     log.unlink()
     again = _build(root, "strix/m/q", env)
     assert {m.outcome for m in again.modules} == {"local"} and not logged(log)
@@ -561,18 +555,15 @@ def test_sample_strix_hip_target_builds_through_the_mirror(tmp_path: Path) -> No
     assert " | hip mirror v1 | compat {root}/hip_compat " in manifest["toolchain"]["identity"]
 
     # Rebuilt: all from the cache (the mirror's reads map back to the staged files).
-    reset_build_memo()
     log.unlink()
     again = _build(root, "strix-hip/llama3-8b/bf16", env, hip_compat_dir="hip_compat")
     assert {m.outcome for m in again.modules} == {"local"} and not logged(log)
     # An edited compat file is key material: every module recompiles.
-    reset_build_memo()
     write(root, "hip_compat/hip/hip_runtime.h", "// compat hip_runtime.h v2\n")
     edited = _build(root, "strix-hip/llama3-8b/bf16", env, hip_compat_dir="hip_compat")
     assert {m.outcome for m in edited.modules} == {"compiled"}
     assert not {m.key for m in again.modules} & {m.key for m in edited.modules}
     # ... and so is a new one (it could shadow a toolkit header).
-    reset_build_memo()
     write(root, "hip_compat/cuda_fp16.h", "// new\n")
     added = _build(root, "strix-hip/llama3-8b/bf16", env, hip_compat_dir="hip_compat")
     assert {m.outcome for m in added.modules} == {"compiled"}
@@ -678,14 +669,12 @@ def test_hip_flags_mirror_and_unmirrored_subdirectories(tmp_path: Path) -> None:
         "#pragma once\n__device__ float red(float v) { return v; }\n",
     )
     write(root, "kernels/amd/common/extra.cuh", "// new header\n")
-    reset_build_memo()
     log.unlink()
     assert not _build(root, "amd/m/q", env).failures
     (entry,) = logged(log)
     assert "return v;" in entry["read"][f"{mirror}/../../common/reduce.cuh"]
     (root / "kernels/amd/common/extra.cuh").unlink()
     write(root, "kernels/amd/m/q/k.cu", _HIP["kernels/amd/m/q/k.cu"] + "// v2\n")
-    reset_build_memo()
     assert not _build(root, "amd/m/q", env).failures
     assert not (stage / MIRROR_DIR / "common/extra.cuh").exists()
 
@@ -795,7 +784,6 @@ def test_sample_metal_target_builds_in_two_steps(tmp_path: Path) -> None:
         "rmsnorm.metal", "-o", "rmsnorm.air",
         "&&", "xcrun", "-sdk", "macosx", "metallib", "rmsnorm.air", "-o", "rmsnorm.metallib",
     )  # fmt: skip
-    reset_build_memo()
     log.unlink()
     again = _build(root, "metal/llama3-8b/bf16", env)
     assert {m.outcome for m in again.modules} == {"local"} and not logged(log)
@@ -836,19 +824,15 @@ def test_clang_dry_run_identity_is_stable_and_sees_through(tmp_path: Path) -> No
     hipcc = fake_compiler(tmp_path / "rocm/bin/hipcc", "hipcc")
     env = {"PATH": ""}
     first = probe_toolchain(hip, hipcc, env, arch="gfx1151").identity
-    reset_identity_memo()
     # The dry run's temporary names are random: normalised away.
     assert probe_toolchain(hip, hipcc, env, arch="gfx1151").identity == first
     assert first.startswith("fake hipcc version 9.9 | ")
-    reset_identity_memo()
     assert (
         probe_toolchain(hip, hipcc, {**env, "FAKE_DRYRUN": "-DWRAPPED"}, arch="gfx1151").identity
         != first
     )
-    reset_identity_memo()
     assert probe_toolchain(hip, hipcc, env, arch="gfx1100").identity != first
     # The real compiler the dry run names is hashed by content.
-    reset_identity_memo()
     (hipcc.parent / "clang-99").write_text("fake clang binary v2\n")
     assert probe_toolchain(hip, hipcc, env, arch="gfx1151").identity != first
 

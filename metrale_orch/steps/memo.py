@@ -1,9 +1,7 @@
-"""The build's per-process state: artefacts already obtained, file hashes, swept dirs.
+"""Artefacts already obtained in a run (held by the run's ``BuildSession``).
 
-One explicit, resettable cache (:func:`reset_build_memo`): a module whose key
-was compiled or fetched earlier in this process is reused from memory when
-the files its compile read still match; hashes of files outside the stage are
-memoised by ``stat``.
+A module whose key was compiled or fetched earlier in the run is reused from
+memory when the files its compile read still match.
 """
 
 from __future__ import annotations
@@ -14,16 +12,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from metrale_orch.steps.deps import FileHasher
-
-__all__ = [
-    "ARTEFACT_MEMO",
-    "HASHER",
-    "TMP_SWEPT",
-    "ArtefactMemo",
-    "Obtained",
-    "reset_build_memo",
-]
+__all__ = ["ArtefactMemo", "Obtained"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,16 +72,3 @@ class ArtefactMemo:
             self._data.clear()
             self._claims.clear()
             self._size = 0
-
-
-ARTEFACT_MEMO = ArtefactMemo()
-#: Content hashes of files outside the stage (toolkit and system headers), per process.
-HASHER = FileHasher()
-TMP_SWEPT: set[str] = set()
-
-
-def reset_build_memo() -> None:
-    """Forget the artefacts and file hashes this process built, fetched or read (tests)."""
-    ARTEFACT_MEMO.clear()
-    HASHER.clear()
-    TMP_SWEPT.clear()

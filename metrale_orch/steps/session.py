@@ -2,10 +2,11 @@
 
 A :class:`BuildSession` holds what the targets of one run share: the executor
 that runs their compile actions (``jobs`` at a time), the artefacts already
-obtained (so two targets sharing a key compile it once), the hashes of files
-outside the stage, the temporary directories already swept, the last build's
-compile times (longest work first) and the live counters a progress line
-reads. The doit integration makes one per process; a caller of
+obtained (so two targets sharing a key compile it once), the toolchain
+identities probed, the hashes of files outside the stage, the temporary
+directories already swept, the last build's compile times (longest work
+first) and the live counters a progress line reads. The doit integration
+makes one per process; a caller of
 :func:`~metrale_orch.steps.target.build_target` without one gets a private one.
 """
 
@@ -22,6 +23,7 @@ from metrale_orch.executor import Executor, LocalExecutor
 from metrale_orch.paths import STATE_DIR
 from metrale_orch.steps.deps import FileHasher
 from metrale_orch.steps.memo import ArtefactMemo
+from metrale_orch.toolchain.probe import ProbeMemo
 
 __all__ = ["SLOTS_DIR", "BuildSession", "Progress", "local_executor"]
 
@@ -89,8 +91,11 @@ class BuildSession:
         expected: Mapping[str, float] | None = None,
         remote: bool = False,
         container_image: str = "",
+        probes: ProbeMemo | None = None,
     ) -> None:
         self.executor = executor
+        #: The toolchain identities probed in this run (shared with task generation).
+        self.probes = ProbeMemo() if probes is None else probes
         #: Whether the executor can send compiles elsewhere (then each action carries
         #: its remote form), and the container image remote workers run them in.
         self.remote = remote
@@ -112,11 +117,16 @@ class BuildSession:
 
     @classmethod
     def local(
-        cls, *, jobs: int, build_dir: Path, expected: Mapping[str, float] | None = None
+        cls,
+        *,
+        jobs: int,
+        build_dir: Path,
+        expected: Mapping[str, float] | None = None,
+        probes: ProbeMemo | None = None,
     ) -> BuildSession:
         """A session running compiles on this machine, ``jobs`` at once across every process
         of the build (slot files under ``build_dir``)."""
-        return cls(local_executor(jobs, build_dir), expected=expected)
+        return cls(local_executor(jobs, build_dir), expected=expected, probes=probes)
 
     @property
     def pool(self) -> ThreadPoolExecutor:

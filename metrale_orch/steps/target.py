@@ -220,7 +220,11 @@ def _prepare(
     with rec.span("plan"):
         tc = select_toolchain(layout.hardware, toolchains)
         found = find_toolchain(
-            tc, environ, state_dir=build_dir / STATE_DIR, arch=layout.hardware.arch or ""
+            tc,
+            environ,
+            state_dir=build_dir / STATE_DIR,
+            arch=layout.hardware.arch or "",
+            memo=session.probes,
         )
         memo = PlanMemo(root)
         compat = scan_hip_compat(root, config.hip_compat_dir) if tc.dialect == "hip" else None

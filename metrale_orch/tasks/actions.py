@@ -49,6 +49,7 @@ from metrale_orch.tasks.checker import (
     PROFILE_KEY,
     encode_outputs,
 )
+from metrale_orch.toolchain.probe import ProbeMemo
 from metrale_orch.tree import Target
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ __all__ = [
     "install_sigterm_handler",
     "progress_counts",
     "reset_process_state",
+    "run_probes",
     "skip_action",
     "stop_builds",
     "stop_requested",
@@ -82,6 +84,8 @@ _log = logging.getLogger("metrale_orch.steps")
 _PROCESS: dict[str, tuple[tuple[str, ...], Cache]] = {}
 _SESSIONS: dict[tuple[str, int, str], BuildSession] = {}
 _SESSIONS_LOCK = threading.Lock()
+#: The toolchain probes of this process's run: task generation's, reused by its builds.
+_PROBES = [ProbeMemo()]
 #: Build actions running in this process (doit's target threads), and its condition.
 _ACTIVE = [0]
 _ACTIVE_CHANGED = threading.Condition()
@@ -108,6 +112,7 @@ class BuildFailed(TaskFailed):  # type: ignore[misc]
 def reset_process_state() -> None:
     """Forget this process's cache, build session, log set-up and stop (tests)."""
     _PROCESS.clear()
+    _PROBES[0] = ProbeMemo()
     end_run()
     _Stop.signum = 0
     with _SESSIONS_LOCK:
@@ -115,6 +120,12 @@ def reset_process_state() -> None:
         _SESSIONS.clear()
     for session in sessions:
         session.close()
+
+
+def run_probes() -> ProbeMemo:
+    """This process's toolchain probes: task generation probes each toolchain once and
+    the build actions of the same run reuse those identities."""
+    return _PROBES[0]
 
 
 def progress_counts() -> tuple[dict[str, float], int]:
@@ -342,7 +353,9 @@ def _session(config: Config, build_dir: Path) -> BuildSession:
         if config.remote_executor:
             session = _remote_session(config, build_dir, expected)
         else:
-            session = BuildSession.local(jobs=config.jobs, build_dir=build_dir, expected=expected)
+            session = BuildSession.local(
+                jobs=config.jobs, build_dir=build_dir, expected=expected, probes=run_probes()
+            )
         _SESSIONS[key] = session
         return session
 
@@ -361,7 +374,11 @@ def _remote_session(config: Config, build_dir: Path, expected: Mapping[str, floa
         strict=config.remote_strict,
     )
     return BuildSession(
-        executor, expected=expected, remote=True, container_image=config.remote_container_image
+        executor,
+        expected=expected,
+        remote=True,
+        container_image=config.remote_container_image,
+        probes=run_probes(),
     )
 
 

@@ -47,7 +47,7 @@ from metrale_orch.tasks.dicts import (
 )
 from metrale_orch.tasks.doit_api import doit_version
 from metrale_orch.toolchain.definitions import Toolchain, load_toolchains
-from metrale_orch.toolchain.probe import toolchain_stamp
+from metrale_orch.toolchain.probe import ProbeMemo, toolchain_stamps
 from metrale_orch.tree import LayoutError, Target, TreeSnapshot, discover
 
 __all__ = [
@@ -74,17 +74,20 @@ def cached_tasks(
     environ: Mapping[str, str],
     argv: Sequence[str],
     generation: Callable[[], Generation],
+    probes: ProbeMemo | None = None,
 ) -> tuple[list[BuildSpec], list[TaskDict] | None, str]:
     """The specs, the ``smoke`` task dicts when known (None: ask the generation's
     ``smoke_task_dicts``), and how the specs were obtained. ``generation`` is called
-    only on a miss."""
+    only on a miss; ``probes`` is the run's (its build reuses what was probed here)."""
+    if probes is None:
+        probes = ProbeMemo()
     try:
         config = load_config(root, environ)
         toolchains = load_toolchains(root)
     except MetraleError:
-        specs = generation().generate_specs(root, environ, argv)[0]
+        specs = generation().generate_specs(root, environ, argv, probes=probes)[0]
         return specs, None, "not cached: configuration error"
-    key = generation_key(root, environ, config, toolchains)
+    key = generation_key(root, environ, config, toolchains, probes)
     path = taskcache.cache_path(config.build_dir / STATE_DIR, key)
     found = taskcache.lookup(path, key)
     if found.specs is not None:
@@ -95,7 +98,7 @@ def cached_tasks(
     scanned = taskcache.scan(root / "kernels", taskcache.package_files(package))
     made = generation()
     specs, cacheable = made.generate_specs(
-        root, environ, argv, config=config, toolchains=toolchains
+        root, environ, argv, config=config, toolchains=toolchains, probes=probes
     )
     smoke = None
     if scanned is not None and cacheable:
@@ -167,7 +170,11 @@ def replay_task_dicts(extra: object) -> list[TaskDict] | None:
 
 
 def generation_key(
-    root: Path, environ: Mapping[str, str], config: Config, toolchains: Mapping[str, Toolchain]
+    root: Path,
+    environ: Mapping[str, str],
+    config: Config,
+    toolchains: Mapping[str, Toolchain],
+    probes: ProbeMemo | None = None,
 ) -> str:
     """Digest of what task generation depends on besides the watched files (I/O: finds
     each toolchain's program): versions, root, configuration, toolchain definitions
@@ -194,10 +201,7 @@ def generation_key(
         "config": _generation_config(config),
         "env": {name: environ.get(name) for name in sorted(names)},
         "toolchains": {name: tc.to_dict() for name, tc in sorted(toolchains.items())},
-        "programs": {
-            name: toolchain_stamp(tc, environ, state_dir=state_dir)
-            for name, tc in sorted(toolchains.items())
-        },
+        "programs": toolchain_stamps(toolchains, environ, state_dir=state_dir, memo=probes),
         # The HIP targets' file deps and identity list its files: a new one regenerates.
         "hip_compat": scan_hip_compat(root, config.hip_compat_dir).digest,
     }

@@ -42,7 +42,7 @@ from metrale_orch.tasks.dicts import (
 )
 from metrale_orch.tasks.smoke import smoke_tasks
 from metrale_orch.toolchain.definitions import Toolchain, load_toolchains, select_toolchain
-from metrale_orch.toolchain.probe import FoundToolchain, find_toolchain
+from metrale_orch.toolchain.probe import FoundToolchain, ProbeMemo, find_toolchain
 from metrale_orch.tree import (
     Layout,
     LayoutError,
@@ -87,8 +87,12 @@ def generate_specs(
     *,
     config: Config | None = None,
     toolchains: Mapping[str, Toolchain] | None = None,
+    probes: ProbeMemo | None = None,
 ) -> tuple[list[BuildSpec], bool]:
-    """The specs, and whether they may be cached (no tree-wide error, no failed probe)."""
+    """The specs, and whether they may be cached (no tree-wide error, no failed probe).
+    Each toolchain is probed once (once per ``probes``: the run's, shared with its build)."""
+    if probes is None:
+        probes = ProbeMemo()
 
     def error(name: str, message: str, resolved: Layout | LayoutError | None = None) -> BuildSpec:
         message = printable(message)  # it may name a file whose name is not UTF-8
@@ -135,7 +139,11 @@ def generate_specs(
             if tool_key not in found:
                 try:
                     found[tool_key] = find_toolchain(
-                        toolchain, environ, state_dir=config.build_dir / STATE_DIR, arch=tool_key[1]
+                        toolchain,
+                        environ,
+                        state_dir=config.build_dir / STATE_DIR,
+                        arch=tool_key[1],
+                        memo=probes,
                     )
                 except ToolchainMissing as missing:
                     found[tool_key] = missing

@@ -1,10 +1,13 @@
-"""What a toolchain's compiler is: its probed identity, once per process (I/O).
+"""What a toolchain's compiler is: its probed identity (I/O).
 
 :func:`probe_toolchain` runs the compiler's version and dry-run probes and
 hashes the real binaries they name (see its docstring); only those content
 hashes are remembered across processes (``<state_dir>/file-hashes.json``).
+Within one run a :class:`ProbeMemo` (held by the run's session, passed in)
+probes each compiler once, however many threads ask at the same time.
 :func:`find_toolchain` locates and probes; :func:`toolchain_stamp` is what the
-task cache compares. The identity is part of every action key.
+task cache compares, :func:`toolchain_stamps` every toolchain's at once. The
+identity is part of every action key.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import re
 import shutil
 import stat
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,12 +46,13 @@ from metrale_orch.toolchain.locate import executable, find_program, find_root, l
 __all__ = [
     "FoundToolchain",
     "Probe",
+    "ProbeMemo",
     "Stamp",
     "find_toolchain",
     "host_compiler",
     "probe_toolchain",
-    "reset_identity_memo",
     "toolchain_stamp",
+    "toolchain_stamps",
 ]
 
 #: :func:`toolchain_stamp`'s JSON-ready value: ``["missing"]``, ``["error", text]``,
@@ -68,10 +73,6 @@ class FoundToolchain:
     system_dirs: tuple[str, ...] = ()
 
 
-_IDENTITY_MEMO: dict[str, Probe] = {}
-_IDENTITY_LOCK = threading.Lock()
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Probe:
     """What probing a compiler found: its identity and the toolkit directories it reads."""
@@ -86,10 +87,31 @@ class Probe:
     system_dirs: tuple[str, ...] = ()
 
 
-def reset_identity_memo() -> None:
-    """Forget the identities probed by this process (tests)."""
-    with _IDENTITY_LOCK:
-        _IDENTITY_MEMO.clear()
+class ProbeMemo:
+    """The probes of one run, each run once: a caller asking for a probe another thread is
+    running waits for that one (thread-safe). A failed probe is not remembered."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done: dict[str, Probe] = {}
+        self._running: dict[str, threading.Lock] = {}
+
+    def probe(self, key: str, run: Callable[[], Probe]) -> Probe:
+        """The probe remembered for ``key``, else ``run()``'s, remembered."""
+        with self._lock:
+            got = self._done.get(key)
+            if got is not None:
+                return got
+            gate = self._running.setdefault(key, threading.Lock())
+        with gate:  # one thread probes; the others wait here, then find its probe
+            with self._lock:
+                got = self._done.get(key)
+            if got is not None:
+                return got
+            probe = run()
+            with self._lock:
+                self._done[key] = probe
+            return probe
 
 
 def host_compiler(toolchain: Toolchain, environ: Mapping[str, str]) -> Path | None:
@@ -122,8 +144,10 @@ def probe_toolchain(
     *,
     state_dir: Path | None = None,
     arch: str = "",
+    memo: ProbeMemo | None = None,
 ) -> Probe:
-    """Probe what really runs when ``program`` is called, once per process.
+    """Probe what really runs when ``program`` is called (once per ``memo``; every call
+    without one probes).
 
     A wrapper script, a shim reading a version file or an environment variable,
     or an ``update-alternatives`` link can switch the real compiler without any
@@ -175,18 +199,15 @@ def probe_toolchain(
         ],
         sort_keys=True,
     )
-    with _IDENTITY_LOCK:
-        got = _IDENTITY_MEMO.get(memo_key)
-    if got is not None:
-        return got
-    hashes = _FileHashes(None if state_dir is None else Path(state_dir) / _FILE_HASHES)
-    try:
-        probe = _run_probe(toolchain, program, host, environ, env, hashes, arch)
-    finally:
-        hashes.save()
-    with _IDENTITY_LOCK:
-        _IDENTITY_MEMO[memo_key] = probe
-    return probe
+
+    def run() -> Probe:
+        hashes = _FileHashes(None if state_dir is None else Path(state_dir) / _FILE_HASHES)
+        try:
+            return _run_probe(toolchain, program, host, environ, env, hashes, arch)
+        finally:
+            hashes.save()
+
+    return run() if memo is None else memo.probe(memo_key, run)
 
 
 _FILE_HASHES = "file-hashes.json"
@@ -319,9 +340,10 @@ def toolchain_stamp(
     *,
     state_dir: Path | None = None,
     site_dirs: Iterable[Path] | None = None,
+    memo: ProbeMemo | None = None,
 ) -> Stamp:
     """What :func:`find_toolchain` finds, JSON-ready (for the task cache): ``["missing"]``,
-    ``["found", program, identity]`` (probed: once per process), or ``["error", text]``.
+    ``["found", program, identity]`` (probed: once per ``memo``), or ``["error", text]``.
 
     A toolchain picked per arch (a program under ``{root}``) is stamped by its root
     and every arch's compiler there: ``["found", root, [[arch, identity], ...]]``
@@ -329,17 +351,43 @@ def toolchain_stamp(
     """
     try:
         if "{root}" in toolchain.program:
-            return _root_stamp(toolchain, environ, state_dir)
+            return _root_stamp(toolchain, environ, state_dir, memo)
         program = find_program(toolchain, environ, site_dirs=site_dirs)
         if program is None:
             return ["missing"]
-        probe = probe_toolchain(toolchain, program, environ, state_dir=state_dir)
+        probe = probe_toolchain(toolchain, program, environ, state_dir=state_dir, memo=memo)
     except MetraleError as exc:
         return ["error", str(exc)]
     return ["found", str(program), probe.identity]
 
 
-def _root_stamp(toolchain: Toolchain, environ: Mapping[str, str], state_dir: Path | None) -> Stamp:
+def toolchain_stamps(
+    toolchains: Mapping[str, Toolchain],
+    environ: Mapping[str, str],
+    *,
+    state_dir: Path | None = None,
+    memo: ProbeMemo | None = None,
+) -> dict[str, Stamp]:
+    """:func:`toolchain_stamp` of every toolchain, by name, probed at the same time: a
+    probe is a few short compiler runs, so running them one after another made every
+    no-op build wait for the sum (issue 21)."""
+    names = sorted(toolchains)
+    if len(names) < 2:
+        return {
+            n: toolchain_stamp(toolchains[n], environ, state_dir=state_dir, memo=memo)
+            for n in names
+        }
+    with ThreadPoolExecutor(max_workers=max(1, len(names)), thread_name_prefix="metrale-probe") as pool:
+        futures = {
+            n: pool.submit(toolchain_stamp, toolchains[n], environ, state_dir=state_dir, memo=memo)
+            for n in names
+        }
+        return {n: futures[n].result() for n in names}
+
+
+def _root_stamp(
+    toolchain: Toolchain, environ: Mapping[str, str], state_dir: Path | None, memo: ProbeMemo | None
+) -> Stamp:
     root = find_root(toolchain, environ)
     if root is None:
         return ["missing"]
@@ -356,7 +404,7 @@ def _root_stamp(toolchain: Toolchain, environ: Mapping[str, str], state_dir: Pat
         real = os.path.realpath(path)
         if real not in probed:
             probed[real] = probe_toolchain(
-                toolchain, Path(path), environ, state_dir=state_dir, arch=m["arch"]
+                toolchain, Path(path), environ, state_dir=state_dir, arch=m["arch"], memo=memo
             ).identity
         stamps.append([m["arch"], probed[real]])
     return ["found", str(root), stamps]
@@ -369,6 +417,7 @@ def find_toolchain(
     state_dir: Path | None = None,
     site_dirs: Iterable[Path] | None = None,
     arch: str = "",
+    memo: ProbeMemo | None = None,
 ) -> FoundToolchain:
     """Find and probe ``toolchain`` (for ``arch``: the hardware's ``[hardware] arch``, which
     picks the compiler of a toolchain whose program lies under ``{root}`` and fills
@@ -378,7 +427,7 @@ def find_toolchain(
     for a variable naming an unusable compiler or root, or a failed probe.
     """
     program = locate_toolchain(toolchain, environ, site_dirs=site_dirs, arch=arch)
-    probe = probe_toolchain(toolchain, program, environ, state_dir=state_dir, arch=arch)
+    probe = probe_toolchain(toolchain, program, environ, state_dir=state_dir, arch=arch, memo=memo)
     return FoundToolchain(
         toolchain=toolchain,
         program=program,
