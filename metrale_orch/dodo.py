@@ -66,7 +66,7 @@ from metrale_orch.tasks.actions import (
     run_probes,
 )
 from metrale_orch.tasks.checker import ContentChecker, TaskDataCodec
-from metrale_orch.tasks.creators import Generation, cached_tasks, named_failures
+from metrale_orch.tasks.creators import Generation, cached_tasks, named_failures, start_order
 from metrale_orch.tasks.database import BACKEND
 from metrale_orch.tasks.dicts import TaskDict, explicit_targets
 from metrale_orch.tasks.reporter import BuildReporter, end_interrupted
@@ -121,7 +121,7 @@ def task_build() -> Iterator[TaskDict]:
         argv = sys.argv[1:]
         specs, smoke, _how = cached_tasks(root, os.environ, argv, _generation, run_probes())
         yield {"name": None, "doc": "build every target (skipping those without a toolchain)"}
-        for spec in specs:
+        for spec in start_order(root, os.environ, specs):  # longest first
             yield dict(spec.task)
         # A target named on the command line but not generated fails with the reason
         # (never doit's "Invalid parameter"); no smoke task depends on it.

@@ -41,7 +41,6 @@ __all__ = [
     "SpanRecorder",
     "Step",
     "compile_seconds",
-    "compile_times",
     "encode_profile",
     "read_profile",
     "summarize_profile",
@@ -374,22 +373,6 @@ def _num(value: object) -> int:
 
 def _list(value: object) -> list[object]:
     return value if isinstance(value, list) else []
-
-
-def compile_times(events: Iterable[Mapping[str, object]]) -> dict[str, float]:
-    """Seconds of each successful compile of a profile, by cache key (pure): how long the
-    same work is expected to take next time."""
-    out: dict[str, float] = {}
-    for event in events:
-        if event.get("ph") != "X" or event.get("cat") != "compile":
-            continue
-        args = event.get("args")
-        if not isinstance(args, Mapping) or args.get("outcome") != "compiled":
-            continue
-        key = args.get("key")
-        if isinstance(key, str) and key:
-            out[key] = max(out.get(key, 0.0), compile_seconds(event))
-    return out
 
 
 def compile_seconds(event: Mapping[str, object]) -> float:

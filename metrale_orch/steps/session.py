@@ -89,6 +89,7 @@ class BuildSession:
         executor: Executor,
         *,
         expected: Mapping[str, float] | None = None,
+        by_module: Mapping[tuple[str, str], float] | None = None,
         remote: bool = False,
         container_image: str = "",
         probes: ProbeMemo | None = None,
@@ -103,8 +104,12 @@ class BuildSession:
         self.memo = ArtefactMemo()
         self.hasher = FileHasher()
         self.progress = Progress()
-        #: Compile seconds of each key in the last build (its profile), for ordering.
+        #: Compile seconds of each key when it last compiled, for ordering; of each
+        #: ``(target, module)`` for a module whose key changed since (``steps.times``).
         self.expected: Mapping[str, float] = MappingProxyType(dict(expected or {}))
+        self.expected_by_module: Mapping[tuple[str, str], float] = MappingProxyType(
+            dict(by_module or {})
+        )
         self._swept: set[str] = set()
         self._lock = threading.Lock()
         # Module pipelines (lookup, compile, store) of every target in flight. A pipeline
@@ -122,11 +127,24 @@ class BuildSession:
         jobs: int,
         build_dir: Path,
         expected: Mapping[str, float] | None = None,
+        by_module: Mapping[tuple[str, str], float] | None = None,
         probes: ProbeMemo | None = None,
     ) -> BuildSession:
         """A session running compiles on this machine, ``jobs`` at once across every process
         of the build (slot files under ``build_dir``)."""
-        return cls(local_executor(jobs, build_dir), expected=expected, probes=probes)
+        return cls(
+            local_executor(jobs, build_dir),
+            expected=expected,
+            by_module=by_module,
+            probes=probes,
+        )
+
+    def expected_seconds(self, key: str, target: str, module: str) -> float:
+        """How long the compile of ``key`` is expected to take (0.0: unknown)."""
+        got = self.expected.get(key)
+        if got is None:
+            got = self.expected_by_module.get((target, module), 0.0)
+        return got
 
     @property
     def pool(self) -> ThreadPoolExecutor:

@@ -339,7 +339,7 @@ def _obtain_all(
             )
             args["key"] = key
         keyed.append((module, key))
-    expected = {key: session.expected.get(key, 0.0) for _m, key in keyed}
+    expected = {key: session.expected_seconds(key, rec.target, m.name) for m, key in keyed}
     session.progress.add(len(keyed), sum(expected.values()))
     futures = [
         session.pool.submit(

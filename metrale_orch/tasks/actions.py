@@ -336,31 +336,38 @@ def default_target_threads(environ: Mapping[str, str]) -> int:
 
 def _session(config: Config, build_dir: Path) -> BuildSession:
     """This process's build session for ``config`` (made on first use): its compiles are
-    ordered by the last build's profile, longest first."""
-    from metrale_orch.paths import PROFILE_NAME
-    from metrale_orch.steps.profile import compile_times, read_profile
+    ordered by the kept compile times (:mod:`metrale_orch.steps.times`), longest first."""
+    from metrale_orch.paths import STATE_DIR
     from metrale_orch.steps.session import BuildSession  # see the module docstring
+    from metrale_orch.steps.times import read_times
 
     key = (str(build_dir), config.jobs, config.remote_executor)
     with _SESSIONS_LOCK:
         got = _SESSIONS.get(key)
         if got is not None:
             return got
-        try:
-            expected = compile_times(read_profile(build_dir / PROFILE_NAME))
-        except MetraleError:
-            expected = {}
+        times = read_times(build_dir / STATE_DIR)
+        expected, by_module = times.by_key(), times.by_module()
         if config.remote_executor:
-            session = _remote_session(config, build_dir, expected)
+            session = _remote_session(config, build_dir, expected, by_module)
         else:
             session = BuildSession.local(
-                jobs=config.jobs, build_dir=build_dir, expected=expected, probes=run_probes()
+                jobs=config.jobs,
+                build_dir=build_dir,
+                expected=expected,
+                by_module=by_module,
+                probes=run_probes(),
             )
         _SESSIONS[key] = session
         return session
 
 
-def _remote_session(config: Config, build_dir: Path, expected: Mapping[str, float]) -> BuildSession:
+def _remote_session(
+    config: Config,
+    build_dir: Path,
+    expected: Mapping[str, float],
+    by_module: Mapping[tuple[str, str], float],
+) -> BuildSession:
     """A session whose compiles go to ``config.remote_executor`` (raises the one-line
     error of a missing ``remote`` extra)."""
     from metrale_orch.executor.reapi import open_backend
@@ -376,6 +383,7 @@ def _remote_session(config: Config, build_dir: Path, expected: Mapping[str, floa
     return BuildSession(
         executor,
         expected=expected,
+        by_module=by_module,
         remote=True,
         container_image=config.remote_container_image,
         probes=run_probes(),

@@ -55,6 +55,7 @@ __all__ = [
     "cached_tasks",
     "generation_key",
     "named_failures",
+    "start_order",
 ]
 
 
@@ -112,6 +113,29 @@ def cached_tasks(
             None if recorded is None else [recorded],
         )
     return specs, smoke, found.reason
+
+
+def start_order(
+    root: Path, environ: Mapping[str, str], specs: Sequence[BuildSpec]
+) -> list[BuildSpec]:
+    """``specs`` in the order doit should start them: the targets with the most compile
+    seconds last time first, never-built ones before them (largest first), so a parallel
+    build does not end on one long target (:mod:`metrale_orch.steps.times`). doit runs a
+    group's sub-tasks in the order they were yielded."""
+    from metrale_orch.steps.times import longest_first, read_target_seconds
+
+    try:
+        state_dir = load_config(root, environ).build_dir / STATE_DIR
+    except MetraleError:
+        return list(specs)
+    seconds = read_target_seconds(state_dir)
+    by_name = {s.target: s for s in specs}
+    if len(by_name) != len(specs):  # not one spec per target: leave the order alone
+        return list(specs)
+    sizes = {
+        s.target: len(dep) if isinstance(dep := s.task.get("file_dep"), list) else 0 for s in specs
+    }
+    return [by_name[name] for name in longest_first(list(by_name), seconds, sizes)]
 
 
 #: Marks a module-level function in a recorded task dict: (_FUNCTION, module, name).

@@ -65,7 +65,7 @@ from metrale_orch.errors import (
     printable,
 )
 from metrale_orch.fsutil import write_atomic
-from metrale_orch.paths import BUILD_TASK, PROFILE_NAME, SMOKE_TASK, STATS_NAME
+from metrale_orch.paths import BUILD_TASK, PROFILE_NAME, SMOKE_TASK, STATE_DIR, STATS_NAME
 from metrale_orch.tasks.actions import (
     BuildFailed,
     begin_run,
@@ -245,6 +245,8 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         self._finished: set[str] = set()
         self._started_names: set[str] = set()
         self._selected: set[str] = set()
+        #: Every target the tree has (the kept compile times of the others are dropped).
+        self._alive: set[str] = set()
         self._count_lock = threading.Lock()
         #: Where the compile actions ran (remote execution), added up over the targets.
         self._remote: dict[str, object] = {}
@@ -273,6 +275,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
                 )
         self._total = len(names)
         self._selected = names
+        self._alive = {n[len(_BASE) :] for n in tasks if n.startswith(_BASE)}
         if self._tty:
             self._expected = _expected_target_seconds()
 
@@ -471,6 +474,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         if self._ran:  # a no-op run leaves the last build's statistics and profile in place
             self._write_stats()
             self._write_profile()
+            self._write_times()
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -514,6 +518,42 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             cache_mod.write_stats(path, total)
         except Exception as exc:  # the summary must never fail the run
             _warn_unwritten("the cache statistics", path, exc)
+
+    def _write_times(self) -> None:
+        """Merge this run's compile times into the kept ones (the next run's order)."""
+        from metrale_orch.steps.times import merge_compiles, read_times, write_times
+
+        compiled: dict[str, float] = {}
+        keyed: list[tuple[str, str, str]] = []
+        for item in self._spans:
+            target, module = str(item.get("target", "")), str(item.get("module", ""))
+            args = item.get("args")
+            if not target or not module or not isinstance(args, dict):
+                continue
+            key, step = args.get("key"), item.get("step")
+            if not isinstance(key, str):
+                continue
+            if step == "key":
+                keyed.append((target, module, key))
+            elif step == "compile" and args.get("outcome") == "compiled":
+                seconds = args.get("seconds")
+                if isinstance(seconds, int | float):
+                    compiled[key] = float(seconds)
+        state = Path(STATE_DIR)
+        try:
+            state = load_config(Path.cwd(), os.environ).build_dir / STATE_DIR
+            old = read_times(state)
+            # A module another target compiled (or an earlier run did) costs the same here.
+            known = {**old.by_key(), **compiled}
+            seen: dict[str, set[str]] = {}
+            for target, module, _key in keyed:
+                seen.setdefault(target, set()).add(module)
+            compiles = [(t, m, k, known[k]) for t, m, k in keyed if k in known]
+            merged = merge_compiles(old, compiles, seen=seen, alive=self._alive or None)
+            if merged != old:
+                write_times(state, merged)
+        except (MetraleError, OSError) as exc:  # only an ordering: never fails the run
+            _warn_unwritten("the compile times", state, exc)
 
     def _write_profile(self) -> None:
         """Write every span of this run to profile.json, atomically (Chrome trace events)."""

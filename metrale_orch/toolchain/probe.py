@@ -377,7 +377,7 @@ def toolchain_stamps(
             n: toolchain_stamp(toolchains[n], environ, state_dir=state_dir, memo=memo)
             for n in names
         }
-    with ThreadPoolExecutor(max_workers=max(1, len(names)), thread_name_prefix="metrale-probe") as pool:
+    with ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="metrale-probe") as pool:
         futures = {
             n: pool.submit(toolchain_stamp, toolchains[n], environ, state_dir=state_dir, memo=memo)
             for n in names
