@@ -35,7 +35,13 @@ from metrale_orch.steps.hip_mirror import (
     unmirror,
     write_mirror,
 )
-from metrale_orch.steps.includes import include_dirs, read_files_of, resolve_closure, scan_includes
+from metrale_orch.steps.includes import (
+    Includes,
+    include_dirs,
+    read_files_of,
+    resolve_closure,
+    scan_includes,
+)
 from metrale_orch.steps.plan import ModulePlan, TargetPlan
 from metrale_orch.steps.remote_form import OUT_DIR, remote_form
 from metrale_orch.steps.staging import StagedTarget
@@ -75,6 +81,8 @@ class BuildContext:
     #: Staged source of a module -> the ``-I`` that makes ``.tree/<its layer directory>``
     #: its layer directory (only when the target reaches files beyond its layout).
     layer_includes: Mapping[str, str] = field(default_factory=dict)
+    #: Staged file -> its include lines (scanned once per target, not once per module).
+    includes: Mapping[str, Includes] = field(default_factory=dict)
     #: Held while a module writes the stage's HIP mirror (the target's modules compile
     #: in parallel; the mirror and its record are one directory).
     mirror_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -430,7 +438,7 @@ def _files_read(
         closure = resolve_closure(
             [module.staged],
             staged=staged.hashes,
-            includes_of=scan_includes(staged),
+            includes_of=ctx.includes or scan_includes(staged),
             dirs=include_dirs(module.cwd, *words),
         )
         read = [posixpath.relpath(p, module.cwd) for p in closure]

@@ -12,20 +12,26 @@ makes one per process; a caller of
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any, TypeVar
 
+from metrale_orch.config import default_jobs
 from metrale_orch.executor import Executor, LocalExecutor
 from metrale_orch.paths import STATE_DIR
 from metrale_orch.steps.deps import FileHasher
+from metrale_orch.steps.includes import Includes
 from metrale_orch.steps.memo import ArtefactMemo
 from metrale_orch.toolchain.probe import ProbeMemo
 
 __all__ = ["SLOTS_DIR", "BuildSession", "Progress", "local_executor"]
+
+T = TypeVar("T")
 
 #: Fewest module pipelines in flight at once in one session (see ``__init__``).
 PIPELINES = 32
@@ -103,6 +109,9 @@ class BuildSession:
         self.container_image = container_image
         self.memo = ArtefactMemo()
         self.hasher = FileHasher()
+        #: Content digest -> the include lines of a file with that content (every
+        #: target stages the same shared files: each content is parsed once a run).
+        self.includes_memo: dict[str, Includes] = {}
         self.progress = Progress()
         #: Compile seconds of each key when it last compiled, for ordering; of each
         #: ``(target, module)`` for a module whose key changed since (``steps.times``).
@@ -112,6 +121,13 @@ class BuildSession:
         )
         self._swept: set[str] = set()
         self._lock = threading.Lock()
+        #: The first pipeline of each key in flight (see ``submit_pipeline``).
+        self._in_flight: dict[str, Future[Any]] = {}
+        # Planning and staging a target is Python and file work: as many at once as this
+        # process has CPUs. All of doit's target threads preparing together made each
+        # take as long as all of them, and the first compile waited for the first to end
+        # (E3 in BENCHMARKS.md); one after another, compiles start early and stay fed.
+        self._preparing = threading.BoundedSemaphore(default_jobs())
         # Module pipelines (lookup, compile, store) of every target in flight. A pipeline
         # mostly waits: for an executor slot, or for the pipeline of another target that
         # owns the same key. More threads than this only contend for the interpreter
@@ -139,6 +155,12 @@ class BuildSession:
             probes=probes,
         )
 
+    @contextlib.contextmanager
+    def preparing(self) -> Iterator[None]:
+        """Hold one of the session's preparation slots (planning and staging a target)."""
+        with self._preparing:
+            yield
+
     def expected_seconds(self, key: str, target: str, module: str) -> float:
         """How long the compile of ``key`` is expected to take (0.0: unknown)."""
         got = self.expected.get(key)
@@ -149,6 +171,42 @@ class BuildSession:
     @property
     def pool(self) -> ThreadPoolExecutor:
         return self._pool
+
+    def submit_pipeline(self, key: str, run: Callable[[], T]) -> Future[T]:
+        """Run a module pipeline for ``key`` on the session's threads; one whose key
+        another pipeline of this session has in flight is submitted only when that one
+        has ended (it then finds the result in the memo).
+
+        Only scheduling: the memo's claim still makes the second wait if it starts
+        first. Queued behind their owners, the waiting pipelines of other targets no
+        longer hold every thread while the owners sit in the queue behind them (E3)."""
+        with self._lock:
+            owner = self._in_flight.get(key)
+            if owner is None or owner.done():
+                future = self._pool.submit(run)
+                self._in_flight[key] = future
+                owner = None
+        if owner is None:
+            # Outside the lock: a future already done runs the callback right here.
+            future.add_done_callback(lambda f: self._ended(key, f))
+            return future
+        chained: Future[T] = Future()
+
+        def start(_owner: object) -> None:
+            try:
+                inner = self._pool.submit(run)
+            except BaseException as exc:  # the session closed meanwhile
+                chained.set_exception(exc)
+                return
+            inner.add_done_callback(lambda f: _copy_outcome(f, chained))
+
+        owner.add_done_callback(start)
+        return chained
+
+    def _ended(self, key: str, future: Future[Any]) -> None:
+        with self._lock:
+            if self._in_flight.get(key) is future:
+                del self._in_flight[key]
 
     def first_sweep(self, directory: str) -> bool:
         """True the first time ``directory`` is asked about in this session."""
@@ -164,3 +222,15 @@ class BuildSession:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _copy_outcome(source: Future[T], target: Future[T]) -> None:
+    if source.cancelled():  # the session closed with it queued
+        target.cancel()
+        target.set_running_or_notify_cancel()
+        return
+    exc = source.exception()
+    if exc is not None:
+        target.set_exception(exc)
+    else:
+        target.set_result(source.result())

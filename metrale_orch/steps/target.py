@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import logging
 import os
 import posixpath
@@ -161,12 +162,14 @@ def _build(
     session: BuildSession,
 ) -> TargetResult:
     start = time.perf_counter()
-    layout = target if isinstance(target, Layout) else discover(root, target)
+    with session.preparing():
+        layout = target if isinstance(target, Layout) else discover(root, target)
     rec = SpanRecorder(str(layout.target))
     with rec.span("build") as totals:
         if toolchains is None:
             toolchains = load_toolchains(root)
-        prep = _prepare(root, layout, config, cache, environ, log, toolchains, session, rec)
+        with session.preparing():
+            prep = _prepare(root, layout, config, cache, environ, log, toolchains, session, rec)
         obtained = _obtain_all(prep, config.cache_namespace, session, rec)
         with rec.span("install") as install_args:
             outputs = {o.result.artefact: o.data for o in obtained if o.data is not None}
@@ -273,7 +276,7 @@ def _prepare(
             {m.stem: m.name for m in plan.modules},
             dirs=lambda cwd, entry: include_dirs(cwd, argv_of.get(entry.source, plan.flags)),
         )
-        includes = scan_includes(staged)
+        includes = scan_includes(staged, session.includes_memo)
         if layer_includes:
             # Only the modules that reach a mirrored file get the extra -I (and a key that
             # says so): the others keep sharing their keys with the same module of others.
@@ -291,6 +294,7 @@ def _prepare(
             log=log,
             session=session,
             layer_includes=layer_includes,
+            includes=includes,
             words={
                 cwd: effective_flags(
                     plan,
@@ -342,8 +346,11 @@ def _obtain_all(
     expected = {key: session.expected_seconds(key, rec.target, m.name) for m, key in keyed}
     session.progress.add(len(keyed), sum(expected.values()))
     futures = [
-        session.pool.submit(
-            contextvars.copy_context().run, _pipeline, ctx, module, key, expected[key], rec
+        session.submit_pipeline(
+            key,
+            functools.partial(
+                contextvars.copy_context().run, _pipeline, ctx, module, key, expected[key], rec
+            ),
         )
         for module, key in keyed
     ]

@@ -80,6 +80,22 @@ def resolve_build_specs(
     return specs + named_failures(root, specs, explicit_targets(argv))
 
 
+def _find(
+    toolchain: Toolchain, arch: str, environ: Mapping[str, str], config: Config, probes: ProbeMemo
+) -> FoundToolchain | MetraleError:
+    """The toolchain found and probed for ``arch``, or why not (I/O)."""
+    try:
+        return find_toolchain(
+            toolchain, environ, state_dir=config.build_dir / STATE_DIR, arch=arch, memo=probes
+        )
+    except MetraleError as exc:  # ToolchainMissing: a skip; another error: a failure
+        return exc
+
+
+def _failed_probe(tool: FoundToolchain | MetraleError) -> bool:
+    return isinstance(tool, MetraleError) and not isinstance(tool, ToolchainMissing)
+
+
 def generate_specs(
     root: Path,
     environ: Mapping[str, str],
@@ -137,20 +153,9 @@ def generate_specs(
             # The arch picks the compiler of some toolchains (SCALE's per-arch nvcc).
             tool_key = (toolchain.name, layout.hardware.arch or "")
             if tool_key not in found:
-                try:
-                    found[tool_key] = find_toolchain(
-                        toolchain,
-                        environ,
-                        state_dir=config.build_dir / STATE_DIR,
-                        arch=tool_key[1],
-                        memo=probes,
-                    )
-                except ToolchainMissing as missing:
-                    found[tool_key] = missing
-                except MetraleError as exc:
-                    # A failed version probe may pass next time: never cached.
-                    found[tool_key] = exc
-                    cacheable = False
+                found[tool_key] = _find(toolchain, tool_key[1], environ, config, probes)
+                # A failed version probe may pass next time: never cached.
+                cacheable = cacheable and not _failed_probe(found[tool_key])
             tool = found[tool_key]
             if isinstance(tool, ToolchainMissing):
                 reason = str(tool)
