@@ -75,6 +75,9 @@ class BuildContext:
     #: Staged source of a module -> the ``-I`` that makes ``.tree/<its layer directory>``
     #: its layer directory (only when the target reaches files beyond its layout).
     layer_includes: Mapping[str, str] = field(default_factory=dict)
+    #: ``require_hits``: a module every cache tier misses fails (:class:`MissRefused`)
+    #: instead of compiling.
+    require_hits: bool = False
     #: Held while a module writes the stage's HIP mirror (the target's modules compile
     #: in parallel; the mirror and its record are one directory).
     mirror_lock: threading.Lock = field(default_factory=threading.Lock)
