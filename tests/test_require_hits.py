@@ -180,6 +180,9 @@ def test_a_refused_miss_runs_no_compiler_and_unset_compiles_again(
     # The same run without it compiles, and then require_hits passes on the hits.
     assert doit(root, ["build:gb10/*"], env).returncode == 0
     assert len(fake_compiles(tmp_path)) == 4
+    # Switching it on makes no target stale (an execution setting).
+    same = doit(root, ["build:gb10/*"], strict)
+    assert same.returncode == 0 and started_targets(same) == [], same.text
     shutil.rmtree(root / "build")
     (root / ".doit.db").unlink()
     warm = doit(root, ["build:gb10/*"], strict)
