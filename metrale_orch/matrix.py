@@ -222,6 +222,7 @@ class MatrixRow:
     #: The class this row runs on: the build class for a build row, the smoke class for a
     #: smoke-only row (:func:`plan_smoke_matrix`).
     runner: RunnerClass
+    #: The hardware's build and smoke classes (``build-runner``, ``smoke-runner``).
     placement: Placement
     toolchain: str
     targets: tuple[str, ...]
