@@ -102,6 +102,9 @@ class Config:
     #: A PEM file of the certificate authorities a ``grpcs://`` server is checked against
     #: (None: the system's).
     remote_ca_file: Path | None = None
+    #: Whether a module that every cache tier misses fails instead of compiling here (a
+    #: smoke job on a GPU runner, whose build job should have filled the shared cache).
+    require_hits: bool = False
     #: key -> "default" | "pyproject" | "env" | "cli"
     sources: Mapping[str, str] = field(default_factory=_empty)
 
@@ -130,6 +133,7 @@ class Config:
             "remote_queue_timeout": self.remote_queue_timeout,
             "remote_container_image": self.remote_container_image,
             "remote_ca_file": "" if self.remote_ca_file is None else str(self.remote_ca_file),
+            "require_hits": self.require_hits,
             "sources": dict(sorted(self.sources.items())),
         }
 
@@ -164,10 +168,11 @@ _KEYS: dict[str, tuple[str | None, str]] = {
     "remote_queue_timeout": ("METRALE_ORCH_REMOTE_QUEUE_TIMEOUT", "seconds"),
     "remote_container_image": ("METRALE_ORCH_REMOTE_CONTAINER_IMAGE", "str"),
     "remote_ca_file": ("METRALE_ORCH_REMOTE_CA_FILE", "optpath"),
+    "require_hits": ("METRALE_ORCH_REQUIRE_HITS", "bool"),
 }
 
-#: Settings that say where and how many compiles run, never what they produce: no task,
-#: key or artefact depends on them.
+#: Settings that say where and how many compiles run (or whether one may run here at all:
+#: ``require_hits``), never what they produce: no task, key or artefact depends on them.
 EXECUTION_KEYS = frozenset(
     {
         "jobs",
@@ -179,6 +184,7 @@ EXECUTION_KEYS = frozenset(
         "remote_queue_timeout",
         "remote_container_image",
         "remote_ca_file",
+        "require_hits",
     }
 )
 

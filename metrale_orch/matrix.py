@@ -3,10 +3,16 @@
 ``metrale-orch matrix`` turns the kernel tree and ``ci/runners.toml`` into the
 JSON object a workflow feeds to ``strategy.matrix``
 (``{"include": [row, ...]}``). Each row names a hardware, the runner labels of
-its runner class, its targets, the doit task selector that builds them, its
+the runner class it runs on, its targets, the doit task selector that builds them, its
 smoke task, and whether the hardware's toolchain is installed on that runner
 class. A large hardware may be split into several rows ("shards") by target,
 balanced by module count.
+
+A hardware builds on one runner class and smokes on another when the runner map
+says so (:class:`Placement`): compiles need no GPU, so a CPU class compiles and
+fills the shared cache, and the GPU class only smokes, from cache hits. Its build
+rows then carry no smoke task, and :func:`plan_smoke_matrix` gives it one
+smoke-only row on the smoke class, as it does for a hardware split into shards.
 
 Invariants:
 
@@ -25,11 +31,16 @@ Invariants:
     labels = ["self-hosted", "linux", "gpu-h100"]
     toolchains = ["nvcc"]                # toolchain names installed on it
 
-    [hardware]                           # hardware tree -> runner class
-    hopper = "h100"
+    [runners.cpu]
+    labels = ["self-hosted", "linux", "cpu"]
+    toolchains = ["nvcc"]
 
-    [default]                            # optional: class for unlisted hardware
-    runner = "h100"
+    [hardware]                           # hardware tree -> runner class(es)
+    hopper = { build = "cpu", smoke = "h100" }   # compile on CPU, smoke on the GPU
+    b200 = "h100"                        # one class builds and smokes
+
+    [default]                            # optional: for unlisted hardware
+    runner = "h100"                      # or build = "cpu" and smoke = "h100"
 """
 
 from __future__ import annotations
@@ -54,6 +65,7 @@ __all__ = [
     "MatrixError",
     "MatrixRow",
     "NoMatch",
+    "Placement",
     "RowOptions",
     "RunnerClass",
     "Runners",
@@ -158,28 +170,46 @@ class RunnerClass:
     toolchains: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Placement:
+    """Where a hardware's CI jobs run: the runner class that builds it and the one that
+    smoke-tests it (the same class for a plain ``hw = "<class>"`` entry)."""
+
+    build: str
+    smoke: str
+
+    @classmethod
+    def both(cls, name: str) -> Placement:
+        """One class builds and smokes."""
+        return cls(build=name, smoke=name)
+
+    @property
+    def split(self) -> bool:
+        """Whether the smoke runs on another class than the build (then from cache hits)."""
+        return self.build != self.smoke
+
+
 def _no_classes() -> Mapping[str, RunnerClass]:
     return MappingProxyType({})
 
 
-def _no_hardware() -> Mapping[str, str]:
+def _no_hardware() -> Mapping[str, Placement]:
     return MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Runners:
-    """The parsed runner map: runner classes, hardware -> class, and the default class."""
+    """The parsed runner map: runner classes, hardware -> placement, the default placement."""
 
     #: The file as named in messages (root-relative where possible).
     path: str = DEFAULT_RUNNERS_FILE
     classes: Mapping[str, RunnerClass] = field(default_factory=_no_classes)
-    hardware: Mapping[str, str] = field(default_factory=_no_hardware)
-    default: str | None = None
+    hardware: Mapping[str, Placement] = field(default_factory=_no_hardware)
+    default: Placement | None = None
 
-    def runner_for(self, hw: str) -> RunnerClass | None:
-        """The runner class of ``hw``: its own entry, else the default, else None."""
-        name = self.hardware.get(hw, self.default)
-        return None if name is None else self.classes[name]
+    def placement_for(self, hw: str) -> Placement | None:
+        """Where ``hw`` builds and smokes: its own entry, else the default, else None."""
+        return self.hardware.get(hw, self.default)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -189,7 +219,11 @@ class MatrixRow:
     hw: str
     shard: int
     shards: int
+    #: The class this row runs on: the build class for a build row, the smoke class for a
+    #: smoke-only row (:func:`plan_smoke_matrix`).
     runner: RunnerClass
+    #: The hardware's build and smoke classes (``build-runner``, ``smoke-runner``).
+    placement: Placement
     toolchain: str
     targets: tuple[str, ...]
     modules: int
@@ -210,6 +244,7 @@ class MatrixRow:
     def to_dict(self) -> dict[str, object]:
         return {
             "build": self.build,
+            "build-runner": self.placement.build,
             "hw": self.hw,
             "id": self.id,
             "modules": self.modules,
@@ -219,6 +254,7 @@ class MatrixRow:
             "shard": self.shard,
             "shards": self.shards,
             "smoke": self.smoke,
+            "smoke-runner": self.placement.smoke,
             "target-count": len(self.targets),
             "targets": list(self.targets),
             "toolchain": self.toolchain,
@@ -246,7 +282,28 @@ def parse_runners(doc: Mapping[str, object], path: str = DEFAULT_RUNNERS_FILE) -
             raise RunnersError(
                 path, key, "unknown table (known: [runners.<class>], [hardware], [default])"
             )
-    classes_doc = doc.get("runners", {})
+    classes = _parse_classes(doc.get("runners", {}), path)
+    hw_doc = doc.get("hardware", {})
+    if not isinstance(hw_doc, dict):
+        raise RunnersError(
+            path,
+            "hardware",
+            'must be a table of <hardware> = "<runner class>" or '
+            '{ build = "<class>", smoke = "<class>" }',
+        )
+    hardware = {
+        hw: _parse_placement(hw_doc[hw], f"hardware.{hw}", classes, path) for hw in sorted(hw_doc)
+    }
+    return Runners(
+        path=path,
+        classes=MappingProxyType(classes),
+        hardware=MappingProxyType(hardware),
+        default=_parse_default(doc.get("default", {}), classes, path),
+    )
+
+
+def _parse_classes(classes_doc: object, path: str) -> dict[str, RunnerClass]:
+    """The ``[runners.<class>]`` tables."""
     if not isinstance(classes_doc, dict):
         raise RunnersError(path, "runners", "must be a table of [runners.<class>] tables")
     classes: dict[str, RunnerClass] = {}
@@ -260,45 +317,79 @@ def parse_runners(doc: Mapping[str, object], path: str = DEFAULT_RUNNERS_FILE) -
                 raise RunnersError(path, f"{key}.{k}", "unknown key (known: labels, toolchains)")
         if "labels" not in table:
             raise RunnersError(path, f"{key}.labels", "missing (the runs-on labels of the class)")
+        toolchains = _str_list(
+            table.get("toolchains", []), path, f"{key}.toolchains", non_empty=False
+        )
         classes[name] = RunnerClass(
             name=name,
             labels=_str_list(table["labels"], path, f"{key}.labels", non_empty=True),
-            toolchains=tuple(
-                sorted(
-                    _str_list(
-                        table.get("toolchains", []), path, f"{key}.toolchains", non_empty=False
-                    )
-                )
-            ),
+            toolchains=tuple(sorted(toolchains)),
         )
-    known = ", ".join(sorted(classes)) or "none defined"
+    return classes
 
-    def class_ref(value: object, key: str) -> str:
-        if not isinstance(value, str):
-            raise RunnersError(path, key, "must be the name of a [runners.<class>] table")
-        if value not in classes:
-            raise RunnersError(path, key, f"unknown runner class {value!r} (classes: {known})")
-        return value
 
-    hw_doc = doc.get("hardware", {})
-    if not isinstance(hw_doc, dict):
-        raise RunnersError(path, "hardware", 'must be a table of <hardware> = "<runner class>"')
-    hardware = {hw: class_ref(hw_doc[hw], f"hardware.{hw}") for hw in sorted(hw_doc)}
+def _class_ref(value: object, key: str, classes: Mapping[str, RunnerClass], path: str) -> str:
+    if not isinstance(value, str):
+        raise RunnersError(path, key, "must be the name of a [runners.<class>] table")
+    if value not in classes:
+        known = ", ".join(sorted(classes)) or "none defined"
+        raise RunnersError(path, key, f"unknown runner class {value!r} (classes: {known})")
+    return value
 
-    default_doc = doc.get("default", {})
-    if not isinstance(default_doc, dict):
-        raise RunnersError(path, "default", 'must be a table: [default] runner = "<class>"')
-    for k in sorted(default_doc):
-        if k != "runner":
-            raise RunnersError(path, f"default.{k}", "unknown key (known: runner)")
-    default = (
-        class_ref(default_doc["runner"], "default.runner") if "runner" in default_doc else None
+
+def _parse_placement(
+    value: object, key: str, classes: Mapping[str, RunnerClass], path: str
+) -> Placement:
+    """A ``[hardware]`` entry: ``"<class>"`` (builds and smokes there) or
+    ``{ build = "<class>", smoke = "<class>" }``."""
+    if not isinstance(value, dict):
+        return Placement.both(_class_ref(value, key, classes, path))
+    for k in sorted(value):
+        if k not in ("build", "smoke"):
+            raise RunnersError(path, f"{key}.{k}", "unknown key (known: build, smoke)")
+    for k in ("build", "smoke"):
+        if k not in value:
+            raise RunnersError(
+                path,
+                f"{key}.{k}",
+                f"missing: name the class that {'builds' if k == 'build' else 'smoke-tests'} "
+                f'it, or give one class for both ({key.split(".", 1)[1]} = "<class>")',
+            )
+    return Placement(
+        build=_class_ref(value["build"], f"{key}.build", classes, path),
+        smoke=_class_ref(value["smoke"], f"{key}.smoke", classes, path),
     )
-    return Runners(
-        path=path,
-        classes=MappingProxyType(classes),
-        hardware=MappingProxyType(hardware),
-        default=default,
+
+
+def _parse_default(
+    default_doc: object, classes: Mapping[str, RunnerClass], path: str
+) -> Placement | None:
+    """``[default]``: ``runner`` (both), ``build`` and ``smoke`` (each overriding it)."""
+    if not isinstance(default_doc, dict):
+        raise RunnersError(
+            path, "default", 'must be a table: [default] runner = "<class>" (or build, smoke)'
+        )
+    for k in sorted(default_doc):
+        if k not in ("runner", "build", "smoke"):
+            raise RunnersError(path, f"default.{k}", "unknown key (known: runner, build, smoke)")
+    if not default_doc:
+        return None
+    named = {
+        k: _class_ref(default_doc[k], f"default.{k}", classes, path)
+        for k in ("runner", "build", "smoke")
+        if k in default_doc
+    }
+    for k in ("build", "smoke"):
+        if k not in named and "runner" not in named:
+            raise RunnersError(
+                path,
+                f"default.{k}",
+                f"missing: with [default] {'smoke' if k == 'build' else 'build'} = ..., "
+                f'name the {k} class too, or runner = "<class>" for both',
+            )
+    return Placement(
+        build=named.get("build", named.get("runner", "")),
+        smoke=named.get("smoke", named.get("runner", "")),
     )
 
 
@@ -418,7 +509,7 @@ def unmapped_hardware(
         sorted(
             hw.name
             for hw in hardware
-            if runners.runner_for(hw.name) is None and _select(hw, pattern)
+            if runners.placement_for(hw.name) is None and _select(hw, pattern)
         )
     )
 
@@ -471,8 +562,8 @@ def plan_rows(
 
     rows: list[MatrixRow] = []
     for hw, targets in selected:
-        runner = runners.runner_for(hw.name)
-        if runner is None:
+        placement = runners.placement_for(hw.name)
+        if placement is None:
             continue
         if hw.name in shards:
             count = shards[hw.name]
@@ -480,27 +571,41 @@ def plan_rows(
             count = math.ceil(len(targets) / shard_size)
         else:
             count = 1
-        parts = plan_shards(targets, count)
         whole = len(targets) == len(hw.targets)
-        for index, part in enumerate(parts, start=1):
-            if len(parts) == 1 and whole:
-                build = f"build:{hw.name}/*"
-            else:
-                build = " ".join(f"build:{t.name}" for t in part)
-            rows.append(
-                MatrixRow(
-                    hw=hw.name,
-                    shard=index,
-                    shards=len(parts),
-                    runner=runner,
-                    toolchain=hw.toolchain,
-                    targets=tuple(t.name for t in part),
-                    modules=sum(t.modules for t in part),
-                    build=build,
-                    smoke=f"smoke:{hw.name}" if len(parts) == 1 else "",
-                )
-            )
+        rows.extend(_build_rows(hw, plan_shards(targets, count), whole, placement, runners))
     return tuple(rows)
+
+
+def _build_rows(
+    hw: HardwareInfo,
+    parts: Sequence[Sequence[TargetLoad]],
+    whole: bool,
+    placement: Placement,
+    runners: Runners,
+) -> list[MatrixRow]:
+    """One hardware's build rows, one per shard, on its build class. The one row of an
+    unsharded hardware also smokes, unless the hardware smokes on another class."""
+    rows = []
+    for index, part in enumerate(parts, start=1):
+        if len(parts) == 1 and whole:
+            build = f"build:{hw.name}/*"
+        else:
+            build = " ".join(f"build:{t.name}" for t in part)
+        rows.append(
+            MatrixRow(
+                hw=hw.name,
+                shard=index,
+                shards=len(parts),
+                runner=runners.classes[placement.build],
+                placement=placement,
+                toolchain=hw.toolchain,
+                targets=tuple(t.name for t in part),
+                modules=sum(t.modules for t in part),
+                build=build,
+                smoke=f"smoke:{hw.name}" if len(parts) == 1 and not placement.split else "",
+            )
+        )
+    return rows
 
 
 def plan_matrix(
@@ -514,28 +619,34 @@ def plan_matrix(
 def plan_smoke_matrix(
     hardware: Sequence[HardwareInfo], runners: Runners, **options: Unpack[RowOptions]
 ) -> dict[str, object]:
-    """One smoke-only row per hardware that :func:`plan_rows` split into several shards.
+    """One smoke-only row, on its smoke class, per hardware whose build rows do not smoke:
+    one split into several shards, or one that smokes on another class than it builds on.
 
     ``smoke:<hw>`` depends on every build of the hardware, so a shard cannot run
-    it without building the other shards' targets; the workflow runs these rows
-    after all shards have published to the shared cache. Each row has the same
-    keys as a build row, with ``build`` empty and ``smoke`` set.
+    it without building the other shards' targets, and a GPU class that only smokes
+    must not compile; the workflow runs these rows after every build row has
+    published to the shared cache, and makes a miss there a failure
+    (``require_hits``). Each row has the same keys as a build row, with ``build``
+    empty and ``smoke`` set.
     """
     rows = plan_rows(hardware, runners, **options)
     out: list[dict[str, object]] = []
-    for row in rows:
-        if row.shards > 1 and row.shard == 1:
-            targets = tuple(sorted(t for r in rows if r.hw == row.hw for t in r.targets))
-            whole = MatrixRow(
-                hw=row.hw,
-                shard=1,
-                shards=1,
-                runner=row.runner,
-                toolchain=row.toolchain,
-                targets=targets,
-                modules=sum(r.modules for r in rows if r.hw == row.hw),
-                build="",
-                smoke=f"smoke:{row.hw}",
-            )
-            out.append(whole.to_dict())
+    for name in sorted({row.hw for row in rows}):
+        mine = [row for row in rows if row.hw == name]
+        if any(row.smoke for row in mine):
+            continue
+        first = mine[0]
+        whole = MatrixRow(
+            hw=name,
+            shard=1,
+            shards=1,
+            runner=runners.classes[first.placement.smoke],
+            placement=first.placement,
+            toolchain=first.toolchain,
+            targets=tuple(sorted(t for row in mine for t in row.targets)),
+            modules=sum(row.modules for row in mine),
+            build="",
+            smoke=f"smoke:{name}",
+        )
+        out.append(whole.to_dict())
     return {"include": out}

@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 ROW_KEYS = {
     "build",
+    "build-runner",
     "hw",
     "id",
     "modules",
@@ -31,6 +32,7 @@ ROW_KEYS = {
     "shard",
     "shards",
     "smoke",
+    "smoke-runner",
     "target-count",
     "targets",
     "toolchain",
@@ -255,6 +257,38 @@ def test_allow_unmapped_leaves_the_hardware_out() -> None:
         ("[runners.a]\nlabels = ['x']\n[default]\nrunner = 'z'\n", "default.runner", "'z'"),
         ("[runners.a]\nlabels = ['x']\n[default]\nclass = 'a'\n", "default.class", "unknown"),
         ("[runner.a]\nlabels = ['x']\n", "runner", "unknown table"),
+        (
+            "[runners.a]\nlabels = ['x']\n[hardware]\nhopper = { build = 'a' }\n",
+            "hardware.hopper.smoke",
+            "missing",
+        ),
+        (
+            "[runners.a]\nlabels = ['x']\n[hardware]\nhopper = { smoke = 'a' }\n",
+            "hardware.hopper.build",
+            'hopper = "<class>"',
+        ),
+        (
+            "[runners.a]\nlabels = ['x']\n[hardware]\nhopper = { build = 'a', smoke = 'z' }\n",
+            "hardware.hopper.smoke",
+            "'z'",
+        ),
+        (
+            "[runners.a]\nlabels = ['x']\n[hardware]\nhopper = { build = 'a', gpu = 'a' }\n",
+            "hardware.hopper.gpu",
+            "unknown key (known: build, smoke)",
+        ),
+        (
+            "[runners.a]\nlabels = ['x']\n[hardware]\nhopper = { build = 1, smoke = 'a' }\n",
+            "hardware.hopper.build",
+            "name",
+        ),
+        ("[runners.a]\nlabels = ['x']\n[default]\nbuild = 'a'\n", "default.smoke", "missing"),
+        ("[runners.a]\nlabels = ['x']\n[default]\nsmoke = 'a'\n", "default.build", "missing"),
+        (
+            "[runners.a]\nlabels = ['x']\n[default]\nrunner = 'a'\nsmoke = 'q'\n",
+            "default.smoke",
+            "'q'",
+        ),
     ],
 )
 def test_runner_map_errors_name_the_file_and_key(text: str, key: str, problem: str) -> None:
@@ -263,6 +297,71 @@ def test_runner_map_errors_name_the_file_and_key(text: str, key: str, problem: s
     assert info.value.key == key
     assert str(info.value).startswith(f"ci/runners.toml: {key}: ")
     assert problem in str(info.value)
+
+
+SPLIT_TOML = (
+    RUNNERS_TOML.replace('hopper = "h100"', 'hopper = { build = "linux", smoke = "h100" }')
+    + '\n[default]\nbuild = "linux"\nsmoke = "h100"\n'
+)
+
+
+def test_a_plain_entry_builds_and_smokes_on_one_class() -> None:
+    rs = runners(RUNNERS_TOML + '\n[default]\nrunner = "linux"\n')
+    assert rs.hardware["hopper"] == mx.Placement(build="h100", smoke="h100")
+    assert rs.default == mx.Placement.both("linux") and not rs.default.split
+    (row,) = mx.plan_matrix([hw("hopper", {"m/q": 1})], rs)["include"]
+    assert (row["runner"], row["build-runner"], row["smoke-runner"]) == ("h100",) * 3
+    assert row["smoke"] == "smoke:hopper"
+    # [default] build / smoke each override runner.
+    rs = runners(RUNNERS_TOML + '\n[default]\nrunner = "linux"\nsmoke = "h100"\n')
+    assert rs.default == mx.Placement(build="linux", smoke="h100")
+
+
+def test_split_hardware_builds_on_one_class_and_smokes_on_another() -> None:
+    rs = runners(SPLIT_TOML)
+    assert rs.hardware["hopper"] == mx.Placement(build="linux", smoke="h100")
+    assert rs.hardware["hopper"].split and rs.default == rs.hardware["hopper"]
+    infos = [hw("hopper", {"a/q": 2, "b/q": 1}), hw("apple", {"m/q": 1}, "metal")]
+    rows = {r["hw"]: r for r in mx.plan_matrix(infos, rs)["include"]}
+    hopper = rows["hopper"]
+    assert set(hopper) == ROW_KEYS
+    assert (hopper["runner"], hopper["runs-on"]) == ("linux", ["ubuntu-latest"])
+    assert (hopper["build-runner"], hopper["smoke-runner"]) == ("linux", "h100")
+    assert (hopper["build"], hopper["smoke"]) == ("build:hopper/*", "")  # GPU smokes
+    assert hopper["toolchain-available"] is True  # nvcc is on the CPU class
+    assert rows["apple"]["smoke"] == "smoke:apple"  # a plain entry is unchanged
+    (smoke,) = mx.plan_smoke_matrix(infos, rs)["include"]
+    assert set(smoke) == ROW_KEYS
+    assert (smoke["hw"], smoke["build"], smoke["smoke"]) == ("hopper", "", "smoke:hopper")
+    assert (smoke["runner"], smoke["runs-on"]) == ("h100", ["self-hosted", "gpu-h100"])
+    assert (smoke["build-runner"], smoke["smoke-runner"]) == ("linux", "h100")
+    assert smoke["targets"] == ["hopper/a/q", "hopper/b/q"] and smoke["modules"] == 3
+    assert (smoke["id"], smoke["name"]) == ("hopper", "hopper")
+
+
+def test_split_and_sharded_hardware_smokes_once_on_its_smoke_class() -> None:
+    rs = runners(SPLIT_TOML)
+    infos = [hw("hopper", {"a/q": 2, "b/q": 2, "c/q": 1}), hw("b200", {"m/q": 1})]
+    rows = mx.plan_matrix(infos, rs, shards={"hopper": 2})["include"]
+    assert [(r["hw"], r["shard"], r["runner"], r["smoke"]) for r in rows] == [
+        ("b200", 1, "linux", ""),  # the default: build on linux, smoke on h100
+        ("hopper", 1, "linux", ""),
+        ("hopper", 2, "linux", ""),
+    ]
+    smoke = mx.plan_smoke_matrix(infos, rs, shards={"hopper": 2})["include"]
+    assert [(r["hw"], r["runner"], r["shards"], r["target-count"]) for r in smoke] == [
+        ("b200", "h100", 1, 1),
+        ("hopper", "h100", 1, 3),
+    ]
+
+
+def test_smoke_row_toolchain_is_checked_on_the_smoke_class() -> None:
+    text = SPLIT_TOML.replace('smoke = "h100" }', 'smoke = "mac" }', 1)
+    infos = [hw("hopper", {"m/q": 1})]
+    (build,) = mx.plan_matrix(infos, runners(text))["include"]
+    (smoke,) = mx.plan_smoke_matrix(infos, runners(text))["include"]
+    assert (build["runner"], build["toolchain-available"]) == ("linux", True)
+    assert (smoke["runner"], smoke["toolchain-available"]) == ("mac", False)
 
 
 def test_load_runners_missing_and_bad_toml(tmp_path: Path) -> None:
@@ -455,15 +554,34 @@ def test_repository_runner_map_covers_the_sample_tree() -> None:
     assert sample, "the sample tree kernels/ has hardware with targets"
     unlisted = [h for h in sample if h not in rs.hardware]
     assert unlisted == [], f"add them under [hardware] in {mx.DEFAULT_RUNNERS_FILE}"
+    # The shipped map compiles every NVIDIA tree on a CPU class; GPU classes only smoke.
+    nvidia = [h for h in sample if h in ("b200", "b300", "gb10", "hopper")]
+    assert nvidia == ["b200", "b300", "gb10", "hopper"]
+    for name in nvidia:
+        placement = rs.hardware[name]
+        assert placement.split and placement.build.startswith("cpu"), name
+        assert not any(label.startswith("gpu") for label in rs.classes[placement.build].labels)
+        build, smoke = rs.classes[placement.build], rs.classes[placement.smoke]
+        # The same CPU architecture: the toolchain install is part of every key.
+        assert {"x64", "arm64"} & set(build.labels) == {"x64", "arm64"} & set(smoke.labels)
     code, out, err = cli(REPO)
     assert code == 0, err
     rows: list[dict[str, Any]] = json.loads(out)["include"]
     assert [r["hw"] for r in rows] == sample
     assert all(set(r) == ROW_KEYS for r in rows)
     for r in rows:
-        assert r["build"] == f"build:{r['hw']}/*" and r["smoke"] == f"smoke:{r['hw']}"
-        assert r["runs-on"] == list(rs.classes[rs.hardware[r["hw"]]].labels)
+        placement = rs.hardware[r["hw"]]
+        assert r["build"] == f"build:{r['hw']}/*"
+        assert r["smoke"] == ("" if placement.split else f"smoke:{r['hw']}")
+        assert r["runs-on"] == list(rs.classes[placement.build].labels)
         assert r["targets"] == sorted(str(t) for t in walk(REPO) if t.hardware == r["hw"])
+    code, out, err = cli(REPO, "--smoke-rows")
+    assert code == 0, err
+    smoke = json.loads(out)["include"]
+    assert [r["hw"] for r in smoke] == nvidia
+    for r in smoke:
+        assert r["runs-on"] == list(rs.classes[rs.hardware[r["hw"]].smoke].labels)
+        assert (r["build"], r["smoke"]) == ("", f"smoke:{r['hw']}")
 
 
 def test_cli_warns_only_about_selected_unmapped_hardware(tree: Path) -> None:

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from metrale_orch import matrix as mx
+from metrale_orch.config import ENV_VARS
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOW = REPO / "ci" / "github" / "kernels.yml"
@@ -26,6 +27,7 @@ ROW_KEYS = set(
         shard=1,
         shards=1,
         runner=mx.RunnerClass(name="r", labels=("x",)),
+        placement=mx.Placement.both("r"),
         toolchain="nvcc",
         targets=(),
         modules=0,
@@ -143,6 +145,18 @@ def test_smoke_job_runs_after_every_shard(workflow: dict[Any, Any]) -> None:
     assert smoke["needs"] == ["plan", "build"]
     assert "!cancelled()" in smoke["if"] and "needs.plan.outputs.smoke-rows != '0'" in smoke["if"]
     assert "Build" not in [s.get("name") for s in _steps(smoke)]
+
+
+def test_only_the_smoke_job_requires_hits(workflow: dict[Any, Any]) -> None:
+    # The build rows compile (CPU runners); the smoke rows (GPU runners) may only restore
+    # what they published: a miss fails instead of compiling there. The variable is the
+    # configuration's own, so a rename cannot leave the workflow setting nothing.
+    assert ENV_VARS["METRALE_ORCH_REQUIRE_HITS"] == "require_hits"
+    assert "METRALE_ORCH_REQUIRE_HITS" not in workflow["jobs"]["build"]["env"]
+    value = workflow["jobs"]["smoke"]["env"]["METRALE_ORCH_REQUIRE_HITS"]
+    # A fork's build rows cannot publish (read-only cache): its smoke job compiles.
+    assert value == "${{ github.event.pull_request.head.repo.fork && 'false' || 'true' }}"
+    assert "require_hits" in _step(workflow["jobs"]["smoke"], "Summary")["run"]
 
 
 def test_every_matrix_key_the_workflow_reads_is_a_row_key() -> None:

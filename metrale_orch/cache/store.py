@@ -174,6 +174,19 @@ class Cache:
     def enabled(self) -> bool:
         return self._enabled
 
+    def tiers(self) -> str:
+        """The tiers a lookup asks, in words for a message: ``the local cache and the remote
+        s3://b/p``, or why one is not asked (no remote set, the remote switched off, the
+        cache off)."""
+        if not self._enabled:
+            return "no tier, as cache_mode is off"
+        remote = self._remote
+        if remote is None:
+            return "the local cache only, as no remote cache is set (METRALE_ORCH_CACHE)"
+        if remote.disabled:
+            return f"the local cache only, as the remote {remote.url} is off for this run"
+        return f"the local cache and the remote {remote.url}"
+
     # -- lookups --
 
     def get(self, key: str, *, accept: Accept | None = None) -> Hit | None:

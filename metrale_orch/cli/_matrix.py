@@ -17,13 +17,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``matrix``."""
     p = sub.add_parser(
         "matrix",
-        help="print the CI matrix: one row per hardware on its runner class",
+        help="print the CI matrix: one row per hardware on its build runner class",
         description=(
             'Print a GitHub Actions strategy.matrix object ({"include": [rows]}) as one line '
             "of JSON: one row per hardware tree with its targets, the runs-on labels of its "
-            f"runner class (from {mx.DEFAULT_RUNNERS_FILE}), the build selector "
-            "(build:<hw>/*), the smoke task (smoke:<hw>) and whether its toolchain is "
-            "installed on that runner class. Rows are sorted and stable."
+            f"build runner class (from {mx.DEFAULT_RUNNERS_FILE}), the build selector "
+            "(build:<hw>/*), the smoke task (smoke:<hw>, empty where the hardware smokes "
+            "on another class: see --smoke-rows) and whether its toolchain is installed "
+            "on that runner class. Rows are sorted and stable."
         ),
     )
     p.add_argument(
@@ -60,8 +61,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--smoke-rows",
         action="store_true",
-        help="print instead one smoke-only row per sharded hardware (for a job that runs "
-        "smoke:<hw> after all of its shards)",
+        help="print instead one smoke-only row, on its smoke runner class, per hardware "
+        "whose build rows do not smoke it (sharded, or smoked on another class than it "
+        "builds on): for a job that runs smoke:<hw> after every build row, from cache hits",
     )
     p.add_argument("--pretty", action="store_true", help="indent the JSON (for people)")
     p.set_defaults(run=run_matrix)

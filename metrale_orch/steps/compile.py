@@ -83,6 +83,9 @@ class BuildContext:
     layer_includes: Mapping[str, str] = field(default_factory=dict)
     #: Staged file -> its include lines (scanned once per target, not once per module).
     includes: Mapping[str, Includes] = field(default_factory=dict)
+    #: ``require_hits``: a module every cache tier misses fails (:class:`MissRefused`)
+    #: instead of compiling.
+    require_hits: bool = False
     #: Held while a module writes the stage's HIP mirror (the target's modules compile
     #: in parallel; the mirror and its record are one directory).
     mirror_lock: threading.Lock = field(default_factory=threading.Lock)

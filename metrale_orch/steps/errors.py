@@ -20,6 +20,8 @@ __all__ = [
     "BuildError",
     "CompileError",
     "ContainmentError",
+    "MissRefused",
+    "ModuleFailure",
     "ProfileError",
     "ProfileMissing",
     "StageError",
@@ -90,6 +92,45 @@ class CompileError(BuildError):
             "reason": self.reason,
             "output": self.output,
         }
+
+
+class MissRefused(BuildError):
+    """``require_hits``: every cache tier missed a module, so it would compile here; it is
+    not compiled. A smoke job on a GPU runner sets it: the build job of the hardware (on a
+    CPU runner) should have filled the shared cache, and a miss means it did not."""
+
+    target: str
+    module: str
+    #: The module's source in the tree (root-relative).
+    source: str
+    key: str
+    #: What was asked, in words (:meth:`metrale_orch.cache.Cache.tiers`).
+    tiers: str
+    #: Whether an entry of the key was found but recorded other inputs than these.
+    rejected: bool = False
+
+    def __str__(self) -> str:
+        found = "only an entry compiled from other inputs" if self.rejected else "no entry"
+        return (
+            f"{self.target}: module {self.module} ({self.source}): NOT COMPILED: require_hits "
+            f"is set and the shared cache did not have key {self.key}: {found}; asked "
+            f"{self.tiers}. The build job for this hardware must run first and share the cache "
+            "(the same cache URL and the same toolchain install: the key includes it), or "
+            "unset require_hits to compile here"
+        )
+
+    def to_dict(self) -> dict[str, str | int | None]:
+        return {
+            "target": self.target,
+            "module": self.module,
+            "source": self.source,
+            "key": self.key,
+            "reason": "require_hits: not in the cache",
+        }
+
+
+#: A failure of one module that does not stop the target's other modules.
+ModuleFailure = CompileError | MissRefused
 
 
 class StageError(BuildError):

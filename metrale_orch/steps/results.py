@@ -13,7 +13,7 @@ from types import MappingProxyType
 
 from metrale_orch.fsutil import FileState
 from metrale_orch.manifest import ManifestModule, ModuleOutcome
-from metrale_orch.steps.errors import CompileError
+from metrale_orch.steps.errors import MissRefused, ModuleFailure
 from metrale_orch.steps.profile import Span
 
 __all__ = ["ModuleResult", "TargetResult"]
@@ -48,7 +48,8 @@ class TargetResult:
 
     target: str
     modules: tuple[ModuleResult, ...]
-    failures: tuple[CompileError, ...] = ()
+    #: The modules that failed: a compiler error, or a miss ``require_hits`` refused.
+    failures: tuple[ModuleFailure, ...] = ()
     #: Per-target counts: compiled, local, remote, failed (+ memo: reused in-process).
     cache_stats: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     seconds: float = 0.0
@@ -72,11 +73,17 @@ class TargetResult:
         return bool(self.failures)
 
     @property
-    def errors(self) -> tuple[CompileError, ...]:
+    def refused(self) -> tuple[MissRefused, ...]:
+        """The modules ``require_hits`` did not compile: every cache tier missed them."""
+        return tuple(f for f in self.failures if isinstance(f, MissRefused))
+
+    @property
+    def errors(self) -> tuple[ModuleFailure, ...]:
         return self.failures
 
     def failure_text(self) -> str:
-        """Every compiler failure: target, module, command line and output."""
+        """Every module failure: target, module, and the command line and output of a
+        compiler error, or the key of a refused miss."""
         return "\n".join(str(f) for f in self.failures)
 
     def to_dict(self) -> dict[str, object]:

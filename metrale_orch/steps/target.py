@@ -48,7 +48,13 @@ from metrale_orch.steps.dropped import (
     scan_drops,
     shadow_exemptions,
 )
-from metrale_orch.steps.errors import BuildConfigError, CompileError, ContainmentError
+from metrale_orch.steps.errors import (
+    BuildConfigError,
+    CompileError,
+    ContainmentError,
+    MissRefused,
+    ModuleFailure,
+)
 from metrale_orch.steps.hip_mirror import HipCompat, scan_hip_compat
 from metrale_orch.steps.includes import (
     Includes,
@@ -112,7 +118,7 @@ class _Obtained:
     data: bytes | None
     inputs: tuple[tuple[str, str, str], ...]
     outcome: Obtainment | Literal["failed"]
-    failure: CompileError | None = None
+    failure: ModuleFailure | None = None
 
 
 def build_target(
@@ -132,9 +138,10 @@ def build_target(
     (its executor runs at most ``jobs`` compiles at once); without a session the
     build gets a private one of ``config.jobs``. Compiler failures do not raise:
     they are logged and returned in ``TargetResult.failures`` (no manifest is
-    written then) while the other modules go on. Raises ``LayoutError`` for a tree
-    error, :class:`ToolchainMissing` when the compiler is not installed,
-    :class:`ToolchainError` / :class:`BuildConfigError` / ``DefaultsError`` for bad
+    written then) while the other modules go on; so, with ``config.require_hits``, is a
+    module that every cache tier misses (:class:`MissRefused`: not compiled). Raises
+    ``LayoutError`` for a tree error, :class:`ToolchainMissing` when the compiler is not
+    installed, :class:`ToolchainError` / :class:`BuildConfigError` / ``DefaultsError`` for bad
     settings, :class:`UnsafePathError` (before any compile) for a path the compiler's
     sub-shell would misread, :class:`~metrale_orch.steps.staging.ContainmentError` for
     an input outside ``kernels/``, :class:`StageError` when the build dir cannot be
@@ -295,6 +302,7 @@ def _prepare(
             session=session,
             layer_includes=layer_includes,
             includes=includes,
+            require_hits=config.require_hits,
             words={
                 cwd: effective_flags(
                     plan,
@@ -375,10 +383,10 @@ def _pipeline(
     t0 = time.perf_counter()
     progress = ctx.session.progress
     outcome: Obtainment | Literal["failed"] = "failed"
-    failure: CompileError | None = None
+    failure: ModuleFailure | None = None
     try:
         data, outcome, inputs = _obtain(ctx, module, key, rec, expected)
-    except CompileError as exc:
+    except (CompileError, MissRefused) as exc:
         failure = exc
         ctx.log.error("%s", exc)
         data, inputs = None, ()
@@ -533,7 +541,8 @@ def _obtain(
     while a cache is open (its key lock): a target whose module shares a key with one
     in flight waits for that result and verifies it. Records the ``lookup`` span
     (which includes that wait), then ``compile`` and ``store`` on a miss, in ``rec``.
-    Raises :class:`CompileError` when the compiler fails.
+    Raises :class:`CompileError` when the compiler fails, and :class:`MissRefused` instead
+    of compiling when ``ctx.require_hits`` is set.
     """
     session = ctx.session
 
@@ -560,6 +569,16 @@ def _obtain(
                 args.update(outcome=tier, source="cache", bytes=len(data))
                 return data, tier, inputs
             args["outcome"] = "miss"
+            if ctx.require_hits:
+                args["outcome"] = "refused"
+                raise MissRefused(
+                    str(ctx.plan.target),
+                    module.name,
+                    module.source_rel,
+                    key,
+                    "no tier, as there is no cache" if ctx.cache is None else ctx.cache.tiers(),
+                    rejected,
+                )
         data, inputs = _compile_and_store(ctx, module, key, rec, expected, rejected)
         return data, "compiled", inputs
 

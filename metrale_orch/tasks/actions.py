@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LOG_NAME",
+    "REFUSED_KEY",
     "BuildFailed",
     "begin_run",
     "build_action",
@@ -93,6 +94,9 @@ _ACTIVE_CHANGED = threading.Condition()
 
 #: Most targets doit runs at once by default with remote execution.
 REMOTE_TARGET_THREADS = 32
+
+#: The value key of a target's modules that ``require_hits`` did not compile (a count).
+REFUSED_KEY = "refused"
 
 #: The values of a target that a stopped run did not build.
 STOPPED: dict[str, object] = {"outcome": "stopped"}
@@ -476,6 +480,8 @@ def _build_action(root: str, target: str) -> dict[str, object] | TaskFailed:
     if result.external:
         values[EXTERNAL_KEY] = {k: list(v) for k, v in result.external.items()}
     values[PROFILE_KEY] = [span.to_dict() for span in result.spans]
+    if result.refused:  # require_hits: counted in the run's summary
+        values[REFUSED_KEY] = len(result.refused)
     warnings = [*result.warnings, *cache.warnings()]
     if warnings:
         values["warnings"] = sorted({str(w) for w in warnings})

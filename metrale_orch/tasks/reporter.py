@@ -10,6 +10,10 @@ of its targets is, which says nothing). A failure prints its one-line message
     skipped 4 targets: toolchain 'metal' is not installed: ... (apple/*)
     cache: <the cache's own summary line>
 
+With ``require_hits`` set, the modules it refused to compile (every cache tier
+missed them) are counted on a line of their own after the summary
+(:func:`format_refused`); each such target failed.
+
 With ignored targets the line counts them too (``…, 1 failed, 2 ignored in …``,
 only then, so the common line keeps its shape) and one more line names them and
 how to undo the mark.
@@ -67,6 +71,7 @@ from metrale_orch.errors import (
 from metrale_orch.fsutil import write_atomic
 from metrale_orch.paths import BUILD_TASK, PROFILE_NAME, SMOKE_TASK, STATE_DIR, STATS_NAME
 from metrale_orch.tasks.actions import (
+    REFUSED_KEY,
     BuildFailed,
     begin_run,
     end_run,
@@ -87,6 +92,7 @@ __all__ = [
     "end_interrupted",
     "exit_status",
     "format_interrupted",
+    "format_refused",
     "format_summary",
 ]
 
@@ -106,6 +112,18 @@ def format_summary(counts: dict[str, int], seconds: float) -> str:
     if counts.get("ignored"):
         parts.append(f"{counts['ignored']} ignored")
     return f"build: {', '.join(parts)} in {seconds:.1f} s"
+
+
+def format_refused(refused: Mapping[str, int]) -> str:
+    """The ``require_hits`` line (pure): how many modules of which targets missed every
+    cache tier and were not compiled; ``refused`` maps ``build:<target>`` to its count."""
+    modules = sum(refused.values())
+    targets = sorted(name.removeprefix(_BASE) for name in refused)
+    return (
+        f"require_hits: {modules} module(s) of {len(targets)} target(s) not in the shared "
+        f"cache, NOT compiled ({_brief(targets)}): the build job for this hardware must run "
+        "first and share the cache"
+    )
 
 
 def add_remote_counts(total: dict[str, object], counts: Mapping[str, object]) -> None:
@@ -250,6 +268,8 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         self._count_lock = threading.Lock()
         #: Where the compile actions ran (remote execution), added up over the targets.
         self._remote: dict[str, object] = {}
+        #: ``build:<target>`` -> its modules ``require_hits`` did not compile.
+        self._refused: dict[str, int] = {}
 
     # -- doit's interface -----------------------------------------------------------------------
 
@@ -346,7 +366,11 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         self._ran = self._ran or _kind(task) == "build"
         self._bump("failed")
         self._failed_names.append(task.name)
-        self._take(dict(getattr(fail, "values", None) or {}))
+        values = dict(getattr(fail, "values", None) or {})
+        refused = values.get(REFUSED_KEY)
+        if isinstance(refused, int) and refused:
+            self._refused[task.name] = refused
+        self._take(values)
         message = str(getattr(fail, "message", "") or fail)
         traceback = "".join(getattr(fail, "traceback", "") or "")
         if not message.startswith(_BASE):
@@ -460,6 +484,8 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
     def _complete_build(self) -> None:
         seconds = time.perf_counter() - self._start
         self.write(format_summary(self._counts, seconds) + "\n")
+        if self._refused:
+            self.write(format_refused(self._refused) + "\n")
         for reason, targets in sorted(self._skipped.items()):
             self.write(f"skipped {len(targets)} target(s): {reason} ({_brief(targets)})\n")
         if self._ignored:
