@@ -30,7 +30,7 @@ import xxhash
 from metrale_orch.errors import MetraleError
 from metrale_orch.fsutil import file_hash, write_atomic
 from metrale_orch.proc import ProcessError
-from metrale_orch.toolchain.argv import keyed_environment
+from metrale_orch.toolchain.argv import keyed_environment, toolchain_environ
 from metrale_orch.toolchain.definitions import Toolchain
 from metrale_orch.toolchain.dryrun import (
     SEARCH_PATH_VARS,
@@ -168,9 +168,11 @@ def probe_toolchain(
       wrapper adds and the real ``cc1plus``) and the content of both;
     - the environment variables the compilers read (:func:`keyed_environment`).
 
-    Raises :class:`ToolchainMissing` when the host compiler is absent and
-    :class:`ToolchainError` when a probe fails.
+    Every probe runs in :func:`toolchain_environ` (the toolchain's ``env_set`` over
+    ``environ``). Raises :class:`ToolchainMissing` when the host compiler is absent
+    and :class:`ToolchainError` when a probe fails.
     """
+    environ = toolchain_environ(toolchain, environ)
     host = None
     if toolchain.host_compiler or toolchain.host_compiler_env:
         host = host_compiler(toolchain, environ)
