@@ -41,8 +41,9 @@ from metrale_orch.tasks.dicts import (
     plan_skip_task,
 )
 from metrale_orch.tasks.smoke import smoke_tasks
+from metrale_orch.toolchain.archcheck import find_toolchain_for_arch
 from metrale_orch.toolchain.definitions import Toolchain, load_toolchains, select_toolchain
-from metrale_orch.toolchain.probe import FoundToolchain, ProbeMemo, find_toolchain
+from metrale_orch.toolchain.probe import FoundToolchain, ProbeMemo
 from metrale_orch.tree import (
     Layout,
     LayoutError,
@@ -134,11 +135,12 @@ def generate_specs(
             continue
         try:
             toolchain = select_toolchain(layout.hardware, toolchains)
-            # The arch picks the compiler of some toolchains (SCALE's per-arch nvcc).
+            # The arch picks the compiler of some toolchains (SCALE's per-arch nvcc); a
+            # compiler that cannot build the arch is skipped like a missing one (hipcc).
             tool_key = (toolchain.name, layout.hardware.arch or "")
             if tool_key not in found:
                 try:
-                    found[tool_key] = find_toolchain(
+                    found[tool_key] = find_toolchain_for_arch(
                         toolchain,
                         environ,
                         state_dir=config.build_dir / STATE_DIR,

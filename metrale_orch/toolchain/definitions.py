@@ -125,6 +125,7 @@ _LIST_KEYS = (
     "root_markers",
     "link_argv",
     "strict_args",
+    "arch_check_args",
 )
 #: Keys holding a table of strings (name -> value).
 _TABLE_KEYS = ("env_set",)
@@ -173,6 +174,10 @@ class Toolchain:
     #: caller's environment (hipcc's ``HIP_PLATFORM=amd``), as (name, value) sorted by
     #: name; part of the identity and of every key.
     env_set: tuple[tuple[str, str], ...] = ()
+    #: Arguments of a tiny compile (an empty kernel) that shows whether the compiler can
+    #: build an arch at all (``{arch}``, ``{source}``, ``{output}``, ``{output_kind_flag}``);
+    #: empty: no such check (a target whose arch the compiler rejects fails to compile).
+    arch_check_args: tuple[str, ...] = ()
     #: Arguments of the dry-run probe (``{output_kind_flag}``, ``{source}``, ``{output}``);
     #: empty when the compiler has none (then its own content and version are keyed).
     dryrun_args: tuple[str, ...] = ()
@@ -226,6 +231,7 @@ class Toolchain:
             "env_allowlist": list(self.env_allowlist),
             "env_prefixes": list(self.env_prefixes),
             "env_set": dict(self.env_set),
+            "arch_check_args": list(self.arch_check_args),
             "dryrun_args": list(self.dryrun_args),
             "host_compiler_probe_args": list(self.host_compiler_probe_args),
             "host_compiler_search_args": list(self.host_compiler_search_args),
@@ -289,6 +295,7 @@ def parse_toolchain(
         env_allowlist=tuple(sorted(set(_words(fields, "env_allowlist")))),
         env_prefixes=tuple(sorted(set(_words(fields, "env_prefixes")))),
         env_set=_env_set(fields, where),
+        arch_check_args=_checked_arch_check(fields, where),
         dryrun_args=_words(fields, "dryrun_args"),
         host_compiler_probe_args=_words(fields, "host_compiler_probe_args"),
         host_compiler_search_args=_words(fields, "host_compiler_search_args"),
@@ -421,6 +428,17 @@ def _env_set(fields: Mapping[str, object], where: str) -> tuple[tuple[str, str],
         if not _ENV_NAME_RE.fullmatch(str(name)):
             raise ToolchainError(where, f"env_set.{name}", "is not an environment variable name")
     return tuple(sorted((str(k), str(v)) for k, v in table.items()))
+
+
+def _checked_arch_check(fields: Mapping[str, object], where: str) -> tuple[str, ...]:
+    """``arch_check_args``: a compile of ``{source}`` into ``{output}`` for ``{arch}``."""
+    args = _words(fields, "arch_check_args")
+    for i, token in enumerate(args):
+        if token in LIST_PLACEHOLDERS:
+            raise ToolchainError(where, f"arch_check_args[{i}]", f"{token} has no value here")
+    if args:
+        _check_template(args, where, "arch_check_args", ("{arch}", "{source}", "{output}"))
+    return args
 
 
 def _text(fields: Mapping[str, object], key: str, default: str = "") -> str:

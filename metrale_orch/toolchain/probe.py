@@ -291,9 +291,7 @@ def _run_probe(
                 raise ToolchainError(
                     f"toolchain {toolchain.name!r}",
                     "dryrun_args",
-                    f"the dry-run probe failed: {exc}; if this compiler has no dry run, "
-                    f"set dryrun_args = [] in a toolchains/{toolchain.name}.toml that "
-                    f'extends "{toolchain.name}"',
+                    f"the dry-run probe failed: {exc}; {_dryrun_hint(toolchain, arch, exc)}",
                 ) from None
             doc["dryrun"] = text
             search = variables.get("PATH") or environ.get("PATH", os.defpath)
@@ -334,6 +332,21 @@ def _run_probe(
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
     digest = xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogateescape"))
     return Probe(identity=f"{human} | {digest}", roots=roots, system_dirs=system)
+
+
+def _dryrun_hint(toolchain: Toolchain, arch: str, failure: ProcessError) -> str:
+    """What to do about a failed dry run, by its cause: an arch the compiler does not know
+    (an error line of its output names the arch), else a compiler without this dry run."""
+    lines = failure.output.splitlines()
+    if arch and any("error" in ln.lower() and arch in ln for ln in lines):
+        return (
+            f"the compiler rejects the arch {arch} ([hardware] arch): install a "
+            f"{toolchain.program} that supports {arch}"
+        )
+    return (
+        f"if this compiler has no dry run, set dryrun_args = [] in a "
+        f'toolchains/{toolchain.name}.toml that extends "{toolchain.name}"'
+    )
 
 
 def toolchain_stamp(
