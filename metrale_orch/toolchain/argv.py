@@ -98,7 +98,27 @@ _FMAD = {"false": "-ffp-contract=off", "true": "-ffp-contract=fast"}
 def hip_flags(flags: Sequence[str]) -> tuple[str, ...]:
     """The flags hipcc gets for nvcc-dialect ``flags`` (pure): ``--fmad=false`` becomes
     ``-ffp-contract=off``, ``--fmad=true`` ``-ffp-contract=fast``, any other ``--fmad=…``
-    (``-fmad=…`` too) is dropped; everything else is kept in order."""
+    (``-fmad=…`` too) is dropped; everything else is kept in order.
+
+    A ``-ffp-contract=…`` that repeats the one already in effect is dropped (a tree's
+    HIP leaves often carry both ``--fmad=false`` and ``-ffp-contract=off``): so hipcc
+    gets each setting once. A repeat is kept when a flag between the two could change
+    contraction itself (``-ffast-math``, ``-ffp-model=…``, ``-O…``: anything ``-f``/``-O``),
+    so the command means what the flags said (clang's last setting wins)."""
+    out: list[str] = []
+    in_effect = ""
+    for flag in _translated_fmad(flags):
+        if flag.startswith("-ffp-contract="):
+            if flag == in_effect:
+                continue
+            in_effect = flag
+        elif flag.startswith(("-f", "-O")):
+            in_effect = ""
+        out.append(flag)
+    return tuple(out)
+
+
+def _translated_fmad(flags: Sequence[str]) -> list[str]:
     out: list[str] = []
     for flag in flags:
         for prefix in ("--fmad=", "-fmad="):
@@ -109,7 +129,7 @@ def hip_flags(flags: Sequence[str]) -> tuple[str, ...]:
                 break
         else:
             out.append(flag)
-    return tuple(out)
+    return out
 
 
 def program_name(toolchain: Toolchain, arch: str) -> str:
