@@ -31,7 +31,13 @@ from pathlib import Path
 import pytest
 
 from metrale_orch.cache.objects import key_of
-from metrale_orch.smoke import inspect_artefact, static_problems
+from metrale_orch.smoke import (
+    DeviceInfo,
+    DeviceStatus,
+    inspect_artefact,
+    run_smoke,
+    static_problems,
+)
 from metrale_orch.smoke.amdgpu import (
     AMDGPU_MACH,
     BUNDLE_MAGIC,
@@ -218,6 +224,20 @@ def _check_installed(root: Path, tmp_path: Path) -> None:
     recorded = {tuple(i[:2]) for i in entry.meta["inputs"]}
     assert {("stage", "scale.cu"), ("stage", "../../common/warp.cuh")} <= recorded
     assert any(k.startswith("toolkit") and p == "hip/hip_runtime.h" for k, p in recorded)
+
+    # On a machine with a CUDA device the code object is not launched there, saying why.
+    def cuda_device() -> DeviceStatus:
+        return DeviceStatus(device=DeviceInfo(index=0, name="NVIDIA H200", cc=(9, 0)))
+
+    report = run_smoke(root, "mi200", probe=cuda_device)
+    assert [(r.case, r.outcome) for r in report.results] == [
+        ("static", "passed"),
+        ("scale_64", "skipped"),
+    ]
+    assert report.results[1].message == (
+        "numeric smoke skipped: gfx90a is an AMDGPU code object; the numeric smoke launches "
+        "on CUDA devices only"
+    )
     # The mirror widened the warp mask; the tree was not touched.
     mirrored = root / "build/stage/mi200/m/q/.hip/common/warp.cuh"
     assert "unsigned long long m = __activemask();" in mirrored.read_text()
