@@ -135,24 +135,13 @@ def generate_specs(
             continue
         try:
             toolchain = select_toolchain(layout.hardware, toolchains)
-            # The arch picks the compiler of some toolchains (SCALE's per-arch nvcc); a
-            # compiler that cannot build the arch is skipped like a missing one (hipcc).
             tool_key = (toolchain.name, layout.hardware.arch or "")
             if tool_key not in found:
-                try:
-                    found[tool_key] = find_toolchain_for_arch(
-                        toolchain,
-                        environ,
-                        state_dir=config.build_dir / STATE_DIR,
-                        arch=tool_key[1],
-                        memo=probes,
-                    )
-                except ToolchainMissing as missing:
-                    found[tool_key] = missing
-                except MetraleError as exc:
-                    # A failed version probe may pass next time: never cached.
-                    found[tool_key] = exc
-                    cacheable = False
+                found[tool_key] = _find_toolchain(
+                    toolchain, environ, config.build_dir / STATE_DIR, tool_key[1], probes
+                )
+                # A failed version probe may pass next time: never cached.
+                cacheable = cacheable and not _probe_failed(found[tool_key])
             tool = found[tool_key]
             if isinstance(tool, ToolchainMissing):
                 reason = str(tool)
@@ -206,6 +195,30 @@ def generate_specs(
             )
         )
     return specs, cacheable
+
+
+def _find_toolchain(
+    toolchain: Toolchain,
+    environ: Mapping[str, str],
+    state_dir: Path,
+    arch: str,
+    probes: ProbeMemo,
+) -> FoundToolchain | MetraleError:
+    """The toolchain found and probed for ``arch`` (which picks the compiler of some
+    toolchains: SCALE's per-arch nvcc), or why not: a :class:`ToolchainMissing` (also
+    for a compiler that cannot build the arch, hipcc's clang and gfx1151) skips the
+    targets, any other error fails them."""
+    try:
+        return find_toolchain_for_arch(
+            toolchain, environ, state_dir=state_dir, arch=arch, memo=probes
+        )
+    except MetraleError as exc:
+        return exc
+
+
+def _probe_failed(tool: FoundToolchain | MetraleError) -> bool:
+    """Whether finding the toolchain failed other than by its absence."""
+    return isinstance(tool, MetraleError) and not isinstance(tool, ToolchainMissing)
 
 
 def spec_inputs(root: Path, spec: BuildSpec) -> frozenset[str]:
