@@ -503,8 +503,16 @@ def test_hip_flags_translate_fmad() -> None:
     assert hip_flags(
         ["--fmad=false", "-DHDIM=128", "-ffp-contract=off", "--fmad=true", "--fmad=maybe",
          "-fmad=false", "--fmadx"]
-    ) == ("-ffp-contract=off", "-DHDIM=128", "-ffp-contract=off", "-ffp-contract=fast",
+    ) == ("-ffp-contract=off", "-DHDIM=128", "-ffp-contract=fast",
           "-ffp-contract=off", "--fmadx")  # fmt: skip
+    # The setting in effect is given once; a flag that may change it between keeps both.
+    assert hip_flags(["--fmad=false", "-ffp-contract=off"]) == ("-ffp-contract=off",)
+    assert hip_flags(["-ffp-contract=off", "-DX", "--fmad=false", "-DY"]) == (
+        "-ffp-contract=off", "-DX", "-DY",
+    )  # fmt: skip
+    assert hip_flags(["--fmad=false", "-ffast-math", "-ffp-contract=off"]) == (
+        "-ffp-contract=off", "-ffast-math", "-ffp-contract=off",
+    )  # fmt: skip
 
 
 def test_sample_strix_hip_target_builds_through_the_mirror(tmp_path: Path) -> None:
@@ -588,7 +596,7 @@ _HIP = {
     "kernels/amd/m/MODEL.toml": "[model]\n",
     "kernels/amd/m/q/KERNEL.toml": (
         '[build]\nextra_nvcc_flags = ["-ffp-contract=off", "--fmad=true", "--fmad=maybe"]\n'
-    ),
+    ),  # hipcc gets -ffp-contract=off once (it is in effect from the hardware's --fmad=false)
     "kernels/amd/m/q/k.cu": (
         '#include "../../common/reduce.cuh"\n'
         '#include "vendor/sub.cuh"\n'
@@ -615,7 +623,7 @@ def test_hip_flags_mirror_and_unmirrored_subdirectories(tmp_path: Path) -> None:
     assert _normalise(entry["argv"], entry) == [
         str(hipcc), "-x", "hip", "--genco", "--offload-arch=gfx1201", "-O3",
         "-include", "hip/hip_runtime.h",
-        "-ffp-contract=off", "-DHDIM=128", "-ffp-contract=off", "-ffp-contract=fast",
+        "-ffp-contract=off", "-DHDIM=128", "-ffp-contract=fast",
         "-I.", f"../../{MIRROR_DIR}/m/q/k.cu", "-o", "<tmp>/k.co", "-MD", "-MF", "<tmp>/deps.d",
     ]  # fmt: skip
     read = entry["read"]
@@ -657,7 +665,7 @@ def test_hip_flags_mirror_and_unmirrored_subdirectories(tmp_path: Path) -> None:
     assert plan.modules[0].argv == (
         "hipcc", "-x", "hip", "--genco", "--offload-arch=gfx1201", "-O3",
         "-include", "hip/hip_runtime.h",
-        "-ffp-contract=off", "-DHDIM=128", "-ffp-contract=off", "-ffp-contract=fast",
+        "-ffp-contract=off", "-DHDIM=128", "-ffp-contract=fast",
         "-I.", f"../../{MIRROR_DIR}/m/q/k.cu", "-o", "k.co",
     )  # fmt: skip
     assert plan.flags == ("--fmad=false", "-DHDIM=128", "-ffp-contract=off", "--fmad=true",

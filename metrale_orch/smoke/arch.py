@@ -12,8 +12,8 @@ from typing import Literal
 
 __all__ = ["ArchSpec", "ArtefactKind", "arch_runnable", "parse_arch"]
 
-#: What an artefact is, read from its bytes.
-ArtefactKind = Literal["ptx", "cubin", "fatbin"]
+#: What an artefact is, read from its bytes (``hsaco``: an AMDGPU code object, HIP's ``.co``).
+ArtefactKind = Literal["ptx", "cubin", "fatbin", "hsaco"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, order=True)

@@ -1,8 +1,9 @@
 """The static check of an artefact: what its bytes are, and whether they match the manifest.
 
-:func:`inspect_artefact` identifies a PTX file, a cubin or a fatbin by content
-(not by name) with the readers of :mod:`~metrale_orch.smoke.ptx` and
-:mod:`~metrale_orch.smoke.elf`; :func:`static_problems` compares what it read with
+:func:`inspect_artefact` identifies a PTX file, a cubin, a fatbin or an AMDGPU code
+object (HIP's ``.co``) by content (not by name) with the readers of
+:mod:`~metrale_orch.smoke.ptx`, :mod:`~metrale_orch.smoke.elf` and
+:mod:`~metrale_orch.smoke.amdgpu`; :func:`static_problems` compares what it read with
 the manifest's arch and the entries the smoke cases name; :func:`xxh3_matches`
 checks the manifest's content hash. Pure, no GPU; only :class:`SmokeError` leaves.
 """
@@ -14,6 +15,12 @@ from dataclasses import dataclass
 
 import xxhash
 
+from metrale_orch.smoke.amdgpu import (
+    CodeObjectInfo,
+    is_code_object,
+    parse_code_object,
+    processor_of,
+)
 from metrale_orch.smoke.arch import ArtefactKind, parse_arch
 from metrale_orch.smoke.elf import (
     CubinInfo,
@@ -44,6 +51,7 @@ class ArtefactInfo:
     ptx: PtxInfo | None = None
     cubin: CubinInfo | None = None
     fatbin: FatbinInfo | None = None
+    code_object: CodeObjectInfo | None = None
 
     def describe(self) -> str:
         """A multi-line human summary: kind, arch, entries, registers/shared memory."""
@@ -60,6 +68,8 @@ class ArtefactInfo:
                     lines.extend("  " + ln for ln in _kernel_lines(e.elf))
                 if e.ptx is not None:
                     lines.append(f"  visible entries: {', '.join(e.ptx.visible_entries)}")
+        if self.code_object is not None:
+            lines.extend(f"image: {i.describe()}" for i in self.code_object.images)
         return "\n".join(lines)
 
 
@@ -75,6 +85,15 @@ def _kernel_lines(info: CubinInfo) -> list[str]:
 def inspect_artefact(data: bytes) -> ArtefactInfo:
     """Identify and read an artefact (by content, not name). Raises :class:`SmokeError`."""
     try:
+        if is_code_object(data):
+            code = parse_code_object(data)
+            return ArtefactInfo(
+                kind="hsaco",
+                arches=tuple(i.target_id for i in code.images),
+                entries=code.entry_names,
+                entries_complete=True,
+                code_object=code,
+            )
         if is_elf(data):
             cubin = parse_cubin(data)
             return ArtefactInfo(
@@ -111,11 +130,53 @@ def inspect_artefact(data: bytes) -> ArtefactInfo:
 
 def static_problems(info: ArtefactInfo, arch: str, expected: Sequence[str]) -> tuple[str, ...]:
     """Why the artefact does not match the declared ``arch`` and ``expected`` entries. Pure."""
+    if info.code_object is not None:
+        problems = _code_object_problems(info.code_object, arch)
+    else:
+        try:
+            problems = _cuda_problems(info, arch)
+        except ValueError as exc:  # the manifest's arch is no CUDA arch
+            return (str(exc),)
+    if info.entries_complete:
+        present = set(info.entries)
+        for name in sorted(set(expected)):
+            if name not in present:
+                problems.append(
+                    f"expected entry {name!r} is missing"
+                    f" (entries: {', '.join(info.entries) or 'none'});"
+                    ' declare it extern "C" __global__ in the module'
+                )
+    return tuple(problems)
+
+
+def _code_object_problems(code: CodeObjectInfo, arch: str) -> list[str]:
+    """Why an AMDGPU code object does not match ``arch`` (``gfx90a``, or a target id with
+    features, ``gfx90a:xnack-``): no image for it, or an image whose bundle id, metadata
+    note and ``e_flags`` disagree. Pure."""
     problems: list[str] = []
-    try:
-        want = parse_arch(arch)
-    except ValueError as exc:
-        return (str(exc),)
+    want = processor_of(arch)
+    images = [i for i in code.images if i.processor == want]
+    if not images:
+        got = ", ".join(i.target_id for i in code.images)
+        problems.append(f"code object is for {got}, manifest arch is {arch!r}")
+    elif ":" in arch and not any(i.target_id == arch for i in images):
+        got = ", ".join(i.target_id for i in images)
+        problems.append(f"code object is for {got}, manifest arch is {arch!r}")
+    for image in code.images:
+        for what, named in (("bundle id", image.bundle_id), ("metadata", image.metadata_target)):
+            if named and processor_of(named) != image.processor:
+                problems.append(
+                    f"image {image.processor}: its {what} names {named!r}, its ELF flags "
+                    f"{image.processor!r}"
+                )
+    return problems
+
+
+def _cuda_problems(info: ArtefactInfo, arch: str) -> list[str]:
+    """Why PTX, a cubin or a fatbin does not match ``arch``. Pure; raises ValueError when
+    ``arch`` is no CUDA arch."""
+    problems: list[str] = []
+    want = parse_arch(arch)
     if info.ptx is not None:
         try:
             got = parse_arch(info.ptx.target)
@@ -134,16 +195,7 @@ def static_problems(info: ArtefactInfo, arch: str, expected: Sequence[str]) -> t
             elf = e.elf
             if elf is not None and elf.sm == want.sm and elf.variant not in (None, want.variant):
                 problems.append(f"fatbin image {elf.arch} does not match {arch!r}")
-    if info.entries_complete:
-        present = set(info.entries)
-        for name in sorted(set(expected)):
-            if name not in present:
-                problems.append(
-                    f"expected entry {name!r} is missing"
-                    f" (entries: {', '.join(info.entries) or 'none'});"
-                    ' declare it extern "C" __global__ in the module'
-                )
-    return tuple(problems)
+    return problems
 
 
 def xxh3_matches(data: bytes, want: str) -> bool:

@@ -50,8 +50,15 @@ __all__ = [
     "CubinInfo",
     "CubinKernel",
     "ElfError",
+    "ElfHeader",
+    "ElfSection",
+    "ElfSymbol",
     "FatbinEntry",
     "FatbinInfo",
+    "elf_header",
+    "elf_notes",
+    "elf_sections",
+    "elf_symbols",
     "is_elf",
     "is_fatbin",
     "parse_cubin",
@@ -65,6 +72,7 @@ _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
 _SHDR = struct.Struct("<IIQQQQIIQQ")
 _SYM = struct.Struct("<IBBHQQ")
 _SHT_SYMTAB = 2
+_SHT_DYNSYM = 11
 _SHT_NOTE = 7
 _SHT_NOBITS = 8
 _STT_FUNC = 2
@@ -184,7 +192,9 @@ def _cstr(table: bytes, offset: int) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class _Section:
+class ElfSection:
+    """One section header, as much of it as the readers need."""
+
     name: str
     type: int
     offset: int
@@ -193,7 +203,14 @@ class _Section:
     info: int
 
 
-def _sections(data: bytes, shoff: int, shnum: int, shentsize: int, shstrndx: int) -> list[_Section]:
+def elf_sections(data: bytes, header: ElfHeader) -> list[ElfSection]:
+    """The section headers, each with its name; :class:`ElfError` for a truncated table."""
+    shoff, shnum, shentsize, shstrndx = (
+        header.shoff,
+        header.shnum,
+        header.shentsize,
+        header.shstrndx,
+    )
     if shentsize != _SHDR.size:
         raise ElfError(f"unexpected section header size {shentsize}")
     if shoff + shnum * shentsize > len(data):
@@ -207,7 +224,7 @@ def _sections(data: bytes, shoff: int, shnum: int, shentsize: int, shstrndx: int
     for name, typ, _flags, _addr, off, size, link, info, _align, _ent in raw:
         if typ != _SHT_NOBITS and off + size > len(data):
             raise ElfError(f"section {_cstr(names, name)!r} runs past the end of the file")
-        out.append(_Section(_cstr(names, name), typ, off, size, link, info))
+        out.append(ElfSection(_cstr(names, name), typ, off, size, link, info))
     return out
 
 
@@ -239,7 +256,8 @@ def _ptxas_arch(options: str) -> str | None:
     return None
 
 
-def _notes(blob: bytes) -> list[tuple[str, int, bytes]]:
+def elf_notes(blob: bytes) -> list[tuple[str, int, bytes]]:
+    """(owner name, type, descriptor) of each record of an ``SHT_NOTE`` section."""
     out = []
     i = 0
     while i + 12 <= len(blob):
@@ -252,9 +270,12 @@ def _notes(blob: bytes) -> list[tuple[str, int, bytes]]:
     return out
 
 
-class _Header(NamedTuple):
-    """What the ELF header tells: the ABI version, ``e_flags`` and the section table."""
+class ElfHeader(NamedTuple):
+    """What a 64-bit little-endian ELF header tells: the machine, the OS ABI and its
+    version, ``e_flags`` and the section table."""
 
+    machine: int
+    osabi: int
     abi: int
     flags: int
     shoff: int
@@ -263,7 +284,7 @@ class _Header(NamedTuple):
     shstrndx: int
 
 
-class _Symbol(NamedTuple):
+class ElfSymbol(NamedTuple):
     """One symbol table entry, as much of it as kernels need."""
 
     name: str
@@ -276,10 +297,10 @@ class _Symbol(NamedTuple):
 def parse_cubin(data: bytes) -> CubinInfo:
     """Read a CUDA ELF. Raises :class:`ElfError` when it is not one (or is truncated)."""
     header = _cuda_header(data)
-    sections = _sections(data, header.shoff, header.shnum, header.shentsize, header.shstrndx)
+    sections = elf_sections(data, header)
     sm, flag_variant = _flag_arch(header.abi, header.flags)
     ptxas_options, compat_a = _toolkit_info(data, sections)
-    symbols = _symbols(data, sections)
+    symbols = elf_symbols(data, sections)
     regs, frames = _kernel_attributes(data, sections)
     kernels = _kernels(sections, symbols, regs, frames)
     return CubinInfo(
@@ -292,8 +313,8 @@ def parse_cubin(data: bytes) -> CubinInfo:
     )
 
 
-def _cuda_header(data: bytes) -> _Header:
-    """The header of a 64-bit little-endian CUDA ELF; :class:`ElfError` for anything else."""
+def elf_header(data: bytes) -> ElfHeader:
+    """The header of a 64-bit little-endian ELF, any machine; :class:`ElfError` otherwise."""
     if not is_elf(data):
         raise ElfError("not an ELF file (bad magic)")
     if len(data) < _EHDR.size:
@@ -316,9 +337,15 @@ def _cuda_header(data: bytes) -> _Header:
     ) = _EHDR.unpack_from(data)
     if ident[4] != 2 or ident[5] != 1:
         raise ElfError("not a 64-bit little-endian ELF")
-    if machine != EM_CUDA:
-        raise ElfError(f"ELF machine is {machine}, not EM_CUDA ({EM_CUDA}): not a cubin")
-    return _Header(ident[8], flags, shoff, shentsize, shnum, shstrndx)
+    return ElfHeader(machine, ident[7], ident[8], flags, shoff, shentsize, shnum, shstrndx)
+
+
+def _cuda_header(data: bytes) -> ElfHeader:
+    """The header of a 64-bit little-endian CUDA ELF; :class:`ElfError` for anything else."""
+    header = elf_header(data)
+    if header.machine != EM_CUDA:
+        raise ElfError(f"ELF machine is {header.machine}, not EM_CUDA ({EM_CUDA}): not a cubin")
+    return header
 
 
 def _flag_arch(abi: int, flags: int) -> tuple[int, str | None]:
@@ -328,14 +355,14 @@ def _flag_arch(abi: int, flags: int) -> tuple[int, str | None]:
     return flags & 0xFF, "a" if flags & 0x800 else None
 
 
-def _toolkit_info(data: bytes, sections: list[_Section]) -> tuple[str, int | None]:
+def _toolkit_info(data: bytes, sections: list[ElfSection]) -> tuple[str, int | None]:
     """(ptxas's recorded options or "", ``.nv.compat`` attribute 9 or None)."""
     ptxas_options = ""
     compat_a: int | None = None
     for sec in sections:
         blob = data[sec.offset : sec.offset + sec.size]
         if sec.name == ".note.nv.tkinfo" and sec.type == _SHT_NOTE:
-            for _name, _typ, desc in _notes(blob):
+            for _name, _typ, desc in elf_notes(blob):
                 for piece in desc.split(b"\0"):
                     text = piece.decode("utf-8", "replace").strip()
                     if text.startswith("-") and _ptxas_arch(text):
@@ -363,10 +390,13 @@ def _variant(
     return variant
 
 
-def _symbols(data: bytes, sections: list[_Section]) -> list[_Symbol]:
-    """The entries of the symbol table (none without one), in table order."""
-    symtab = next((s for s in sections if s.type == _SHT_SYMTAB), None)
-    symbols: list[_Symbol] = []
+def elf_symbols(data: bytes, sections: list[ElfSection]) -> list[ElfSymbol]:
+    """The entries of the symbol table (else of the dynamic one; none without either), in
+    table order."""
+    symtab = next((s for s in sections if s.type == _SHT_SYMTAB), None) or next(
+        (s for s in sections if s.type == _SHT_DYNSYM), None
+    )
+    symbols: list[ElfSymbol] = []
     if symtab is not None and 0 <= symtab.link < len(sections):
         strtab = sections[symtab.link]
         strings = data[strtab.offset : strtab.offset + strtab.size]
@@ -374,12 +404,12 @@ def _symbols(data: bytes, sections: list[_Section]) -> list[_Symbol]:
             name, info, other, shndx, _value, size = _SYM.unpack_from(
                 data, symtab.offset + i * _SYM.size
             )
-            symbols.append(_Symbol(_cstr(strings, name), info, other, shndx, size))
+            symbols.append(ElfSymbol(_cstr(strings, name), info, other, shndx, size))
     return symbols
 
 
 def _kernel_attributes(
-    data: bytes, sections: list[_Section]
+    data: bytes, sections: list[ElfSection]
 ) -> tuple[dict[int, int], dict[int, int]]:
     """(register count, stack frame size) by symbol index, from the ``.nv.info`` records."""
     regs: dict[int, int] = {}
@@ -398,8 +428,8 @@ def _kernel_attributes(
 
 
 def _kernels(
-    sections: list[_Section],
-    symbols: list[_Symbol],
+    sections: list[ElfSection],
+    symbols: list[ElfSymbol],
     regs: Mapping[int, int],
     frames: Mapping[int, int],
 ) -> list[CubinKernel]:
@@ -427,7 +457,7 @@ def _kernels(
     return kernels
 
 
-def _is_kernel(symbol: _Symbol, sections: list[_Section]) -> bool:
+def _is_kernel(symbol: ElfSymbol, sections: list[ElfSection]) -> bool:
     """An entry function (``STO_CUDA_ENTRY``) with its code in ``.text.<name>``."""
     if symbol.info & 0xF != _STT_FUNC or not symbol.other & _STO_CUDA_ENTRY:
         return False
@@ -436,7 +466,7 @@ def _is_kernel(symbol: _Symbol, sections: list[_Section]) -> bool:
     return sections[symbol.shndx].name == f".text.{symbol.name}"
 
 
-def _static_shared(shared_sec: _Section | None, reserved: bool) -> int:
+def _static_shared(shared_sec: ElfSection | None, reserved: bool) -> int:
     """A kernel's static shared memory as ``ptxas -v`` prints it: the size of its
     ``.nv.shared.<name>`` less the 1 KiB the driver reserves, when ptxas folded that in."""
     shared = shared_sec.size if shared_sec is not None else 0

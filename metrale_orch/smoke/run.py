@@ -267,6 +267,11 @@ class _Run:
     ) -> str:
         """Why the numeric check of ``case`` does not run on this device ("" when it runs)."""
         status = self.status
+        if info is not None and info.kind == "hsaco":
+            return (
+                f"numeric smoke skipped: {arch} is an AMDGPU code object; the numeric smoke "
+                "launches on CUDA devices only"
+            )
         if status.device is None:
             return f"numeric smoke skipped: {status.reason}"
         if not static_ok or info is None:

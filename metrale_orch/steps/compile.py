@@ -45,7 +45,12 @@ from metrale_orch.steps.includes import (
 from metrale_orch.steps.plan import ModulePlan, TargetPlan
 from metrale_orch.steps.remote_form import OUT_DIR, remote_form
 from metrale_orch.steps.staging import StagedTarget
-from metrale_orch.toolchain.argv import compile_argv, env_switches, link_argv
+from metrale_orch.toolchain.argv import (
+    compile_argv,
+    env_switches,
+    link_argv,
+    set_environment_line,
+)
 
 if TYPE_CHECKING:
     from metrale_orch.steps.session import BuildSession
@@ -360,6 +365,7 @@ def _failure(
             output=output,
             reason=reason,
             source=module.source_rel,
+            assigned=set_environment_line(ctx.plan.toolchain),
         )
 
     return make
@@ -380,9 +386,16 @@ def _run_steps(
     texts: list[str] = []
     returncode = 0
     ran = Ran()
+    # The toolchain's env_set is part of the command (HIP_PLATFORM=amd hipcc ...).
+    assigned = set_environment_line(ctx.plan.toolchain)
     for step in steps.argvs:
         ctx.log.info(
-            "%s: compile %s: (cd %s &&) %s", target, module.name, module.cwd, format_argv(step)
+            "%s: compile %s: (cd %s &&) %s%s",
+            target,
+            module.name,
+            module.cwd,
+            f"{assigned} " if assigned else "",
+            format_argv(step),
         )
         action = Action(
             argv=step,

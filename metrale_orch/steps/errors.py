@@ -62,6 +62,7 @@ class CompileError(BuildError):
         output: str,
         reason: str = "",
         source: str = "",
+        assigned: str = "",
     ) -> None:
         self.target = target
         self.module = module
@@ -69,25 +70,31 @@ class CompileError(BuildError):
         #: messages name the staged copy in the role directory.
         self.source = source
         self.argv = tuple(argv)
+        #: Variables the toolchain sets for the command (``HIP_PLATFORM=amd``), "" for none.
+        self.assigned = assigned
         self.returncode = returncode
         self.output = output
         self.reason = reason or (
             f"exited with status {returncode}" if returncode is not None else "did not finish"
         )
         where = f" ({source})" if source else ""
-        text = (
-            f"{target}: module {module}{where}: the compiler {self.reason}\n  $ {format_argv(argv)}"
-        )
+        text = f"{target}: module {module}{where}: the compiler {self.reason}\n  $ {self.command}"
         if output.strip():
             text += "\n" + output.rstrip()
         super().__init__(text)
+
+    @property
+    def command(self) -> str:
+        """The command line as a shell would run it, with the toolchain's variables."""
+        line = format_argv(self.argv)
+        return f"{self.assigned} {line}" if self.assigned else line
 
     def to_dict(self) -> dict[str, str | int | None]:
         return {
             "target": self.target,
             "module": self.module,
             "source": self.source,
-            "command": format_argv(self.argv),
+            "command": self.command,
             "exit_code": self.returncode,
             "reason": self.reason,
             "output": self.output,

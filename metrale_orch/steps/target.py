@@ -80,7 +80,7 @@ from metrale_orch.steps.staging import (
     uncontained,
 )
 from metrale_orch.steps.subshell import check_compile_paths
-from metrale_orch.toolchain.argv import env_switches
+from metrale_orch.toolchain.argv import env_switches, overridden_environment, toolchain_environ
 from metrale_orch.toolchain.definitions import Toolchain, load_toolchains, select_toolchain
 from metrale_orch.toolchain.probe import find_toolchain
 from metrale_orch.tree import Layout, Target, discover, read_manifest_warnings
@@ -105,6 +105,8 @@ class _Prepared:
     beyond: Beyond
     exempt: Exemptions
     drops: tuple[Drop, ...]
+    #: The caller's variables the toolchain's ``env_set`` overrides, one warning each.
+    env_warnings: tuple[str, ...]
     includes: Mapping[str, Includes]
     #: The task's other file dependencies -> their digest when this build read them.
     others: Mapping[Path, str]
@@ -229,6 +231,9 @@ def _prepare(
     build_dir = Path(config.build_dir)
     with rec.span("plan"):
         tc = select_toolchain(layout.hardware, toolchains)
+        # What the compiler runs in, keyed and logged: the toolchain's env_set wins.
+        env_warnings = tuple(overridden_environment(tc, environ))
+        environ = toolchain_environ(tc, environ)
         found = find_toolchain(
             tc,
             environ,
@@ -320,6 +325,7 @@ def _prepare(
         beyond=beyond,
         exempt=exempt,
         drops=tuple(drops),
+        env_warnings=env_warnings,
         includes=includes,
         others=others,
     )
@@ -436,6 +442,7 @@ def _target_result(
         warnings=(
             *read_manifest_warnings(root, layout, build_keys=build_keys),
             *drop_warnings(name, list(prep.drops), prep.exempt, root),
+            *prep.env_warnings,
         ),
         inputs=MappingProxyType(dict(sorted(built.items()))),
         outputs=MappingProxyType({memo.rel.dep(p): st for p, st in sorted(installed.items())}),

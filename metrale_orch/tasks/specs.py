@@ -41,8 +41,9 @@ from metrale_orch.tasks.dicts import (
     plan_skip_task,
 )
 from metrale_orch.tasks.smoke import smoke_tasks
+from metrale_orch.toolchain.archcheck import find_toolchain_for_arch
 from metrale_orch.toolchain.definitions import Toolchain, load_toolchains, select_toolchain
-from metrale_orch.toolchain.probe import FoundToolchain, ProbeMemo, find_toolchain
+from metrale_orch.toolchain.probe import FoundToolchain, ProbeMemo
 from metrale_orch.tree import (
     Layout,
     LayoutError,
@@ -78,22 +79,6 @@ def resolve_build_specs(
     """
     specs = generate_specs(root, environ, argv)[0]
     return specs + named_failures(root, specs, explicit_targets(argv))
-
-
-def _find(
-    toolchain: Toolchain, arch: str, environ: Mapping[str, str], config: Config, probes: ProbeMemo
-) -> FoundToolchain | MetraleError:
-    """The toolchain found and probed for ``arch``, or why not (I/O)."""
-    try:
-        return find_toolchain(
-            toolchain, environ, state_dir=config.build_dir / STATE_DIR, arch=arch, memo=probes
-        )
-    except MetraleError as exc:  # ToolchainMissing: a skip; another error: a failure
-        return exc
-
-
-def _failed_probe(tool: FoundToolchain | MetraleError) -> bool:
-    return isinstance(tool, MetraleError) and not isinstance(tool, ToolchainMissing)
 
 
 def generate_specs(
@@ -150,12 +135,13 @@ def generate_specs(
             continue
         try:
             toolchain = select_toolchain(layout.hardware, toolchains)
-            # The arch picks the compiler of some toolchains (SCALE's per-arch nvcc).
             tool_key = (toolchain.name, layout.hardware.arch or "")
             if tool_key not in found:
-                found[tool_key] = _find(toolchain, tool_key[1], environ, config, probes)
+                found[tool_key] = _find_toolchain(
+                    toolchain, environ, config.build_dir / STATE_DIR, tool_key[1], probes
+                )
                 # A failed version probe may pass next time: never cached.
-                cacheable = cacheable and not _failed_probe(found[tool_key])
+                cacheable = cacheable and not _probe_failed(found[tool_key])
             tool = found[tool_key]
             if isinstance(tool, ToolchainMissing):
                 reason = str(tool)
@@ -209,6 +195,30 @@ def generate_specs(
             )
         )
     return specs, cacheable
+
+
+def _find_toolchain(
+    toolchain: Toolchain,
+    environ: Mapping[str, str],
+    state_dir: Path,
+    arch: str,
+    probes: ProbeMemo,
+) -> FoundToolchain | MetraleError:
+    """The toolchain found and probed for ``arch`` (which picks the compiler of some
+    toolchains: SCALE's per-arch nvcc), or why not: a :class:`ToolchainMissing` (also
+    for a compiler that cannot build the arch, hipcc's clang and gfx1151) skips the
+    targets, any other error fails them."""
+    try:
+        return find_toolchain_for_arch(
+            toolchain, environ, state_dir=state_dir, arch=arch, memo=probes
+        )
+    except MetraleError as exc:
+        return exc
+
+
+def _probe_failed(tool: FoundToolchain | MetraleError) -> bool:
+    """Whether finding the toolchain failed other than by its absence."""
+    return isinstance(tool, MetraleError) and not isinstance(tool, ToolchainMissing)
 
 
 def spec_inputs(root: Path, spec: BuildSpec) -> frozenset[str]:

@@ -4,8 +4,9 @@
 :func:`program_name` is the machine-independent program spelling keys and
 manifests use; :func:`env_switches` reads ``METRALE_KERNEL_NO_STRICT``
 and ``METRALE_EXTRA_NVCC_FLAGS``; :func:`keyed_environment` is the toolchain's
-environment allow-list. Everything here is a function of values: the same
-inputs give the same argv on every machine.
+environment allow-list; :func:`toolchain_environ` is the environment its
+compiler runs in (its ``env_set`` over the caller's). Everything here is a
+function of values: the same inputs give the same argv on every machine.
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ __all__ = [
     "hip_flags",
     "keyed_environment",
     "link_argv",
+    "overridden_environment",
     "program_name",
+    "set_environment_line",
+    "toolchain_environ",
 ]
 
 
@@ -94,7 +98,27 @@ _FMAD = {"false": "-ffp-contract=off", "true": "-ffp-contract=fast"}
 def hip_flags(flags: Sequence[str]) -> tuple[str, ...]:
     """The flags hipcc gets for nvcc-dialect ``flags`` (pure): ``--fmad=false`` becomes
     ``-ffp-contract=off``, ``--fmad=true`` ``-ffp-contract=fast``, any other ``--fmad=…``
-    (``-fmad=…`` too) is dropped; everything else is kept in order."""
+    (``-fmad=…`` too) is dropped; everything else is kept in order.
+
+    A ``-ffp-contract=…`` that repeats the one already in effect is dropped (a tree's
+    HIP leaves often carry both ``--fmad=false`` and ``-ffp-contract=off``): so hipcc
+    gets each setting once. A repeat is kept when a flag between the two could change
+    contraction itself (``-ffast-math``, ``-ffp-model=…``, ``-O…``: anything ``-f``/``-O``),
+    so the command means what the flags said (clang's last setting wins)."""
+    out: list[str] = []
+    in_effect = ""
+    for flag in _translated_fmad(flags):
+        if flag.startswith("-ffp-contract="):
+            if flag == in_effect:
+                continue
+            in_effect = flag
+        elif flag.startswith(("-f", "-O")):
+            in_effect = ""
+        out.append(flag)
+    return tuple(out)
+
+
+def _translated_fmad(flags: Sequence[str]) -> list[str]:
     out: list[str] = []
     for flag in flags:
         for prefix in ("--fmad=", "-fmad="):
@@ -105,7 +129,7 @@ def hip_flags(flags: Sequence[str]) -> tuple[str, ...]:
                 break
         else:
             out.append(flag)
-    return tuple(out)
+    return out
 
 
 def program_name(toolchain: Toolchain, arch: str) -> str:
@@ -201,14 +225,46 @@ def _render(
 
 
 def keyed_environment(toolchain: Toolchain, environ: Mapping[str, str]) -> dict[str, str]:
-    """The variables of ``environ`` the toolchain's compilers read (pure; sorted):
-    its ``env_allowlist`` names and every name starting with one of its ``env_prefixes``."""
+    """The variables the toolchain's compilers read (pure; sorted): its ``env_set``, and
+    those of ``environ`` named by its ``env_allowlist`` or starting with one of its
+    ``env_prefixes`` (an ``env_set`` name keeps the toolchain's value)."""
     prefixes = toolchain.env_prefixes
-    return {
+    keyed = {
         name: _printable(environ[name])
-        for name in sorted(environ)
+        for name in environ
         if name in toolchain.env_allowlist or (prefixes and name.startswith(prefixes))
     }
+    keyed.update(toolchain.env_set)
+    return dict(sorted(keyed.items()))
+
+
+def toolchain_environ(toolchain: Toolchain, environ: Mapping[str, str]) -> Mapping[str, str]:
+    """The environment the toolchain's compiler runs in (pure): ``environ`` with the
+    toolchain's ``env_set`` over it. The toolchain wins: hipcc on a machine with CUDA
+    runs the NVIDIA platform unless ``HIP_PLATFORM=amd``, and a ``HIP_PLATFORM`` left in
+    a shell must not turn an AMD build into an NVIDIA one (a toolchain for that platform
+    says so in its own ``env_set``). ``environ`` itself when nothing changes."""
+    if all(environ.get(name) == value for name, value in toolchain.env_set):
+        return environ
+    return {**environ, **dict(toolchain.env_set)}
+
+
+def overridden_environment(toolchain: Toolchain, environ: Mapping[str, str]) -> list[str]:
+    """One line per variable of ``environ`` the toolchain's ``env_set`` overrides with
+    another value (pure): what a build warns about."""
+    return [
+        f"environment {name}={_printable(environ[name])!s} is not used: toolchain "
+        f"{toolchain.name!r} sets {name}={value} (env_set); a toolchain of your own "
+        f'(toolchains/<name>.toml, extends = "{toolchain.name}") may set another value'
+        for name, value in toolchain.env_set
+        if name in environ and environ[name] != value
+    ]
+
+
+def set_environment_line(toolchain: Toolchain) -> str:
+    """The toolchain's ``env_set`` as a shell would spell it before a command (pure):
+    ``HIP_PLATFORM=amd``; "" without one."""
+    return " ".join(shlex.quote(f"{name}={value}") for name, value in toolchain.env_set)
 
 
 def _printable(value: str) -> str:

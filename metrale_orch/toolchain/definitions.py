@@ -19,6 +19,7 @@ and :func:`builtin_toolchains` (read the files). How a toolchain is called lives
 from __future__ import annotations
 
 import functools
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -124,7 +125,11 @@ _LIST_KEYS = (
     "root_markers",
     "link_argv",
     "strict_args",
+    "arch_check_args",
 )
+#: Keys holding a table of strings (name -> value).
+_TABLE_KEYS = ("env_set",)
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -165,6 +170,14 @@ class Toolchain:
     env_allowlist: tuple[str, ...] = ()
     #: Prefixes of further such variables (e.g. ``NVCC_``: every ``NVCC_*`` is keyed).
     env_prefixes: tuple[str, ...] = ()
+    #: Variables the toolchain sets for every probe, arch check and compile, over the
+    #: caller's environment (hipcc's ``HIP_PLATFORM=amd``), as (name, value) sorted by
+    #: name; part of the identity and of every key.
+    env_set: tuple[tuple[str, str], ...] = ()
+    #: Arguments of a tiny compile (an empty kernel) that shows whether the compiler can
+    #: build an arch at all (``{arch}``, ``{source}``, ``{output}``, ``{output_kind_flag}``);
+    #: empty: no such check (a target whose arch the compiler rejects fails to compile).
+    arch_check_args: tuple[str, ...] = ()
     #: Arguments of the dry-run probe (``{output_kind_flag}``, ``{source}``, ``{output}``);
     #: empty when the compiler has none (then its own content and version are keyed).
     dryrun_args: tuple[str, ...] = ()
@@ -194,7 +207,7 @@ class Toolchain:
     #: The project file that defined it; None for a built-in.
     file: Path | None = None
 
-    def to_dict(self) -> dict[str, str | list[str] | None]:
+    def to_dict(self) -> dict[str, str | list[str] | dict[str, str] | None]:
         """JSON-ready view (``file`` as given; callers relativise it)."""
         return {
             "name": self.name,
@@ -217,6 +230,8 @@ class Toolchain:
             "flags_key": self.flags_key,
             "env_allowlist": list(self.env_allowlist),
             "env_prefixes": list(self.env_prefixes),
+            "env_set": dict(self.env_set),
+            "arch_check_args": list(self.arch_check_args),
             "dryrun_args": list(self.dryrun_args),
             "host_compiler_probe_args": list(self.host_compiler_probe_args),
             "host_compiler_search_args": list(self.host_compiler_search_args),
@@ -279,6 +294,8 @@ def parse_toolchain(
         flags_key=_text(fields, "flags_key", "extra_nvcc_flags"),
         env_allowlist=tuple(sorted(set(_words(fields, "env_allowlist")))),
         env_prefixes=tuple(sorted(set(_words(fields, "env_prefixes")))),
+        env_set=_env_set(fields, where),
+        arch_check_args=_checked_arch_check(fields, where),
         dryrun_args=_words(fields, "dryrun_args"),
         host_compiler_probe_args=_words(fields, "host_compiler_probe_args"),
         host_compiler_search_args=_words(fields, "host_compiler_search_args"),
@@ -308,8 +325,11 @@ def _merged_fields(
         elif key in _LIST_KEYS:
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise ToolchainError(where, key, "must be an array of strings")
+        elif key in _TABLE_KEYS:
+            if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+                raise ToolchainError(where, key, 'must be a table of strings (NAME = "value")')
         else:
-            known = ", ".join(sorted((*_STR_KEYS, *_LIST_KEYS)))
+            known = ", ".join(sorted((*_STR_KEYS, *_LIST_KEYS, *_TABLE_KEYS)))
             raise ToolchainError(where, key, f"unknown key (known keys: {known})")
         fields[key] = value
     return fields
@@ -397,6 +417,28 @@ def _dialect(fields: Mapping[str, object], where: str) -> str:
         known = ", ".join(repr(d) for d in DIALECTS)
         raise ToolchainError(where, "dialect", f"unknown dialect {dialect!r} (known: {known})")
     return dialect
+
+
+def _env_set(fields: Mapping[str, object], where: str) -> tuple[tuple[str, str], ...]:
+    """``env_set`` as (name, value) pairs sorted by name; each name a variable name."""
+    table = fields.get("env_set")
+    if not isinstance(table, Mapping):
+        return ()
+    for name in table:
+        if not _ENV_NAME_RE.fullmatch(str(name)):
+            raise ToolchainError(where, f"env_set.{name}", "is not an environment variable name")
+    return tuple(sorted((str(k), str(v)) for k, v in table.items()))
+
+
+def _checked_arch_check(fields: Mapping[str, object], where: str) -> tuple[str, ...]:
+    """``arch_check_args``: a compile of ``{source}`` into ``{output}`` for ``{arch}``."""
+    args = _words(fields, "arch_check_args")
+    for i, token in enumerate(args):
+        if token in LIST_PLACEHOLDERS:
+            raise ToolchainError(where, f"arch_check_args[{i}]", f"{token} has no value here")
+    if args:
+        _check_template(args, where, "arch_check_args", ("{arch}", "{source}", "{output}"))
+    return args
 
 
 def _text(fields: Mapping[str, object], key: str, default: str = "") -> str:

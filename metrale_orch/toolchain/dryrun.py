@@ -34,9 +34,13 @@ __all__ = [
 #: Seconds a version probe may take.
 PROBE_TIMEOUT = 60.0
 _TMP_NAME_RE = re.compile(r"tmpxft_[0-9a-fA-F]+_[0-9a-fA-F]+")
-#: A clang driver's temporary file (``<stem>-<6 random hex digits>.<ext>``, LLVM's
-#: ``createTemporaryFile``) in the temporary directory the probe gives it.
-_CLANG_TMP_RE = re.compile(r"(<tmp>/[^\s\"']*?)-[0-9a-f]{6}(\.[A-Za-z0-9_]+)")
+#: A path in the temporary directory the probe gives a clang driver: its temporary files
+#: and directories are ``<stem>-<6 random hex digits>`` (LLVM's ``createTemporaryFile``;
+#: clang 15's HIP driver makes ``<tmp>/<stem>-<hex>/<stem>-<arch>.o``).
+_CLANG_TMP_PATH_RE = re.compile(r"<tmp>/[^\s\"']*")
+_CLANG_TMP_PART_RE = re.compile(r"-[0-9a-f]{6}(?=[./]|$)")
+#: A HIP compile's unit id (``-cuid=<hex>``): clang hashes the probe's own paths into it.
+_CLANG_CUID_RE = re.compile(r"-cuid=[0-9a-f]+")
 #: Options of a clang command line (``-###``) naming an include or resource directory.
 _CLANG_DIR_OPTIONS = frozenset(
     {"-internal-isystem", "-internal-externc-isystem", "-isystem", "-resource-dir", "-I"}
@@ -90,7 +94,8 @@ def run_dryrun(
         for spelling in sorted(spellings, key=len, reverse=True):
             text = text.replace(spelling, spellings[spelling])
     text = _TMP_NAME_RE.sub("tmpxft", text)
-    text = _CLANG_TMP_RE.sub(r"\1-XXXXXX\2", text)
+    text = _CLANG_TMP_PATH_RE.sub(lambda m: _CLANG_TMP_PART_RE.sub("-XXXXXX", m[0]), text)
+    text = _CLANG_CUID_RE.sub("-cuid=<cuid>", text)
     variables: dict[str, str] = {}
     commands: list[str] = []
     kept: list[str] = []

@@ -11,7 +11,7 @@ from dataclasses import KW_ONLY
 
 from metrale_orch.errors import MetraleError
 
-__all__ = ["ToolchainError", "ToolchainMissing"]
+__all__ = ["ArchUnsupported", "ToolchainError", "ToolchainMissing"]
 
 
 class ToolchainError(MetraleError):
@@ -43,3 +43,21 @@ class ToolchainMissing(MetraleError):
     def __str__(self) -> str:
         what = self.detail or f"`{self.program}` was not found"
         return f"toolchain {self.toolchain!r} is not installed: {what}; install {self.hint}"
+
+
+class ArchUnsupported(ToolchainMissing):
+    """The toolchain's compiler is installed but cannot build the hardware's arch (its
+    clang does not know it, or lacks its device libraries): like a missing compiler, the
+    build skips the target (a failure when it is named); says what the compiler said."""
+
+    _: KW_ONLY
+    arch: str = ""
+    #: The compiler's own first error line.
+    reason: str = ""
+
+    def __str__(self) -> str:
+        return (
+            f"toolchain {self.toolchain!r} cannot build {self.arch}: `{self.program}` says: "
+            f"{self.reason}; to build it, install {self.hint} whose compiler supports "
+            f"{self.arch}"
+        )

@@ -30,7 +30,7 @@ import xxhash
 from metrale_orch.errors import MetraleError
 from metrale_orch.fsutil import file_hash, write_atomic
 from metrale_orch.proc import ProcessError
-from metrale_orch.toolchain.argv import keyed_environment
+from metrale_orch.toolchain.argv import keyed_environment, toolchain_environ
 from metrale_orch.toolchain.definitions import Toolchain
 from metrale_orch.toolchain.dryrun import (
     SEARCH_PATH_VARS,
@@ -168,9 +168,11 @@ def probe_toolchain(
       wrapper adds and the real ``cc1plus``) and the content of both;
     - the environment variables the compilers read (:func:`keyed_environment`).
 
-    Raises :class:`ToolchainMissing` when the host compiler is absent and
-    :class:`ToolchainError` when a probe fails.
+    Every probe runs in :func:`toolchain_environ` (the toolchain's ``env_set`` over
+    ``environ``). Raises :class:`ToolchainMissing` when the host compiler is absent
+    and :class:`ToolchainError` when a probe fails.
     """
+    environ = toolchain_environ(toolchain, environ)
     host = None
     if toolchain.host_compiler or toolchain.host_compiler_env:
         host = host_compiler(toolchain, environ)
@@ -289,9 +291,7 @@ def _run_probe(
                 raise ToolchainError(
                     f"toolchain {toolchain.name!r}",
                     "dryrun_args",
-                    f"the dry-run probe failed: {exc}; if this compiler has no dry run, "
-                    f"set dryrun_args = [] in a toolchains/{toolchain.name}.toml that "
-                    f'extends "{toolchain.name}"',
+                    f"the dry-run probe failed: {exc}; {_dryrun_hint(toolchain, arch, exc)}",
                 ) from None
             doc["dryrun"] = text
             search = variables.get("PATH") or environ.get("PATH", os.defpath)
@@ -332,6 +332,21 @@ def _run_probe(
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
     digest = xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogateescape"))
     return Probe(identity=f"{human} | {digest}", roots=roots, system_dirs=system)
+
+
+def _dryrun_hint(toolchain: Toolchain, arch: str, failure: ProcessError) -> str:
+    """What to do about a failed dry run, by its cause: an arch the compiler does not know
+    (an error line of its output names the arch), else a compiler without this dry run."""
+    lines = failure.output.splitlines()
+    if arch and any("error" in ln.lower() and arch in ln for ln in lines):
+        return (
+            f"the compiler rejects the arch {arch} ([hardware] arch): install a "
+            f"{toolchain.program} that supports {arch}"
+        )
+    return (
+        f"if this compiler has no dry run, set dryrun_args = [] in a "
+        f'toolchains/{toolchain.name}.toml that extends "{toolchain.name}"'
+    )
 
 
 def toolchain_stamp(

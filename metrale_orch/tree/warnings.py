@@ -1,4 +1,5 @@
-"""Likely typos in manifests, as warnings: a table or key within edit distance 2 of a known one.
+"""Likely mistakes in manifests, as warnings: a table or key within edit distance 2 of a known
+one, and ``[build]`` keys that look meant for the build but that no toolchain reads.
 
 :func:`manifest_warnings` is pure (one parsed manifest in, warning lines
 out); :func:`read_manifest_warnings` parses the manifests a layout was
@@ -38,6 +39,17 @@ MANIFEST_KINDS: Mapping[str, ManifestKind] = MappingProxyType(
 
 #: ``[build]`` keys the built-in toolchains read (a project toolchain may add its own).
 BUILD_KEYS: tuple[str, ...] = ("extra_metal_flags", "extra_nvcc_flags", "toolchain")
+
+#: ``[build]`` keys a tree may write in the belief that something reads them, which nothing
+#: does (unless a project toolchain's ``flags_key`` names one), and what to do instead.
+_UNREAD_BUILD_KEYS: Mapping[str, str] = MappingProxyType(
+    {
+        "extra_hip_flags": (
+            "HIP targets read `extra_nvcc_flags` (with `--fmad=false`/`true` translated to "
+            "`-ffp-contract=off`/`fast`); move these flags there"
+        ),
+    }
+)
 
 #: kind -> table -> its known keys, or None where any key may appear ([modules],
 #: [shadow], [shadow_exempt] are keyed by stems and modules) or an unknown key is an
@@ -108,7 +120,9 @@ def manifest_warnings(
     A table whose name is within edit distance 2 of a table this kind of
     manifest has (``[buidl]``), or a key of a known table that close to one of
     its keys (``kernel_sauce``, ``extra_nvcc_flag``), is named with the file,
-    the key and "did you mean ...". Other unknown names are silent: real trees
+    the key and "did you mean ...". A ``[build]`` key nothing reads although a
+    tree may expect it to be (``extra_hip_flags``) is named with what to do
+    instead. Other unknown names are silent: real trees
     carry tables and keys for other tools. ``build_keys``: more ``[build]``
     keys to know (a project toolchain's ``flags_key``).
     """
@@ -125,6 +139,13 @@ def manifest_warnings(
                 known = (*known, *extra)
             for key in value:
                 if key in known:
+                    continue
+                unread = _UNREAD_BUILD_KEYS.get(key) if name == "build" else None
+                if unread is not None:
+                    out.append(
+                        f"{where}: [build] {toml_key(key)}: no toolchain reads this key: "
+                        f"{unread} (the key is ignored)"
+                    )
                     continue
                 guess = _closest(key, known)
                 if guess is not None:

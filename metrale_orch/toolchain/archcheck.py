@@ -1,0 +1,183 @@
+"""Whether a toolchain's compiler can build an arch at all (I/O: runs the compiler).
+
+A compiler can be installed and still not build a hardware's ``[hardware] arch``:
+Debian's hipcc 5.2 runs clang 15, which does not know gfx1151 (``invalid target
+ID``) and has no device libraries for gfx1100. Every module of such a target
+would fail with the same error, so the build treats it like a missing compiler:
+:func:`find_toolchain_for_arch` is
+:func:`~metrale_orch.toolchain.probe.find_toolchain` after :func:`arch_problem`
+compiled an empty kernel with the toolchain's ``arch_check_args``, and raises
+:class:`~metrale_orch.toolchain.errors.ArchUnsupported` (a ``ToolchainMissing``)
+with the compiler's own first error line. The build skips such a target with
+that reason, and fails it when it is named.
+
+The verdict is remembered across processes in ``<state_dir>/arch-checks.json``,
+keyed by the toolchain's definition, the compiler's identity (its version, dry
+run, the content of its binaries and the environment it reads) and the arch: a
+no-op build pays nothing, a changed compiler is checked again. Not seen: device
+libraries added beside an unchanged compiler (delete the file to check again).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import xxhash
+
+from metrale_orch.fsutil import write_atomic
+from metrale_orch.proc import ProcessError, run_process
+from metrale_orch.toolchain.argv import toolchain_environ
+from metrale_orch.toolchain.definitions import Toolchain
+from metrale_orch.toolchain.dryrun import PROBE_TIMEOUT
+from metrale_orch.toolchain.errors import ArchUnsupported
+from metrale_orch.toolchain.locate import locate_toolchain
+from metrale_orch.toolchain.probe import (
+    FoundToolchain,
+    ProbeMemo,
+    find_toolchain,
+    probe_toolchain,
+)
+
+__all__ = [
+    "ARCH_CHECKS",
+    "arch_check_argv",
+    "arch_problem",
+    "find_toolchain_for_arch",
+    "first_error_line",
+    "run_arch_check",
+]
+
+#: The verdicts' file in the build's state directory.
+ARCH_CHECKS = "arch-checks.json"
+_ARCH_CHECKS_MAX = 256
+_SOURCE = "metrale_arch_check.cu"
+_OUTPUT = "metrale_arch_check"
+_KERNEL = 'extern "C" __global__ void metrale_arch_check() {}\n'
+
+
+def arch_check_argv(toolchain: Toolchain, program: Path, arch: str) -> list[str]:
+    """The arch check's argv (pure): ``arch_check_args`` with the check's file names."""
+    values = {
+        "source": _SOURCE,
+        "output": f"{_OUTPUT}.{toolchain.extension}",
+        "output_kind_flag": toolchain.output_flag,
+        "arch": arch,
+    }
+    return [str(program), *(a.format_map(values) for a in toolchain.arch_check_args)]
+
+
+def first_error_line(output: str) -> str:
+    """The compiler's first line that says ``error`` (pure), else its first line, else ""."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    return next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines else "")
+
+
+def run_arch_check(
+    toolchain: Toolchain, program: Path, environ: Mapping[str, str], arch: str
+) -> str:
+    """Compile an empty kernel for ``arch`` in a temporary directory, in the toolchain's
+    environment (I/O): "" when it built, else why not (the compiler's first error line)."""
+    argv = arch_check_argv(toolchain, program, arch)
+    with tempfile.TemporaryDirectory(prefix="metrale-arch.") as tmp:
+        (Path(tmp) / _SOURCE).write_text(_KERNEL, encoding="utf-8")
+        try:
+            run_process(
+                argv,
+                env=toolchain_environ(toolchain, environ),
+                timeout=PROBE_TIMEOUT,
+                cwd=Path(tmp),
+            )
+        except ProcessError as exc:
+            return first_error_line(exc.output) or exc.reason
+        output = Path(tmp) / f"{_OUTPUT}.{toolchain.extension}"
+        if not (output.is_file() and output.stat().st_size):
+            return f"exited 0 but wrote no {output.name}"
+    return ""
+
+
+def _memo_key(toolchain: Toolchain, program: Path, identity: str, arch: str) -> str:
+    doc = [toolchain.to_dict(), str(program), identity, arch]
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogateescape"))
+
+
+def _read_verdicts(path: Path) -> dict[str, str]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def arch_problem(
+    toolchain: Toolchain,
+    program: Path,
+    environ: Mapping[str, str],
+    *,
+    arch: str,
+    identity: str,
+    state_dir: Path | None = None,
+) -> str:
+    """Why ``program`` (whose probed identity is ``identity``) cannot build ``arch``, or ""
+    (I/O). Remembered in ``<state_dir>/arch-checks.json``; "" at once for a toolchain
+    without ``arch_check_args`` or a hardware without an arch."""
+    if not toolchain.arch_check_args or not arch:
+        return ""
+    key = _memo_key(toolchain, program, identity, arch)
+    path = None if state_dir is None else Path(state_dir) / ARCH_CHECKS
+    known = {} if path is None else _read_verdicts(path)
+    if key in known:
+        return known[key]
+    problem = run_arch_check(toolchain, program, environ, arch)
+    if path is not None:
+        kept = dict(sorted(known.items())[: _ARCH_CHECKS_MAX - 1])
+        kept[key] = problem
+        kept = dict(sorted(kept.items()))
+        # Only a speed-up: a read-only build dir checks again in the next process.
+        with contextlib.suppress(OSError):
+            write_atomic(path, json.dumps(kept, indent=1).encode())
+    return problem
+
+
+def find_toolchain_for_arch(
+    toolchain: Toolchain,
+    environ: Mapping[str, str],
+    *,
+    state_dir: Path | None = None,
+    site_dirs: Iterable[Path] | None = None,
+    arch: str = "",
+    memo: ProbeMemo | None = None,
+) -> FoundToolchain:
+    """:func:`~metrale_orch.toolchain.probe.find_toolchain`, once the compiler is known to
+    build ``arch`` (for a toolchain with ``arch_check_args``; the check is keyed by the
+    compiler's identity without the arch, as a dry run for an unknown arch fails; probed
+    once per ``memo``, as ``find_toolchain`` probes).
+
+    Raises :class:`ArchUnsupported` for an arch it cannot build, and what
+    ``find_toolchain`` raises.
+    """
+    if toolchain.arch_check_args and arch:
+        program = locate_toolchain(toolchain, environ, site_dirs=site_dirs, arch=arch)
+        identity = probe_toolchain(
+            toolchain, program, environ, state_dir=state_dir, memo=memo
+        ).identity
+        problem = arch_problem(
+            toolchain, program, environ, arch=arch, identity=identity, state_dir=state_dir
+        )
+        if problem:
+            raise ArchUnsupported(
+                toolchain.name,
+                program.name,
+                toolchain.install_hint,
+                arch=arch,
+                reason=problem,
+            )
+    return find_toolchain(
+        toolchain, environ, state_dir=state_dir, site_dirs=site_dirs, arch=arch, memo=memo
+    )
