@@ -21,9 +21,10 @@ import shutil
 import stat
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import xxhash
 
@@ -268,6 +269,35 @@ class _FileHashes:
             write_atomic(self.path, json.dumps(dict(sorted(keep.items())), indent=1).encode())
 
 
+def _start_runs(
+    pool: ThreadPoolExecutor,
+    toolchain: Toolchain,
+    program: Path,
+    host: Path | None,
+    environ: Mapping[str, str],
+    arch: str,
+) -> dict[str, Future[Any]]:
+    """Start every command a probe runs at once (they are independent): a probe takes
+    as long as its slowest command, not their sum. Results by name; absent: not run."""
+    runs: dict[str, Future[Any]] = {
+        "version": pool.submit(run_tool, [str(program), *toolchain.version_args], environ)
+    }
+    if toolchain.dryrun_args:
+        runs["dryrun"] = pool.submit(run_dryrun, toolchain, program, environ, arch)
+    if host is not None:
+        argv = [str(host), *toolchain.host_compiler_version_args]
+        runs["host_version"] = pool.submit(run_tool, argv, environ)
+        if toolchain.host_compiler_probe_args:
+            argv = [str(host), *toolchain.host_compiler_probe_args]
+            runs["host_dryrun"] = pool.submit(run_tool, argv, environ)
+        if toolchain.host_compiler_search_args:
+            # The user's search-path variables would show up as "system" directories.
+            plain = {k: v for k, v in environ.items() if k not in SEARCH_PATH_VARS}
+            argv = [str(host), *toolchain.host_compiler_search_args]
+            runs["host_search"] = pool.submit(run_tool, argv, plain)
+    return runs
+
+
 def _run_probe(
     toolchain: Toolchain,
     program: Path,
@@ -281,12 +311,15 @@ def _run_probe(
     roots: tuple[str, ...] = ()
     system: tuple[str, ...] = ()
     files = [str(program)]
+    with ThreadPoolExecutor(max_workers=5, thread_name_prefix="metrale-probe-run") as pool:
+        runs = _start_runs(pool, toolchain, program, host, environ, arch)
+    # Read in the order the commands used to run, so the same failure is the one reported.
     try:
-        version = _version_text(run_tool([str(program), *toolchain.version_args], environ))
+        version = _version_text(runs["version"].result())
         doc["version"] = version
-        if toolchain.dryrun_args:
+        if "dryrun" in runs:
             try:
-                text, variables, commands = run_dryrun(toolchain, program, environ, arch)
+                text, variables, commands = runs["dryrun"].result()
             except ProcessError as exc:
                 raise ToolchainError(
                     f"toolchain {toolchain.name!r}",
@@ -299,13 +332,13 @@ def _run_probe(
             roots = dryrun_roots(variables, commands)
         human = version
         if host is not None:
-            host_version = run_tool([str(host), *toolchain.host_compiler_version_args], environ)
+            host_version = runs["host_version"].result()
             lines = host_version.strip().splitlines()
             human += " | host: " + (lines[0].strip() if lines else host.name)
             doc["host_version"] = host_version.strip()
             files.append(str(host))
-            if toolchain.host_compiler_probe_args:
-                host_dryrun = run_tool([str(host), *toolchain.host_compiler_probe_args], environ)
+            if "host_dryrun" in runs:
+                host_dryrun = runs["host_dryrun"].result()
                 doc["host_dryrun"] = host_dryrun
                 for line in host_dryrun.splitlines():
                     # gcc -### prints each command it would run indented by one space.
@@ -313,11 +346,8 @@ def _run_probe(
                         first = line.split()[0].strip('"')
                         if os.path.isabs(first):
                             files.append(first)
-            if toolchain.host_compiler_search_args:
-                # The user's search-path variables would show up as "system" directories.
-                plain = {k: v for k, v in environ.items() if k not in SEARCH_PATH_VARS}
-                listing = run_tool([str(host), *toolchain.host_compiler_search_args], plain)
-                system = search_dirs(listing)
+            if "host_search" in runs:
+                system = search_dirs(runs["host_search"].result())
                 doc["host_search"] = list(system)
     except ProcessError as exc:
         raise ToolchainError(
