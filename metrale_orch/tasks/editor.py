@@ -1,0 +1,100 @@
+"""``metrale-orch compdb [PATTERN]``: the compilation database of chosen targets, without
+compiling.
+
+The targets and what doit would do with each come from the task specs ``doit`` itself
+uses (through its task cache). Each chosen target that builds is planned and staged
+exactly as its build does (:func:`~metrale_orch.steps.target.stage_target`, which also
+refreshes its part), and ``<build_dir>/compile_commands.json`` is written from the
+chosen targets' commands alone (:mod:`metrale_orch.steps.compdb`): with a pattern the
+entries are those of the targets it selects, the first in sorted order for a file
+several of them compile. Skipped targets (no compiler here) and failing ones contribute
+nothing and are returned with their reason.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from metrale_orch.config import Config
+from metrale_orch.errors import EXIT_USAGE, MetraleError
+from metrale_orch.paths import TREE_TASK
+from metrale_orch.steps.compdb import TargetCommands, Written, write_database
+from metrale_orch.steps.errors import ToolchainMissing
+from metrale_orch.steps.target import stage_target
+from metrale_orch.tasks import specs as generation
+from metrale_orch.tasks.creators import named_failures
+from metrale_orch.tasks.dicts import BuildSpec
+from metrale_orch.tasks.status import NoSuchTarget, strip_base
+from metrale_orch.tree import Target
+
+__all__ = ["CompdbRun", "Unstaged", "write_compdb"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unstaged:
+    """A chosen target that contributes no commands, and why."""
+
+    target: str
+    reason: str
+    #: The exit status it stands for: 0 for a skip, else the error's.
+    exit_code: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompdbRun:
+    """What :func:`write_compdb` did."""
+
+    written: Written
+    #: Chosen targets whose toolchain is not installed here.
+    skipped: tuple[Unstaged, ...]
+    #: Chosen targets that do not resolve, or could not be planned or staged.
+    failed: tuple[Unstaged, ...]
+
+
+def write_compdb(
+    root: Path, environ: Mapping[str, str], pattern: str | None, *, config: Config
+) -> CompdbRun:
+    """Stage the targets ``pattern`` selects (fnmatch over ``hw/model/quant``, all when
+    None) and write the database of their commands; nothing is compiled. Raises
+    :class:`~metrale_orch.tasks.status.NoSuchTarget` when the pattern selects no target,
+    OSError when the database cannot be written."""
+    root = Path(root).resolve()
+    specs, _how = generation.cached_build_specs(root, environ)
+    chosen = _select(root, specs, pattern)
+    parts: list[TargetCommands] = []
+    skipped: list[Unstaged] = []
+    failed: list[Unstaged] = []
+    for spec in chosen:
+        if spec.kind == "skip":
+            skipped.append(Unstaged(target=spec.target, reason=spec.message))
+            continue
+        if spec.kind == "error":
+            failed.append(Unstaged(target=spec.target, reason=spec.message, exit_code=EXIT_USAGE))
+            continue
+        try:
+            parts.append(
+                stage_target(root, Target.parse(spec.target), config=config, environ=environ)
+            )
+        except ToolchainMissing as exc:
+            skipped.append(Unstaged(target=spec.target, reason=str(exc)))
+        except MetraleError as exc:
+            failed.append(Unstaged(target=spec.target, reason=str(exc), exit_code=exc.exit_code))
+    written = write_database(root, Path(config.build_dir), parts)
+    return CompdbRun(written=written, skipped=tuple(skipped), failed=tuple(failed))
+
+
+def _select(root: Path, specs: list[BuildSpec], pattern: str | None) -> list[BuildSpec]:
+    """The specs ``pattern`` selects; a target named exactly while the tree does not load
+    is a failing spec with the reason, as ``doit build:<target>`` says it."""
+    if pattern is None:
+        return specs
+    pat = strip_base(pattern).strip("/")
+    chosen = [s for s in specs if fnmatch.fnmatchcase(s.target, pat)]
+    if not chosen and "*" not in pat and any(s.target == TREE_TASK for s in specs):
+        chosen = named_failures(root, specs, [pat])
+    if not chosen:
+        raise NoSuchTarget(pattern, [s.target for s in specs])
+    return chosen
