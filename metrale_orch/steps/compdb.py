@@ -123,7 +123,7 @@ class TargetCommands:
             "target": str(self.target),
             "commands": [c.to_dict() for c in self.commands],
         }
-        return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+        return (json.dumps(doc, separators=(",", ":"), sort_keys=True) + "\n").encode()
 
     @classmethod
     def decode(cls, data: bytes) -> TargetCommands:
@@ -154,27 +154,33 @@ def target_commands(
     the role directories exist once the target is staged)."""
     t = plan.target
     parts = (t.hardware, t.model, t.quant)
-    stage, dest = stage_dir(Path(build_dir), *parts), target_dir(Path(build_dir), *parts)
+    stage = stage_dir(Path(build_dir), *parts)
     stage_rel = stage_dir(Path(), *parts).as_posix()
     dest_rel = target_dir(Path(), *parts).as_posix()
-    # Inputs are contained (no symlink below kernels/: check_contained), so the real
-    # path of a tree file is the root's real path joined with its root-relative name.
+    # Inputs are contained (no symlink below kernels/: check_contained), and the staged
+    # role directories and the artefact directory are the build's own: from each real
+    # role directory, one relative path to the real root and one to the real artefact
+    # directory spell every module's source and output (string work per module).
     real_root = os.path.realpath(root)
-    heres: dict[str, str] = {}
+    real_dest = os.path.realpath(target_dir(Path(build_dir), *parts))
+    bases: dict[str, tuple[str, str, str]] = {}
     link = plan.toolchain.link_argv
     out: list[CompileCommand] = []
     for module in plan.modules:
-        here = heres.get(module.cwd)
-        if here is None:
-            here = heres[module.cwd] = os.path.realpath(stage / module.cwd)
+        base = bases.get(module.cwd)
+        if base is None:
+            here = os.path.realpath(stage / module.cwd)
+            base = (here, os.path.relpath(real_root, here), os.path.relpath(real_dest, here))
+            bases[module.cwd] = base
+        here, to_root, to_dest = base
         written = f"{module.name}.{plan.toolchain.intermediate_extension}" if link else ""
         argv = step_argv(
             plan,
             program=program,
             here=here,
-            source=os.path.relpath(os.path.join(real_root, module.source_rel), here),
-            output=dest / module.artefact,
-            intermediate=dest / written if written else None,
+            source=f"{to_root}/{module.source_rel}",
+            output=f"{to_dest}/{module.artefact}",
+            intermediate=f"{to_dest}/{written}" if written else "",
             layer_include=layer_includes.get(module.staged, ""),
         )
         out.append(

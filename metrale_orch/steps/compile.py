@@ -298,15 +298,16 @@ def step_argv(
     program: str,
     here: str,
     source: str,
-    output: Path,
-    intermediate: Path | None,
+    output: str,
+    intermediate: str,
     layer_include: str,
 ) -> tuple[str, ...]:
     """The first (or only) compile step of a module of ``plan`` as this machine runs it in
-    the real directory ``here`` (its staged role directory): ``source`` as given (relative
-    to ``here``), every other path made relative to ``here``, the module's layer directory
-    under ``.tree/`` as one more ``-I`` when it has one; no dependency-list flags (the
-    build adds them, :func:`_render_steps`; the compilation database leaves them out)."""
+    the real directory ``here`` (its staged role directory): ``source``, ``output`` and
+    ``intermediate`` ("" for one step) as given (relative to ``here``), the HIP compat
+    directory made relative to ``here``, the module's layer directory under ``.tree/`` as
+    one more ``-I`` when it has one; no dependency-list flags (the build adds them,
+    :func:`_render_steps`; the compilation database leaves them out)."""
     tc = plan.toolchain
     compat = plan.hip_compat
     compat_dir = None if compat is None else compat.dir
@@ -317,8 +318,8 @@ def step_argv(
         flags=plan.flags,
         include=".",
         source=source,
-        output=_relative(output, here),
-        intermediate="" if intermediate is None else _relative(intermediate, here),
+        output=output,
+        intermediate=intermediate,
         switches=env_switches(tc, plan.env),
         compat_include="" if compat_dir is None else _relative(compat_dir, here),
     )
@@ -354,8 +355,8 @@ def _render_steps(ctx: BuildContext, module: ModulePlan, tmp: Path) -> _Steps:
         program=str(ctx.program),
         here=here,
         source=source,
-        output=out,
-        intermediate=intermediate,
+        output=_relative(out, here),
+        intermediate="" if intermediate is None else _relative(intermediate, here),
         layer_include=ctx.layer_includes.get(module.staged, ""),
     )
     if tc.depfile_args:
