@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,7 @@ from metrale_orch.steps.compdb import (
     write_part,
 )
 from metrale_orch.tasks.editor import write_compdb
+from metrale_orch.tasks.runlock import BuildLock
 from metrale_orch.toolchain.definitions import builtin_toolchains, select_toolchain
 from metrale_orch.tree import Target, hardware
 from tests.support.project import doit, fake_compiles, project_env, started_targets
@@ -235,6 +237,21 @@ def test_compdb_stages_a_chosen_target_without_compiling(
     assert "skipped 1 target(s): toolchain 'metal' is not installed" in out
 
 
+def test_compdb_stages_under_the_build_lock(fake_project: tuple[Path, dict[str, str]]) -> None:
+    root, env = fake_project
+    lock = BuildLock(root / "build")  # a build of this project is running...
+    lock.acquire(print)
+    timer = threading.Timer(1.0, lock.release)  # ...and ends a second later
+    timer.start()
+    try:
+        code, out, err = _cli(root, env, "compdb", "hopper/qwen/w4")
+    finally:
+        timer.join()
+    assert code == 0, err
+    assert "waiting for the build lock" in err and "another build of this project" in err
+    assert out == "build/compile_commands.json: 2 entries from 1 target\n"
+
+
 def test_compdb_names_a_target_that_does_not_stage(
     fake_project: tuple[Path, dict[str, str]],
 ) -> None:
@@ -283,7 +300,7 @@ def sample(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[st
     env = project_env(tmp)
     env["METRALE_ORCH_BUILD_DIR"] = str(tmp / "build")
     config = load_config(ROOT, env)
-    run = write_compdb(ROOT, env, None, config=config)
+    run = write_compdb(ROOT, env, None, config=config, say=print)
     # Targets this machine cannot build (no xcrun; a hipcc that is not HIP's) contribute
     # nothing: every NVIDIA target must stage.
     tcs = builtin_toolchains()

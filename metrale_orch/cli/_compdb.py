@@ -3,7 +3,8 @@ chosen targets without compiling (the staging and the database are
 :mod:`metrale_orch.tasks.editor`'s; this module parses the arguments and formats).
 
 Exit codes: 0; 1 or 2 when a chosen target could not be staged (its error's status:
-2 for a tree or configuration error); the database of the others is written anyway.
+2 for a tree or configuration error; the database of the others is written anyway);
+1 when the build directory cannot be written.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from metrale_orch.errors import EXIT_OK, printable
+from metrale_orch.errors import EXIT_FAILURE, EXIT_OK, printable
 from metrale_orch.paths import COMPDB_NAME, root_relative
 
 if TYPE_CHECKING:
@@ -51,7 +52,17 @@ def run_compdb(args: argparse.Namespace, ctx: Context) -> int:
     from metrale_orch.tasks.editor import write_compdb
 
     config = ctx.config()
-    run = write_compdb(ctx.root, ctx.environ, args.pattern, config=config)
+
+    def say(line: str) -> None:
+        ctx.err.write(printable(line) + "\n")
+        ctx.err.flush()
+
+    try:
+        run = write_compdb(ctx.root, ctx.environ, args.pattern, config=config, say=say)
+    except OSError as exc:
+        where = f" {exc.filename}" if exc.filename else ""
+        say(f"error: cannot write the compilation database{where}: {exc.strerror or exc}")
+        return EXIT_FAILURE
     for line in format_run(run, root_relative(run.written.path, ctx.root.resolve())):
         ctx.out.write(printable(line) + "\n")
     for failed in run.failed:

@@ -4,7 +4,8 @@ compiling.
 The targets and what doit would do with each come from the task specs ``doit`` itself
 uses (through its task cache). Each chosen target that builds is planned and staged
 exactly as its build does (:func:`~metrale_orch.steps.target.stage_target`, which also
-refreshes its part), and ``<build_dir>/compile_commands.json`` is written from the
+refreshes its part) under the project's build lock, and
+``<build_dir>/compile_commands.json`` is written from the
 chosen targets' commands alone (:mod:`metrale_orch.steps.compdb`): with a pattern the
 entries are those of the targets it selects, the first in sorted order for a file
 several of them compile. Skipped targets (no compiler here) and failing ones contribute
@@ -14,7 +15,7 @@ nothing and are returned with their reason.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from metrale_orch.steps.target import stage_target
 from metrale_orch.tasks import specs as generation
 from metrale_orch.tasks.creators import named_failures
 from metrale_orch.tasks.dicts import BuildSpec
+from metrale_orch.tasks.runlock import BuildLock
 from metrale_orch.tasks.status import NoSuchTarget, strip_base
 from metrale_orch.tree import Target
 
@@ -55,15 +57,33 @@ class CompdbRun:
 
 
 def write_compdb(
-    root: Path, environ: Mapping[str, str], pattern: str | None, *, config: Config
+    root: Path,
+    environ: Mapping[str, str],
+    pattern: str | None,
+    *,
+    config: Config,
+    say: Callable[[str], None],
 ) -> CompdbRun:
     """Stage the targets ``pattern`` selects (fnmatch over ``hw/model/quant``, all when
-    None) and write the database of their commands; nothing is compiled. Raises
+    None) and write the database of their commands; nothing is compiled. Staging writes
+    the build directory, so this holds the project's build lock (a build running waits,
+    or this waits for it, saying so through ``say``). Raises
     :class:`~metrale_orch.tasks.status.NoSuchTarget` when the pattern selects no target,
-    OSError when the database cannot be written."""
+    OSError when the lock or the database cannot be written."""
     root = Path(root).resolve()
     specs, _how = generation.cached_build_specs(root, environ)
     chosen = _select(root, specs, pattern)
+    lock = BuildLock(Path(config.build_dir))
+    lock.acquire(say)
+    try:
+        return _stage_all(root, environ, chosen, config)
+    finally:
+        lock.release()
+
+
+def _stage_all(
+    root: Path, environ: Mapping[str, str], chosen: list[BuildSpec], config: Config
+) -> CompdbRun:
     parts: list[TargetCommands] = []
     skipped: list[Unstaged] = []
     failed: list[Unstaged] = []
