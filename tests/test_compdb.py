@@ -237,6 +237,34 @@ def test_compdb_stages_a_chosen_target_without_compiling(
     assert "skipped 1 target(s): toolchain 'metal' is not installed" in out
 
 
+def test_compdb_warns_of_an_include_an_editor_resolves_otherwise(
+    fake_project: tuple[Path, dict[str, str]],
+) -> None:
+    """gb10's own util.cuh replaces hopper's in gb10's stage; hopper's add.cu, opened as
+    gb10 compiles it, still finds hopper's util.cuh beside it."""
+    root, env = fake_project
+    (root / "kernels/gb10/common/util.cuh").write_text("#pragma once\n#define UTIL_SCALE 3.0f\n")
+    (root / "kernels/gb10/common/KERNEL.toml").write_text('[shadow]\nutil = "GB10 scales by 3"\n')
+    code, _out, err = _cli(root, env, "compdb", "gb10/qwen/w4")
+    assert code == 0, err
+    tail = (
+        " is kernels/hopper/common/util.cuh in an editor, kernels/gb10/common/util.cuh in the "
+        "build (a namesake beside the tree file comes first; open the staged copy to see the "
+        "build's)\n"
+    )
+    assert err == (
+        f'warning: kernels/hopper/common/add.cu: "util.cuh"{tail}'
+        f'warning: kernels/hopper/qwen/w4/scale.cu: "../../common/util.cuh"{tail}'
+    )
+    code, _out, err = _cli(root, env, "compdb", "hopper/*")  # hopper's own build: the same
+    assert (code, err) == (0, "")
+    (root / "kernels/gb10/common/util.cuh").write_text(
+        (root / "kernels/hopper/common/util.cuh").read_text()
+    )
+    code, _out, err = _cli(root, env, "compdb", "gb10/qwen/w4")  # the same bytes: no difference
+    assert (code, err) == (0, "")
+
+
 def test_compdb_stages_under_the_build_lock(fake_project: tuple[Path, dict[str, str]]) -> None:
     root, env = fake_project
     lock = BuildLock(root / "build")  # a build of this project is running...
@@ -307,6 +335,8 @@ def sample(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[st
     for left in (*run.skipped, *run.failed):
         hw = hardware(ROOT / "kernels", Target.parse(left.target).hardware)
         assert select_toolchain(hw, tcs).name != "nvcc", left
+    # Each file's entry is its first target's, which reads what the editor reads.
+    assert run.differences == ()
     doc = json.loads(run.written.path.read_text())
     return tmp / "build", doc
 
@@ -411,3 +441,25 @@ def test_clangd_opens_the_tree_file_without_an_error(
     assert f"Loaded compilation database from {build}" in log, log
     assert f"-- {ROOT / file}" in log, log  # clangd compiles the tree file, not the stage's
     assert "All checks completed, 0 errors" in log, log
+
+
+@nvcc
+def test_a_chosen_target_names_the_includes_an_editor_resolves_otherwise(
+    tmp_path: Path,
+) -> None:
+    """Hopper's own arch_tuning.cuh replaces GB10's in Hopper's stage; GB10's common
+    kernels, opened as Hopper compiles them, find GB10's beside them."""
+    env = project_env(tmp_path)
+    env["METRALE_ORCH_BUILD_DIR"] = str(tmp_path / "build")
+    config = load_config(ROOT, env)
+    run = write_compdb(ROOT, env, "hopper/qwen3-8b/bf16", config=config, say=print)
+    assert run.failed == ()
+    assert [(d.file, d.name, d.editor, d.build) for d in run.differences] == [
+        (
+            f"kernels/gb10/common/{name}.cu",
+            "arch_tuning.cuh",
+            "kernels/gb10/common/arch_tuning.cuh",
+            "kernels/hopper/common/arch_tuning.cuh",
+        )
+        for name in ("gemv_nvfp4", "paged_attn_decode")
+    ]

@@ -65,6 +65,8 @@ def run_compdb(args: argparse.Namespace, ctx: Context) -> int:
         return EXIT_FAILURE
     for line in format_run(run, root_relative(run.written.path, ctx.root.resolve())):
         ctx.out.write(printable(line) + "\n")
+    for difference in run.differences:
+        ctx.err.write(printable(f"warning: {difference}") + "\n")
     for failed in run.failed:
         ctx.err.write(printable(f"error: {failed.target}: {failed.reason}") + "\n")
     return max((f.exit_code for f in run.failed), default=EXIT_OK)

@@ -20,7 +20,8 @@ staged common role. Headers found there are the staged copies, so their own incl
 resolve exactly as in the build. One difference cannot be avoided: when the tree file's
 own directory holds a namesake that the build replaced (an own-over-parent win by file
 name), the editor sees that namesake, as no compiler searches any directory before the
-includer's own for a quoted include.
+includer's own for a quoted include; ``metrale-orch compdb`` names each such include of
+the entries it writes (:func:`editor_differences`).
 
 Left out: the dependency-list flags (the build's bookkeeping, into a temporary
 directory). HIP entries compile the tree file, not its mirror; a two-step toolchain
@@ -39,8 +40,9 @@ paths relative to the root or the build directory, so a moved checkout keeps the
 valid. The doit reporter merges the parts of the tree's buildable targets at the end of
 a run that built something; a no-op run reads and writes nothing.
 
-Pure: :func:`merge_commands`, :func:`encode_database`, :func:`part_path`. I/O:
-:func:`target_commands` (real paths), :func:`write_part`, :func:`read_part`,
+Pure: :func:`merge_commands`, :func:`entry_targets`, :func:`encode_database`,
+:func:`part_path`. I/O: :func:`target_commands` (real paths), :func:`editor_differences`
+(what lies beside the tree files), :func:`write_part`, :func:`read_part`,
 :func:`write_database`, :func:`write_database_from_parts`.
 """
 
@@ -48,21 +50,29 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import xxhash
+
 from metrale_orch.fsutil import write_if_changed
-from metrale_orch.paths import COMPDB_NAME, compdb_part, stage_dir, target_dir
+from metrale_orch.paths import COMPDB_NAME, compdb_part, root_relative, stage_dir, target_dir
 from metrale_orch.steps.compile import step_argv
-from metrale_orch.steps.plan import TargetPlan
+from metrale_orch.steps.includes import Includes
+from metrale_orch.steps.plan import ModulePlan, TargetPlan
+from metrale_orch.steps.staging import StagedTarget
 from metrale_orch.tree import Target
 
 __all__ = [
     "CompileCommand",
+    "Difference",
     "TargetCommands",
     "Written",
+    "editor_differences",
     "encode_database",
+    "entry_targets",
     "merge_commands",
     "part_path",
     "read_part",
@@ -194,6 +204,111 @@ def target_commands(
     return TargetCommands(target=t, commands=tuple(out))
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Difference:
+    """A quoted include that an editor, opening an entry's tree file, resolves to another
+    file than the build's compile of the staged copy (paths root-relative)."""
+
+    #: The entry's tree file.
+    file: str
+    #: The tree file whose ``#include`` it is (the entry's file or a header it reaches).
+    includer: str
+    #: The include as spelled.
+    name: str
+    #: What an editor reads.
+    editor: str
+    #: What the build reads ("" when the build finds nothing: a system header).
+    build: str
+
+    def __str__(self) -> str:
+        where = "" if self.includer == self.file else f" (in {self.includer})"
+        build = self.build or "no file of the tree"
+        return (
+            f'{self.file}: "{self.name}"{where} is {self.editor} in an editor, {build} in the '
+            "build (a namesake beside the tree file comes first; open the staged copy to "
+            "see the build's)"
+        )
+
+
+def editor_differences(
+    root: Path,
+    module: ModulePlan,
+    *,
+    staged: StagedTarget,
+    includes: Mapping[str, Includes],
+    dirs: Sequence[str],
+) -> tuple[Difference, ...]:
+    """The quoted includes that resolve differently for an editor of ``module``'s tree file
+    than for its build (``dirs``: the compile's stage-relative search directories,
+    :func:`~metrale_orch.steps.includes.include_dirs`).
+
+    The two read the same files until the editor takes a file beside a tree file that is
+    not the one the build stages there (a namesake the build replaced, or one the stage
+    does not hold); a file of the same bytes is no difference. I/O: whether a file lies
+    beside each tree file reached, and the bytes of a differing namesake."""
+    out: list[Difference] = []
+    file = module.source_rel
+    todo = [(Path(module.source), module.staged)]
+    seen: set[str] = set()
+    while todo:
+        tree_file, built_file = todo.pop()
+        if built_file in seen:
+            continue
+        seen.add(built_file)
+        inc = includes.get(built_file)
+        for name in () if inc is None or inc.computed else inc.quoted:
+            if name.startswith("/"):
+                continue
+            built = _staged_include(staged.hashes, (posixpath.dirname(built_file), *dirs), name)
+            beside = Path(os.path.normpath(tree_file.parent / name))
+            if beside.is_file():
+                source = staged.files.get(built) if built else None
+                if source is not None and (
+                    source == beside or _hash_of(beside) == staged.hashes[built or ""]
+                ):
+                    todo.append((beside, built or ""))
+                    continue
+                editor = root_relative(beside, root)
+            else:  # the editor searches the -I directories, as the build does after its own
+                found = _staged_include(staged.hashes, dirs, name)
+                if found == built:
+                    continue
+                editor = _shown(root, staged, found)
+            out.append(
+                Difference(
+                    file=file,
+                    includer=root_relative(tree_file, root),
+                    name=name,
+                    editor=editor,
+                    build=_shown(root, staged, built),
+                )
+            )
+    return tuple(sorted(out, key=lambda d: (d.includer, d.name)))
+
+
+def _staged_include(hashes: Mapping[str, str], search: Sequence[str], name: str) -> str | None:
+    """The staged file a quoted ``name`` resolves to over ``search`` (as
+    :func:`~metrale_orch.steps.includes.resolve_closure` resolves it), or None."""
+    for base in search:
+        cand = posixpath.normpath(posixpath.join(base, name))
+        if not cand.startswith("../") and cand in hashes:
+            return cand
+    return None
+
+
+def _shown(root: Path, staged: StagedTarget, path: str | None) -> str:
+    """A staged file as its tree file, root-relative ("" for none)."""
+    source = staged.files.get(path) if path else None
+    return "" if source is None else root_relative(source, root)
+
+
+def _hash_of(path: Path) -> str:
+    try:
+        return xxhash.xxh3_128_hexdigest(path.read_bytes())
+    except OSError:
+        return ""
+
+
 def part_path(build_dir: Path, target: Target) -> Path:
     """Where a target's part lives (pure; :func:`~metrale_orch.paths.compdb_part`)."""
     return compdb_part(Path(build_dir), target.hardware, target.model, target.quant)
@@ -218,6 +333,11 @@ def merge_commands(parts: Iterable[TargetCommands]) -> tuple[CompileCommand, ...
     """One command per tree file: that of the first target in sorted order whose part
     has one; sorted by file (pure)."""
     return tuple(command for _target, command in _chosen(parts))
+
+
+def entry_targets(parts: Iterable[TargetCommands]) -> dict[str, Target]:
+    """Tree file -> the target whose command :func:`merge_commands` takes (pure)."""
+    return {command.file: target for target, command in _chosen(parts)}
 
 
 def _chosen(parts: Iterable[TargetCommands]) -> list[tuple[Target, CompileCommand]]:

@@ -35,7 +35,14 @@ from metrale_orch.cache import Cache
 from metrale_orch.config import Config
 from metrale_orch.fsutil import FileState, file_digest
 from metrale_orch.paths import STATE_DIR, TMP_DIR, stage_dir, target_dir
-from metrale_orch.steps.compdb import TargetCommands, part_path, target_commands, write_part
+from metrale_orch.steps.compdb import (
+    Difference,
+    TargetCommands,
+    editor_differences,
+    part_path,
+    target_commands,
+    write_part,
+)
 from metrale_orch.steps.compile import BuildContext, run_compile, sweep_tmp
 from metrale_orch.steps.deps import (
     FileHasher,
@@ -172,12 +179,14 @@ def stage_target(
     environ: Mapping[str, str],
     log: logging.Logger | None = None,
     toolchains: Mapping[str, Toolchain] | None = None,
-) -> TargetCommands:
+) -> tuple[TargetCommands, tuple[Difference, ...]]:
     """Plan and stage one target exactly as its build does, without compiling, and return
     its compile commands (:mod:`~metrale_orch.steps.compdb`), also written as its part of
-    the compilation database. The target's artefact directory is created (empty when it
-    was never built), so that each command runs as it is. Raises what
-    :func:`build_target` raises before its first compile."""
+    the compilation database, with the includes an editor of its tree files resolves
+    otherwise than its compiles (:func:`~metrale_orch.steps.compdb.editor_differences`).
+    The target's artefact directory is created (empty when it was never built), so that
+    each command runs as it is. Raises what :func:`build_target` raises before its first
+    compile."""
     root = Path(root)
     build_dir = Path(config.build_dir)
     layout = target if isinstance(target, Layout) else discover(root, target)
@@ -195,7 +204,29 @@ def stage_target(
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise StageError(str(layout.target), str(dest), f"cannot create it: {exc}") from None
-    return commands
+    differences = [
+        d
+        for module in prep.plan.modules
+        for d in editor_differences(
+            root,
+            module,
+            staged=prep.ctx.staged,
+            includes=prep.includes,
+            dirs=_search_dirs(prep, module),
+        )
+    ]
+    return commands, tuple(differences)
+
+
+def _search_dirs(prep: _Prepared, module: ModulePlan) -> tuple[str, ...]:
+    """The stage-relative directories a module's compile searches (its ``-I``s, the
+    layer directory under ``.tree/`` when it reaches one)."""
+    plan, ctx = prep.plan, prep.ctx
+    dirs = include_dirs(module.cwd, *ctx.words.get(module.cwd, (plan.flags, ())))
+    layer = ctx.layer_includes.get(module.staged)
+    if layer:
+        dirs = (*dirs, posixpath.normpath(posixpath.join(module.cwd, layer)))
+    return dirs
 
 
 def _write_commands(root: Path, build_dir: Path, prep: _Prepared) -> TargetCommands:

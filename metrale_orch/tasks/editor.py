@@ -9,7 +9,8 @@ refreshes its part) under the project's build lock, and
 chosen targets' commands alone (:mod:`metrale_orch.steps.compdb`): with a pattern the
 entries are those of the targets it selects, the first in sorted order for a file
 several of them compile. Skipped targets (no compiler here) and failing ones contribute
-nothing and are returned with their reason.
+nothing and are returned with their reason; so are the includes an editor of an entry's
+file resolves otherwise than its target's compile.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ from pathlib import Path
 from metrale_orch.config import Config
 from metrale_orch.errors import EXIT_USAGE, MetraleError
 from metrale_orch.paths import TREE_TASK
-from metrale_orch.steps.compdb import TargetCommands, Written, write_database
+from metrale_orch.steps.compdb import (
+    Difference,
+    TargetCommands,
+    Written,
+    entry_targets,
+    write_database,
+)
 from metrale_orch.steps.errors import ToolchainMissing
 from metrale_orch.steps.target import stage_target
 from metrale_orch.tasks import specs as generation
@@ -54,6 +61,9 @@ class CompdbRun:
     skipped: tuple[Unstaged, ...]
     #: Chosen targets that do not resolve, or could not be planned or staged.
     failed: tuple[Unstaged, ...]
+    #: Includes an editor of an entry's file resolves otherwise than that entry's
+    #: target's compile (:func:`~metrale_orch.steps.compdb.editor_differences`), sorted.
+    differences: tuple[Difference, ...] = ()
 
 
 def write_compdb(
@@ -85,6 +95,7 @@ def _stage_all(
     root: Path, environ: Mapping[str, str], chosen: list[BuildSpec], config: Config
 ) -> CompdbRun:
     parts: list[TargetCommands] = []
+    found: dict[Target, tuple[Difference, ...]] = {}
     skipped: list[Unstaged] = []
     failed: list[Unstaged] = []
     for spec in chosen:
@@ -94,16 +105,27 @@ def _stage_all(
         if spec.kind == "error":
             failed.append(Unstaged(target=spec.target, reason=spec.message, exit_code=EXIT_USAGE))
             continue
+        target = Target.parse(spec.target)
         try:
-            parts.append(
-                stage_target(root, Target.parse(spec.target), config=config, environ=environ)
-            )
+            part, found[target] = stage_target(root, target, config=config, environ=environ)
         except ToolchainMissing as exc:
             skipped.append(Unstaged(target=spec.target, reason=str(exc)))
         except MetraleError as exc:
             failed.append(Unstaged(target=spec.target, reason=str(exc), exit_code=exc.exit_code))
+        else:
+            parts.append(part)
     written = write_database(root, Path(config.build_dir), parts)
-    return CompdbRun(written=written, skipped=tuple(skipped), failed=tuple(failed))
+    owners = entry_targets(parts)
+    differences = sorted(
+        (d for target, ds in found.items() for d in ds if owners.get(d.file) == target),
+        key=lambda d: (d.file, d.includer, d.name),
+    )
+    return CompdbRun(
+        written=written,
+        skipped=tuple(skipped),
+        failed=tuple(failed),
+        differences=tuple(differences),
+    )
 
 
 def _select(root: Path, specs: list[BuildSpec], pattern: str | None) -> list[BuildSpec]:
