@@ -25,7 +25,7 @@ the statistics up, prints each distinct cache warning once and writes them to
 worker that ran them, to ``<build_dir>/profile.json`` (Chrome trace events:
 :mod:`metrale_orch.steps.profile`), and merges the parts every target's build wrote
 into ``<build_dir>/compile_commands.json`` (:mod:`metrale_orch.steps.compdb`). A run
-that built nothing (a no-op) leaves the three files of the last build that did in
+that built nothing (a no-op) leaves the files of the last build that did in
 place, and costs nothing for them.
 Other tasks (``check``, ``smoke:…``) are reported as doit's console reporter does.
 
