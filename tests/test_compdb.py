@@ -463,3 +463,55 @@ def test_a_chosen_target_names_the_includes_an_editor_resolves_otherwise(
         )
         for name in ("gemv_nvfp4", "paged_attn_decode")
     ]
+
+
+def _hipcc() -> str | None:
+    for candidate in (os.environ.get("METRALE_HIPCC"), "/opt/rocm/bin/hipcc"):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return shutil.which("hipcc")
+
+
+@pytest.mark.slow
+def test_a_hip_entry_runs_as_it_is_with_the_toolchains_environment(tmp_path: Path) -> None:
+    """hipcc's entry compiles the tree file (not its HIP mirror) and carries the
+    toolchain's HIP_PLATFORM=amd through env(1): the format has no environment, and a
+    shell left on the NVIDIA platform must not change what the command does."""
+    hipcc = _hipcc()
+    if hipcc is None:
+        if os.environ.get("CI"):
+            pytest.fail("hipcc is not installed, and CI must build HIP for real (.ci/run)")
+        pytest.skip("hipcc is not installed (Debian: apt-get install hipcc)")
+    root = tmp_path / "proj"
+    files = {
+        "dodo.py": "from metrale_orch.dodo import *  # noqa: F403\n",
+        "kernels/mi200/HARDWARE.toml": '[hardware]\nvendor = "hip"\narch = "gfx90a"\n',
+        "kernels/mi200/common/lanes.cuh": "#pragma once\n#define LANES 64\n",
+        "kernels/mi200/m/MODEL.toml": "[model]\n",
+        "kernels/mi200/m/q/scale.cu": (
+            '#include "../../common/lanes.cuh"\n'
+            'extern "C" __global__ void scale_k(float* x) { x[threadIdx.x] *= LANES; }\n'
+        ),
+    }
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    env = {**project_env(tmp_path), "METRALE_HIPCC": hipcc, "HIP_PLATFORM": "nvidia"}
+    code, _out, err = _cli(root, env, "compdb")
+    assert code == 0, err
+    [entry] = _database(root)
+    args = [str(a) for a in entry["arguments"]]  # type: ignore[union-attr]
+    assert args[:4] == ["env", "HCC_AMDGPU_TARGET=gfx000", "HIP_PLATFORM=amd", hipcc]
+    assert "-x" in args and "--offload-arch=gfx90a" in args
+    source = [a for a in args if a.endswith(".cu")]
+    assert len(source) == 1 and ".hip" not in source[0]
+    directory = str(entry["directory"])
+    assert os.path.normpath(os.path.join(directory, source[0])) == os.path.realpath(
+        root / "kernels/mi200/m/q/scale.cu"
+    )
+    done = subprocess.run(
+        [*args, "-E"], cwd=directory, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    text = Path(entry["output"]).read_text(errors="replace")  # type: ignore[arg-type]
+    assert "scale_k" in text and "*= 64" in text  # LANES from the tree's lanes.cuh

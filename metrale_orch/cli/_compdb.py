@@ -77,7 +77,8 @@ def format_run(run: CompdbRun, shown: str) -> list[str]:
     written = run.written
     noun = "target" if len(written.targets) == 1 else "targets"
     state = "" if written.changed else " (unchanged)"
-    lines = [f"{shown}: {written.entries} entries from {len(written.targets)} {noun}{state}"]
+    entries = "entry" if written.entries == 1 else "entries"
+    lines = [f"{shown}: {written.entries} {entries} from {len(written.targets)} {noun}{state}"]
     reasons: dict[str, list[str]] = {}
     for skip in run.skipped:
         reasons.setdefault(skip.reason, []).append(skip.target)

@@ -25,7 +25,9 @@ the entries it writes (:func:`editor_differences`).
 
 Left out: the dependency-list flags (the build's bookkeeping, into a temporary
 directory). HIP entries compile the tree file, not its mirror; a two-step toolchain
-(Metal) contributes its first step, whose output is the intermediate file.
+(Metal) contributes its first step, whose output is the intermediate file. A toolchain
+that sets variables for its compiles (hipcc's ``HIP_PLATFORM=amd``) runs through
+``env VAR=value …``, as the format has no environment.
 
 **Absolute paths.** The database is a local file for this checkout's editors, never a
 key, a manifest or anything shared: ``directory`` (the real path of the staged role
@@ -94,7 +96,8 @@ class CompileCommand:
     #: The compile's working directory (the staged role directory), relative to the
     #: build directory (POSIX).
     directory: str
-    #: The command: the program's absolute path, then every path relative to ``directory``.
+    #: The command: the program's absolute path (after ``env VAR=value …`` for a toolchain
+    #: that sets variables), then every path relative to ``directory``.
     arguments: tuple[str, ...]
     #: What the command writes, relative to the build directory (POSIX).
     output: str
@@ -175,6 +178,12 @@ def target_commands(
     real_dest = os.path.realpath(target_dir(Path(build_dir), *parts))
     bases: dict[str, tuple[str, str, str]] = {}
     link = plan.toolchain.link_argv
+    # The variables the toolchain sets for its compiles (hipcc's HIP_PLATFORM=amd) go
+    # before the program, through env(1): the format has no environment, and the command
+    # must run as it is. clangd takes env's operands for inputs, which it drops.
+    env = (
+        ("env", *(f"{k}={v}" for k, v in plan.toolchain.env_set)) if plan.toolchain.env_set else ()
+    )
     out: list[CompileCommand] = []
     for module in plan.modules:
         base = bases.get(module.cwd)
@@ -184,7 +193,7 @@ def target_commands(
             bases[module.cwd] = base
         here, to_root, to_dest = base
         written = f"{module.name}.{plan.toolchain.intermediate_extension}" if link else ""
-        argv = step_argv(
+        argv = env + step_argv(
             plan,
             program=program,
             here=here,
