@@ -14,6 +14,7 @@ from pathlib import Path
 __all__ = [
     "BUILD_TASK",
     "CHECK_TASK",
+    "COMPDB_NAME",
     "DB_NAME",
     "LOG_NAME",
     "MANIFEST_NAME",
@@ -24,6 +25,7 @@ __all__ = [
     "STATS_NAME",
     "TMP_DIR",
     "TREE_TASK",
+    "compdb_part",
     "rel_posix",
     "root_relative",
     "stage_dir",
@@ -40,6 +42,9 @@ MANIFEST_NAME = "manifest.json"
 STATS_NAME = "cache-stats.json"
 #: The last build's profile (Chrome trace events: where its time went), in ``build_dir``.
 PROFILE_NAME = "profile.json"
+#: The JSON Compilation Database editors read (clangd: VS Code, CLion, Neovim), in
+#: ``build_dir``; its per-target parts live in ``<build_dir>/.state/compdb/``.
+COMPDB_NAME = "compile_commands.json"
 #: The shared build log, in ``build_dir``.
 LOG_NAME = "metrale-orch.log"
 
@@ -59,6 +64,12 @@ TREE_TASK = "(tree)"
 def target_dir(build_dir: Path, hardware: str, model: str, quant: str) -> Path:
     """Where one target's artefacts and manifest are installed (pure)."""
     return build_dir / hardware / model / quant
+
+
+def compdb_part(build_dir: Path, hardware: str, model: str, quant: str) -> Path:
+    """Where one target's part of the compilation database is kept:
+    ``<build_dir>/.state/compdb/<hw>/<model>/<quant>.json`` (pure)."""
+    return build_dir / STATE_DIR / "compdb" / hardware / model / f"{quant}.json"
 
 
 def stage_dir(build_dir: Path, hardware: str, model: str, quant: str) -> Path:

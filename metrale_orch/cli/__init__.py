@@ -3,8 +3,8 @@
 ``main`` is a one-screen pipeline: parse, find the root, dispatch to a
 sub-command, turn any package error into one clear line and an exit code.
 Each group of sub-commands lives in a private module (``_layout``,
-``_defaults``, ``_build``, ``_profile``, ``_cache``, ``_matrix``, ``_resources``,
-``_remote``) exposing
+``_defaults``, ``_build``, ``_compdb``, ``_profile``, ``_cache``, ``_matrix``,
+``_resources``, ``_remote``) exposing
 ``register(subparsers)``; a sub-command is a function
 ``(args, ctx) -> int``. This package and the doit reporter are the only
 places that print.
@@ -30,6 +30,7 @@ from typing import TextIO
 from metrale_orch.cli import (
     _build,
     _cache,
+    _compdb,
     _defaults,
     _layout,
     _matrix,
@@ -91,7 +92,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (_layout, _defaults, _build, _profile, _cache, _matrix, _resources, _remote):
+    for module in (
+        _layout,
+        _defaults,
+        _build,
+        _compdb,
+        _profile,
+        _cache,
+        _matrix,
+        _resources,
+        _remote,
+    ):
         module.register(sub)
     return parser
 

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 from metrale_orch.executor import Action, RemoteForm
 from metrale_orch.proc import ProcessError, format_argv
 
-__all__ = ["COMPILE_TIMEOUT", "BuildContext", "run_compile", "sweep_tmp"]
+__all__ = ["COMPILE_TIMEOUT", "BuildContext", "run_compile", "step_argv", "sweep_tmp"]
 
 #: Seconds one compile may take before it is killed and reported.
 COMPILE_TIMEOUT = 900.0
@@ -292,6 +292,42 @@ def _temporary_dir(ctx: BuildContext, module: ModulePlan) -> Path:
         ) from None
 
 
+def step_argv(
+    plan: TargetPlan,
+    *,
+    program: str,
+    here: str,
+    source: str,
+    output: str,
+    intermediate: str,
+    layer_include: str,
+) -> tuple[str, ...]:
+    """The first (or only) compile step of a module of ``plan`` as this machine runs it in
+    the real directory ``here`` (its staged role directory): ``source``, ``output`` and
+    ``intermediate`` ("" for one step) as given (relative to ``here``), the HIP compat
+    directory made relative to ``here``, the module's layer directory under ``.tree/`` as
+    one more ``-I`` when it has one; no dependency-list flags (the build adds them,
+    :func:`_render_steps`; the compilation database leaves them out)."""
+    tc = plan.toolchain
+    compat = plan.hip_compat
+    compat_dir = None if compat is None else compat.dir
+    argv = compile_argv(
+        tc,
+        program=program,
+        arch=plan.arch,
+        flags=plan.flags,
+        include=".",
+        source=source,
+        output=output,
+        intermediate=intermediate,
+        switches=env_switches(tc, plan.env),
+        compat_include="" if compat_dir is None else _relative(compat_dir, here),
+    )
+    if layer_include:  # SPEC 3.3.1: the module's layer directory, mirrored under .tree/
+        argv = (*argv, f"-I{layer_include}")
+    return argv
+
+
 def _render_steps(ctx: BuildContext, module: ModulePlan, tmp: Path) -> _Steps:
     """The module's argvs for this machine, every path relative to its working directory
     (writes the HIP mirror first for a ``hip`` toolchain; raises StageError)."""
@@ -301,7 +337,6 @@ def _render_steps(ctx: BuildContext, module: ModulePlan, tmp: Path) -> _Steps:
     out = tmp / module.artefact
     depfile = tmp / "deps.d"
     compat = plan.hip_compat
-    compat_dir = None if compat is None else compat.dir
     source = module.entry
     if compat is not None:
         try:
@@ -315,21 +350,15 @@ def _render_steps(ctx: BuildContext, module: ModulePlan, tmp: Path) -> _Steps:
             ) from None
         source = mirrored_source(module.cwd, module.entry)
     intermediate = tmp / f"{module.name}.{tc.intermediate_extension}" if tc.link_argv else None
-    argv = compile_argv(
-        tc,
+    argv = step_argv(
+        plan,
         program=str(ctx.program),
-        arch=plan.arch,
-        flags=plan.flags,
-        include=".",
+        here=here,
         source=source,
         output=_relative(out, here),
         intermediate="" if intermediate is None else _relative(intermediate, here),
-        switches=env_switches(tc, plan.env),
-        compat_include="" if compat_dir is None else _relative(compat_dir, here),
+        layer_include=ctx.layer_includes.get(module.staged, ""),
     )
-    layer_inc = ctx.layer_includes.get(module.staged, "")
-    if layer_inc:  # SPEC 3.3.1: the module's layer directory, mirrored under .tree/
-        argv = (*argv, f"-I{layer_inc}")
     if tc.depfile_args:
         rel = _relative(depfile, here)
         argv = (*argv, *(a.format_map({"depfile": rel}) for a in tc.depfile_args))

@@ -5,7 +5,9 @@
 cache, otherwise compiles it (:func:`~metrale_orch.steps.compile.run_compile`, under
 the cache's key lock) and publishes it, then installs the artefacts
 atomically, bakes ``target_defaults.json``/``.h`` and writes ``manifest.json``
-last (:mod:`~metrale_orch.steps.install`). A memoised or cached artefact is
+last (:mod:`~metrale_orch.steps.install`). Once staged, before any compile, it writes
+the target's part of the compilation database (:mod:`~metrale_orch.steps.compdb`);
+:func:`stage_target` does only that much (``metrale-orch compdb``). A memoised or cached artefact is
 taken only when every file its compile read still has the content it had.
 Each step is recorded as a span of the build profile
 (:mod:`~metrale_orch.steps.profile`), returned in ``TargetResult.spans``.
@@ -32,7 +34,15 @@ import xxhash
 from metrale_orch.cache import Cache
 from metrale_orch.config import Config
 from metrale_orch.fsutil import FileState, file_digest
-from metrale_orch.paths import STATE_DIR, TMP_DIR, stage_dir
+from metrale_orch.paths import STATE_DIR, TMP_DIR, stage_dir, target_dir
+from metrale_orch.steps.compdb import (
+    Difference,
+    TargetCommands,
+    editor_differences,
+    part_path,
+    target_commands,
+    write_part,
+)
 from metrale_orch.steps.compile import BuildContext, run_compile, sweep_tmp
 from metrale_orch.steps.deps import (
     FileHasher,
@@ -54,6 +64,7 @@ from metrale_orch.steps.errors import (
     ContainmentError,
     MissRefused,
     ModuleFailure,
+    StageError,
 )
 from metrale_orch.steps.hip_mirror import HipCompat, scan_hip_compat
 from metrale_orch.steps.includes import (
@@ -86,7 +97,7 @@ from metrale_orch.toolchain.probe import find_toolchain
 from metrale_orch.tree import Layout, Target, discover, read_manifest_warnings
 from metrale_orch.tree.beyond import TREE_DIR, Beyond, layer_include
 
-__all__ = ["build_target"]
+__all__ = ["build_target", "stage_target"]
 
 _log = logging.getLogger("metrale_orch.steps")
 
@@ -160,6 +171,79 @@ def build_target(
             session.close()
 
 
+def stage_target(
+    root: Path,
+    target: Target | Layout,
+    *,
+    config: Config,
+    environ: Mapping[str, str],
+    log: logging.Logger | None = None,
+    toolchains: Mapping[str, Toolchain] | None = None,
+) -> tuple[TargetCommands, tuple[Difference, ...]]:
+    """Plan and stage one target exactly as its build does, without compiling, and return
+    its compile commands (:mod:`~metrale_orch.steps.compdb`), also written as its part of
+    the compilation database, with the includes an editor of its tree files resolves
+    otherwise than its compiles (:func:`~metrale_orch.steps.compdb.editor_differences`).
+    The target's artefact directory is created (empty when it was never built), so that
+    each command runs as it is. Raises what :func:`build_target` raises before its first
+    compile."""
+    root = Path(root)
+    build_dir = Path(config.build_dir)
+    layout = target if isinstance(target, Layout) else discover(root, target)
+    if toolchains is None:
+        toolchains = load_toolchains(root)
+    session = BuildSession.local(jobs=1, build_dir=build_dir)
+    try:
+        rec = SpanRecorder(str(layout.target))
+        prep = _prepare(root, layout, config, None, environ, log or _log, toolchains, session, rec)
+    finally:
+        session.close()
+    commands = _write_commands(root, build_dir, prep)
+    dest = target_dir(build_dir, *_parts(layout.target))
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StageError(str(layout.target), str(dest), f"cannot create it: {exc}") from None
+    differences = [
+        d
+        for module in prep.plan.modules
+        for d in editor_differences(
+            root,
+            module,
+            staged=prep.ctx.staged,
+            includes=prep.includes,
+            dirs=_search_dirs(prep, module),
+        )
+    ]
+    return commands, tuple(differences)
+
+
+def _search_dirs(prep: _Prepared, module: ModulePlan) -> tuple[str, ...]:
+    """The stage-relative directories a module's compile searches (its ``-I``s, the
+    layer directory under ``.tree/`` when it reaches one)."""
+    plan, ctx = prep.plan, prep.ctx
+    dirs = include_dirs(module.cwd, *ctx.words.get(module.cwd, (plan.flags, ())))
+    layer = ctx.layer_includes.get(module.staged)
+    if layer:
+        dirs = (*dirs, posixpath.normpath(posixpath.join(module.cwd, layer)))
+    return dirs
+
+
+def _write_commands(root: Path, build_dir: Path, prep: _Prepared) -> TargetCommands:
+    """The target's compile commands, written as its part of the compilation database
+    (raises :class:`StageError` when the part cannot be written)."""
+    ctx = prep.ctx
+    commands = target_commands(
+        root, build_dir, prep.plan, program=str(ctx.program), layer_includes=ctx.layer_includes
+    )
+    try:
+        write_part(build_dir, commands)
+    except OSError as exc:
+        where = str(part_path(build_dir, prep.plan.target))
+        raise StageError(str(prep.plan.target), where, f"cannot write it: {exc}") from None
+    return commands
+
+
 def _build(
     root: Path,
     target: Target | Layout,
@@ -179,6 +263,7 @@ def _build(
             toolchains = load_toolchains(root)
         with session.preparing():
             prep = _prepare(root, layout, config, cache, environ, log, toolchains, session, rec)
+            _write_commands(root, Path(config.build_dir), prep)
         obtained = _obtain_all(prep, config.cache_namespace, session, rec)
         with rec.span("install") as install_args:
             outputs = {o.result.artefact: o.data for o in obtained if o.data is not None}

@@ -41,7 +41,7 @@ from doit.exceptions import TaskFailed
 
 from metrale_orch.config import Config, load_config
 from metrale_orch.errors import Interrupted, MetraleError, printable
-from metrale_orch.paths import BUILD_TASK, LOG_NAME
+from metrale_orch.paths import BUILD_TASK, LOG_NAME, compdb_part
 from metrale_orch.tasks.checker import (
     EXTERNAL_KEY,
     INPUTS_KEY,
@@ -522,7 +522,8 @@ def error_action(target: str, message: str) -> TaskFailed:
 
 
 def clean_action(root: str, target: str) -> TaskFailed | None:
-    """Remove a target's outputs (its artefact directory and its stage)."""
+    """Remove a target's outputs (its artefact directory, its stage and its part of the
+    compilation database, which the next build that runs writes without it)."""
     try:
         config = load_config(Path(root), os.environ)
     except MetraleError as exc:
@@ -530,6 +531,10 @@ def clean_action(root: str, target: str) -> TaskFailed | None:
     for directory in _output_dirs(config.build_dir, target):
         if directory.is_dir():
             shutil.rmtree(directory)
+    parts = target.split("/")
+    if len(parts) == 3:
+        with contextlib.suppress(FileNotFoundError):
+            compdb_part(config.build_dir, *parts).unlink()
     return None
 
 

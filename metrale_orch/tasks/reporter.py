@@ -23,8 +23,10 @@ task's cache statistics, cache warnings, its profile spans); the reporter adds
 the statistics up, prints each distinct cache warning once and writes them to
 ``<build_dir>/cache-stats.json``, and writes every target's spans, on the
 worker that ran them, to ``<build_dir>/profile.json`` (Chrome trace events:
-:mod:`metrale_orch.steps.profile`). A run that built nothing (a no-op) leaves
-both files of the last build that did in place, and costs nothing for them.
+:mod:`metrale_orch.steps.profile`), and merges the parts every target's build wrote
+into ``<build_dir>/compile_commands.json`` (:mod:`metrale_orch.steps.compdb`). A run
+that built nothing (a no-op) leaves the files of the last build that did in
+place, and costs nothing for them.
 Other tasks (``check``, ``smoke:…``) are reported as doit's console reporter does.
 
 How a run ends is decided here too, since doit's runner calls
@@ -41,8 +43,9 @@ How a run ends is decided here too, since doit's runner calls
   ``error:`` line naming the file and why, and at least exit 1
   (:class:`~metrale_orch.tasks.database.Database` keeps the failure for this).
 
-A file of the run's report (``cache-stats.json``, ``profile.json``) that cannot
-be written is one warning line naming it and why; it never fails the run.
+A file of the run's report (``cache-stats.json``, ``profile.json``,
+``compile_commands.json``) that cannot be written is one warning line naming it and
+why; it never fails the run.
 """
 
 from __future__ import annotations
@@ -69,7 +72,14 @@ from metrale_orch.errors import (
     printable,
 )
 from metrale_orch.fsutil import write_atomic
-from metrale_orch.paths import BUILD_TASK, PROFILE_NAME, SMOKE_TASK, STATE_DIR, STATS_NAME
+from metrale_orch.paths import (
+    BUILD_TASK,
+    COMPDB_NAME,
+    PROFILE_NAME,
+    SMOKE_TASK,
+    STATE_DIR,
+    STATS_NAME,
+)
 from metrale_orch.tasks.actions import (
     REFUSED_KEY,
     BuildFailed,
@@ -86,6 +96,7 @@ from metrale_orch.tasks.dicts import KIND
 from metrale_orch.tasks.doit_api import Task, running_backend
 from metrale_orch.tasks.progress import LiveLine, progress_text
 from metrale_orch.tasks.runlock import BuildLock
+from metrale_orch.tree import Target
 
 __all__ = [
     "BuildReporter",
@@ -270,6 +281,8 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         self._remote: dict[str, object] = {}
         #: ``build:<target>`` -> its modules ``require_hits`` did not compile.
         self._refused: dict[str, int] = {}
+        #: Every task of the run (:meth:`initialize`), selected or not.
+        self._tasks: Mapping[str, Task] = {}
 
     # -- doit's interface -----------------------------------------------------------------------
 
@@ -296,6 +309,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         self._total = len(names)
         self._selected = names
         self._alive = {n[len(_BASE) :] for n in tasks if n.startswith(_BASE)}
+        self._tasks = tasks  # the targets whose parts make the compilation database
         if self._tty:
             self._expected = _expected_target_seconds()
 
@@ -497,10 +511,11 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             self.write(f"warning: {warning}\n")
         if self._remote:
             self.write(format_remote(self._remote) + "\n")
-        if self._ran:  # a no-op run leaves the last build's statistics and profile in place
+        if self._ran:  # a no-op run leaves the last build's report files in place
             self._write_stats()
             self._write_profile()
             self._write_times()
+            self._write_compdb()
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -600,6 +615,25 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             write_atomic(path, encode_profile(doc))
         except (MetraleError, OSError) as exc:  # the profile must never fail the run
             _warn_unwritten("the build profile", path, exc)
+
+    def _write_compdb(self) -> None:
+        """Merge the parts of every buildable target of the tree (selected or not, built
+        now or before) into compile_commands.json (:mod:`metrale_orch.steps.compdb`)."""
+        # Imported only after a run that built: a no-op never needs the database.
+        from metrale_orch.steps.compdb import write_database_from_parts
+
+        path = Path(COMPDB_NAME)
+        try:
+            config = load_config(Path.cwd(), os.environ)
+            path = config.build_dir / COMPDB_NAME
+            targets = [
+                Target.parse(name[len(_BASE) :])
+                for name, task in self._tasks.items()
+                if name.startswith(_BASE) and _kind(task) == "build"
+            ]
+            write_database_from_parts(config.root, config.build_dir, targets)
+        except (MetraleError, OSError, ValueError) as exc:  # never fails the run
+            _warn_unwritten("the compilation database", path, exc)
 
 
 def _warn_unwritten(what: str, path: Path, exc: BaseException) -> None:
