@@ -184,8 +184,27 @@ def test_check_flags_a_redirect_out_of_kernels(tmp_path: Path) -> None:
     assert err.splitlines() == [
         "problem: kernels/gb10/../../outside/bf16/evil.cu: lies outside kernels/; kernel trees "
         "build only their own files (reached through [model] kernel_source of "
-        "kernels/gb10/stolen/MODEL.toml) [target gb10/stolen/bf16]",
+        "kernels/gb10/stolen/MODEL.toml); point that kernel_source at a model directory "
+        "inside kernels/ [target gb10/stolen/bf16]",
         "check: 1 problem in 1 file (1 of 3 targets affected)",
+    ]
+
+
+def test_check_names_the_redirect_out_of_kernels_where_it_is_written(tmp_path: Path) -> None:
+    """A redirect to a directory of the model's own name, inherited by hopper: both targets
+    name gb10's MODEL.toml and its kernel_source (the file and key to change)."""
+    tree(tmp_path)
+    model(tmp_path, "gb10", "qwen", kernel_source="../../outside/qwen")
+    write(tmp_path, "outside/qwen/MODEL.toml", "[model]\n")
+    write(tmp_path, "outside/qwen/bf16/evil.cu", "// not from the tree\n")
+    code, out, err = run(tmp_path, "check")
+    assert code == 2 and out == "", err
+    problems = [ln for ln in err.splitlines() if "evil.cu" in ln]
+    assert problems == [
+        "problem: kernels/gb10/../../outside/qwen/bf16/evil.cu: lies outside kernels/; kernel "
+        "trees build only their own files (reached through [model] kernel_source of "
+        "kernels/gb10/qwen/MODEL.toml); point that kernel_source at a model directory inside "
+        "kernels/ [target gb10/qwen/bf16, hopper/qwen/bf16]"
     ]
 
 

@@ -29,8 +29,9 @@ from types import MappingProxyType
 import xxhash
 
 from metrale_orch.fsutil import write_atomic
+from metrale_orch.paths import root_relative
 from metrale_orch.steps.errors import ContainmentError, StageError
-from metrale_orch.tree import Layout, Role
+from metrale_orch.tree import Layout, Role, redirect_manifest
 from metrale_orch.tree.beyond import TREE_DIR, Beyond, find_beyond_layout
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "StagedTarget",
     "beyond_layout",
     "check_contained",
+    "containment_error",
     "layer_dir",
     "plan_stage",
     "role_dir",
@@ -110,7 +112,22 @@ def check_contained(root: Path, layout: Layout) -> None:
             shown = Path(os.path.abspath(path)).relative_to(os.path.abspath(root)).as_posix()
         except ValueError:
             shown = os.path.abspath(path)
-        raise ContainmentError(str(layout.target), shown, problem)
+        raise containment_error(root, layout, path, shown, problem)
+
+
+def containment_error(
+    root: Path, layout: Layout, path: Path, shown: str, problem: str
+) -> ContainmentError:
+    """The :class:`ContainmentError` for ``path`` (an input :func:`uncontained` refused with
+    ``problem``, spelled ``shown``), naming the MODEL.toml whose ``[model] kernel_source``
+    led out of ``kernels/``, if one did (pure)."""
+    via = ""
+    kernels = os.path.abspath(Path(root) / "kernels") + os.sep
+    if not os.path.abspath(path).startswith(kernels):
+        manifest = redirect_manifest(layout, path)
+        if manifest is not None:
+            via = root_relative(manifest, Path(root))
+    return ContainmentError(str(layout.target), shown, problem, via)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -61,7 +61,12 @@ from metrale_orch.steps.dropped import shadow_exemptions
 from metrale_orch.steps.errors import BuildConfigError, ToolchainMissing
 from metrale_orch.steps.hip_mirror import HipCompat, scan_hip_compat
 from metrale_orch.steps.plan import PlanMemo, merge_flags, module_names, plan_target
-from metrale_orch.steps.staging import beyond_layout, plan_stage, uncontained
+from metrale_orch.steps.staging import (
+    beyond_layout,
+    containment_error,
+    plan_stage,
+    uncontained,
+)
 from metrale_orch.toolchain.definitions import Toolchain, load_toolchains, select_toolchain
 from metrale_orch.toolchain.locate import locate_toolchain
 
@@ -415,14 +420,9 @@ def _check_tree_files(
             if link is not None:
                 found.add(_link_message(snap.rel(link)), name)
                 reported_links.add(link)
-            elif result.source_model != result.target.model and _under_leaf(result, path):
-                via = snap.rel(result.model_dir / "MODEL.toml")
-                found.add(
-                    f"{snap.rel(path)}: {problem} (reached through [model] kernel_source of {via})",
-                    name,
-                )
             else:
-                found.add(f"{snap.rel(path)}: {problem}", name)
+                refused = containment_error(root, result, path, snap.rel(path), problem)
+                found.add(refused.detail, name)
     for link in lay.symlinks(root):
         if link not in reported_links:  # a link no target reads is still refused
             found.add(_link_message(snap.rel(link)))
@@ -446,17 +446,6 @@ def _warnings(snap: lay.TreeSnapshot, scan: _Scan, build_keys: Sequence[str]) ->
 
 def _digest(path: Path) -> str:
     return xxhash.xxh3_128_hexdigest(path.read_bytes())
-
-
-def _under_leaf(layout: lay.Layout, path: Path) -> bool:
-    """Whether ``path`` lies (lexically) in one of ``layout``'s leaf layer directories."""
-    text = os.path.normpath(path)
-    for layer in layout.layers:
-        if layer.role is lay.Role.LEAF:
-            top = os.path.normpath(layer.dir)
-            if text.startswith(top + os.sep):
-                return True
-    return False
 
 
 def _link_message(rel: str) -> str:
