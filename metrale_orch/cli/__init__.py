@@ -4,7 +4,7 @@
 sub-command, turn any package error into one clear line and an exit code.
 Each group of sub-commands lives in a private module (``_layout``,
 ``_defaults``, ``_build``, ``_profile``, ``_cache``, ``_matrix``, ``_resources``,
-``_remote``) exposing
+``_remote``, ``_doit``) exposing
 ``register(subparsers)``; a sub-command is a function
 ``(args, ctx) -> int``. This package and the doit reporter are the only
 places that print.
@@ -31,6 +31,7 @@ from metrale_orch.cli import (
     _build,
     _cache,
     _defaults,
+    _doit,
     _layout,
     _matrix,
     _profile,
@@ -91,7 +92,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (_layout, _defaults, _build, _profile, _cache, _matrix, _resources, _remote):
+    for module in (
+        _layout,
+        _defaults,
+        _build,
+        _profile,
+        _cache,
+        _matrix,
+        _resources,
+        _remote,
+        _doit,
+    ):
         module.register(sub)
     return parser
 
