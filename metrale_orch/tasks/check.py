@@ -69,6 +69,7 @@ from metrale_orch.steps.staging import (
 )
 from metrale_orch.toolchain.definitions import Toolchain, load_toolchains, select_toolchain
 from metrale_orch.toolchain.locate import locate_toolchain
+from metrale_orch.tree.beyond import IncludeMemo
 
 __all__ = ["UNPROBED", "CheckReport", "check_tree", "report_lines"]
 
@@ -275,6 +276,7 @@ class _Steps:
         self.memo = memo
         self._sources: dict[Path, bytes] = {}
         self._compat: HipCompat | None = None
+        self.includes = IncludeMemo(root / "kernels", self.read)
 
     def read(self, path: Path) -> bytes:
         data = self._sources.get(path)
@@ -316,7 +318,11 @@ class _Steps:
                 return False
             return True
 
-        staged = attempt(lambda: plan_stage(layout))
+        staged: Mapping[str, Path] | None = None
+        try:
+            staged = plan_stage(layout)
+        except MetraleError as exc:
+            problems.append(exc)
         tcs = self.toolchains
         if tcs is not None:
             attempt(
@@ -332,10 +338,11 @@ class _Steps:
         )
         problems.extend(BuildConfigError(*problem) for problem in exempt.problems)
         attempt(lambda: scan_cases(root, layout))
-        if staged:
+        if staged is not None:
             # Includes that escape kernels/ (SPEC 3.3.1): every one, named with its line.
             try:
-                problems.extend(beyond_layout(root, layout, self.read).errors)
+                beyond = beyond_layout(root, layout, memo=self.includes, staged=staged)
+                problems.extend(beyond.errors)
             except MetraleError as exc:
                 problems.append(exc)
             except OSError:
@@ -395,6 +402,7 @@ def _check_tree_files(
     for shape_error in misshapen:
         found.error(shape_error)
     reported_links: set[Path] = set()
+    contained: dict[str, str] = {}  # what uncontained examined, shared by the targets
     for target, result in results:
         name = str(target)
         if isinstance(result, lay.LayoutError):
@@ -415,7 +423,7 @@ def _check_tree_files(
                 )
         # What the build would refuse to stage (staging.check_contained): files outside
         # kernels/ (a redirect or use reaching out) or reached through a symlinked directory.
-        for path, problem in uncontained(kernels, result.inputs()):
+        for path, problem in uncontained(kernels, result.inputs(), contained):
             link = _link_above(kernels, path)
             if link is not None:
                 found.add(_link_message(snap.rel(link)), name)

@@ -196,7 +196,9 @@ class Layout:
             for sub in subdirs.values():
                 files.update(files_under(sub))
         files.update(self.configs())
-        return tuple(sorted(files))
+        # Path order is the order of the paths' parts: comparing the (cached) parts tuples
+        # gives the same order without a Python-level Path.__lt__ per comparison.
+        return tuple(sorted(files, key=_parts))
 
 
 # One pass makes tens of thousands of these frozen values, and a frozen dataclass's
@@ -204,6 +206,10 @@ class Layout:
 # the rest of making one). So the hot paths build each value as a "shell": a plain
 # class with the very same slots, filled by ordinary attribute stores, whose class is
 # then switched to the value class. The result is an ordinary instance of the value
+
+
+def _parts(path: Path) -> tuple[str, ...]:
+    return path.parts
 
 
 def files_under(top: Path) -> Iterator[Path]:
