@@ -52,7 +52,7 @@ COMMON_DIR = "common"
 
 
 def uncontained(
-    kernels: Path, paths: Iterable[Path], seen: dict[str, str] | None = None
+    kernels: Path, paths: Iterable[Path], seen: dict[Path, str] | None = None
 ) -> list[tuple[Path, str]]:
     """(path, problem) for each path that is not a real file inside ``kernels`` (I/O: ``lstat``
     of every component below ``kernels``).
@@ -61,22 +61,19 @@ def uncontained(
     resolved) and no component from ``kernels`` down to the file is a symlink, so
     what is compiled is exactly what the tree holds: a redirect, a ``use`` path or
     a symlinked directory can never bring in a file from elsewhere. Each directory
-    is examined once per call; ``seen`` (absolute path -> problem, "" for none)
-    carries what was examined across the calls of one pass over an unchanging tree.
+    is examined once per call; ``seen`` (path -> problem, "" for none) carries what
+    was examined across the calls of one pass over an unchanging tree.
     """
     base = os.path.abspath(kernels)
     prefix = base + os.sep
     seen_dirs: dict[str, str] = {}
     out: list[tuple[Path, str]] = []
     for path in paths:
-        text = os.path.abspath(path)
-        if seen is not None and text in seen:
-            if seen[text]:
-                out.append((path, seen[text]))
-            continue
-        problem = _uncontained(base, prefix, text, seen_dirs)
-        if seen is not None:
-            seen[text] = problem
+        problem = None if seen is None else seen.get(path)
+        if problem is None:
+            problem = _uncontained(base, prefix, os.path.abspath(path), seen_dirs)
+            if seen is not None:
+                seen[path] = problem
         if problem:
             out.append((path, problem))
     return out
@@ -238,7 +235,7 @@ def plan_stage(layout: Layout, extra: Mapping[str, Path] | None = None) -> Mappi
         for name, entry in entries.items():
             _add(plan, f"{base}/{name}", entry.source, target)
         if subdirs and inputs is None:
-            inputs = [(os.fspath(path), path) for path in layout.inputs()]
+            inputs = [(os.fspath(path), path) for path in layout.input_set()]
         for name, top in subdirs.items():
             # Every input lexically under the subdirectory (Path.is_relative_to, by text).
             prefix = os.path.join(os.fspath(top), "")

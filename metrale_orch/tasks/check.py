@@ -13,7 +13,8 @@ hardware rather than restating their rules:
   (:func:`~metrale_orch.toolchain.definitions.select_toolchain`), ``[build]`` flag types
   (:func:`~metrale_orch.steps.target.merge_flags`), ``[modules]`` names
   (:func:`~metrale_orch.steps.target.module_names`), the whole plan
-  (:func:`~metrale_orch.steps.plan.plan_target`: ``[hardware] arch``, ``[defaults]``),
+  (:func:`~metrale_orch.steps.plan.check_plan`: what ``plan_target`` refuses,
+  ``[hardware] arch``, ``[defaults]``),
   its ``[shadow_exempt]`` tables (``_dropped.shadow_exemptions``), its
   ``SMOKE.toml`` cases (:func:`~metrale_orch.smoke.scan_cases`) and the includes
   that escape ``kernels/`` (:func:`~metrale_orch.steps.staging.beyond_layout`);
@@ -22,8 +23,9 @@ hardware rather than restating their rules:
   (:func:`~metrale_orch.defaults.read_tree_levers`).
 
 Each step runs on its own, so one target's first error never hides another
-file's. Planning uses :data:`UNPROBED` as the toolchain identity: no compiler
-runs. Each compiler is located as the build locates it
+file's. No compiler runs: a plan is checked without a toolchain identity (the
+views that plan, ``rdeps``, use :data:`UNPROBED` for it). Each compiler is located
+as the build locates it
 (:func:`~metrale_orch.toolchain.definitions.locate_toolchain`): one that is not installed is
 no problem (the build skips its targets) but is listed with the build's reason
 (:attr:`CheckReport.skipped`); a variable naming an unusable one is a problem. Beyond what the build
@@ -60,7 +62,7 @@ from metrale_orch.smoke import scan_cases
 from metrale_orch.steps.dropped import shadow_exemptions
 from metrale_orch.steps.errors import BuildConfigError, ToolchainMissing
 from metrale_orch.steps.hip_mirror import HipCompat, scan_hip_compat
-from metrale_orch.steps.plan import PlanMemo, merge_flags, module_names, plan_target
+from metrale_orch.steps.plan import PlanMemo, check_plan, merge_flags, module_names
 from metrale_orch.steps.staging import (
     beyond_layout,
     containment_error,
@@ -293,13 +295,13 @@ class _Steps:
         return self._compat
 
     def plan(self, layout: lay.Layout, toolchains: Mapping[str, Toolchain]) -> None:
-        """:func:`~metrale_orch.steps.plan.plan_target` as the build calls it (``dodo``)."""
+        """What :func:`~metrale_orch.steps.plan.plan_target` refuses, as the build calls it
+        (``dodo``): :func:`~metrale_orch.steps.plan.check_plan`."""
         toolchain = select_toolchain(layout.hardware, toolchains)
-        plan_target(
+        check_plan(
             self.root,
             layout,
             toolchains,
-            identity=UNPROBED,
             environ=self.environ,
             memo=self.memo,
             hip_compat=self.hip_compat() if toolchain.dialect == "hip" else None,
@@ -402,7 +404,7 @@ def _check_tree_files(
     for shape_error in misshapen:
         found.error(shape_error)
     reported_links: set[Path] = set()
-    contained: dict[str, str] = {}  # what uncontained examined, shared by the targets
+    contained: dict[Path, str] = {}  # what uncontained examined, shared by the targets
     for target, result in results:
         name = str(target)
         if isinstance(result, lay.LayoutError):
@@ -423,7 +425,7 @@ def _check_tree_files(
                 )
         # What the build would refuse to stage (staging.check_contained): files outside
         # kernels/ (a redirect or use reaching out) or reached through a symlinked directory.
-        for path, problem in uncontained(kernels, result.inputs(), contained):
+        for path, problem in uncontained(kernels, result.input_set(), contained):
             link = _link_above(kernels, path)
             if link is not None:
                 found.add(_link_message(snap.rel(link)), name)

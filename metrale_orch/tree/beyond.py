@@ -25,12 +25,14 @@ tree and what they reach); :func:`layer_include` is the per-module ``-I``.
 from __future__ import annotations
 
 import functools
+import operator
 import os
 import posixpath
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from metrale_orch.errors import MetraleError
 
@@ -108,11 +110,21 @@ def layer_include(cwd: str, layer_dir: str) -> str:
     return posixpath.relpath(posixpath.join(TREE_DIR, layer_dir), cwd)
 
 
-#: A module's walk as :class:`IncludeMemo` keeps it: (the staged paths it looked up, each
-#: with the tree file it found there, or None), the files beyond the layout it reached
-#: (path under ``kernels/`` -> tree file) and its escaping includes, in the walk's order.
-_Lookups = tuple[tuple[str, str | None], ...]
-_ModuleWalk = tuple[_Lookups, tuple[tuple[str, str], ...], tuple["EscapingInclude", ...]]
+class _ModuleWalk(NamedTuple):
+    """A module's walk as :class:`IncludeMemo` keeps it."""
+
+    #: The staged paths it looked up, and the tree file (absolute) each held, or None.
+    rels: tuple[str, ...]
+    trees: tuple[str | None, ...]
+    #: The files beyond the layout it reached: (path under ``kernels/``, tree file).
+    files: tuple[tuple[str, str], ...]
+    #: Its escaping includes, in the walk's order.
+    errors: tuple[EscapingInclude, ...]
+
+
+#: What a module's walk depends on besides the stage: its staged source, that source's
+#: tree file, its working directory, its layer directory (absolute), the allowed prefixes.
+_WalkKey = tuple[str, str, str, str, tuple[str, ...]]
 
 
 class IncludeMemo:
@@ -148,7 +160,7 @@ class IncludeMemo:
         self._joined: dict[tuple[str, str], str] = {}
         self._stage_joined: dict[tuple[str, str], str] = {}
         self._abs: dict[Path, str] = {}
-        self._walks: dict[tuple[str, str, str, str, tuple[str, ...]], list[_ModuleWalk]] = {}
+        self._walks: dict[_WalkKey, list[_ModuleWalk]] = {}
 
     def includes(self, path: str) -> tuple[tuple[int, str], ...] | None:
         """:func:`quoted_includes` of the file ``path``; None when it cannot be read."""
@@ -199,6 +211,20 @@ class IncludeMemo:
             got = self._abs[path] = os.path.abspath(path)
         return got
 
+    def known_walk(self, key: _WalkKey, stage: dict[str, str]) -> _ModuleWalk | None:
+        """A walk kept for ``key`` whose every staged lookup ``stage`` (staged path ->
+        tree file) answers the same way, or None."""
+        walks = self._walks.get(key)
+        if walks is not None:
+            get = stage.get
+            for walk in walks:
+                if all(map(operator.eq, map(get, walk.rels), walk.trees)):
+                    return walk
+        return None
+
+    def keep_walk(self, key: _WalkKey, walk: _ModuleWalk) -> None:
+        self._walks.setdefault(key, []).append(walk)
+
 
 def find_beyond_layout(
     kernels: Path,
@@ -223,56 +249,30 @@ def find_beyond_layout(
     memo = memo if memo is not None else IncludeMemo(kernels, read)
     base = os.path.abspath(kernels)
     allowed = tuple(os.path.abspath(a).rstrip(os.sep) + os.sep for a in allow)
-    stage = _Stage(memo, staged)
+    absolute = memo.absolute
+    stage = {rel: absolute(path) for rel, path in staged.items()}
     files: dict[str, Path] = {}
     errors: dict[tuple[str, int, str], EscapingInclude] = {}
+    layers: dict[str, str] = {}  # a target has a few layer directories, many modules
     for source, (cwd, layer_dir) in sorted(modules.items()):
-        layer_abs = os.path.join(base, *layer_dir.split("/")) if layer_dir else base
-        key = (source, stage.tree(source) or "", cwd, layer_abs, allowed)
-        walk = _known_walk(memo, key, stage)
+        layer_abs = layers.get(layer_dir)
+        if layer_abs is None:
+            layer_abs = os.path.join(base, *layer_dir.split("/")) if layer_dir else base
+            layers[layer_dir] = layer_abs
+        key = (source, stage.get(source, ""), cwd, layer_abs, allowed)
+        walk = memo.known_walk(key, stage)
         if walk is None:
             walk = _Walker(memo, stage, base, allowed).walk(source, cwd, layer_abs)
-            memo._walks.setdefault(key, []).append(walk)
-        for rel, tree in walk[1]:
+            memo.keep_walk(key, walk)
+        for rel, tree in walk.files:
             if rel not in files:
                 files[rel] = Path(tree)
-        for err in walk[2]:
+        for err in walk.errors:
             errors.setdefault((err.where, err.line, err.name), err)
     return Beyond(
         files=dict(sorted(files.items())),
         errors=tuple(errors[k] for k in sorted(errors)),
     )
-
-
-class _Stage:
-    """One target's staged paths, each looked up once: its tree file (absolute) or None."""
-
-    __slots__ = ("_found", "_memo", "_staged")
-
-    def __init__(self, memo: IncludeMemo, staged: Mapping[str, Path]) -> None:
-        self._memo = memo
-        self._staged = staged
-        self._found: dict[str, str | None] = {}
-
-    def tree(self, rel: str) -> str | None:
-        try:
-            return self._found[rel]
-        except KeyError:
-            pass
-        path = self._staged.get(rel)
-        got = None if path is None else self._memo.absolute(path)
-        self._found[rel] = got
-        return got
-
-
-def _known_walk(
-    memo: IncludeMemo, key: tuple[str, str, str, str, tuple[str, ...]], stage: _Stage
-) -> _ModuleWalk | None:
-    """A walk kept for ``key`` whose every staged lookup ``stage`` answers the same way."""
-    for walk in memo._walks.get(key, ()):
-        if all(stage.tree(rel) == tree for rel, tree in walk[0]):
-            return walk
-    return None
 
 
 class _Walker:
@@ -281,7 +281,9 @@ class _Walker:
 
     __slots__ = ("allowed", "base", "lookups", "memo", "prefix", "stage")
 
-    def __init__(self, memo: IncludeMemo, stage: _Stage, base: str, allowed: tuple[str, ...]):
+    def __init__(
+        self, memo: IncludeMemo, stage: dict[str, str], base: str, allowed: tuple[str, ...]
+    ) -> None:
         self.memo = memo
         self.stage = stage
         self.base = base
@@ -290,7 +292,7 @@ class _Walker:
         self.lookups: dict[str, str | None] = {}
 
     def staged(self, rel: str) -> str | None:
-        got = self.stage.tree(rel)
+        got = self.stage.get(rel)
         self.lookups[rel] = got
         return got
 
@@ -299,7 +301,7 @@ class _Walker:
         files: dict[str, str] = {}
         errors: list[EscapingInclude] = []
         # (staged path or None, tree path) of each file this module's compile reads
-        todo: list[tuple[str | None, str]] = [(source, self.stage.tree(source) or "")]
+        todo: list[tuple[str | None, str]] = [(source, self.stage.get(source, ""))]
         seen: set[str] = set()
         while todo:
             at_stage, at_tree = todo.pop()
@@ -322,7 +324,10 @@ class _Walker:
                     continue
                 files.setdefault(next_tree[len(prefix) :].replace(os.sep, "/"), next_tree)
                 todo.append((None, next_tree))
-        return tuple(self.lookups.items()), tuple(files.items()), tuple(errors)
+        lookups = self.lookups
+        return _ModuleWalk(
+            tuple(lookups), tuple(lookups.values()), tuple(files.items()), tuple(errors)
+        )
 
     def resolve(
         self, name: str, at_stage: str | None, at_tree: str, cwd: str, layer_abs: str
