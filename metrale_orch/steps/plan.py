@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from metrale_orch import cache as cache_mod
+from metrale_orch.cache_schema import CACHE_SCHEMA
 from metrale_orch.defaults import (
     DeclaredLevers,
     TargetDefaults,
@@ -408,7 +408,7 @@ def plan_target(
     keyed = _keyed_file_deps(layout, toolchain, compat, got.tree_levers, rel.dep)
     signature = {
         "schema": PLAN_SCHEMA,
-        "cache_schema": cache_mod.SCHEMA,
+        "cache_schema": CACHE_SCHEMA,
         "target": str(layout.target),
         "arch": arch,
         "toolchain": _toolchain_signature(toolchain, identity),
