@@ -297,3 +297,17 @@ def test_read_manifest_warnings_covers_what_a_target_read(tmp_path: Path) -> Non
         "kernels/hopper/qwen/MODEL.toml: [model] suported_quants: unknown key, did you mean "
         "`supported_quants`? (the key is ignored)",
     ]
+
+
+def test_check_starts_without_doit_or_the_cache_tiers() -> None:
+    """``check`` is what pre-commit hooks run: its start-up imports neither doit nor the
+    task generation nor the cache's tiers (about half of a check of the real-shaped tree
+    went there); the commands that need them import them when they run."""
+    probe = (
+        "import sys, metrale_orch.cli\n"
+        "heavy = ('doit', 'metrale_orch.tasks.status', 'metrale_orch.tasks.specs', "
+        "'metrale_orch.cache', 'metrale_orch.steps.target')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "[]", proc.stdout
