@@ -38,6 +38,7 @@ __all__ = [
     "default_local_cache",
     "find_root",
     "load_config",
+    "read_pyproject",
 ]
 
 CACHE_MODES = ("read-write", "read-only", "off")
@@ -322,6 +323,18 @@ def _convert(
     raise AssertionError(kind)
 
 
+def read_pyproject(path: Path) -> dict[str, object] | None:
+    """``path`` (a project's ``pyproject.toml``) parsed, or None when there is no such file
+    (I/O). Raises :class:`ConfigError` naming the file, and for bad TOML the line and
+    column, when it cannot be read or parsed."""
+    if not path.is_file():
+        return None
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(path.name, "(file)", f"cannot be read: {exc}") from None
+
+
 def load_config(
     root: Path,
     environ: Mapping[str, str] | None = None,
@@ -341,14 +354,11 @@ def load_config(
     }
     sources: dict[str, str] = {k: "default" for k in _KEYS}
 
-    pyproject = root / "pyproject.toml"
-    if pyproject.is_file():
+    doc = read_pyproject(root / "pyproject.toml")
+    if doc is not None:
         where = "pyproject.toml [tool.metrale-orch]"
-        try:
-            doc = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError("pyproject.toml", "(file)", f"cannot be read: {exc}") from None
-        table = doc.get("tool", {}).get("metrale-orch", {})
+        tool = doc.get("tool", {})
+        table = tool.get("metrale-orch", {}) if isinstance(tool, dict) else {}
         if not isinstance(table, dict):
             raise ConfigError(where, "(table)", "must be a table")
         for key, value in table.items():

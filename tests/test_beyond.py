@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from metrale_orch.steps.staging import beyond_layout, stage
-from metrale_orch.tree import Target, discover
-from metrale_orch.tree.beyond import TREE_DIR, layer_include, quoted_includes
+from metrale_orch.tree import Target, discover, resolve_all
+from metrale_orch.tree.beyond import TREE_DIR, IncludeMemo, layer_include, quoted_includes
 from tests.support.trust import base_env, doit_run, orch_run, write_files
 
 HW = '[hardware]\nvendor = "nvidia"\narch = "sm_121f"\n'
@@ -98,6 +98,41 @@ def test_an_include_resolving_nowhere_is_left_to_the_compiler(tmp_path: Path) ->
     root = _tree(tmp_path)
     beyond = beyond_layout(root, discover(root, Target.parse("gb10/qwen/nvfp4")))
     assert beyond.files == {} and beyond.errors == ()
+
+
+def test_a_shared_memo_reuses_a_walk_only_where_the_stage_answers_alike(tmp_path: Path) -> None:
+    """gb10's common ``k.cu`` includes ``extra.cuh``: gb10 stages none (left to the
+    compiler), hopper (inheriting gb10) stages its own, which escapes kernels/. One memo
+    across all targets (as ``check`` shares it) gives each target what a fresh one gives,
+    so hopper's targets report the escape and gb10's do not."""
+    outside = tmp_path / "outside.cuh"
+    outside.write_text("#define X 1\n")
+    root = _tree(
+        tmp_path / "proj",
+        {
+            "kernels/gb10/common/k.cu": '#include "extra.cuh"\nextern "C" __global__ void k() {}\n',
+            "kernels/hopper/HARDWARE.toml": (
+                '[hardware]\nvendor = "nvidia"\narch = "sm_90a"\ninherits = "gb10"\n'
+            ),
+            "kernels/hopper/common/extra.cuh": '#include "../../../../outside.cuh"\n',
+            "kernels/hopper/qwen/MODEL.toml": "[model]\n",
+        },
+    )
+    memo = IncludeMemo(root / "kernels", lambda p: p.read_bytes())
+    targets = [t for t, _ in resolve_all(root)]
+    assert [str(t) for t in targets] == ["gb10/dsv4/nvfp4", "gb10/qwen/nvfp4", "hopper/qwen/nvfp4"]
+    escapes = {}
+    for target in targets:
+        layout = discover(root, target)
+        shared, fresh = beyond_layout(root, layout, memo=memo), beyond_layout(root, layout)
+        assert shared.files == fresh.files, target
+        assert [str(e) for e in shared.errors] == [str(e) for e in fresh.errors], target
+        escapes[str(target)] = [e.where for e in shared.errors]
+    assert escapes == {
+        "gb10/dsv4/nvfp4": [],
+        "gb10/qwen/nvfp4": [],
+        "hopper/qwen/nvfp4": ["kernels/hopper/common/extra.cuh"],
+    }
 
 
 # ------------------------------------------------------------------------------ real builds

@@ -34,6 +34,28 @@ def test_a_symlinked_directory_is_refused_by_the_build(tmp_path: Path) -> None:
     assert not (root / "build/hw1/m1/q1/manifest.json").exists()
 
 
+def test_a_redirect_out_of_kernels_names_the_model_toml_and_key(tmp_path: Path) -> None:
+    """The build refuses the file the redirect reached and says where the fix is: the
+    MODEL.toml (root-relative) and its [model] kernel_source."""
+    root = small_tree(
+        tmp_path / "p",
+        {
+            "kernels/hw1/m1/MODEL.toml": '[model]\nkernel_source = "../../outside/m1"\n',
+            "outside/m1/MODEL.toml": "[model]\n",
+            "outside/m1/q1/evil.cu": 'extern "C" __global__ void evil() {}\n',
+        },
+    )
+    with pytest.raises(ContainmentError) as caught:
+        _build(root, tmp_path)
+    assert str(caught.value) == (
+        "hw1/m1/q1: outside/m1/q1/evil.cu: lies outside kernels/; kernel trees build only "
+        "their own files (reached through [model] kernel_source of kernels/hw1/m1/MODEL.toml); "
+        "point that kernel_source at a model directory inside kernels/"
+    )
+    assert caught.value.via == "kernels/hw1/m1/MODEL.toml"
+    assert not (root / "build/hw1/m1/q1/manifest.json").exists()
+
+
 def test_uncontained_names_escapes_and_links(tmp_path: Path) -> None:
     kernels = tmp_path / "kernels"
     (kernels / "a").mkdir(parents=True)

@@ -184,8 +184,27 @@ def test_check_flags_a_redirect_out_of_kernels(tmp_path: Path) -> None:
     assert err.splitlines() == [
         "problem: kernels/gb10/../../outside/bf16/evil.cu: lies outside kernels/; kernel trees "
         "build only their own files (reached through [model] kernel_source of "
-        "kernels/gb10/stolen/MODEL.toml) [target gb10/stolen/bf16]",
+        "kernels/gb10/stolen/MODEL.toml); point that kernel_source at a model directory "
+        "inside kernels/ [target gb10/stolen/bf16]",
         "check: 1 problem in 1 file (1 of 3 targets affected)",
+    ]
+
+
+def test_check_names_the_redirect_out_of_kernels_where_it_is_written(tmp_path: Path) -> None:
+    """A redirect to a directory of the model's own name, inherited by hopper: both targets
+    name gb10's MODEL.toml and its kernel_source (the file and key to change)."""
+    tree(tmp_path)
+    model(tmp_path, "gb10", "qwen", kernel_source="../../outside/qwen")
+    write(tmp_path, "outside/qwen/MODEL.toml", "[model]\n")
+    write(tmp_path, "outside/qwen/bf16/evil.cu", "// not from the tree\n")
+    code, out, err = run(tmp_path, "check")
+    assert code == 2 and out == "", err
+    problems = [ln for ln in err.splitlines() if "evil.cu" in ln]
+    assert problems == [
+        "problem: kernels/gb10/../../outside/qwen/bf16/evil.cu: lies outside kernels/; kernel "
+        "trees build only their own files (reached through [model] kernel_source of "
+        "kernels/gb10/qwen/MODEL.toml); point that kernel_source at a model directory inside "
+        "kernels/ [target gb10/qwen/bf16, hopper/qwen/bf16]"
     ]
 
 
@@ -278,3 +297,17 @@ def test_read_manifest_warnings_covers_what_a_target_read(tmp_path: Path) -> Non
         "kernels/hopper/qwen/MODEL.toml: [model] suported_quants: unknown key, did you mean "
         "`supported_quants`? (the key is ignored)",
     ]
+
+
+def test_check_starts_without_doit_or_the_cache_tiers() -> None:
+    """``check`` is what pre-commit hooks run: its start-up imports neither doit nor the
+    task generation nor the cache's tiers (about half of a check of the real-shaped tree
+    went there); the commands that need them import them when they run."""
+    probe = (
+        "import sys, metrale_orch.cli\n"
+        "heavy = ('doit', 'metrale_orch.tasks.status', 'metrale_orch.tasks.specs', "
+        "'metrale_orch.cache', 'metrale_orch.steps.target')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "[]", proc.stdout

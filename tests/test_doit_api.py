@@ -14,6 +14,7 @@ from pathlib import Path
 import doit
 import pytest
 from doit.dependency import Dependency, DependencyStatus, SqliteDB
+from doit.doit_cmd import DoitConfig, DoitMain
 from doit.reporter import ConsoleReporter
 from doit.task import Task
 
@@ -43,6 +44,9 @@ def _require(obj: object, *names: str) -> None:
         (ContentChecker.check_modified, ["self", "file_path", "file_stat", "state"]),
         (ContentChecker.get_state, ["self", "dep", "current_state"]),
         (ConsoleReporter.__init__, ["self", "outstream", "options"]),
+        (DoitConfig.loads, ["self", "config_filenames"]),
+        (DoitMain.__init__, ["self", "task_loader", "config_filenames", "extra_config"]),
+        (DoitMain.run, ["self", "all_args"]),
     ],
     ids=lambda v: getattr(v, "__qualname__", ""),
 )
@@ -138,3 +142,15 @@ def test_stored_records_reads_every_task_of_doits_sqlite_table(tmp_path: Path) -
             ("a:1", {"_values_:": {"outcome": "built"}}),
             ("b:2", {"x.cu": [1, 2, "h"]}),
         ]
+
+
+def test_doits_config_reader_and_main(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``metrale-orch doit`` reads doit's files with doit's reader, then runs ``DoitMain``
+    (its ``BIN_NAME`` names the command in doit's messages)."""
+    _require(DoitMain, "BIN_NAME", "run")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pyproject.toml").write_text("[tool.doit.plugins]\nbogus = 1\n")
+    with pytest.raises(AssertionError):  # doit's own check of a plugin type
+        doit_api.read_config_file("pyproject.toml")
+    (tmp_path / "pyproject.toml").write_text('[tool.doit]\nbackend = "json"\n')
+    doit_api.read_config_file("pyproject.toml")

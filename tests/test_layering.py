@@ -17,7 +17,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "metrale_orch"
 
 #: Shared helpers every area may import; they import nothing of the package but errors.
-SHARED = frozenset({"errors", "paths", "fsutil", "proc", "manifest"})
+SHARED = frozenset({"errors", "paths", "fsutil", "proc", "manifest", "cache_schema"})
 
 #: What each area may import besides :data:`SHARED` (and itself).
 ALLOWED: dict[str, frozenset[str]] = {
@@ -26,6 +26,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "fsutil": frozenset(),
     "proc": frozenset(),
     "manifest": frozenset(),
+    "cache_schema": frozenset(),
     "config": frozenset(),
     "tree": frozenset(),
     "defaults": frozenset(),

@@ -14,8 +14,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from metrale_orch.errors import MetraleError
 from metrale_orch.paths import root_relative
-from metrale_orch.steps.plan import PlanMemo, RootRel, plan_target
+from metrale_orch.steps.plan import PlanMemo, RootRel, check_plan, plan_target
 from metrale_orch.tasks.dicts import rel_posix
 from metrale_orch.toolchain.definitions import load_toolchains
 from metrale_orch.tree import Layout, resolve_all
@@ -98,3 +99,44 @@ def test_memo_hands_out_copies_of_shared_defaults(tmp_path: Path) -> None:
     assert a.signature["defaults"] == b.signature["defaults"]
     assert a.signature["defaults"] is not b.signature["defaults"]
     assert a.modules[0].argv is b.modules[0].argv  # add.cu: one argv for both targets
+
+
+_BROKEN = {
+    "no arch": ("kernels/hopper/HARDWARE.toml", '[hardware]\nvendor = "nvidia"\n', {}),
+    "bad lever": (
+        "kernels/hopper/HARDWARE.toml",
+        '[hardware]\narch = "sm_90a"\n[defaults]\nno_such_lever = 1\n',
+        {},
+    ),
+    "bad flag": (
+        "kernels/hopper/qwen/w4/KERNEL.toml",
+        "[build]\nextra_nvcc_flags = [3]\n",
+        {},
+    ),
+    "clashing names": (
+        "kernels/hopper/qwen/w4/KERNEL.toml",
+        '[modules]\nscale = "add"\n',
+        {},
+    ),
+    "bad switch": ("kernels/hopper/qwen/w4/.gitkeep", "", {"METRALE_KERNEL_NO_STRICT": "yes"}),
+    "fine": ("kernels/hopper/qwen/w4/.gitkeep", "", {}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BROKEN))
+def test_check_plan_refuses_what_plan_target_refuses(case: str, tmp_path: Path) -> None:
+    """``check`` asks check_plan, the build plan_target: the same error, or none."""
+    relpath, text, env = _BROKEN[case]
+    root = make_project(tmp_path / "proj")
+    (root / relpath).write_text(text)
+    toolchains = load_toolchains(root)
+    layout = next(lay for lay in _layouts(root) if str(lay.target) == "hopper/qwen/w4")
+    try:
+        plan_target(root, layout, toolchains, identity="id", environ=env)
+    except MetraleError as exc:
+        with pytest.raises(type(exc)) as caught:
+            check_plan(root, layout, toolchains, environ=env)
+        assert str(caught.value) == str(exc)
+    else:
+        assert case == "fine"
+        check_plan(root, layout, toolchains, environ=env)

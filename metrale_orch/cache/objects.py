@@ -26,6 +26,8 @@ from types import MappingProxyType
 
 import xxhash
 
+from metrale_orch.cache_schema import CACHE_SCHEMA
+
 __all__ = [
     "KEY_RE",
     "MAGIC",
@@ -42,8 +44,8 @@ __all__ = [
     "key_of",
 ]
 
-#: Cache schema version: part of every key and every header.
-SCHEMA = 1
+#: Cache schema version: part of every key and every header (see metrale_orch.cache_schema).
+SCHEMA = CACHE_SCHEMA
 MAGIC = b"MOCACHE\x01"
 _PREFIX = struct.Struct("<8sI16s")
 #: Bytes before the header: magic, header length, header hash.

@@ -27,7 +27,9 @@ one ``doit build`` would act on. They never write the database.
 Every view shows why: an error or a skip carries its reason; a target named
 exactly (``why``, ``status``) while the tree does not load fails with that reason.
 The logic lives in :mod:`metrale_orch.tasks.status`; this module parses the
-arguments and formats the values it returns.
+arguments and formats the values it returns. Each command imports it when it runs: it
+brings doit and the task generation, which the other commands (``check`` and ``layout``,
+what pre-commit hooks run) do not need to start.
 """
 
 from __future__ import annotations
@@ -40,15 +42,17 @@ from typing import TYPE_CHECKING
 
 from metrale_orch.errors import UsageError
 from metrale_orch.paths import BUILD_TASK, DB_NAME
-from metrale_orch.tasks import status
 
 if TYPE_CHECKING:
     from metrale_orch.cli import Context
+    from metrale_orch.tasks.status import TargetStatus
 
 __all__ = ["register"]
 
 
 def _run_status(args: argparse.Namespace, ctx: Context) -> int:
+    from metrale_orch.tasks import status  # see the module docstring
+
     statuses, _ = status.statuses(ctx.root, ctx.environ, args.pattern, detailed=True)
     counts: dict[str, int] = {}
     for st in statuses:
@@ -90,6 +94,8 @@ _WHY_LABELS = {
 
 
 def _run_why(args: argparse.Namespace, ctx: Context) -> int:
+    from metrale_orch.tasks import status  # see the module docstring
+
     target = status.strip_base(args.target)
     if "*" in target:
         raise UsageError(f"why takes one target, not a pattern: {args.target!r}")
@@ -117,7 +123,7 @@ def _run_why(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-def _why_ignored(st: status.TargetStatus, w: Callable[[str], object]) -> None:
+def _why_ignored(st: TargetStatus, w: Callable[[str], object]) -> None:
     task = f"{BUILD_TASK}:{st.target}"
     w(f"{st.target} is ignored (marked by `doit ignore {task}`):\n")
     w("  `doit build` skips it and leaves its files as they are (`doit list --status`: I)\n")
@@ -142,6 +148,8 @@ def _rel_to_root(root: Path, text: str) -> str:
 def _run_rdeps(args: argparse.Namespace, ctx: Context) -> int:
     root = ctx.root.resolve()
     rel = _rel_to_root(root, args.file)
+    from metrale_orch.tasks import status  # see the module docstring
+
     hits = [reach.to_dict() for reach in status.rdeps(root, ctx.environ, rel)]
     if args.json:
         ctx.out.write(json.dumps({"file": rel, "targets": hits}, indent=2, sort_keys=True) + "\n")

@@ -9,7 +9,9 @@
 - ``verify``: re-hash every local object, remove bad ones; exit 1 if any was bad.
 
 Both report what they find in the cache (FIFOs, symlinks, directories,
-unreadable or huge files) as lines, never as an internal error.
+unreadable or huge files) as lines, never as an internal error. Each command imports
+the cache package when it runs: the other commands (``check``, what pre-commit hooks
+run) need none of its tiers.
 """
 
 from __future__ import annotations
@@ -18,18 +20,10 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from metrale_orch.cache import (
-    BadObject,
-    CacheStats,
-    gc_local,
-    parse_size,
-    read_stats,
-    summarize_local,
-    verify_local,
-)
 from metrale_orch.errors import printable
 
 if TYPE_CHECKING:
+    from metrale_orch.cache import BadObject, CacheStats
     from metrale_orch.cli import Context
 
 STATS_FILE = "cache-stats.json"
@@ -61,6 +55,8 @@ def _mib(n: int) -> str:
 
 
 def run_stats(args: argparse.Namespace, ctx: Context) -> int:
+    from metrale_orch.cache import read_stats, summarize_local  # see the module docstring
+
     config = ctx.config()
     path = config.build_dir / STATS_FILE
     last: CacheStats | None
@@ -97,6 +93,8 @@ def _print_lines(lines: list[str], ctx: Context) -> None:
 
 
 def run_gc(args: argparse.Namespace, ctx: Context) -> int:
+    from metrale_orch.cache import gc_local, parse_size  # see the module docstring
+
     config = ctx.config()
     limit = parse_size(args.max_size)
     result = gc_local(config.local_cache, limit)
@@ -133,6 +131,8 @@ def _bad_line(bad: BadObject) -> str:
 
 
 def run_verify(args: argparse.Namespace, ctx: Context) -> int:
+    from metrale_orch.cache import verify_local  # see the module docstring
+
     config = ctx.config()
     result = verify_local(config.local_cache)
     code = 1 if result.bad or result.problems else 0

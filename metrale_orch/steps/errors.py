@@ -151,11 +151,28 @@ class StageError(BuildError):
 
 
 class ContainmentError(StageError):
-    """A file the build would stage lies outside ``kernels/`` or is reached through a symlink."""
+    """A file the build would stage lies outside ``kernels/`` or is reached through a symlink.
+
+    ``via`` is the root-relative MODEL.toml whose ``[model] kernel_source`` led there
+    ("" when no redirect did): the file and the key to change.
+    """
 
     exit_code = 2
 
-    template = "{target}: {path}: {problem}"
+    via: str = ""
+
+    template = "{target}: {detail}"
+
+    @property
+    def detail(self) -> str:
+        """The message without the target: the file reached, why, and where to fix it."""
+        text = f"{self.path}: {self.problem}"
+        if self.via:
+            text += (
+                f" (reached through [model] kernel_source of {self.via}); "
+                "point that kernel_source at a model directory inside kernels/"
+            )
+        return text
 
 
 class UnsafePathError(BuildError):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from metrale_orch import cache as cache_mod
+from metrale_orch.cache_schema import CACHE_SCHEMA
 from metrale_orch.defaults import (
     DeclaredLevers,
     TargetDefaults,
@@ -48,6 +48,7 @@ __all__ = [
     "PlanMemo",
     "RootRel",
     "TargetPlan",
+    "check_plan",
     "config_docs",
     "merge_flags",
     "module_names",
@@ -114,15 +115,20 @@ class TargetPlan:
         return self.toolchain.name
 
 
+#: A module plan's fields: stem, name, role, entry, source, cwd, artefact, argv.
+_ModuleKey = tuple[str, str, str, str, Path, str, str, tuple[str, ...]]
+
+
 class RootRel:
     """Root-relative spellings of paths under one root, by string work (no ``Path`` math).
 
     ``__call__`` is :func:`~metrale_orch.paths.root_relative`; :meth:`dep` is
     :func:`~metrale_orch.paths.rel_posix`
-    (what doit's ``file_dep`` holds). Both equal their slow definitions.
+    (what doit's ``file_dep`` holds). Both equal their slow definitions. Each path's
+    spellings are kept (the targets of a pass share their file objects).
     """
 
-    __slots__ = ("_dep_prefix", "_n", "_prefix", "root")
+    __slots__ = ("_dep_prefix", "_deps", "_n", "_prefix", "_rels", "root")
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -130,35 +136,54 @@ class RootRel:
         self._prefix = text if text.endswith(os.sep) else text + os.sep
         self._n = len(self._prefix)
         self._dep_prefix = root.as_posix().rstrip("/") + "/"
+        self._rels: dict[Path, str] = {}
+        self._deps: dict[Path, str] = {}
 
     def __call__(self, path: Path) -> str:
-        text = os.fspath(path)
-        if text.startswith(self._prefix) and len(text) > self._n:
-            text = text[self._n :]
-            return text if os.sep == "/" else text.replace(os.sep, "/")
-        return root_relative(path, self.root)
+        got = self._rels.get(path)
+        if got is None:
+            text = os.fspath(path)
+            if text.startswith(self._prefix) and len(text) > self._n:
+                text = text[self._n :]
+                got = text if os.sep == "/" else text.replace(os.sep, "/")
+            else:
+                got = root_relative(path, self.root)
+            self._rels[path] = got
+        return got
 
     def dep(self, path: Path) -> str:
-        text = os.fspath(path)
-        if os.sep != "/":
-            text = text.replace(os.sep, "/")
-        if text.startswith("/") and text.startswith(self._dep_prefix):
-            return text[len(self._dep_prefix) :]
-        return text
+        got = self._deps.get(path)
+        if got is None:
+            text = os.fspath(path)
+            if os.sep != "/":
+                text = text.replace(os.sep, "/")
+            if text.startswith("/") and text.startswith(self._dep_prefix):
+                text = text[len(self._dep_prefix) :]
+            got = self._deps[path] = text
+        return got
 
 
 class PlanMemo:
     """What the plans of one resolution pass share, so each is computed once.
 
-    Root-relative spellings, compile argvs (a module of one entry name, arch,
-    flags and toolchain recurs across models and quants), the tree's own levers
+    Root-relative spellings, compile argvs and module plans (a module of one entry
+    name, arch, flags and toolchain recurs across models and quants), the tree's own levers
     (``kernels/LEVERS.toml``, read once) and each hardware's parsed and
     rendered defaults. Plans made with a memo equal those made without. Use
     one memo per tree snapshot (manifests are told apart by the identity of
     their parsed documents, which the memo keeps alive); not thread-safe.
     """
 
-    __slots__ = ("_argvs", "_defaults", "_envs", "_keep", "_levers", "rel", "root")
+    __slots__ = (
+        "_argvs",
+        "_defaults",
+        "_envs",
+        "_keep",
+        "_levers",
+        "_modules",
+        "rel",
+        "root",
+    )
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
@@ -167,6 +192,7 @@ class PlanMemo:
         self._argvs: dict[tuple[int, str, tuple[str, ...], str, str], tuple[str, ...]] = {}
         self._defaults: dict[tuple[str, int], tuple[TargetDefaults, dict[str, JsonValue]]] = {}
         self._levers: DeclaredLevers | None = None
+        self._modules: dict[_ModuleKey, ModulePlan] = {}
         #: Objects whose id() keys an entry above, kept alive so no id is reused.
         self._keep: dict[int, object] = {}
 
@@ -182,6 +208,14 @@ class PlanMemo:
             )
             self._keep[id(toolchain)] = toolchain
             self._argvs[key] = got
+        return got
+
+    def module(self, key: _ModuleKey, make: Callable[[], ModulePlan]) -> ModulePlan:
+        """The module plan of ``key`` (its fields), made once: a module recurs, plan and
+        all, across the targets of one hardware."""
+        got = self._modules.get(key)
+        if got is None:
+            got = self._modules[key] = make()
         return got
 
     def env(self, toolchain: Toolchain, environ: Mapping[str, str]) -> Mapping[str, str]:
@@ -355,32 +389,26 @@ def plan_target(
     if memo is None or memo.root != root:
         memo = PlanMemo(root)
     rel = memo.rel
-    env_in = environ or {}
-    hw = layout.hardware
-    toolchain = select_toolchain(hw, toolchains)
-    arch = _required_arch(hw, rel)
-    docs = config_docs(layout)
-    flags = _merge_flags(layout, docs, toolchain.flags_key, rel)
-    layout_modules = layout.modules()
-    names = _module_names(docs, layout_modules, rel)
-    defaults, defaults_doc = memo.defaults(hw)
-    keyed_env = memo.env(toolchain, env_in)
-    switches = env_switches(toolchain, env_in)
-    env = _planned_env(keyed_env, switches)
-    compat = _hip_compat_of(toolchain, layout, hip_compat)
+    got = _settings(layout, toolchains, memo, environ or {}, hip_compat)
+    toolchain, arch, flags, env, compat = got.toolchain, got.arch, got.flags, got.env, got.compat
     if compat is not None:
         identity = hip_identity(identity, compat)
     steps = _ArgvSteps(
-        memo=memo, toolchain=toolchain, arch=arch, flags=flags, switches=switches, compat=compat
+        memo=memo,
+        toolchain=toolchain,
+        arch=arch,
+        flags=flags,
+        switches=got.switches,
+        compat=compat,
     )
     modules = [
-        _plan_module(layout, stem, entry, names[stem], steps, rel) for stem, entry in layout_modules
+        _plan_module(layout, stem, entry, got.names[stem], steps, rel)
+        for stem, entry in got.modules
     ]
-    tree_levers = memo.tree_levers()
-    keyed = _keyed_file_deps(layout, toolchain, compat, tree_levers, rel.dep)
+    keyed = _keyed_file_deps(layout, toolchain, compat, got.tree_levers, rel.dep)
     signature = {
         "schema": PLAN_SCHEMA,
-        "cache_schema": cache_mod.SCHEMA,
+        "cache_schema": CACHE_SCHEMA,
         "target": str(layout.target),
         "arch": arch,
         "toolchain": _toolchain_signature(toolchain, identity),
@@ -391,23 +419,98 @@ def plan_target(
             {"stem": m.stem, "name": m.name, "staged": m.staged, "argv": list(m.argv)}
             for m in modules
         ],
-        "defaults": defaults_doc,
-        "levers": tree_levers.to_dict(),
+        "defaults": got.defaults_doc,
+        "levers": got.tree_levers.to_dict(),
     }
     return TargetPlan(
         target=layout.target,
-        hardware=hw.name,
+        hardware=layout.hardware.name,
         arch=arch,
         toolchain=toolchain,
         identity=identity,
         flags=flags,
         modules=tuple(modules),
-        defaults=defaults,
+        defaults=got.defaults,
         env=env,
         file_deps=tuple(p for _, p in keyed),
         signature=MappingProxyType(signature),
         file_dep_rels=tuple(dict.fromkeys(r for r, _ in keyed)),
         hip_compat=compat,
+    )
+
+
+def check_plan(
+    root: Path,
+    layout: Layout,
+    toolchains: Mapping[str, Toolchain],
+    *,
+    environ: Mapping[str, str] | None = None,
+    memo: PlanMemo | None = None,
+    hip_compat: HipCompat | None = None,
+) -> None:
+    """Raise what :func:`plan_target` raises for ``layout`` (same arguments, but no
+    identity), without planning its modules: ``check``'s view of a plan.
+
+    Every setting a plan is made of is checked before its first module (by
+    ``_settings``, which both run); a module's plan follows from them and from the
+    toolchain's templates, checked when the toolchain was loaded.
+    """
+    root = Path(root)
+    if memo is None or memo.root != root:
+        memo = PlanMemo(root)
+    _settings(layout, toolchains, memo, environ or {}, hip_compat)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Settings:
+    """What a target's plan is made of, each setting checked."""
+
+    toolchain: Toolchain
+    arch: str
+    flags: tuple[str, ...]
+    modules: tuple[tuple[str, Entry], ...]
+    #: stem -> module name (``[modules]`` renames)
+    names: Mapping[str, str]
+    defaults: TargetDefaults
+    defaults_doc: dict[str, JsonValue]
+    env: Mapping[str, str]
+    switches: Switches
+    compat: HipCompat | None
+    tree_levers: DeclaredLevers
+
+
+def _settings(
+    layout: Layout,
+    toolchains: Mapping[str, Toolchain],
+    memo: PlanMemo,
+    environ: Mapping[str, str],
+    hip_compat: HipCompat | None,
+) -> _Settings:
+    """The settings of ``layout``'s plan, checked in the build's order; raises
+    :class:`ToolchainError`, :class:`BuildConfigError` or ``DefaultsError``."""
+    rel = memo.rel
+    hw = layout.hardware
+    toolchain = select_toolchain(hw, toolchains)
+    arch = _required_arch(hw, rel)
+    docs = config_docs(layout)
+    flags = _merge_flags(layout, docs, toolchain.flags_key, rel)
+    layout_modules = layout.modules()
+    names = _module_names(docs, layout_modules, rel)
+    defaults, defaults_doc = memo.defaults(hw)
+    keyed_env = memo.env(toolchain, environ)
+    switches = env_switches(toolchain, environ)
+    return _Settings(
+        toolchain=toolchain,
+        arch=arch,
+        flags=flags,
+        modules=layout_modules,
+        names=names,
+        defaults=defaults,
+        defaults_doc=defaults_doc,
+        env=_planned_env(keyed_env, switches),
+        switches=switches,
+        compat=_hip_compat_of(toolchain, layout, hip_compat),
+        tree_levers=memo.tree_levers(),
     )
 
 
@@ -474,17 +577,25 @@ def _plan_module(
     role = layout.role_of(entry)
     cwd = role_dir(layout, role)
     artefact = f"{name}.{steps.toolchain.extension}"
+    argv = _module_argv(steps, cwd, entry.name, name, artefact)
+    # Every field of the plan, but source_rel and staged, which follow from them.
+    key = (stem, name, role.value, entry.name, entry.source, cwd, artefact, argv)
+    return steps.memo.module(key, lambda: _new_module_plan(key, rel))
+
+
+def _new_module_plan(key: _ModuleKey, rel: RootRel) -> ModulePlan:
+    stem, name, role, entry, source, cwd, artefact, argv = key
     return ModulePlan(
         stem=stem,
         name=name,
-        role=role.value,
-        entry=entry.name,
-        source=entry.source,
-        source_rel=rel(entry.source),
-        staged=f"{cwd}/{entry.name}",
+        role=role,
+        entry=entry,
+        source=source,
+        source_rel=rel(source),
+        staged=f"{cwd}/{entry}",
         cwd=cwd,
         artefact=artefact,
-        argv=_module_argv(steps, cwd, entry.name, name, artefact),
+        argv=argv,
     )
 
 
@@ -524,7 +635,7 @@ def _keyed_file_deps(
     dep_of: Callable[[Path], str],
 ) -> list[tuple[str, Path]]:
     """(doit spelling, path) of every file the build depends on, sorted by spelling."""
-    deps: set[Path] = set(layout.inputs())
+    deps: set[Path] = set(layout.input_set())
     deps.update(layout.hardware_manifests)
     deps.update(layout.model_manifests)
     if toolchain.file is not None:

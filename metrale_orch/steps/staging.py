@@ -29,9 +29,10 @@ from types import MappingProxyType
 import xxhash
 
 from metrale_orch.fsutil import write_atomic
+from metrale_orch.paths import root_relative
 from metrale_orch.steps.errors import ContainmentError, StageError
-from metrale_orch.tree import Layout, Role
-from metrale_orch.tree.beyond import TREE_DIR, Beyond, find_beyond_layout
+from metrale_orch.tree import Layout, Role, redirect_manifest
+from metrale_orch.tree.beyond import TREE_DIR, Beyond, IncludeMemo, find_beyond_layout
 
 __all__ = [
     "TREE_DIR",
@@ -39,6 +40,7 @@ __all__ = [
     "StagedTarget",
     "beyond_layout",
     "check_contained",
+    "containment_error",
     "layer_dir",
     "plan_stage",
     "role_dir",
@@ -49,7 +51,9 @@ __all__ = [
 COMMON_DIR = "common"
 
 
-def uncontained(kernels: Path, paths: Iterable[Path]) -> list[tuple[Path, str]]:
+def uncontained(
+    kernels: Path, paths: Iterable[Path], seen: dict[Path, str] | None = None
+) -> list[tuple[Path, str]]:
     """(path, problem) for each path that is not a real file inside ``kernels`` (I/O: ``lstat``
     of every component below ``kernels``).
 
@@ -57,47 +61,54 @@ def uncontained(kernels: Path, paths: Iterable[Path]) -> list[tuple[Path, str]]:
     resolved) and no component from ``kernels`` down to the file is a symlink, so
     what is compiled is exactly what the tree holds: a redirect, a ``use`` path or
     a symlinked directory can never bring in a file from elsewhere. Each directory
-    is examined once per call.
+    is examined once per call; ``seen`` (path -> problem, "" for none) carries what
+    was examined across the calls of one pass over an unchanging tree.
     """
     base = os.path.abspath(kernels)
     prefix = base + os.sep
     seen_dirs: dict[str, str] = {}
     out: list[tuple[Path, str]] = []
     for path in paths:
-        text = os.path.abspath(path)
-        if not text.startswith(prefix):
-            out.append((path, "lies outside kernels/; kernel trees build only their own files"))
-            continue
-        problem = ""
-        parts = text[len(prefix) :].split(os.sep)
-        current = base
-        for i, part in enumerate(parts):
-            current = current + os.sep + part
-            last = i == len(parts) - 1
-            if not last and current in seen_dirs:
-                problem = seen_dirs[current]
-                if problem:
-                    break
-                continue
-            try:
-                mode = os.lstat(current).st_mode
-            except OSError as exc:
-                problem = f"cannot be read ({exc.strerror})"
-            else:
-                if stat.S_ISLNK(mode):
-                    rel = os.path.relpath(current, os.path.dirname(base))
-                    problem = (
-                        f"is reached through the symlink {rel}; kernel trees hold real files only"
-                    )
-                elif last and not stat.S_ISREG(mode):
-                    problem = "is not a regular file"
-            if not last:
-                seen_dirs[current] = problem
-            if problem:
-                break
+        problem = None if seen is None else seen.get(path)
+        if problem is None:
+            problem = _uncontained(base, prefix, os.path.abspath(path), seen_dirs)
+            if seen is not None:
+                seen[path] = problem
         if problem:
             out.append((path, problem))
     return out
+
+
+def _uncontained(base: str, prefix: str, text: str, seen_dirs: dict[str, str]) -> str:
+    """The problem of the absolute path ``text`` for :func:`uncontained`, or ""."""
+    if not text.startswith(prefix):
+        return "lies outside kernels/; kernel trees build only their own files"
+    problem = ""
+    parts = text[len(prefix) :].split(os.sep)
+    current = base
+    for i, part in enumerate(parts):
+        current = current + os.sep + part
+        last = i == len(parts) - 1
+        if not last and current in seen_dirs:
+            problem = seen_dirs[current]
+            if problem:
+                break
+            continue
+        try:
+            mode = os.lstat(current).st_mode
+        except OSError as exc:
+            problem = f"cannot be read ({exc.strerror})"
+        else:
+            if stat.S_ISLNK(mode):
+                rel = os.path.relpath(current, os.path.dirname(base))
+                problem = f"is reached through the symlink {rel}; kernel trees hold real files only"
+            elif last and not stat.S_ISREG(mode):
+                problem = "is not a regular file"
+        if not last:
+            seen_dirs[current] = problem
+        if problem:
+            break
+    return problem
 
 
 def check_contained(root: Path, layout: Layout) -> None:
@@ -110,7 +121,22 @@ def check_contained(root: Path, layout: Layout) -> None:
             shown = Path(os.path.abspath(path)).relative_to(os.path.abspath(root)).as_posix()
         except ValueError:
             shown = os.path.abspath(path)
-        raise ContainmentError(str(layout.target), shown, problem)
+        raise containment_error(root, layout, path, shown, problem)
+
+
+def containment_error(
+    root: Path, layout: Layout, path: Path, shown: str, problem: str
+) -> ContainmentError:
+    """The :class:`ContainmentError` for ``path`` (an input :func:`uncontained` refused with
+    ``problem``, spelled ``shown``), naming the MODEL.toml whose ``[model] kernel_source``
+    led out of ``kernels/``, if one did (pure)."""
+    via = ""
+    kernels = os.path.abspath(Path(root) / "kernels") + os.sep
+    if not os.path.abspath(path).startswith(kernels):
+        manifest = redirect_manifest(layout, path)
+        if manifest is not None:
+            via = root_relative(manifest, Path(root))
+    return ContainmentError(str(layout.target), shown, problem, via)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -154,18 +180,32 @@ def beyond_layout(
     read: Callable[[Path], bytes] | None = None,
     *,
     allow: Iterable[str] = (),
+    memo: IncludeMemo | None = None,
+    staged: Mapping[str, Path] | None = None,
 ) -> Beyond:
     """The tree files the target's compiles reach beyond its layout, and the includes that
     escape ``kernels/`` (SPEC 3.3.1; see :mod:`metrale_orch.tree.beyond`); includes into an
     ``allow``-ed directory (the HIP compat directory) are neither. I/O: reads the
-    layout's sources (through ``read``, e.g. a memo shared by many targets)."""
-    staged = plan_stage(layout)
+    layout's sources (through ``read``, or ``memo``: what many targets of one pass share).
+    ``staged`` is :func:`plan_stage` of ``layout`` when the caller has it."""
+    if staged is None:
+        staged = plan_stage(layout)
+    # Per layer: (its role directory in the stage, its directory under kernels/).
+    dirs = [
+        (role_dir(layout, layer.role), layer_dir(root, layout, i))
+        for i, layer in enumerate(layout.layers)
+    ]
     modules = {}
     for _stem, entry in layout.modules():
-        base = role_dir(layout, layout.role_of(entry))
-        modules[f"{base}/{entry.name}"] = (base, layer_dir(root, layout, entry.layer))
+        base, folder = dirs[entry.layer]
+        modules[f"{base}/{entry.name}"] = (base, folder)
     return find_beyond_layout(
-        Path(root) / "kernels", modules, staged, read or (lambda p: p.read_bytes()), allow=allow
+        Path(root) / "kernels",
+        modules,
+        staged,
+        read or (lambda p: p.read_bytes()),
+        allow=allow,
+        memo=memo,
     )
 
 
@@ -186,7 +226,7 @@ def plan_stage(layout: Layout, extra: Mapping[str, Path] | None = None) -> Mappi
             "rename the model directory",
         )
     plan: dict[str, Path] = {}
-    inputs = layout.inputs()
+    inputs: list[tuple[str, Path]] | None = None
     for role, entries, subdirs in (
         (Role.COMMON, layout.common, layout.common_subdirs),
         (Role.LEAF, layout.leaf, layout.leaf_subdirs),
@@ -194,18 +234,35 @@ def plan_stage(layout: Layout, extra: Mapping[str, Path] | None = None) -> Mappi
         base = role_dir(layout, role)
         for name, entry in entries.items():
             _add(plan, f"{base}/{name}", entry.source, target)
+        if subdirs and inputs is None:
+            inputs = [(os.fspath(path), path) for path in layout.input_set()]
         for name, top in subdirs.items():
-            for path in inputs:
-                if path.is_relative_to(top):
-                    rel = path.relative_to(top).as_posix()
+            # Every input lexically under the subdirectory (Path.is_relative_to, by text).
+            prefix = os.path.join(os.fspath(top), "")
+            for text, path in inputs or ():
+                if text.startswith(prefix):
+                    rel = text[len(prefix) :].replace(os.sep, "/")
                     _add(plan, f"{base}/{name}/{rel}", path, target)
     for rel, path in (extra or {}).items():
         _add(plan, f"{TREE_DIR}/{rel}", path, target)
-    dirs = {str(p) for rel in plan for p in PurePosixPath(rel).parents}
-    clash = sorted(dirs.intersection(plan))
+    clash = sorted(_parent_dirs(plan).intersection(plan))
     if clash:
         raise StageError(target, clash[0], "is both a file and a directory of the stage")
     return MappingProxyType(dict(sorted(plan.items())))
+
+
+def _parent_dirs(rels: Iterable[str]) -> set[str]:
+    """Every proper parent directory of the staged paths ``rels`` (clean POSIX text)."""
+    dirs: set[str] = set()
+    for rel in rels:
+        end = rel.rfind("/")
+        while end > 0:
+            parent = rel[:end]
+            if parent in dirs:
+                break  # and its own parents, already added
+            dirs.add(parent)
+            end = rel.rfind("/", 0, end)
+    return dirs
 
 
 def _add(plan: dict[str, Path], rel: str, source: Path, target: str) -> None:

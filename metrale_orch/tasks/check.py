@@ -13,7 +13,8 @@ hardware rather than restating their rules:
   (:func:`~metrale_orch.toolchain.definitions.select_toolchain`), ``[build]`` flag types
   (:func:`~metrale_orch.steps.target.merge_flags`), ``[modules]`` names
   (:func:`~metrale_orch.steps.target.module_names`), the whole plan
-  (:func:`~metrale_orch.steps.plan.plan_target`: ``[hardware] arch``, ``[defaults]``),
+  (:func:`~metrale_orch.steps.plan.check_plan`: what ``plan_target`` refuses,
+  ``[hardware] arch``, ``[defaults]``),
   its ``[shadow_exempt]`` tables (``_dropped.shadow_exemptions``), its
   ``SMOKE.toml`` cases (:func:`~metrale_orch.smoke.scan_cases`) and the includes
   that escape ``kernels/`` (:func:`~metrale_orch.steps.staging.beyond_layout`);
@@ -22,8 +23,9 @@ hardware rather than restating their rules:
   (:func:`~metrale_orch.defaults.read_tree_levers`).
 
 Each step runs on its own, so one target's first error never hides another
-file's. Planning uses :data:`UNPROBED` as the toolchain identity: no compiler
-runs. Each compiler is located as the build locates it
+file's. No compiler runs: a plan is checked without a toolchain identity (the
+views that plan, ``rdeps``, use :data:`UNPROBED` for it). Each compiler is located
+as the build locates it
 (:func:`~metrale_orch.toolchain.definitions.locate_toolchain`): one that is not installed is
 no problem (the build skips its targets) but is listed with the build's reason
 (:attr:`CheckReport.skipped`); a variable naming an unusable one is a problem. Beyond what the build
@@ -60,10 +62,16 @@ from metrale_orch.smoke import scan_cases
 from metrale_orch.steps.dropped import shadow_exemptions
 from metrale_orch.steps.errors import BuildConfigError, ToolchainMissing
 from metrale_orch.steps.hip_mirror import HipCompat, scan_hip_compat
-from metrale_orch.steps.plan import PlanMemo, merge_flags, module_names, plan_target
-from metrale_orch.steps.staging import beyond_layout, plan_stage, uncontained
+from metrale_orch.steps.plan import PlanMemo, check_plan, merge_flags, module_names
+from metrale_orch.steps.staging import (
+    beyond_layout,
+    containment_error,
+    plan_stage,
+    uncontained,
+)
 from metrale_orch.toolchain.definitions import Toolchain, load_toolchains, select_toolchain
 from metrale_orch.toolchain.locate import locate_toolchain
+from metrale_orch.tree.beyond import IncludeMemo
 
 __all__ = ["UNPROBED", "CheckReport", "check_tree", "report_lines"]
 
@@ -270,6 +278,7 @@ class _Steps:
         self.memo = memo
         self._sources: dict[Path, bytes] = {}
         self._compat: HipCompat | None = None
+        self.includes = IncludeMemo(root / "kernels", self.read)
 
     def read(self, path: Path) -> bytes:
         data = self._sources.get(path)
@@ -286,13 +295,13 @@ class _Steps:
         return self._compat
 
     def plan(self, layout: lay.Layout, toolchains: Mapping[str, Toolchain]) -> None:
-        """:func:`~metrale_orch.steps.plan.plan_target` as the build calls it (``dodo``)."""
+        """What :func:`~metrale_orch.steps.plan.plan_target` refuses, as the build calls it
+        (``dodo``): :func:`~metrale_orch.steps.plan.check_plan`."""
         toolchain = select_toolchain(layout.hardware, toolchains)
-        plan_target(
+        check_plan(
             self.root,
             layout,
             toolchains,
-            identity=UNPROBED,
             environ=self.environ,
             memo=self.memo,
             hip_compat=self.hip_compat() if toolchain.dialect == "hip" else None,
@@ -311,7 +320,11 @@ class _Steps:
                 return False
             return True
 
-        staged = attempt(lambda: plan_stage(layout))
+        staged: Mapping[str, Path] | None = None
+        try:
+            staged = plan_stage(layout)
+        except MetraleError as exc:
+            problems.append(exc)
         tcs = self.toolchains
         if tcs is not None:
             attempt(
@@ -327,10 +340,11 @@ class _Steps:
         )
         problems.extend(BuildConfigError(*problem) for problem in exempt.problems)
         attempt(lambda: scan_cases(root, layout))
-        if staged:
+        if staged is not None:
             # Includes that escape kernels/ (SPEC 3.3.1): every one, named with its line.
             try:
-                problems.extend(beyond_layout(root, layout, self.read).errors)
+                beyond = beyond_layout(root, layout, memo=self.includes, staged=staged)
+                problems.extend(beyond.errors)
             except MetraleError as exc:
                 problems.append(exc)
             except OSError:
@@ -390,6 +404,7 @@ def _check_tree_files(
     for shape_error in misshapen:
         found.error(shape_error)
     reported_links: set[Path] = set()
+    contained: dict[Path, str] = {}  # what uncontained examined, shared by the targets
     for target, result in results:
         name = str(target)
         if isinstance(result, lay.LayoutError):
@@ -410,19 +425,14 @@ def _check_tree_files(
                 )
         # What the build would refuse to stage (staging.check_contained): files outside
         # kernels/ (a redirect or use reaching out) or reached through a symlinked directory.
-        for path, problem in uncontained(kernels, result.inputs()):
+        for path, problem in uncontained(kernels, result.input_set(), contained):
             link = _link_above(kernels, path)
             if link is not None:
                 found.add(_link_message(snap.rel(link)), name)
                 reported_links.add(link)
-            elif result.source_model != result.target.model and _under_leaf(result, path):
-                via = snap.rel(result.model_dir / "MODEL.toml")
-                found.add(
-                    f"{snap.rel(path)}: {problem} (reached through [model] kernel_source of {via})",
-                    name,
-                )
             else:
-                found.add(f"{snap.rel(path)}: {problem}", name)
+                refused = containment_error(root, result, path, snap.rel(path), problem)
+                found.add(refused.detail, name)
     for link in lay.symlinks(root):
         if link not in reported_links:  # a link no target reads is still refused
             found.add(_link_message(snap.rel(link)))
@@ -446,17 +456,6 @@ def _warnings(snap: lay.TreeSnapshot, scan: _Scan, build_keys: Sequence[str]) ->
 
 def _digest(path: Path) -> str:
     return xxhash.xxh3_128_hexdigest(path.read_bytes())
-
-
-def _under_leaf(layout: lay.Layout, path: Path) -> bool:
-    """Whether ``path`` lies (lexically) in one of ``layout``'s leaf layer directories."""
-    text = os.path.normpath(path)
-    for layer in layout.layers:
-        if layer.role is lay.Role.LEAF:
-            top = os.path.normpath(layer.dir)
-            if text.startswith(top + os.sep):
-                return True
-    return False
 
 
 def _link_message(rel: str) -> str:

@@ -7,7 +7,8 @@ task dicts) goes through here: a task's stored per-file state
 whether ``doit ignore`` marked it (``Dependency.status_is_ignore``: the mark is the
 record's ``"ignore:"`` key, and doit's sqlite backend writes it *in place of* the
 record, so an ignored task keeps no saved state at all), and closing the sqlite
-backend without doit's final dump (``SqliteDB._conn``). :class:`SavedOnceSqliteDB`
+backend without doit's final dump (``SqliteDB._conn``), and doit's reader of its
+configuration files (``doit_cmd.DoitConfig.loads``). :class:`SavedOnceSqliteDB`
 is doit's sqlite backend with every write held for the final save (its
 ``_cache``, ``_dirty`` and ``_conn``); :mod:`metrale_orch.tasks.database` builds
 the package's backend on it. Every record of the sqlite database (its ``doit``
@@ -30,6 +31,7 @@ from pathlib import Path
 import doit
 from doit import Globals
 from doit.dependency import DatabaseException, Dependency, SqliteDB
+from doit.doit_cmd import DoitConfig
 from doit.task import Task, dict_to_task
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "is_ignored",
     "make_task",
     "open_dependency",
+    "read_config_file",
     "running_backend",
     "store_state",
     "store_values",
@@ -93,6 +96,13 @@ def is_ignored(dep: Dependency, task: Task) -> bool:
     task it is asked about, and ``has_record`` then answers True for a task with none.
     """
     return has_record(dep, task.name) and bool(dep.status_is_ignore(task))
+
+
+def read_config_file(name: str) -> None:
+    """Read doit's configuration file ``name`` (``pyproject.toml`` or ``doit.cfg``,
+    relative to the working directory: doit tells ``[tool.doit]`` apart by that exact
+    name) with doit's own reader; raises whatever that reader raises."""
+    DoitConfig().loads([name])
 
 
 def running_backend() -> object:

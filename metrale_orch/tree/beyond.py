@@ -25,12 +25,14 @@ tree and what they reach); :func:`layer_include` is the per-module ``-I``.
 from __future__ import annotations
 
 import functools
+import operator
 import os
 import posixpath
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from metrale_orch.errors import MetraleError
 
@@ -38,6 +40,7 @@ __all__ = [
     "TREE_DIR",
     "Beyond",
     "EscapingInclude",
+    "IncludeMemo",
     "find_beyond_layout",
     "layer_include",
 ]
@@ -107,6 +110,122 @@ def layer_include(cwd: str, layer_dir: str) -> str:
     return posixpath.relpath(posixpath.join(TREE_DIR, layer_dir), cwd)
 
 
+class _ModuleWalk(NamedTuple):
+    """A module's walk as :class:`IncludeMemo` keeps it."""
+
+    #: The staged paths it looked up, and the tree file (absolute) each held, or None.
+    rels: tuple[str, ...]
+    trees: tuple[str | None, ...]
+    #: The files beyond the layout it reached: (path under ``kernels/``, tree file).
+    files: tuple[tuple[str, str], ...]
+    #: Its escaping includes, in the walk's order.
+    errors: tuple[EscapingInclude, ...]
+
+
+#: What a module's walk depends on besides the stage: its staged source, that source's
+#: tree file, its working directory, its layer directory (absolute), the allowed prefixes.
+_WalkKey = tuple[str, str, str, str, tuple[str, ...]]
+
+
+class IncludeMemo:
+    """What the include walks of one pass share: each file's quoted includes, its name
+    under the root, where an include spelling lands from a directory, which files exist,
+    and each module's walk.
+
+    A module's walk depends on the tree (fixed for the pass) and on the target's stage
+    only through the staged paths it looks up; it is kept with those lookups and
+    reused for another target whose stage answers each of them the same way (the
+    way ccache's direct mode reuses a result whose recorded inputs are unchanged).
+    One memo per pass over an unchanging tree (``check`` shares one across targets; a
+    build step makes a fresh one per call)."""
+
+    __slots__ = (
+        "_abs",
+        "_base",
+        "_includes",
+        "_is_file",
+        "_joined",
+        "_read",
+        "_stage_joined",
+        "_walks",
+        "_where",
+    )
+
+    def __init__(self, kernels: Path, read: Callable[[Path], bytes]) -> None:
+        self._base = os.path.dirname(os.path.abspath(kernels))
+        self._read = read
+        self._includes: dict[str, tuple[tuple[int, str], ...] | None] = {}
+        self._where: dict[str, str] = {}
+        self._is_file: dict[str, bool] = {}
+        self._joined: dict[tuple[str, str], str] = {}
+        self._stage_joined: dict[tuple[str, str], str] = {}
+        self._abs: dict[Path, str] = {}
+        self._walks: dict[_WalkKey, list[_ModuleWalk]] = {}
+
+    def includes(self, path: str) -> tuple[tuple[int, str], ...] | None:
+        """:func:`quoted_includes` of the file ``path``; None when it cannot be read."""
+        try:
+            return self._includes[path]
+        except KeyError:
+            pass
+        try:
+            found: tuple[tuple[int, str], ...] | None = quoted_includes(self._read(Path(path)))
+        except OSError:
+            found = None
+        self._includes[path] = found
+        return found
+
+    def where(self, path: str) -> str:
+        """``path`` relative to the root, POSIX (how an escaping include names its file)."""
+        got = self._where.get(path)
+        if got is None:
+            got = self._where[path] = os.path.relpath(path, self._base).replace(os.sep, "/")
+        return got
+
+    def is_file(self, path: str) -> bool:
+        got = self._is_file.get(path)
+        if got is None:
+            got = self._is_file[path] = os.path.isfile(path)
+        return got
+
+    def joined(self, directory: str, name: str) -> str:
+        """``name`` from the tree directory ``directory``, normalised (``os.path``)."""
+        key = (directory, name)
+        got = self._joined.get(key)
+        if got is None:
+            got = self._joined[key] = os.path.normpath(os.path.join(directory, name))
+        return got
+
+    def stage_joined(self, directory: str, name: str) -> str:
+        """``name`` from the stage directory ``directory``, normalised (POSIX)."""
+        key = (directory, name)
+        got = self._stage_joined.get(key)
+        if got is None:
+            got = posixpath.normpath(posixpath.join(directory, name))
+            self._stage_joined[key] = got
+        return got
+
+    def absolute(self, path: Path) -> str:
+        got = self._abs.get(path)
+        if got is None:
+            got = self._abs[path] = os.path.abspath(path)
+        return got
+
+    def known_walk(self, key: _WalkKey, stage: dict[str, str]) -> _ModuleWalk | None:
+        """A walk kept for ``key`` whose every staged lookup ``stage`` (staged path ->
+        tree file) answers the same way, or None."""
+        walks = self._walks.get(key)
+        if walks is not None:
+            get = stage.get
+            for walk in walks:
+                if all(map(operator.eq, map(get, walk.rels), walk.trees)):
+                    return walk
+        return None
+
+    def keep_walk(self, key: _WalkKey, walk: _ModuleWalk) -> None:
+        self._walks.setdefault(key, []).append(walk)
+
+
 def find_beyond_layout(
     kernels: Path,
     modules: Mapping[str, tuple[str, str]],
@@ -114,6 +233,7 @@ def find_beyond_layout(
     read: Callable[[Path], bytes],
     *,
     allow: Iterable[str] = (),
+    memo: IncludeMemo | None = None,
 ) -> Beyond:
     """Walk the quoted includes of every module's compile and collect the tree files it
     reaches beyond the layout (see the module docstring).
@@ -121,18 +241,67 @@ def find_beyond_layout(
     ``modules``: each module's staged source path -> (its working directory, its
     layer directory relative to ``kernels``), both stage-relative POSIX;
     ``staged``: staged path -> tree file (the layout's files); ``read`` returns a
-    file's bytes (memoise it across targets). Never raises for the tree: escaping
-    includes are returned, each once.
+    file's bytes; ``memo`` shares the files' includes and the modules' walks across
+    the targets of one pass (``read`` is then the memo's). Never raises for the tree:
+    escaping includes are returned, each once (as the first module to meet it
+    resolves it).
     """
+    memo = memo if memo is not None else IncludeMemo(kernels, read)
     base = os.path.abspath(kernels)
-    prefix = base + os.sep
     allowed = tuple(os.path.abspath(a).rstrip(os.sep) + os.sep for a in allow)
+    absolute = memo.absolute
+    stage = {rel: absolute(path) for rel, path in staged.items()}
     files: dict[str, Path] = {}
     errors: dict[tuple[str, int, str], EscapingInclude] = {}
+    layers: dict[str, str] = {}  # a target has a few layer directories, many modules
     for source, (cwd, layer_dir) in sorted(modules.items()):
-        layer_abs = os.path.join(base, *layer_dir.split("/")) if layer_dir else base
+        layer_abs = layers.get(layer_dir)
+        if layer_abs is None:
+            layer_abs = os.path.join(base, *layer_dir.split("/")) if layer_dir else base
+            layers[layer_dir] = layer_abs
+        key = (source, stage.get(source, ""), cwd, layer_abs, allowed)
+        walk = memo.known_walk(key, stage)
+        if walk is None:
+            walk = _Walker(memo, stage, base, allowed).walk(source, cwd, layer_abs)
+            memo.keep_walk(key, walk)
+        for rel, tree in walk.files:
+            if rel not in files:
+                files[rel] = Path(tree)
+        for err in walk.errors:
+            errors.setdefault((err.where, err.line, err.name), err)
+    return Beyond(
+        files=dict(sorted(files.items())),
+        errors=tuple(errors[k] for k in sorted(errors)),
+    )
+
+
+class _Walker:
+    """One module's walk over the quoted includes its compile reads, recording the staged
+    paths it looks up (what makes the walk reusable, see :class:`IncludeMemo`)."""
+
+    __slots__ = ("allowed", "base", "lookups", "memo", "prefix", "stage")
+
+    def __init__(
+        self, memo: IncludeMemo, stage: dict[str, str], base: str, allowed: tuple[str, ...]
+    ) -> None:
+        self.memo = memo
+        self.stage = stage
+        self.base = base
+        self.prefix = base + os.sep
+        self.allowed = allowed
+        self.lookups: dict[str, str | None] = {}
+
+    def staged(self, rel: str) -> str | None:
+        got = self.stage.get(rel)
+        self.lookups[rel] = got
+        return got
+
+    def walk(self, source: str, cwd: str, layer_abs: str) -> _ModuleWalk:
+        memo, prefix, allowed = self.memo, self.prefix, self.allowed
+        files: dict[str, str] = {}
+        errors: list[EscapingInclude] = []
         # (staged path or None, tree path) of each file this module's compile reads
-        todo: list[tuple[str | None, str]] = [(source, os.path.abspath(staged[source]))]
+        todo: list[tuple[str | None, str]] = [(source, self.stage.get(source, ""))]
         seen: set[str] = set()
         while todo:
             at_stage, at_tree = todo.pop()
@@ -140,13 +309,8 @@ def find_beyond_layout(
             if key in seen:
                 continue
             seen.add(key)
-            try:
-                data = read(Path(at_tree))
-            except OSError:
-                continue
-            where = os.path.relpath(at_tree, os.path.dirname(base)).replace(os.sep, "/")
-            for line, name in quoted_includes(data):
-                found = _resolve(name, at_stage, at_tree, cwd, layer_abs, staged)
+            for line, name in memo.includes(at_tree) or ():
+                found = self.resolve(name, at_stage, at_tree, cwd, layer_abs)
                 if found is None:
                     continue
                 next_stage, next_tree = found
@@ -156,46 +320,41 @@ def find_beyond_layout(
                 if allowed and next_tree.startswith(allowed):
                     continue  # the HIP compat directory: passed to the compiler as it is
                 if not next_tree.startswith(prefix):
-                    err = EscapingInclude(where, line, name, next_tree)
-                    errors.setdefault((where, line, name), err)
+                    errors.append(EscapingInclude(memo.where(at_tree), line, name, next_tree))
                     continue
-                rel = next_tree[len(prefix) :].replace(os.sep, "/")
-                files[rel] = Path(next_tree)
+                files.setdefault(next_tree[len(prefix) :].replace(os.sep, "/"), next_tree)
                 todo.append((None, next_tree))
-    return Beyond(
-        files=dict(sorted(files.items())),
-        errors=tuple(errors[k] for k in sorted(errors)),
-    )
+        lookups = self.lookups
+        return _ModuleWalk(
+            tuple(lookups), tuple(lookups.values()), tuple(files.items()), tuple(errors)
+        )
 
-
-def _resolve(
-    name: str,
-    at_stage: str | None,
-    at_tree: str,
-    cwd: str,
-    layer_abs: str,
-    staged: Mapping[str, Path],
-) -> tuple[str | None, str] | None:
-    """Where the compiler finds quoted include ``name``: (staged path, tree path) for a
-    file of the layout, (None, tree path) for a file of the tree beyond it (or outside
-    ``kernels/``), None when nowhere (left to the compiler)."""
-    if name.startswith("/"):
-        return (None, os.path.normpath(name)) if os.path.isfile(name) else None
-    # 1. next to the including file: in the stage for a staged file, else in the tree
-    if at_stage is not None:
-        cand = posixpath.normpath(posixpath.join(posixpath.dirname(at_stage), name))
-        if cand in staged:
-            return cand, os.path.abspath(staged[cand])
-    else:
-        cand_tree = os.path.normpath(os.path.join(os.path.dirname(at_tree), name))
-        if os.path.isfile(cand_tree):
+    def resolve(
+        self, name: str, at_stage: str | None, at_tree: str, cwd: str, layer_abs: str
+    ) -> tuple[str | None, str] | None:
+        """Where the compiler finds quoted include ``name``: (staged path, tree path) for a
+        file of the layout, (None, tree path) for a file of the tree beyond it (or outside
+        ``kernels/``), None when nowhere (left to the compiler)."""
+        memo = self.memo
+        if name.startswith("/"):
+            return (None, os.path.normpath(name)) if memo.is_file(name) else None
+        # 1. next to the including file: in the stage for a staged file, else in the tree
+        if at_stage is not None:
+            cand = memo.stage_joined(posixpath.dirname(at_stage), name)
+            tree = self.staged(cand)
+            if tree is not None:
+                return cand, tree
+        else:
+            cand_tree = memo.joined(os.path.dirname(at_tree), name)
+            if memo.is_file(cand_tree):
+                return None, cand_tree
+        # 2. the role directory of the stage (-I.)
+        cand = memo.stage_joined(cwd, name)
+        tree = self.staged(cand)
+        if tree is not None:
+            return cand, tree
+        # 3. the module's layer directory in the tree (the reference's -I)
+        cand_tree = memo.joined(layer_abs, name)
+        if memo.is_file(cand_tree):
             return None, cand_tree
-    # 2. the role directory of the stage (-I.)
-    cand = posixpath.normpath(posixpath.join(cwd, name))
-    if cand in staged:
-        return cand, os.path.abspath(staged[cand])
-    # 3. the module's layer directory in the tree (the reference's -I)
-    cand_tree = os.path.normpath(os.path.join(layer_abs, name))
-    if os.path.isfile(cand_tree):
-        return None, cand_tree
-    return None
+        return None

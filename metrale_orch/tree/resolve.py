@@ -41,7 +41,16 @@ from metrale_orch.tree.names import (
     stem_of,
 )
 from metrale_orch.tree.snapshot import TreeSnapshot, declared
-from metrale_orch.tree.values import ROLE_ORDER, Hardware, KernelManifest, Layout, Shadow, Target
+from metrale_orch.tree.values import (
+    ROLE_ORDER,
+    Hardware,
+    KernelManifest,
+    Layout,
+    Role,
+    Shadow,
+    Target,
+    Tier,
+)
 
 __all__ = [
     "discover",
@@ -50,6 +59,7 @@ __all__ = [
     "kernel_source_dir",
     "layer_manifest_problem",
     "misshapen_manifests",
+    "redirect_manifest",
     "resolve_all",
     "supports_quant",
     "symlinks",
@@ -304,6 +314,27 @@ def layer_manifest_problem(
     for problem in problems:
         if problem.path.name == KERNEL_TOML and problem.path.parent in dirs:
             return problem
+    return None
+
+
+def redirect_manifest(layout: Layout, path: Path) -> Path | None:
+    """The MODEL.toml whose ``[model] kernel_source`` placed the leaf layer that holds
+    ``path`` (lexically, ``..`` resolved), or None when no redirect did (pure).
+
+    The own leaf comes from ``<model_dir>/MODEL.toml``; the parent leaf from the parent
+    tree's namesake of the own source model (SPEC 1.2), so a redirect that leaves
+    ``kernels/`` is named where it is written, even when another tree inherits it.
+    """
+    text = os.path.normpath(path)
+    kernels = layout.model_dir.parent.parent
+    for layer in layout.layers:
+        if layer.role is not Role.LEAF or not text.startswith(os.path.normpath(layer.dir) + os.sep):
+            continue
+        if layer.tier is Tier.OWN:
+            model_dir = layout.model_dir
+        else:
+            model_dir = kernels / layer.hardware / layout.source_model
+        return model_dir / MODEL_TOML if layer.dir.parent != model_dir else None
     return None
 
 

@@ -11,12 +11,14 @@ read-only views (``MappingProxyType``). Pure: no I/O except
 from __future__ import annotations
 
 import enum
+import operator
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from metrale_orch.tree.names import ext_of, stem_of
+#: A path's parts: the sort key of Path order.
+_PARTS = operator.attrgetter("parts")
 
 __all__ = [
     "ROLE_ORDER",
@@ -175,8 +177,9 @@ class Layout:
         mods: dict[str, Entry] = {}
         for role_map in (self.common, self.leaf):
             for name, entry in role_map.items():
-                if ext_of(name) == ext:
-                    mods[stem_of(name)] = entry
+                stem, dot, tail = name.rpartition(".")  # stem_of and ext_of, inline: hot
+                if dot and tail == ext:
+                    mods[stem] = entry
         return tuple(sorted(mods.items()))
 
     def sources(self) -> tuple[Path, ...]:
@@ -189,6 +192,12 @@ class Layout:
 
     def inputs(self) -> tuple[Path, ...]:
         """Every entry's source, every file under every role subdirectory, and ``configs()``."""
+        # Path order is the order of the paths' parts: comparing the (cached) parts tuples
+        # gives the same order without a Python-level Path.__lt__ per comparison.
+        return tuple(sorted(self.input_set(), key=_PARTS))
+
+    def input_set(self) -> frozenset[Path]:
+        """:meth:`inputs`, unordered (for callers that order them their own way)."""
         files: set[Path] = set()
         for role_map in (self.leaf, self.common):
             files.update(entry.source for entry in role_map.values())
@@ -196,7 +205,7 @@ class Layout:
             for sub in subdirs.values():
                 files.update(files_under(sub))
         files.update(self.configs())
-        return tuple(sorted(files))
+        return frozenset(files)
 
 
 # One pass makes tens of thousands of these frozen values, and a frozen dataclass's

@@ -1,0 +1,65 @@
+"""doit, started by the package: ``metrale-orch doit ARGS`` is ``doit ARGS`` that can speak
+about its own configuration files.
+
+doit reads ``./pyproject.toml`` (``[tool.doit]``, with ``tomllib``) and ``./doit.cfg`` in
+``DoitMain.__init__``, before it loads a plugin, a command or ``dodo.py``: nothing of this
+package runs before that, so a file doit cannot parse ends ``doit`` in a traceback out of
+``tomllib`` (or ``configparser``) with exit status 1, whatever the package does. Short of
+code run at every interpreter start (a ``.pth`` file), there is no earlier hook.
+:func:`run_doit` reads both files first, the way doit will, and raises one
+:class:`~metrale_orch.config.ConfigError` naming the file (for TOML, the line and column);
+then it runs doit's own ``DoitMain`` in this process on the same arguments, so everything
+else (tasks, options, reporter, exit status) is doit's.
+
+I/O: reads the files in the working directory and runs doit there, as ``doit`` does.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from doit.doit_cmd import DoitMain
+
+from metrale_orch.config import ConfigError, read_pyproject
+from metrale_orch.tasks.doit_api import read_config_file
+
+__all__ = ["DOIT_FILES", "read_doit_config", "run_doit"]
+
+#: The configuration files doit reads from its working directory, in its order.
+DOIT_FILES = ("pyproject.toml", "doit.cfg")
+
+
+class _Main(DoitMain):  # type: ignore[misc]
+    """doit's main, naming the command as the user typed it in its messages."""
+
+    BIN_NAME = "metrale-orch doit"
+
+
+def read_doit_config() -> None:
+    """Read doit's configuration files in the working directory as ``doit`` will (I/O).
+
+    Raises :class:`~metrale_orch.config.ConfigError` naming the file: the TOML error's
+    line and column for a ``pyproject.toml`` that does not parse, doit's own complaint
+    for a ``[tool.doit]`` table or a ``doit.cfg`` doit cannot use.
+    """
+    for name in DOIT_FILES:
+        if not os.path.isfile(name):
+            continue
+        if name == "pyproject.toml":
+            read_pyproject(Path(name))  # the TOML error, with its line and column
+        try:
+            read_config_file(name)
+        except Exception as exc:  # whatever doit's reader raises is the file's problem
+            key = "[tool.doit]" if name == "pyproject.toml" else "(file)"
+            text = " ".join(str(exc).split())  # configparser's messages span lines
+            what = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+            raise ConfigError(name, key, f"doit cannot read it ({what})") from None
+
+
+def run_doit(args: Sequence[str]) -> int:
+    """``doit ARGS`` in the working directory, after :func:`read_doit_config`; returns
+    doit's exit status. Raises ``ConfigError``."""
+    read_doit_config()
+    return int(_Main().run(list(args)))
