@@ -43,9 +43,10 @@ generation would give. Deleting the files only costs one regeneration.
 ``task_build`` also keeps the cyclic garbage collector out of generation and
 freezes what it loaded (``gc.freeze``) so doit's later collections skip it.
 
-Nothing here runs at import time but one read of the ``jobs`` setting (doit takes its
-default ``num_process`` from ``DOIT_CONFIG`` before any task is made); the rest of the
-config only names classes. The logic
+At import time two things run: the toolchain probes start on a background thread
+(:mod:`metrale_orch.tasks.probes`: a no-op waits for them less), and the ``jobs``
+setting is read (doit takes its default ``num_process`` from ``DOIT_CONFIG`` before
+any task is made); the rest of the config only names classes. The logic
 lives in :mod:`metrale_orch.tasks`; this module only wires it to doit, and it is
 the one place with a deferred import (:func:`_generation`, see there).
 """
@@ -58,18 +59,22 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from metrale_orch.paths import BUILD_TASK, DB_NAME
-from metrale_orch.tasks.actions import (
+from metrale_orch.tasks.probes import run_probes, start_probes
+
+# The toolchains are probed on every run; started first, they run while the rest loads.
+start_probes(Path.cwd(), os.environ)
+
+from metrale_orch.paths import BUILD_TASK, DB_NAME  # noqa: E402
+from metrale_orch.tasks.actions import (  # noqa: E402
     check_action,
     default_target_threads,
     install_sigterm_handler,
-    run_probes,
 )
-from metrale_orch.tasks.checker import ContentChecker, TaskDataCodec
-from metrale_orch.tasks.creators import Generation, cached_tasks, named_failures, start_order
-from metrale_orch.tasks.database import BACKEND
-from metrale_orch.tasks.dicts import TaskDict, explicit_targets
-from metrale_orch.tasks.reporter import BuildReporter, end_interrupted
+from metrale_orch.tasks.checker import ContentChecker, TaskDataCodec  # noqa: E402
+from metrale_orch.tasks.creators import Generation, cached_tasks, named_failures, start_order  # noqa: E402
+from metrale_orch.tasks.database import BACKEND  # noqa: E402
+from metrale_orch.tasks.dicts import TaskDict, explicit_targets  # noqa: E402
+from metrale_orch.tasks.reporter import BuildReporter, end_interrupted  # noqa: E402
 
 __all__ = ["DOIT_CONFIG", "task_build", "task_check"]  # what `import *` takes
 

@@ -484,3 +484,28 @@ def test_sigterm_keeps_finished_targets(
     ), out
     rest = run_ok(root, env)
     assert started_targets(rest) == sorted(set(NVIDIA) - recorded)
+
+
+def test_the_probes_start_before_task_generation_and_are_not_repeated(
+    fake_project: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """start_probes (run when doit imports the dodo file) probes into the run's memo:
+    task generation then finds every toolchain probed and runs no compiler."""
+    from metrale_orch.config import load_config
+    from metrale_orch.tasks.creators import generation_key
+    from metrale_orch.tasks.probes import reset_run_probes, run_probes, start_probes
+    from metrale_orch.toolchain.definitions import load_toolchains
+
+    root, env = fake_project
+    probes = tmp_path / "probes.log"
+    env = {**env, "FAKECC_PROBES": str(probes)}
+    reset_run_probes()
+    try:
+        start_probes(root, env).join(30)
+        assert len(probes.read_text().splitlines()) == 1
+        key = generation_key(root, env, load_config(root, env), load_toolchains(root), run_probes())
+        assert len(probes.read_text().splitlines()) == 1  # answered from the early probe
+        fresh = generation_key(root, env, load_config(root, env), load_toolchains(root))
+        assert fresh == key and len(probes.read_text().splitlines()) == 2
+    finally:
+        reset_run_probes()

@@ -49,7 +49,7 @@ from metrale_orch.tasks.checker import (
     PROFILE_KEY,
     encode_outputs,
 )
-from metrale_orch.toolchain.probe import ProbeMemo
+from metrale_orch.tasks.probes import reset_run_probes, run_probes
 from metrale_orch.tree import Target
 
 if TYPE_CHECKING:
@@ -85,8 +85,6 @@ _log = logging.getLogger("metrale_orch.steps")
 _PROCESS: dict[str, tuple[tuple[str, ...], Cache]] = {}
 _SESSIONS: dict[tuple[str, int, str], BuildSession] = {}
 _SESSIONS_LOCK = threading.Lock()
-#: The toolchain probes of this process's run: task generation's, reused by its builds.
-_PROBES = [ProbeMemo()]
 #: Build actions running in this process (doit's target threads), and its condition.
 _ACTIVE = [0]
 _ACTIVE_CHANGED = threading.Condition()
@@ -116,7 +114,7 @@ class BuildFailed(TaskFailed):  # type: ignore[misc]
 def reset_process_state() -> None:
     """Forget this process's cache, build session, log set-up and stop (tests)."""
     _PROCESS.clear()
-    _PROBES[0] = ProbeMemo()
+    reset_run_probes()
     end_run()
     _Stop.signum = 0
     with _SESSIONS_LOCK:
@@ -124,12 +122,6 @@ def reset_process_state() -> None:
         _SESSIONS.clear()
     for session in sessions:
         session.close()
-
-
-def run_probes() -> ProbeMemo:
-    """This process's toolchain probes: task generation probes each toolchain once and
-    the build actions of the same run reuse those identities."""
-    return _PROBES[0]
 
 
 def progress_counts() -> tuple[dict[str, float], int]:

@@ -1,0 +1,59 @@
+"""This process's toolchain probes, started before anything needs them (I/O).
+
+A no-op ``doit build`` cannot skip the probes (a wrapper can switch the real
+compiler without a change any ``stat`` would see), but it need not wait for
+them: :func:`start_probes`, called first thing when doit imports the dodo
+file, runs every toolchain's probe on a background thread while the rest of
+the package is imported and doit reads its configuration. Task generation
+then asks the same :class:`~metrale_orch.toolchain.probe.ProbeMemo` and gets
+the probes already run or waits for the ones in flight; the builds of the run
+reuse them too. Only an early start: a probe that fails here is not
+remembered and fails again, with its message, where it is asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+
+from metrale_orch.errors import MetraleError
+from metrale_orch.toolchain.probe import ProbeMemo
+
+__all__ = ["reset_run_probes", "run_probes", "start_probes"]
+
+_PROBES = [ProbeMemo()]
+
+
+def run_probes() -> ProbeMemo:
+    """This process's toolchain probes: task generation probes each toolchain once and
+    the build actions of the same run reuse those identities."""
+    return _PROBES[0]
+
+
+def reset_run_probes() -> None:
+    """A new run in this process (tests): probe again."""
+    _PROBES[0] = ProbeMemo()
+
+
+def start_probes(root: Path, environ: Mapping[str, str]) -> threading.Thread:
+    """Probe every toolchain of the project at ``root`` on a daemon thread, into
+    :func:`run_probes` (the same stamps task generation computes)."""
+    memo = run_probes()
+    env = dict(environ)
+
+    def run() -> None:
+        from metrale_orch.config import load_config
+        from metrale_orch.paths import STATE_DIR
+        from metrale_orch.toolchain.definitions import load_toolchains
+        from metrale_orch.toolchain.probe import toolchain_stamps
+
+        with contextlib.suppress(MetraleError, OSError):
+            config = load_config(root, env)
+            stamps_dir = config.build_dir / STATE_DIR
+            toolchain_stamps(load_toolchains(root), env, state_dir=stamps_dir, memo=memo)
+
+    thread = threading.Thread(target=run, name="metrale-probes", daemon=True)
+    thread.start()
+    return thread
