@@ -22,7 +22,8 @@ import pytest
 from metrale_orch.cache.reapi import ReapiObjects
 from metrale_orch.cache.remote import remote_object_path
 from metrale_orch.remote.client import RemoteClient
-from tests.support.reapi_cas_server import CasServer, bgd_path, cas_server
+from tests.support.reapi_cas_server import CasServer, bgd_command, cas_server
+from tests.support.reapi_deps import StackUnavailable
 from tests.support.servers import refused_endpoint
 from tests.test_remote_build import (
     Run,
@@ -72,10 +73,12 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
     real = shutil.which("nvcc")
     if real is None:
         pytest.skip("nvcc is not installed")
-    if bgd_path() is None:
+    try:
+        bgd_command()
+    except StackUnavailable as exc:
         if os.environ.get("CI"):
-            pytest.fail("BuildGrid's bgd is needed for the REAPI tier tests")
-        pytest.skip("BuildGrid (bgd) is not installed")
+            pytest.fail(f"BuildGrid is needed for the REAPI tier tests: {exc.reason}")
+        pytest.skip(f"no BuildGrid here: {exc.reason}")
     tmp = tmp_path_factory.mktemp("reapi-cache")
     log, base = logging_nvcc(tmp, real)
     with cas_server() as server:

@@ -63,19 +63,35 @@ from metrale_orch.remote import (
 from metrale_orch.remote._proto import remote_execution_pb2 as re_pb2
 from metrale_orch.remote.cas import BLOB_OVERHEAD, REQUEST_OVERHEAD, fits, plan_batches
 from metrale_orch.remote.rpc import parse_url
-from tests.support.reapi_cas_server import CasServer, bgd_path, cas_server, free_port
+from tests.support.reapi_cas_server import (
+    CasServer,
+    bgd_command,
+    buildgrid_python,
+    cas_server,
+    free_port,
+)
+from tests.support.reapi_deps import StackUnavailable
 from tests.support.reapi_fake import FakeRemote, fake_remote, operation
 
 REPO = Path(__file__).resolve().parent.parent
-BGVENV_PYTHON = Path("/work/bgvenv/bin/python")
 STAGE = re_pb2.ExecutionStage
 
-needs_buildgrid = pytest.mark.skipif(
-    bgd_path() is None, reason="BuildGrid's bgd is not installed (set METRALE_BGD)"
-)
-needs_bgvenv = pytest.mark.skipif(
-    not BGVENV_PYTHON.is_file(), reason="no BuildGrid venv at /work/bgvenv"
-)
+
+def _buildgrid_or_skip() -> None:
+    """Have BuildGrid (made when missing), or skip with why (fail on CI)."""
+    try:
+        bgd_command()
+    except StackUnavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"BuildGrid is needed here: {exc.reason}")
+        pytest.skip(f"no BuildGrid here: {exc.reason}")
+
+
+@pytest.fixture(scope="module")
+def bg_python() -> Path:
+    """The Python of BuildGrid's own venv (its protos and Merkle tree maker)."""
+    _buildgrid_or_skip()
+    return buildgrid_python()
 
 
 def sha(data: bytes) -> str:
@@ -168,8 +184,7 @@ def test_input_root_matches_directory_bytes_encoded_by_hand() -> None:
     assert not parsed.HasField("node_properties") and not parsed.symlinks
 
 
-@needs_bgvenv
-def test_input_root_matches_buildgrids_merkle_tree_maker(tmp_path: Path) -> None:
+def test_input_root_matches_buildgrids_merkle_tree_maker(tmp_path: Path, bg_python: Path) -> None:
     tree = tmp_path / "tree"
     files = {}
     for rel, spec in SAMPLE.items():
@@ -189,7 +204,7 @@ def test_input_root_matches_buildgrids_merkle_tree_maker(tmp_path: Path) -> None
         "print(node.digest.hash, node.digest.size_bytes)\n"
     )
     out = subprocess.run(
-        [str(BGVENV_PYTHON), "-c", script, str(tree)], capture_output=True, text=True, check=True
+        [str(bg_python), "-c", script, str(tree)], capture_output=True, text=True, check=True
     ).stdout.split()
     assert build_input_root(files).digest == Digest(out[0], int(out[1]))
 
@@ -423,8 +438,7 @@ def test_stubs_load_beside_googleapis_common_protos(order: str) -> None:
     ]
 
 
-@needs_bgvenv
-def test_bots_api_descriptors_are_buildgrids_byte_for_byte() -> None:
+def test_bots_api_descriptors_are_buildgrids_byte_for_byte(bg_python: Path) -> None:
     from metrale_orch.remote._proto import bots_pb2, worker_pb2
 
     script = (
@@ -434,7 +448,7 @@ def test_bots_api_descriptors_are_buildgrids_byte_for_byte() -> None:
         "bots_pb2.DESCRIPTOR.serialized_pb.hex())\n"
     )
     out = subprocess.run(
-        [str(BGVENV_PYTHON), "-c", script], capture_output=True, text=True, check=True
+        [str(bg_python), "-c", script], capture_output=True, text=True, check=True
     ).stdout.split()
     assert out == [
         worker_pb2.DESCRIPTOR.serialized_pb.hex(),
@@ -477,8 +491,7 @@ def test_without_the_extra_the_package_imports_and_says_what_to_install() -> Non
 
 @pytest.fixture(scope="module")
 def buildgrid() -> Iterator[CasServer]:
-    if bgd_path() is None:
-        pytest.skip("BuildGrid's bgd is not installed (set METRALE_BGD)")
+    _buildgrid_or_skip()
     with cas_server() as server:
         yield server
 
@@ -489,7 +502,6 @@ def client(buildgrid: CasServer) -> Iterator[RemoteClient]:
         yield c
 
 
-@needs_buildgrid
 def test_capabilities(client: RemoteClient) -> None:
     caps = client.capabilities()
     assert caps.server_max_batch_bytes == 4 * 1024 * 1024 - 1024  # BuildGrid's fixed limit
@@ -498,7 +510,6 @@ def test_capabilities(client: RemoteClient) -> None:
     assert client.capabilities() is caps  # read once
 
 
-@needs_buildgrid
 def test_upload_batches_small_blobs_and_streams_big_ones(
     buildgrid: CasServer, tmp_path: Path
 ) -> None:
@@ -526,7 +537,6 @@ def test_upload_batches_small_blobs_and_streams_big_ones(
         assert sorted(p.name for p in tmp_path.iterdir()) == ["big.bin", "out"]
 
 
-@needs_buildgrid
 def test_a_blob_over_the_servers_batch_limit_goes_through_bytestream(
     client: RemoteClient,
 ) -> None:
@@ -537,14 +547,12 @@ def test_a_blob_over_the_servers_batch_limit_goes_through_bytestream(
     assert client.download(digest) == data
 
 
-@needs_buildgrid
 def test_a_missing_blob_is_reported(client: RemoteClient) -> None:
     for size in (10, 5 * 1024 * 1024):  # BatchReadBlobs and ByteStream Read
         with pytest.raises(BlobMissing):
             client.download(Digest("0" * 64, size))
 
 
-@needs_buildgrid
 def test_a_file_changed_after_hashing_is_never_committed(
     buildgrid: CasServer, tmp_path: Path
 ) -> None:
@@ -561,7 +569,6 @@ def test_a_file_changed_after_hashing_is_never_committed(
             assert client.find_missing([digest]) == {digest}
 
 
-@needs_buildgrid
 def test_action_cache_round_trip_after_its_blobs(client: RemoteClient) -> None:
     digest, blobs = build_action(
         ["true"], {}, "", ["out.o"], build_input_root({"a": os.urandom(8)}), {}, 10
@@ -583,7 +590,6 @@ def test_action_cache_round_trip_after_its_blobs(client: RemoteClient) -> None:
     assert client.download(digest_bytes(out)) == out
 
 
-@needs_buildgrid
 def test_a_hundred_threads_share_one_client(client: RemoteClient) -> None:
     shared = os.urandom(1000)
 

@@ -10,8 +10,10 @@ full stack fixture). It waits until the port accepts connections, yields a
     with cas_server() as server:      # server.url == "grpc://127.0.0.1:<port>"
         client = RemoteClient(server.url, instance=server.instance)
 
-BuildGrid is found at ``$METRALE_BGD``, else ``/work/bgvenv/bin/bgd``, else ``bgd`` on
-PATH; :func:`bgd_path` returns None where there is none (tests skip with the reason).
+BuildGrid is ``$METRALE_BGD`` where set, else the test suite's BuildGrid venv
+(:func:`tests.support.reapi_deps.buildgrid_venv`, made when missing, as the full stack's
+fixture does); :func:`bgd_command` raises :class:`~tests.support.reapi_deps.StackUnavailable`
+where neither can be had (tests skip with the reason, or fail on CI).
 BuildGrid's batch limit is fixed (4 MiB less 1 KiB): tests that want ByteStream without
 megabytes of data lower the client's ``batch_limit`` instead.
 """
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -30,9 +31,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CasServer", "bgd_path", "cas_server", "free_port"]
+from tests.support.reapi_deps import BGD, buildgrid_venv
 
-_DEFAULT_BGD = Path("/work/bgvenv/bin/bgd")
+__all__ = ["CasServer", "bgd_command", "buildgrid_python", "cas_server", "free_port"]
+
 _READY_SECONDS = 30.0
 
 _CONFIG = """\
@@ -75,15 +77,17 @@ class CasServer:
     log: Path
 
 
-def bgd_path() -> Path | None:
-    """BuildGrid's ``bgd`` (see the module docstring), or None."""
+def buildgrid_python() -> Path:
+    """The Python of the test suite's BuildGrid venv (made when missing)."""
+    return buildgrid_venv(os.environ) / "bin" / "python"
+
+
+def bgd_command() -> list[str]:
+    """How to run BuildGrid's ``bgd`` (see the module docstring)."""
     configured = os.environ.get("METRALE_BGD")
     if configured:
-        return Path(configured)
-    if _DEFAULT_BGD.is_file():
-        return _DEFAULT_BGD
-    found = shutil.which("bgd")
-    return Path(found) if found else None
+        return [configured]
+    return [str(buildgrid_python()), "-c", BGD]
 
 
 def free_port() -> int:
@@ -96,9 +100,7 @@ def free_port() -> int:
 @contextlib.contextmanager
 def cas_server(instance: str = "main") -> Iterator[CasServer]:
     """Start BuildGrid (CAS, ByteStream, action cache), yield it, stop it."""
-    bgd = bgd_path()
-    if bgd is None:
-        raise FileNotFoundError("BuildGrid's bgd is not installed (set METRALE_BGD)")
+    bgd = bgd_command()
     with tempfile.TemporaryDirectory(prefix="metrale-bgd-") as tmp:
         for _attempt in range(3):  # another process may take the port first
             port = free_port()
@@ -107,7 +109,7 @@ def cas_server(instance: str = "main") -> Iterator[CasServer]:
             log = Path(tmp) / f"bgd-{port}.log"
             with open(log, "wb") as out:
                 proc = subprocess.Popen(
-                    [str(bgd), "server", "start", str(config)],
+                    [*bgd, "server", "start", str(config)],
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
