@@ -17,6 +17,8 @@ When set it must be a directory.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import os
 import re
@@ -38,7 +40,9 @@ __all__ = [
     "default_local_cache",
     "find_root",
     "load_config",
+    "parse_public_key_line",
     "read_pyproject",
+    "source_label",
 ]
 
 CACHE_MODES = ("read-write", "read-only", "off")
@@ -55,8 +59,29 @@ class ConfigError(MetraleError):
 
 
 T = TypeVar("T")
-#: A converted setting: text, a path, seconds, a count, a table, or None (no directory).
-Setting = str | Path | float | int | Mapping[str, object] | None
+#: A converted setting: text, a path, seconds, a count, a table, key lines, or None.
+Setting = str | Path | float | int | Mapping[str, object] | tuple[str, ...] | None
+
+#: How a public key line starts (``metrale-orch cache keygen`` prints one).
+PUBLIC_KEY_PREFIX = "ed25519:"
+_PEM_START = "-----BEGIN"
+
+
+def parse_public_key_line(text: str) -> tuple[bytes, str]:
+    """(32 raw Ed25519 public key bytes, label) of ``ed25519:<base64> [label]`` (pure).
+
+    Raises ``ValueError`` saying what is wrong (never echoing more than the line).
+    """
+    body, _, label = text.strip().partition(" ")
+    if not body.startswith(PUBLIC_KEY_PREFIX):
+        raise ValueError(f"does not start with {PUBLIC_KEY_PREFIX!r}")
+    try:
+        raw = base64.b64decode(body[len(PUBLIC_KEY_PREFIX) :], validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("the key after 'ed25519:' is not base64") from None
+    if len(raw) != 32:
+        raise ValueError(f"the key is {len(raw)} bytes, an Ed25519 public key is 32")
+    return raw, label.strip()
 
 
 def _empty() -> Mapping[str, T]:
@@ -106,6 +131,12 @@ class Config:
     #: Whether a module that every cache tier misses fails instead of compiling here (a
     #: smoke job on a GPU runner, whose build job should have filled the shared cache).
     require_hits: bool = False
+    #: The private key entries are signed with: PEM text, or the absolute path of a PEM
+    #: file ("" for none). Secret: never shown, logged or written.
+    cache_signing_key: str = field(default="", repr=False)
+    #: Public key lines (``ed25519:<base64> [label]``) whose signatures a remote entry
+    #: needs before it is served; empty: entries are not checked for a signer.
+    cache_trusted_keys: tuple[str, ...] = ()
     #: key -> "default" | "pyproject" | "env" | "cli"
     sources: Mapping[str, str] = field(default_factory=_empty)
 
@@ -135,6 +166,9 @@ class Config:
             "remote_container_image": self.remote_container_image,
             "remote_ca_file": "" if self.remote_ca_file is None else str(self.remote_ca_file),
             "require_hits": self.require_hits,
+            # A private key (or where it lives): never shown or written.
+            "cache_signing_key": "<set>" if self.cache_signing_key else "",
+            "cache_trusted_keys": list(self.cache_trusted_keys),
             "sources": dict(sorted(self.sources.items())),
         }
 
@@ -170,6 +204,8 @@ _KEYS: dict[str, tuple[str | None, str]] = {
     "remote_container_image": ("METRALE_ORCH_REMOTE_CONTAINER_IMAGE", "str"),
     "remote_ca_file": ("METRALE_ORCH_REMOTE_CA_FILE", "optpath"),
     "require_hits": ("METRALE_ORCH_REQUIRE_HITS", "bool"),
+    "cache_signing_key": ("METRALE_ORCH_CACHE_SIGNING_KEY", "signing_key"),
+    "cache_trusted_keys": ("METRALE_ORCH_CACHE_TRUSTED_KEYS", "public_keys"),
 }
 
 #: Settings that say where and how many compiles run (or whether one may run here at all:
@@ -186,6 +222,9 @@ EXECUTION_KEYS = frozenset(
         "remote_container_image",
         "remote_ca_file",
         "require_hits",
+        # Who signs what this build publishes changes no artefact. (The trusted keys do
+        # decide what may be installed: changing them re-checks every target.)
+        "cache_signing_key",
     }
 )
 
@@ -200,7 +239,7 @@ _INTEGERS: dict[str, tuple[int, str, str]] = {
 }
 
 #: Kinds whose command-line value may come as text to be parsed.
-_TEXT_KINDS = ("seconds", "count", "table", "jobs", "bool", "headers")
+_TEXT_KINDS = ("seconds", "count", "table", "jobs", "bool", "headers", "public_keys")
 
 #: Environment variables the configuration reads, for documentation.
 ENV_VARS: Mapping[str, str] = MappingProxyType(
@@ -311,6 +350,10 @@ def _convert(
                     "is needed",
                 )
         return table
+    if kind == "signing_key":
+        return _signing_key(value, where, key, root)
+    if kind == "public_keys":
+        return _public_keys(value, where, key, from_text)
     if kind == "table":
         if from_text and isinstance(value, str):
             try:
@@ -333,6 +376,53 @@ def read_pyproject(path: Path) -> dict[str, object] | None:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(path.name, "(file)", f"cannot be read: {exc}") from None
+
+
+def _signing_key(value: object, where: str, key: str, root: Path) -> str:
+    """PEM text as is, else the absolute path of a key file ("" for none); never echoes
+    the value (it may be the key itself)."""
+    if not isinstance(value, str):
+        kind = type(value).__name__
+        raise ConfigError(where, key, f"must be a string (a path or a PEM key), got {kind}")
+    text = value.strip()
+    if not text or text.startswith(_PEM_START):
+        return text
+    if "\n" in text:
+        raise ConfigError(
+            where, key, "is neither a path nor a PEM private key (-----BEGIN PRIVATE KEY-----)"
+        )
+    p = Path(os.path.expanduser(text))
+    return str(p if p.is_absolute() else root / p)
+
+
+def _public_keys(value: object, where: str, key: str, from_text: bool) -> tuple[str, ...]:
+    """The key lines of a TOML array (a JSON array or comma-separated in the environment)."""
+    if from_text and isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(where, key, f"must be a JSON array of strings: {exc}") from None
+        else:
+            value = [part for part in text.split(",") if part.strip()]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(
+            where, key, "must be a list of public key lines (ed25519:<base64> [label])"
+        )
+    lines: list[str] = []
+    for i, line in enumerate(value):
+        try:
+            parse_public_key_line(line)
+        except ValueError as exc:
+            raise ConfigError(
+                where,
+                f"{key}[{i}]",
+                f"{line.strip()[:60]!r} is not a public key line ({exc}): paste the line "
+                "`metrale-orch cache keygen` printed, ed25519:<base64> [label]",
+            ) from None
+        lines.append(" ".join(line.split()))
+    return tuple(sorted(set(lines)))
 
 
 def load_config(
@@ -405,6 +495,11 @@ def load_config(
     # One keyword per setting in _KEYS, each converted to its field's type by _convert.
     make: Callable[..., Config] = Config
     return make(root=root, sources=MappingProxyType(sources), **values)
+
+
+def source_label(config: Config, key: str) -> str:
+    """How a message names the level that set ``key`` in ``config`` (its file or variable)."""
+    return _where(key, config.sources.get(key, "default"))
 
 
 def _where(key: str, source: str) -> str:

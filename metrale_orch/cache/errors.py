@@ -15,6 +15,7 @@ __all__ = [
     "CacheKeyError",
     "CacheSettingsError",
     "CacheStatsError",
+    "SigningKeyError",
     "SizeError",
     "why",
 ]
@@ -50,6 +51,19 @@ class CacheStatsError(CacheError):
     problem: str
 
     template = "{path}: {problem} (delete it; the next build writes a fresh one)"
+
+
+class SigningKeyError(CacheError):
+    """The signing key cannot be read or is no Ed25519 private key; names where it was set
+    (never its text) and says what to do."""
+
+    where: str
+    problem: str
+
+    template = (
+        "{where}: cache_signing_key: {problem} (write one with `metrale-orch cache keygen`, "
+        "or unset cache_signing_key to publish unsigned)"
+    )
 
 
 class SizeError(CacheError):

@@ -50,6 +50,7 @@ __all__ = [
     "Scan",
     "key_lock",
     "kind_of",
+    "make_private_dir",
     "not_regular",
     "publish_atomic",
     "publish_replace",
@@ -94,6 +95,15 @@ def not_regular(kind: EntryKind) -> str:
     """The reason given for an entry that is not a regular file."""
     what = {"symlink": "symbolic link", "other": "special file"}.get(kind, kind)
     return f"{'an' if what[0] in 'aeiou' else 'a'} {what}, not a regular file"
+
+
+def make_private_dir(path: Path) -> None:
+    """Create ``path`` (and missing parents) with the last level mode 0700: only this user
+    may plant or read what the local cache holds. An existing directory is left as it is."""
+    if not path.is_dir():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(mode=0o700)
 
 
 def publish_atomic(path: Path, data: bytes) -> bool:
@@ -311,6 +321,7 @@ class LocalTier:
     def __init__(self, local_dir: Path, max_size: int = DEFAULT_MAX_OBJECT_SIZE) -> None:
         self.dir = local_dir
         self.max_size = max_size
+        self._made = False
 
     def path(self, key: str) -> Path:
         return self.dir / "objects" / key[:2] / key
@@ -334,6 +345,9 @@ class LocalTier:
         Create-only (an existing entry wins) unless ``replace``, which
         overwrites atomically. Raises ``OSError``.
         """
+        if not self._made:  # the directory is created private (see make_private_dir)
+            make_private_dir(self.dir)
+            self._made = True
         if replace:
             publish_replace(self.path(key), data)
             return True
@@ -348,6 +362,7 @@ class LocalTier:
 def key_lock(local_dir: Path, key: str, timeout: float | None) -> Iterator[bool]:
     """Hold an exclusive ``flock`` for ``key``; yields False if ``timeout`` ran out unlocked."""
     path = local_dir / "locks" / key[:2] / f"{key}.lock"
+    make_private_dir(local_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:

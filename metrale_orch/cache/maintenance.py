@@ -26,6 +26,7 @@ from metrale_orch.cache.local import (
     scan_objects,
 )
 from metrale_orch.cache.objects import CorruptObject, decode_object
+from metrale_orch.cache.signing import Trust
 
 __all__ = [
     "BadObject",
@@ -201,9 +202,19 @@ class VerifyResult:
     bad: tuple[BadObject, ...]
     #: One line per directory that could not be listed.
     problems: tuple[str, ...] = ()
+    #: With trusted keys: (key, why) of each good object no trusted key signed (kept: the
+    #: build refuses and replaces it), and how many a trusted key signed.
+    untrusted: tuple[tuple[str, str], ...] = ()
+    verified: int = 0
+    checked_signatures: bool = False
 
     def to_dict(self) -> dict[str, object]:
         return {
+            "signatures": {
+                "checked": self.checked_signatures,
+                "untrusted": [{"key": k, "reason": r} for k, r in self.untrusted],
+                "verified": self.verified,
+            },
             "bad": [
                 {
                     "error": b.error,
@@ -222,24 +233,30 @@ class VerifyResult:
 
 
 def verify_local(
-    local_dir: Path, *, max_object_size: int = DEFAULT_MAX_OBJECT_SIZE
+    local_dir: Path, *, max_object_size: int = DEFAULT_MAX_OBJECT_SIZE, trust: Trust | None = None
 ) -> VerifyResult:
     """Re-hash every local object; remove and report each entry that fails.
 
     An entry fails when it is not a regular file (directory, FIFO, symlink,
     device), is larger than ``max_object_size``, cannot be read, or does not
-    verify. Reads are bounded and never block. Never raises for what it finds.
+    verify. With ``trust``, each good object's signature is checked too: one no
+    trusted key signed is reported (in ``untrusted``), not removed. Reads are
+    bounded and never block. Never raises for what it finds.
     """
     scan = scan_objects(local_dir)
-    checked = ok = 0
+    checked = ok = verified = 0
     bad: list[BadObject] = []
+    untrusted: list[tuple[str, str]] = []
     for entry in scan.entries:
         if entry.temporary:
             continue
-        reason = _verify_entry(entry.path, entry.key, entry.kind, max_object_size)
-        if reason is None:
+        reason = _verify_entry(entry.path, entry.key, entry.kind, max_object_size, trust)
+        if reason is None or reason.startswith(_UNTRUSTED):
             checked += 1
-            ok += 1
+            ok += reason is None
+            verified += reason is None and trust is not None
+            if reason is not None:
+                untrusted.append((entry.key, reason.removeprefix(_UNTRUSTED)))
             continue
         if not reason:  # removed meanwhile
             continue
@@ -264,22 +281,37 @@ def verify_local(
         ok=ok,
         bad=tuple(bad),
         problems=tuple(_unlistable(path, why) for path, why in scan.unreadable),
+        untrusted=tuple(untrusted),
+        verified=verified,
+        checked_signatures=trust is not None,
     )
 
 
-def _verify_entry(path: Path, key: str, kind: EntryKind, max_object_size: int) -> str | None:
-    """None if the entry is a good object, "" if it vanished, else why it is bad."""
+#: How :func:`_verify_entry` marks a good object that no trusted key signed.
+_UNTRUSTED = "untrusted: "
+
+
+def _verify_entry(
+    path: Path, key: str, kind: EntryKind, max_object_size: int, trust: Trust | None
+) -> str | None:
+    """None if the entry is a good object (signed by a trusted key, with ``trust``), "" if
+    it vanished, :data:`_UNTRUSTED` and why for a good object no trusted key signed, else
+    why it is bad."""
     if kind != "file":
         return not_regular(kind)
     try:
         data = read_object_file(path, max_object_size)
         if data is None:
             return ""
-        decode_object(key, data)
+        obj = decode_object(key, data)
     except CorruptObject as exc:
         return exc.reason
     except OSError as exc:
         return f"unreadable ({why(exc)})"
+    if trust is not None:
+        verdict, reason = trust.check(obj)
+        if verdict != "verified":
+            return _UNTRUSTED + reason
     return None
 
 

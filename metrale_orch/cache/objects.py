@@ -5,7 +5,10 @@ An object is self-verifying::
     MAGIC (8 bytes) | header length (u32 LE) | xxh3-128 of header (16 bytes) | header | payload
 
 The header is canonical JSON: ``schema``, ``key``, ``outputs`` (name, size,
-xxh3-128 hex, in payload order, sorted by name) and ``meta``. The payload is
+xxh3-128 hex, in payload order, sorted by name), ``meta`` and, when a signing
+writer published it, ``sig`` (:mod:`~.signing`: who signed :func:`signed_message`,
+the key and the header without ``sig``; readers that check no signer ignore it,
+so signed and unsigned entries share one schema). The payload is
 the outputs concatenated. :func:`decode_object` checks the magic, the header
 hash, the schema, the key, every output's size and hash and that nothing
 trails the payload; any mismatch raises :class:`CorruptObject` naming what.
@@ -21,8 +24,9 @@ import json
 import math
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
+from typing import NamedTuple
 
 import xxhash
 
@@ -42,6 +46,7 @@ __all__ = [
     "encode_object",
     "header_length",
     "key_of",
+    "signed_message",
 ]
 
 #: Cache schema version: part of every key and every header (see metrale_orch.cache_schema).
@@ -54,6 +59,13 @@ _MAX_HEADER = 16 * 1024 * 1024
 KEY_RE = re.compile(r"[0-9a-f]{32}")
 #: One output in a header: name, size, xxh3-128 hex.
 Spec = tuple[str, int, str]
+#: Signs a message: returns the header's ``sig`` section (JSON strings).
+SignFn = Callable[[bytes], Mapping[str, str]]
+#: What a signature covers besides the header body: a domain tag, so no other message
+#: signed by the same key can pass for an entry's.
+_SIG_DOMAIN = b"metrale-orch cache entry v1\x00"
+#: The header fields a signature covers (every field but ``sig`` itself).
+_SIGNED_FIELDS = ("key", "meta", "outputs", "schema")
 
 
 class CorruptObject(ValueError):
@@ -122,8 +134,26 @@ def key_of(namespace: str, parts: Mapping[str, object]) -> str:
     return xxhash.xxh3_128_hexdigest(canonical_key_bytes(namespace, parts))
 
 
-def encode_object(key: str, outputs: Mapping[str, bytes], meta: Mapping[str, object]) -> bytes:
-    """The object bytes for ``outputs`` (name -> bytes) and ``meta`` (JSON-able values)."""
+def _canonical_json(doc: Mapping[str, object]) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def signed_message(key: str, header: Mapping[str, object]) -> bytes:
+    """The bytes a signature of ``key``'s entry covers (pure): the domain tag, the key, and
+    the canonical JSON of the header's schema, key, meta and outputs (each output's name,
+    size and xxh3-128), so a signature is valid for exactly one key, header and payload."""
+    body = {name: header[name] for name in _SIGNED_FIELDS}
+    return _SIG_DOMAIN + key.encode() + b"\x00" + _canonical_json(body)
+
+
+def encode_object(
+    key: str,
+    outputs: Mapping[str, bytes],
+    meta: Mapping[str, object],
+    sign: SignFn | None = None,
+) -> bytes:
+    """The object bytes for ``outputs`` (name -> bytes) and ``meta`` (JSON-able values),
+    with the ``sig`` section ``sign`` returns for :func:`signed_message` when given."""
     names = sorted(outputs)
     entries = []
     blobs = []
@@ -131,21 +161,41 @@ def encode_object(key: str, outputs: Mapping[str, bytes], meta: Mapping[str, obj
         data = bytes(outputs[name])
         entries.append({"name": name, "size": len(data), "xxh3": xxhash.xxh3_128_hexdigest(data)})
         blobs.append(data)
-    header = {"schema": SCHEMA, "key": key, "outputs": entries, "meta": dict(meta)}
-    head = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    header: dict[str, object] = {
+        "schema": SCHEMA,
+        "key": key,
+        "outputs": entries,
+        "meta": dict(meta),
+    }
+    if sign is not None:
+        # round-trip first: the reader signs-checks the header as JSON gives it back
+        body = json.loads(_canonical_json(header))
+        header["sig"] = dict(sign(signed_message(key, body)))
+    head = _canonical_json(header)
     prefix = _PREFIX.pack(MAGIC, len(head), xxhash.xxh3_128_digest(head))
     return b"".join([prefix, head, *blobs])
 
 
 class DecodedObject:
-    """A verified object: ``outputs`` (name -> bytes) and ``meta``."""
+    """A verified object: ``outputs`` (name -> bytes) and ``meta``; ``sig`` is its header's
+    signature section as found (None: unsigned) and ``message`` what it must sign (b"" when
+    unsigned). Who signed it is checked by :mod:`~.signing`, not here."""
 
-    __slots__ = ("meta", "outputs", "size")
+    __slots__ = ("message", "meta", "outputs", "sig", "size")
 
-    def __init__(self, outputs: Mapping[str, bytes], meta: Mapping[str, object], size: int) -> None:
+    def __init__(
+        self,
+        outputs: Mapping[str, bytes],
+        meta: Mapping[str, object],
+        size: int,
+        sig: object = None,
+        message: bytes = b"",
+    ) -> None:
         self.outputs = outputs
         self.meta = meta
         self.size = size
+        self.sig = sig
+        self.message = message
 
 
 def header_length(prefix: bytes) -> int:
@@ -163,9 +213,17 @@ def header_length(prefix: bytes) -> int:
     return int(hlen)
 
 
-def _parse_header(
-    prefix: bytes, head: bytes | memoryview
-) -> tuple[object, object, dict[str, object], list[Spec]]:
+class _Header(NamedTuple):
+    """A parsed header: the whole document and the fields every reader needs."""
+
+    doc: dict[str, object]
+    schema: object
+    key: object
+    meta: dict[str, object]
+    specs: list[Spec]
+
+
+def _parse_header(prefix: bytes, head: bytes | memoryview) -> _Header:
     if xxhash.xxh3_128_digest(head) != _PREFIX.unpack_from(prefix)[2]:
         raise CorruptObject("header hash mismatch")
     try:
@@ -181,7 +239,7 @@ def _parse_header(
         raise CorruptObject(f"malformed header: {exc}") from None
     if any(size < 0 for _, size, _ in specs):
         raise CorruptObject("malformed header: negative output size")
-    return schema, hkey, meta, specs
+    return _Header(header, schema, hkey, meta, specs)
 
 
 def declared_size(prefix: bytes, head: bytes) -> int:
@@ -193,7 +251,7 @@ def declared_size(prefix: bytes, head: bytes) -> int:
     hlen = header_length(prefix)
     if len(head) != hlen:
         raise CorruptObject(f"truncated: header is {len(head)} bytes, prefix says {hlen}")
-    _, _, _, specs = _parse_header(prefix, head)
+    specs = _parse_header(prefix, head).specs
     return _PREFIX.size + hlen + sum(size for _, size, _ in specs)
 
 
@@ -204,11 +262,12 @@ def decode_object(key: str, data: bytes) -> DecodedObject:
         raise CorruptObject(f"truncated or bad header length {hlen}")
     view = memoryview(data)
     head = view[_PREFIX.size : _PREFIX.size + hlen]
-    schema, hkey, meta, specs = _parse_header(data, head)
-    if schema != SCHEMA:
-        raise CorruptObject(f"schema {schema!r}, expected {SCHEMA}")
-    if hkey != key:
-        raise CorruptObject(f"header names key {hkey!r}")
+    header = _parse_header(data, head)
+    specs = header.specs
+    if header.schema != SCHEMA:
+        raise CorruptObject(f"schema {header.schema!r}, expected {SCHEMA}")
+    if header.key != key:
+        raise CorruptObject(f"header names key {header.key!r}")
     pos = _PREFIX.size + hlen
     expected_end = pos + sum(size for _, size, _ in specs)
     if expected_end != len(data):
@@ -223,4 +282,8 @@ def decode_object(key: str, data: bytes) -> DecodedObject:
             raise CorruptObject(f"output {name!r} hash mismatch")
         outputs[name] = bytes(chunk)
         pos += size
-    return DecodedObject(MappingProxyType(outputs), MappingProxyType(meta), len(data))
+    sig = header.doc.get("sig")
+    message = b"" if sig is None else signed_message(key, header.doc)
+    return DecodedObject(
+        MappingProxyType(outputs), MappingProxyType(header.meta), len(data), sig, message
+    )

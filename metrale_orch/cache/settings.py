@@ -14,7 +14,7 @@ from types import MappingProxyType
 
 from metrale_orch.cache.errors import CacheSettingsError
 from metrale_orch.cache.local import DEFAULT_MAX_OBJECT_SIZE
-from metrale_orch.config import CACHE_MODES, Config
+from metrale_orch.config import CACHE_MODES, Config, parse_public_key_line, source_label
 
 __all__ = ["CacheSettings"]
 
@@ -37,6 +37,13 @@ class CacheSettings:
     background_uploads: bool = True
     #: The largest object stored or read, in bytes: a bigger one is refused, never read whole.
     max_object_size: int = DEFAULT_MAX_OBJECT_SIZE
+    #: Public key lines; set: a remote entry is served only when one of them signed it.
+    trusted_keys: tuple[str, ...] = ()
+    #: The private key what this cache publishes is signed with (PEM text or a file's
+    #: path; "" for none). Secret: never in ``repr``.
+    signing_key: str = field(default="", repr=False)
+    #: Where ``signing_key`` was set, for messages (its file or variable, never its text).
+    signing_key_where: str = "cache_signing_key"
 
     def __post_init__(self) -> None:
         if self.mode not in CACHE_MODES:
@@ -57,6 +64,12 @@ class CacheSettings:
             raise CacheSettingsError(
                 "max_object_size", self.max_object_size, "must be a positive number of bytes"
             )
+        for i, line in enumerate(self.trusted_keys):
+            try:
+                parse_public_key_line(line)
+            except (ValueError, AttributeError) as exc:
+                raise CacheSettingsError(f"trusted_keys[{i}]", line, str(exc)) from None
+        object.__setattr__(self, "trusted_keys", tuple(sorted(set(self.trusted_keys))))
         object.__setattr__(self, "local_dir", Path(self.local_dir))
         object.__setattr__(self, "storage_options", MappingProxyType(dict(self.storage_options)))
 
@@ -70,4 +83,7 @@ class CacheSettings:
             namespace=config.cache_namespace,
             timeout=config.cache_timeout,
             storage_options=config.storage_options,
+            trusted_keys=config.cache_trusted_keys,
+            signing_key=config.cache_signing_key,
+            signing_key_where=source_label(config, "cache_signing_key"),
         )

@@ -33,6 +33,9 @@ _COUNTERS = (
     "remote_executed",
     "action_cache_hits",
     "ran_here",
+    "verified",
+    "unsigned",
+    "untrusted",
 )
 
 
@@ -66,6 +69,12 @@ class CacheStats:
     remote_executed: int = 0
     action_cache_hits: int = 0
     ran_here: int = 0
+    #: Entries whose signature a trusted key made (``cache_trusted_keys`` set), and those
+    #: refused for it (each also a miss): not signed, or signed otherwise (a key not
+    #: trusted, a forged or truncated signature).
+    verified: int = 0
+    unsigned: int = 0
+    untrusted: int = 0
 
     def to_dict(self) -> dict[str, int | float]:
         out: dict[str, int | float] = {name: getattr(self, name) for name in _COUNTERS}
@@ -110,6 +119,11 @@ class CacheStats:
         ]
         if self.rejected:
             parts.append(f"{self.rejected} rejected as stale")
+        if self.unsigned or self.untrusted:
+            parts.append(
+                f"{self.unsigned + self.untrusted} refused as not signed by a trusted key "
+                f"({self.unsigned} unsigned, {self.untrusted} untrusted)"
+            )
         trouble = [
             f"{n} {label}"
             for n, label in (
@@ -127,6 +141,15 @@ class CacheStats:
         if self.remote_disabled:
             line += "; remote off"
         return line
+
+    def signature_line(self) -> str:
+        """``signatures: 40 verified, 2 unsigned, 1 untrusted``; "" when nothing was checked."""
+        if not (self.verified or self.unsigned or self.untrusted):
+            return ""
+        return (
+            f"signatures: {self.verified} verified, {self.unsigned} unsigned, "
+            f"{self.untrusted} untrusted"
+        )
 
     def execution_line(self) -> str:
         """Where the compile actions ran, e.g. ``remote execution: 48 ran remotely (12 from

@@ -2,7 +2,10 @@
 
 A local directory tier in front of an optional remote; every read verifies
 the object, a bad one is a miss (reported once, deleted), a remote hit fills
-the local tier, uploads run in a background thread. Store trouble never
+the local tier, uploads run in a background thread. With trusted keys
+(:mod:`~.signing`) an entry no trusted key signed is a miss too (counted,
+warned once per tier), checked before anything reads its meta; a refused local
+entry is replaced by the next fill or put of its key. Store trouble never
 raises: it is counted in :class:`~metrale_orch.cache.stats.CacheStats`, warned
 once (:meth:`Cache.warnings`) and logged. Knows nothing of doit; prints nothing.
 """
@@ -22,13 +25,16 @@ from metrale_orch.cache.local import LocalTier, key_lock
 from metrale_orch.cache.objects import (
     KEY_RE,
     CorruptObject,
+    DecodedObject,
     ObjectTooLarge,
+    SignFn,
     decode_object,
     encode_object,
     key_of,
 )
 from metrale_orch.cache.remote import RemoteFailure, RemoteOff, RemoteStore
 from metrale_orch.cache.settings import CacheSettings
+from metrale_orch.cache.signing import Signing
 from metrale_orch.cache.stats import CacheStats
 
 __all__ = ["Accept", "Cache", "Hit", "cache_key", "open_cache"]
@@ -85,6 +91,7 @@ class Cache:
     """A two-tier cache; obtain one with :func:`open_cache`. Thread-safe."""
 
     def __init__(self, settings: CacheSettings) -> None:
+        """Raises :class:`~.errors.SigningKeyError` when ``signing_key`` cannot be used."""
         self.settings = settings
         self.stats = CacheStats()
         self._lock = threading.Lock()
@@ -106,6 +113,18 @@ class Cache:
                 warn=self._remote_warn,
                 max_size=settings.max_object_size,
             )
+        self._signing: Signing | None = None
+        if self._enabled and (settings.trusted_keys or settings.signing_key):
+            # raises SigningKeyError for a key that cannot be read
+            self._signing = Signing(
+                trusted_keys=settings.trusted_keys,
+                signing_key=settings.signing_key,
+                signing_key_where=settings.signing_key_where,
+                local_dir=settings.local_dir,
+            )
+        #: Keys whose local entry was refused as not trusted: the next fill or put replaces it.
+        self._untrusted_local: set[str] = set()
+        self._trust_warned: set[str] = set()
         self._uploads: queue.Queue[_UploadJob | None] = queue.Queue()
         self._uploader: threading.Thread | None = None
         self._closed = False
@@ -204,8 +223,10 @@ class Cache:
             return None
         hit, rejected = self._get_local(self._local, key, accept)
         if hit is None and self._remote is not None:
+            with self._lock:
+                replace = rejected or key in self._untrusted_local
             hit, remote_rejected = self._get_remote(
-                self._remote, self._local, key, accept, replace_local=rejected
+                self._remote, self._local, key, accept, replace_local=replace
             )
             rejected = rejected or remote_rejected
         if hit is None:
@@ -228,6 +249,10 @@ class Cache:
         except OSError as exc:
             self._count(errors=1)
             self._drop_local(local, key, f"cannot be read ({why(exc)})")
+            return None, False
+        if not self._trusted(obj, key, None):
+            with self._lock:
+                self._untrusted_local.add(key)
             return None, False
         if accept is not None and not accept(obj.meta):
             return None, True
@@ -284,16 +309,76 @@ class Cache:
             return None, False
         data, obj = got
         self._count(bytes_down=len(data))
+        if not self._trusted(obj, key, remote):
+            return None, False
         if accept is not None and not accept(obj.meta):
             return None, True
         try:
             if local.write(key, data, replace=replace_local):
                 self._count(puts=1)
+            with self._lock:
+                self._untrusted_local.discard(key)
         except OSError as exc:
             self._count(errors=1)
             self._warn(f"local cache {local.dir} cannot be written ({why(exc)}); not filling it")
         self._count(remote_hits=1, seconds_saved=_seconds(obj.meta))
         return Hit(key=key, outputs=obj.outputs, meta=obj.meta, tier="remote"), False
+
+    def _trusted(self, obj: DecodedObject, key: str, remote: RemoteStore | None) -> bool:
+        """Whether ``obj`` (from ``remote``, or the local tier when None) may be served:
+        always without trusted keys; else only when a trusted key signed it (the local
+        tier trusts this user's own keys too). A refusal is counted and warned once per tier.
+        """
+        signing = self._signing
+        if signing is None or not signing.verifying:
+            return True
+        trust = signing.remote if remote is not None else signing.local_trust()
+        verdict, reason = trust.check(obj)
+        if verdict == "verified":
+            self._count(verified=1)
+            return True
+        self._count(**{verdict: 1})
+        place = f"the remote cache {remote.url}" if remote else f"the local cache {self._dir()}"
+        with self._lock:
+            first = place not in self._trust_warned
+            self._trust_warned.add(place)
+        if first:
+            self._warn(
+                f"{place} holds entries that no key in cache_trusted_keys signed; they are not "
+                f"served and compile here instead (first: {key}, {reason})"
+            )
+        if signing.local_problem and remote is None:
+            self._warn(
+                f"the local cache key {signing.local_problem}: entries compiled here are not "
+                "trusted on later runs"
+            )
+        return False
+
+    def _dir(self) -> str:
+        return str(self.settings.local_dir)
+
+    def _sign_fn(self) -> SignFn | None:
+        signing = self._signing
+        signer = None if signing is None else signing.signer()
+        return None if signer is None else signer.section
+
+    def _may_upload(self) -> bool:
+        """Whether a put goes to the remote: not when its readers would refuse it (trusted
+        keys set, and no signing key or one they do not list; warned once)."""
+        signing = self._signing
+        if signing is None or signing.publishes_trusted:
+            return True
+        if signing.own is None:
+            why_not = "no cache_signing_key is set"
+        else:
+            why_not = f"the signing key {signing.own.public.line()} is not in cache_trusted_keys"
+        self._warn(
+            f"not publishing to the remote cache: {why_not}, so readers (who serve only "
+            "entries a key in cache_trusted_keys signed) would refuse what this build "
+            "uploads; entries stay in the local cache (CI signs with cache_signing_key; "
+            'developers set cache_mode = "read-only")'
+        )
+        return False
 
     # -- publishing --
 
@@ -319,7 +404,7 @@ class Cache:
         if not self._enabled or self._local is None:
             return
         try:
-            data = encode_object(key, outputs, meta)
+            data = encode_object(key, outputs, meta, self._sign_fn())
         except (TypeError, ValueError) as exc:
             raise CacheKeyError(key, f"outputs or meta cannot be stored: {exc}") from None
         limit = self.settings.max_object_size
@@ -329,14 +414,18 @@ class Cache:
                 "limit on an object (max_object_size); not storing it"
             )
             return
+        with self._lock:
+            replace = replace or key in self._untrusted_local
         try:
             if self._local.write(key, data, replace=replace):
                 self._count(puts=1)
+            with self._lock:
+                self._untrusted_local.discard(key)
         except OSError as exc:
             self._count(errors=1)
             self._warn(f"local cache {self._local.dir} cannot be written ({why(exc)}); not storing")
         remote = self._remote
-        if remote is None or not remote.writable or remote.disabled:
+        if remote is None or not remote.writable or remote.disabled or not self._may_upload():
             return
         if self.settings.background_uploads:
             self._start_uploader()

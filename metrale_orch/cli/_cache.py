@@ -6,7 +6,11 @@
   (``500M``, ``2G``, bytes), and every entry that can never be served (a
   directory, FIFO, symlink or device at an object path, an oversized object);
   safe while builds run. Exit 1 if something could not be listed or removed.
-- ``verify``: re-hash every local object, remove bad ones; exit 1 if any was bad.
+- ``verify``: re-hash every local object, remove bad ones; with ``cache_trusted_keys``
+  check every signature too (an entry no trusted key signed is listed, kept); exit 1 if
+  any was bad or untrusted.
+- ``keygen PATH [--label L]``: write an Ed25519 private key to PATH (mode 0600, never
+  over a file) and print its public key line for ``cache_trusted_keys``.
 
 Both report what they find in the cache (FIFOs, symlinks, directories,
 unreadable or huge files) as lines, never as an internal error. Each command imports
@@ -18,12 +22,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from metrale_orch.errors import printable
+from metrale_orch.config import Config, source_label
+from metrale_orch.errors import UsageError, printable
 
 if TYPE_CHECKING:
     from metrale_orch.cache import BadObject, CacheStats
+    from metrale_orch.cache.signing import Trust
     from metrale_orch.cli import Context
 
 STATS_FILE = "cache-stats.json"
@@ -48,6 +55,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     verify = csub.add_parser("verify", help="re-hash every local object; remove bad ones")
     verify.add_argument("--json", action="store_true", help="print JSON")
     verify.set_defaults(run=run_verify)
+
+    keygen = csub.add_parser(
+        "keygen", help="write a signing key pair; print the public key for cache_trusted_keys"
+    )
+    keygen.add_argument("path", metavar="PATH", help="where the private key goes (a new file)")
+    keygen.add_argument("--label", default="", help="a name shown after the key (e.g. ci-2026)")
+    keygen.set_defaults(run=run_keygen)
 
 
 def _mib(n: int) -> str:
@@ -80,9 +94,37 @@ def run_stats(args: argparse.Namespace, ctx: Context) -> int:
         print(f"last run: {last.summary_line()}", file=ctx.out)
         if last.execution_line():
             print(f"last run: {last.execution_line()}", file=ctx.out)
+        if last.signature_line():
+            print(f"last run: {last.signature_line()}", file=ctx.out)
     print(f"local: {local.objects} objects, {_mib(local.bytes)} in {local.directory}", file=ctx.out)
     print(f"remote: {config.cache or '(none)'}  mode: {config.cache_mode}", file=ctx.out)
+    print(f"signatures: {_trust_words(config)}", file=ctx.out)
     return 0
+
+
+def _trust_words(config: Config) -> str:
+    n = len(config.cache_trusted_keys)
+    served = (
+        f"remote entries served only when one of {n} trusted key{'s' if n != 1 else ''} signed them"
+        if n
+        else "not checked (no cache_trusted_keys)"
+    )
+    signer = "signing with cache_signing_key" if config.cache_signing_key else "not signing"
+    return f"{served}; {signer}"
+
+
+def _local_trust(config: Config) -> Trust | None:
+    """What ``cache verify`` checks local signatures against (None: no trusted keys)."""
+    if not config.cache_trusted_keys:
+        return None
+    from metrale_orch.cache.signing import Signing  # see the module docstring
+
+    return Signing(
+        trusted_keys=config.cache_trusted_keys,
+        signing_key=config.cache_signing_key,
+        signing_key_where=source_label(config, "cache_signing_key"),
+        local_dir=config.local_cache,
+    ).local_trust()
 
 
 def _print_lines(lines: list[str], ctx: Context) -> None:
@@ -134,18 +176,45 @@ def run_verify(args: argparse.Namespace, ctx: Context) -> int:
     from metrale_orch.cache import verify_local  # see the module docstring
 
     config = ctx.config()
-    result = verify_local(config.local_cache)
-    code = 1 if result.bad or result.problems else 0
+    result = verify_local(config.local_cache, trust=_local_trust(config))
+    code = 1 if result.bad or result.problems or result.untrusted else 0
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True), file=ctx.out)
         return code
     _print_lines([_bad_line(b) for b in result.bad], ctx)
     _print_lines(list(result.problems), ctx)
+    _print_lines(
+        [f"not trusted {key}: {why} (kept; a build replaces it)" for key, why in result.untrusted],
+        ctx,
+    )
+    line = f"checked {result.checked} objects in {config.local_cache}: {result.ok} ok"
+    if result.checked_signatures:
+        line += f" (signed by a trusted key), {len(result.untrusted)} not trusted"
+    print(printable(f"{line}, {len(result.bad)} bad"), file=ctx.out)
+    return code
+
+
+def run_keygen(args: argparse.Namespace, ctx: Context) -> int:
+    from metrale_orch.cache.signing import write_key_pair  # see the module docstring
+
+    path = Path(args.path)
+    try:
+        public = write_key_pair(path, args.label.strip())
+    except FileExistsError:
+        raise UsageError(
+            f"{path} exists; keygen never overwrites a key: choose a new path"
+        ) from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot write the key ({exc.strerror or exc})") from None
     print(
-        printable(
-            f"checked {result.checked} objects in {config.local_cache}: "
-            f"{result.ok} ok, {len(result.bad)} bad"
-        ),
+        f"wrote the private key to {path} (mode 0600): keep it secret, never commit it.",
         file=ctx.out,
     )
-    return code
+    print(
+        "CI signs with it: set METRALE_ORCH_CACHE_SIGNING_KEY to the file's text (a CI "
+        "secret) or cache_signing_key to its path.",
+        file=ctx.out,
+    )
+    print("readers trust it: add this line to pyproject.toml [tool.metrale-orch]:", file=ctx.out)
+    print(f'cache_trusted_keys = ["{public.line()}"]', file=ctx.out)
+    return 0

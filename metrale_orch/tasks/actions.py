@@ -82,7 +82,7 @@ __all__ = [
 _log = logging.getLogger("metrale_orch.steps")
 
 #: Per-process state; see the module docstring.
-_PROCESS: dict[str, tuple[tuple[str, ...], Cache]] = {}
+_PROCESS: dict[str, tuple[tuple[object, ...], Cache]] = {}
 _SESSIONS: dict[tuple[str, int, str], BuildSession] = {}
 _SESSIONS_LOCK = threading.Lock()
 #: Build actions running in this process (doit's target threads), and its condition.
@@ -307,7 +307,15 @@ def _build_step() -> tuple[ModuleType, ModuleType]:
 
 
 def _cache(config: Config, cache_mod: ModuleType) -> Cache:
-    key = ("cache", str(config.root), config.cache, config.cache_mode, str(config.local_cache))
+    key = (
+        "cache",
+        str(config.root),
+        config.cache,
+        config.cache_mode,
+        str(config.local_cache),
+        config.cache_trusted_keys,
+        config.cache_signing_key,
+    )
     got = _PROCESS.get("cache")
     if got is not None and got[0] == key:
         return got[1]
