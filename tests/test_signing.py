@@ -16,7 +16,7 @@ import os
 import shutil
 import stat
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,8 @@ from metrale_orch.cache.maintenance import verify_local
 from metrale_orch.cache.objects import PREFIX_SIZE, decode_object, encode_object, header_length
 from metrale_orch.cache.signing import LOCAL_KEY, Signing, generate_key_pair, load_signer
 from metrale_orch.config import ConfigError, load_config
+from tests.support.reapi_cas_server import bgd_command, cas_server
+from tests.support.reapi_deps import StackUnavailable
 from tests.support.servers import ObjectServer
 from tests.support.trust import (
     HAS_NVCC,
@@ -65,11 +67,23 @@ def get(cache: Cache, key: str = KEY) -> Mapping[str, bytes] | None:
     return None if hit is None else dict(hit.outputs)
 
 
-@pytest.fixture(params=["s3", "gcs"])
-def remote(request: pytest.FixtureRequest) -> tuple[str, dict[str, object]]:
-    """(a fresh URL prefix, storage options) on moto S3 or the GCS emulator."""
+@pytest.fixture(params=["s3", "gcs", "grpc"])
+def remote(request: pytest.FixtureRequest) -> Iterator[tuple[str, dict[str, object]]]:
+    """(a fresh URL prefix, storage options) on moto S3, the GCS emulator, or a fresh
+    REAPI action cache + CAS (BuildGrid: the object travels as one CAS blob, its
+    signature in its header)."""
+    if request.param == "grpc":
+        try:
+            bgd_command()
+        except StackUnavailable as exc:
+            if os.environ.get("CI"):
+                pytest.fail(f"BuildGrid is needed for the REAPI tier: {exc.reason}")
+            pytest.skip(f"no BuildGrid here: {exc.reason}")
+        with cas_server() as cas:
+            yield cas.url, {"instance": cas.instance}
+        return
     server: ObjectServer = request.getfixturevalue(request.param)
-    return server.url(f"sig-{uuid.uuid4().hex[:8]}"), dict(server.storage_options)
+    yield server.url(f"sig-{uuid.uuid4().hex[:8]}"), dict(server.storage_options)
 
 
 # ------------------------------------------------------------------------------ remote tiers
