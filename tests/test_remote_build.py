@@ -39,8 +39,11 @@ REPO = Path(__file__).resolve().parent.parent
 TARGET = "b300/qwen3-8b/bf16"
 DODO = "from metrale_orch.dodo import *  # noqa: F403\n"
 
+# One write per call: a probe's commands run at once, and lines written piecewise by
+# several wrappers interleave in the log.
 WRAPPER = """#!/bin/sh
-{{ printf '%s' "$PWD"; for a in "$@"; do printf ' %s' "$a"; done; printf '\\n'; }} >> {log}
+line="$PWD"; for a in "$@"; do line="$line $a"; done
+printf '%s\\n' "$line" >> {log}
 exec {real} "$@"
 """
 
