@@ -14,6 +14,7 @@ from pathlib import Path
 __all__ = [
     "BUILD_TASK",
     "CHECK_TASK",
+    "COMMON_DIR",
     "COMPDB_NAME",
     "DB_NAME",
     "LOG_NAME",
@@ -36,6 +37,8 @@ __all__ = [
 DB_NAME = ".doit.db"
 #: The build's own state under ``build_dir``: probes, file hashes, the task cache, logs.
 STATE_DIR = ".state"
+#: A hardware's shared role directory, in the tree and in a stage.
+COMMON_DIR = "common"
 #: Written last into each target's directory: what was built, from what, with which tools.
 MANIFEST_NAME = "manifest.json"
 #: Cache statistics of the last build, in ``build_dir``.

@@ -52,7 +52,7 @@ from types import MappingProxyType
 import xxhash
 
 from metrale_orch.fsutil import write_atomic, write_if_changed
-from metrale_orch.steps.staging import COMMON_DIR
+from metrale_orch.paths import COMMON_DIR  # not staging's import chain: the no-op needs none
 
 __all__ = [
     "MIRROR_DIR",

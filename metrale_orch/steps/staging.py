@@ -29,7 +29,7 @@ from types import MappingProxyType
 import xxhash
 
 from metrale_orch.fsutil import write_atomic
-from metrale_orch.paths import root_relative
+from metrale_orch.paths import COMMON_DIR, root_relative
 from metrale_orch.steps.errors import ContainmentError, StageError
 from metrale_orch.tree import Layout, Role, redirect_manifest
 from metrale_orch.tree.beyond import TREE_DIR, Beyond, IncludeMemo, find_beyond_layout
@@ -47,8 +47,6 @@ __all__ = [
     "stage",
     "uncontained",
 ]
-
-COMMON_DIR = "common"
 
 
 def uncontained(
