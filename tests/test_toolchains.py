@@ -255,7 +255,9 @@ def test_probe_runs_once_per_run_and_sees_every_change(tmp_path: Path) -> None:
     # Within a run the probe is not repeated ...
     env["FAKE_NVCC_VERSION"] = "-changed"
     assert probe_toolchain(nvcc, program, env, state_dir=state, memo=run).identity == ident
-    # ... but a new run probes again: no stat decides.
+    # ... but a new run probes again: the fakes were just written, so no record of this
+    # probe was kept (tests/test_probe_records.py: what a settled record spares).
+    assert not list((state / "probes").glob("*.json"))
     changed = probe_toolchain(nvcc, program, env, state_dir=state, memo=ProbeMemo()).identity
     assert changed != ident and "release 99.0-changed" in changed
     # What the dry run shows (e.g. a flag a wrapper adds) is part of the identity.

@@ -14,10 +14,15 @@ are the mutation suite of ``tests/test_wrong_hits.py``.
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+
+from metrale_orch.fsutil import RACY_NS
+from metrale_orch.paths import STATE_DIR
+from metrale_orch.toolchain.records import RECORDS_DIR
 
 from tests.support.trust import (
     HAS_NVCC,
@@ -207,6 +212,17 @@ def _after_swap(
     check(problems)
 
 
+def _settle() -> None:
+    """Wait until the wrappers just written are older than the racy window, so the first
+    build keeps a probe record: the swap must be seen through it (only the dry runs run)."""
+    time.sleep(RACY_NS / 1e9 + 0.2)
+
+
+def _expect_record(root: Path) -> None:
+    found = list((root / "build" / STATE_DIR / RECORDS_DIR).glob("*.json"))
+    assert found, "harness: the first build kept no probe record"
+
+
 def _wrapper(real: str, *extra: str) -> str:
     return "#!/bin/sh\nexec " + real + "".join(f" {a}" for a in extra) + ' "$@"\n'
 
@@ -216,8 +232,10 @@ def test_wrapper_nvcc_that_starts_adding_a_define_is_a_new_toolkit(tmp_path: Pat
     write_script(bin_dir / "nvcc", _wrapper(REAL_NVCC))
     project(tmp_path / "proj", "X", "item2-content")
     env = with_path(base_env(tmp_path / "cache"), bin_dir)
+    _settle()
     first = doit_run(tmp_path / "proj", ["build"], env)
     assert first.returncode == 0, first.text
+    _expect_record(tmp_path / "proj")
     version = _version(env)
     write_script(bin_dir / "nvcc", _wrapper(REAL_NVCC, "-DX=2"))
     _after_swap(tmp_path, env, "wrapper content", artefacts(tmp_path / "proj"), version)
@@ -235,8 +253,10 @@ def test_wrapper_nvcc_choosing_its_toolkit_by_environment_is_seen(tmp_path: Path
     env = with_path(base_env(tmp_path / "cache", TRUST_TOOLKITS=str(kits)), bin_dir)
     env_a = {**env, "TRUST_TOOLKIT": "a"}
     env_b = {**env, "TRUST_TOOLKIT": "b"}
+    _settle()
     first = doit_run(tmp_path / "proj", ["build"], env_a)
     assert first.returncode == 0, first.text
+    _expect_record(tmp_path / "proj")
     _after_swap(tmp_path, env_b, "toolkit by env", artefacts(tmp_path / "proj"), _version(env_a))
 
 

@@ -43,6 +43,8 @@ from metrale_orch.toolchain.dryrun import (
 )
 from metrale_orch.toolchain.errors import ToolchainError, ToolchainMissing
 from metrale_orch.toolchain.locate import executable, find_program, find_root, locate_toolchain
+from metrale_orch.toolchain.records import ProbeRecord, RecordStore, dir_states, file_stamps
+from metrale_orch.toolchain.records import Stamp as FileStamp
 
 __all__ = [
     "FoundToolchain",
@@ -205,8 +207,9 @@ def probe_toolchain(
 
     def run() -> Probe:
         hashes = _FileHashes(None if state_dir is None else Path(state_dir) / _FILE_HASHES)
+        store = None if state_dir is None else RecordStore(Path(state_dir), memo_key)
         try:
-            return _run_probe(toolchain, program, host, environ, env, hashes, arch)
+            return _run_probe(toolchain, program, host, environ, env, hashes, arch, store)
         finally:
             hashes.save()
 
@@ -269,6 +272,12 @@ class _FileHashes:
             write_atomic(self.path, json.dumps(dict(sorted(keep.items())), indent=1).encode())
 
 
+#: The probe commands that show what really runs (see :mod:`.records`): a run with a
+#: record runs only these, and the rest when the record does not hold.
+_WITNESSES = frozenset({"dryrun", "host_dryrun"})
+_OTHERS = frozenset({"version", "host_version", "host_search"})
+
+
 def _start_runs(
     pool: ThreadPoolExecutor,
     toolchain: Toolchain,
@@ -276,26 +285,71 @@ def _start_runs(
     host: Path | None,
     environ: Mapping[str, str],
     arch: str,
+    names: frozenset[str] | None = None,
 ) -> dict[str, Future[Any]]:
     """Start every command a probe runs at once (they are independent): a probe takes
-    as long as its slowest command, not their sum. Results by name; absent: not run."""
-    runs: dict[str, Future[Any]] = {
-        "version": pool.submit(run_tool, [str(program), *toolchain.version_args], environ)
+    as long as its slowest command, not their sum. Results by name; absent: not run.
+    ``names``: only those commands (None: all)."""
+    calls: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
+        "version": (run_tool, ([str(program), *toolchain.version_args], environ))
     }
     if toolchain.dryrun_args:
-        runs["dryrun"] = pool.submit(run_dryrun, toolchain, program, environ, arch)
+        calls["dryrun"] = (run_dryrun, (toolchain, program, environ, arch))
     if host is not None:
         argv = [str(host), *toolchain.host_compiler_version_args]
-        runs["host_version"] = pool.submit(run_tool, argv, environ)
+        calls["host_version"] = (run_tool, (argv, environ))
         if toolchain.host_compiler_probe_args:
             argv = [str(host), *toolchain.host_compiler_probe_args]
-            runs["host_dryrun"] = pool.submit(run_tool, argv, environ)
+            calls["host_dryrun"] = (run_tool, (argv, environ))
         if toolchain.host_compiler_search_args:
             # The user's search-path variables would show up as "system" directories.
             plain = {k: v for k, v in environ.items() if k not in SEARCH_PATH_VARS}
             argv = [str(host), *toolchain.host_compiler_search_args]
-            runs["host_search"] = pool.submit(run_tool, argv, plain)
-    return runs
+            calls["host_search"] = (run_tool, (argv, plain))
+    return {
+        name: pool.submit(call, *args)
+        for name, (call, args) in calls.items()
+        if names is None or name in names
+    }
+
+
+def _recordable(toolchain: Toolchain, host: Path | None) -> bool:
+    """Whether dry runs show what really runs: the compiler's, and the host compiler's
+    when there is one (otherwise every run probes in full)."""
+    host_shown = host is None or bool(toolchain.host_compiler_probe_args)
+    return bool(toolchain.dryrun_args) and host_shown
+
+
+def _probed_files(
+    program: Path, host: Path | None, environ: Mapping[str, str], runs: Mapping[str, Future[Any]]
+) -> list[str]:
+    """The files the probe's dry runs lead to (their results must be in ``runs``): the
+    program, what its dry run runs and reads, the host compiler and what its dry run runs."""
+    files = [str(program)]
+    if "dryrun" in runs:
+        _text, variables, commands = runs["dryrun"].result()
+        search = variables.get("PATH") or environ.get("PATH", os.defpath)
+        files.extend(dryrun_files(variables, commands, search))
+    if host is not None:
+        files.append(str(host))
+        if "host_dryrun" in runs:
+            for line in runs["host_dryrun"].result().splitlines():
+                # gcc -### prints each command it would run indented by one space.
+                if line.startswith(" ") and line.strip():
+                    first = line.split()[0].strip('"')
+                    if os.path.isabs(first):
+                        files.append(first)
+    return files
+
+
+def _witness(runs: Mapping[str, Future[Any]]) -> dict[str, str]:
+    """The dry runs' text (their results must be in ``runs``)."""
+    seen: dict[str, str] = {}
+    if "dryrun" in runs:
+        seen["dryrun"] = runs["dryrun"].result()[0]
+    if "host_dryrun" in runs:
+        seen["host_dryrun"] = runs["host_dryrun"].result()
+    return seen
 
 
 def _run_probe(
@@ -306,13 +360,66 @@ def _run_probe(
     env: Mapping[str, str],
     hashes: _FileHashes,
     arch: str,
+    store: RecordStore | None,
 ) -> Probe:
+    """Probe in full, or only the dry runs when ``store``'s record still holds for them
+    (:mod:`~metrale_orch.toolchain.records`)."""
+    if store is not None and not _recordable(toolchain, host):
+        store = None
+    record = None if store is None else store.load()
+    with ThreadPoolExecutor(max_workers=5, thread_name_prefix="metrale-probe-run") as pool:
+        if record is None:
+            runs = _start_runs(pool, toolchain, program, host, environ, arch)
+        else:
+            runs = _start_runs(pool, toolchain, program, host, environ, arch, _WITNESSES)
+            try:
+                seen = file_stamps(_probed_files(program, host, environ, runs))
+                if record.holds(_witness(runs), seen):
+                    return Probe(
+                        identity=record.identity,
+                        roots=record.roots,
+                        system_dirs=record.system_dirs,
+                    )
+            except ProcessError:
+                pass  # the full probe below reports the failure where it belongs
+            rest = _start_runs(pool, toolchain, program, host, environ, arch, _OTHERS)
+            runs.update(rest)
+    # Stamped before the full probe hashes the files: a file changed after its stamp
+    # is seen by the next run's stamp, never recorded with this run's identity.
+    stamps: list[FileStamp] | None = None
+    if store is not None:
+        with contextlib.suppress(ProcessError):  # the full probe reports it
+            stamps = file_stamps(_probed_files(program, host, environ, runs))
+    probe, listed = _full_probe(toolchain, program, host, environ, env, hashes, runs, arch)
+    if store is not None and stamps is not None:
+        search = runs["host_search"].result() if "host_search" in runs else ""
+        store.save(
+            ProbeRecord(
+                witness=_witness(runs),
+                files=stamps,
+                dirs=dir_states(search, listed),
+                identity=probe.identity,
+                roots=probe.roots,
+                system_dirs=probe.system_dirs,
+            )
+        )
+    return probe
+
+
+def _full_probe(
+    toolchain: Toolchain,
+    program: Path,
+    host: Path | None,
+    environ: Mapping[str, str],
+    env: Mapping[str, str],
+    hashes: _FileHashes,
+    runs: Mapping[str, Future[Any]],
+    arch: str,
+) -> tuple[Probe, tuple[str, ...]]:
+    """The probe from every command's result in ``runs``, and the host's search list."""
     doc: dict[str, object] = {"toolchain": toolchain.name, "env": dict(env)}
     roots: tuple[str, ...] = ()
     system: tuple[str, ...] = ()
-    files = [str(program)]
-    with ThreadPoolExecutor(max_workers=5, thread_name_prefix="metrale-probe-run") as pool:
-        runs = _start_runs(pool, toolchain, program, host, environ, arch)
     # Read in the order the commands used to run, so the same failure is the one reported.
     try:
         version = _version_text(runs["version"].result())
@@ -327,8 +434,6 @@ def _run_probe(
                     f"the dry-run probe failed: {exc}; {_dryrun_hint(toolchain, arch, exc)}",
                 ) from None
             doc["dryrun"] = text
-            search = variables.get("PATH") or environ.get("PATH", os.defpath)
-            files.extend(dryrun_files(variables, commands, search))
             roots = dryrun_roots(variables, commands)
         human = version
         if host is not None:
@@ -336,19 +441,12 @@ def _run_probe(
             lines = host_version.strip().splitlines()
             human += " | host: " + (lines[0].strip() if lines else host.name)
             doc["host_version"] = host_version.strip()
-            files.append(str(host))
             if "host_dryrun" in runs:
-                host_dryrun = runs["host_dryrun"].result()
-                doc["host_dryrun"] = host_dryrun
-                for line in host_dryrun.splitlines():
-                    # gcc -### prints each command it would run indented by one space.
-                    if line.startswith(" ") and line.strip():
-                        first = line.split()[0].strip('"')
-                        if os.path.isabs(first):
-                            files.append(first)
+                doc["host_dryrun"] = runs["host_dryrun"].result()
             if "host_search" in runs:
                 system = search_dirs(runs["host_search"].result())
                 doc["host_search"] = list(system)
+        files = _probed_files(program, host, environ, runs)
     except ProcessError as exc:
         raise ToolchainError(
             f"toolchain {toolchain.name!r}", "version_args", f"the version probe failed: {exc}"
@@ -361,7 +459,7 @@ def _run_probe(
     doc["files"] = sorted({d for d in (hashes.digest(f) for f in files) if d is not None})
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
     digest = xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogateescape"))
-    return Probe(identity=f"{human} | {digest}", roots=roots, system_dirs=system)
+    return Probe(identity=f"{human} | {digest}", roots=roots, system_dirs=system), system
 
 
 def _dryrun_hint(toolchain: Toolchain, arch: str, failure: ProcessError) -> str:
@@ -440,18 +538,28 @@ def _root_stamp(
     pattern = pattern.replace(re.escape("{arch}"), "(?P<arch>[^/]+)")
     matcher = re.compile(pattern)
     found = glob.glob(toolchain.program.format(root=glob.escape(str(root)), arch="*"))
-    stamps: list[list[str]] = []
-    probed: dict[str, str] = {}
+    arches: list[tuple[str, str]] = []  # (arch, real path), in path order
+    first: dict[str, tuple[str, str]] = {}  # real path -> (path, arch) probing it
     for path in sorted(found):
         m = matcher.fullmatch(path)
         if m is None or not executable(Path(path)):
             continue
         real = os.path.realpath(path)
-        if real not in probed:
-            probed[real] = probe_toolchain(
-                toolchain, Path(path), environ, state_dir=state_dir, arch=m["arch"], memo=memo
-            ).identity
-        stamps.append([m["arch"], probed[real]])
+        first.setdefault(real, (path, m["arch"]))
+        arches.append((m["arch"], real))
+
+    def probe(real: str) -> str:
+        path, arch = first[real]
+        return probe_toolchain(
+            toolchain, Path(path), environ, state_dir=state_dir, arch=arch, memo=memo
+        ).identity
+
+    # One compiler per arch: probed at once, like the toolchains (compilers that are one
+    # file once).
+    workers = max(1, len(first))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="metrale-arch") as pool:
+        identities = dict(zip(first, pool.map(probe, first), strict=True))
+    stamps: list[list[str]] = [[arch, identities[real]] for arch, real in arches]
     return ["found", str(root), stamps]
 
 
