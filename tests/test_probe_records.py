@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,8 @@ else:
 
 LOGGING_NVCC = FAKE_NVCC.replace(
     "args = sys.argv[1:]\n",
-    'args = sys.argv[1:]\nopen(os.environ["PROBE_LOG"], "a").write("nvcc " + " ".join(args) + "\\n")\n',
+    "args = sys.argv[1:]\n"
+    'open(os.environ["PROBE_LOG"], "a").write("nvcc " + " ".join(args) + "\\n")\n',
     1,
 )
 
@@ -99,7 +101,7 @@ def _same_size_edit(path: Path, old: str, new: str) -> None:
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
-CHANGES = {
+CHANGES: dict[str, Callable[[Path, dict[str, str]], object]] = {
     # A wrapper's added flag shows in the dry run (the variable is not keyed).
     "dry run": lambda t, env: env.update(FAKE_NVCC_DRYRUN="-DWRAPPED=1"),
     "host dry run": lambda t, env: env.update(FAKE_GCC_DRYRUN="-DHOST=1"),

@@ -23,7 +23,6 @@ import pytest
 from metrale_orch.fsutil import RACY_NS
 from metrale_orch.paths import STATE_DIR
 from metrale_orch.toolchain.records import RECORDS_DIR
-
 from tests.support.trust import (
     HAS_NVCC,
     REAL_NVCC,

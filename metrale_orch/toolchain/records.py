@@ -30,6 +30,7 @@ of this package (``_CODE`` files) is never used.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import time
@@ -150,17 +151,23 @@ class ProbeRecord:
             return None
 
 
+@functools.cache
+def _code_digest() -> str:
+    """Digest of the code that decides an identity (read once per process)."""
+    code = xxhash.xxh3_128()
+    here = Path(__file__).parent
+    for name in _CODE:
+        with contextlib.suppress(OSError):
+            code.update((here / name).read_bytes())
+    return code.hexdigest()
+
+
 class RecordStore:
     """The record of one probe (``key``: everything the probe ran with) under
     ``<state_dir>/probes``."""
 
     def __init__(self, state_dir: Path, key: str) -> None:
-        code = xxhash.xxh3_128()
-        here = Path(__file__).parent
-        for name in _CODE:
-            with contextlib.suppress(OSError):
-                code.update((here / name).read_bytes())
-        doc = json.dumps([_SCHEMA, code.hexdigest(), key], separators=(",", ":"))
+        doc = json.dumps([_SCHEMA, _code_digest(), key], separators=(",", ":"))
         digest = xxhash.xxh3_128_hexdigest(doc.encode("utf-8", "surrogateescape"))
         self.folder = state_dir / RECORDS_DIR
         self.path = self.folder / f"{digest}.json"
