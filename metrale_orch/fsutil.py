@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import threading
 from pathlib import Path
 
@@ -109,22 +110,34 @@ __all__ = [
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` atomically, creating its directory. Raises OSError."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    # Called for every staged and installed file: the directory is created only when the
+    # first open says it is missing, and a finished write removes nothing.
+    name = os.fspath(path)
+    head, tail = os.path.split(name)
+    tmp = os.path.join(head, f".{tail}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        with open(tmp, "wb") as fh:
+        fh = open(tmp, "wb")  # noqa: SIM115 (closed below, before the rename)
+    except FileNotFoundError:
+        os.makedirs(head or ".", exist_ok=True)
+        fh = open(tmp, "wb")  # noqa: SIM115
+    try:
+        with fh:
             fh.write(data)
-        os.replace(tmp, path)
-    finally:
+        os.replace(tmp, name)
+    except BaseException:
         with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+            os.unlink(tmp)
+        raise
 
 
 def write_if_changed(path: Path, data: bytes) -> bool:
     """:func:`write_atomic` unless ``path`` already holds ``data``; True when it wrote."""
     try:
-        if path.is_file() and path.stat().st_size == len(data) and path.read_bytes() == data:
-            return False
+        st = os.stat(path)
+        if stat.S_ISREG(st.st_mode) and st.st_size == len(data):
+            with open(path, "rb") as fh:
+                if fh.read() == data:
+                    return False
     except OSError:
         pass
     write_atomic(path, data)

@@ -14,7 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metrale_orch.steps.errors import BuildConfigError, CompileError, ToolchainMissing
-from metrale_orch.steps.includes import Includes, include_dirs, parse_includes, resolve_closure
+from metrale_orch.steps.includes import (
+    EdgeMemo,
+    Includes,
+    include_dirs,
+    parse_includes,
+    resolve_closure,
+)
 from metrale_orch.steps.plan import plan_target
 from metrale_orch.steps.results import TargetResult
 from metrale_orch.steps.session import BuildSession
@@ -237,6 +243,38 @@ def test_closure_laws(graph: dict[str, list[str]]) -> None:
         ["x.cu"], staged={**staged, "new.cuh": "h"}, includes_of=includes, dirs=("",)
     )
     assert more == closure
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    graph=st.dictionaries(
+        st.sampled_from(_FILES), st.lists(st.sampled_from(_NAMES), max_size=4), max_size=4
+    ),
+    angled=st.dictionaries(st.sampled_from(_FILES), st.sampled_from(_NAMES), max_size=2),
+    computed=st.sets(st.sampled_from(_FILES), max_size=1),
+)
+def test_a_memo_of_resolved_includes_changes_no_closure(
+    graph: dict[str, list[str]], angled: dict[str, str], computed: set[str]
+) -> None:
+    # One target's modules share the memo: every closure is what a fresh resolution gives,
+    # whatever was resolved before it, under each search path (the memo is kept per path).
+    staged = dict.fromkeys(_FILES, "h")
+    includes = {
+        f: Includes(
+            quoted=tuple(graph.get(f, ())),
+            angled=(angled[f],) if f in angled else (),
+            computed=f in computed,
+        )
+        for f in _FILES
+    }
+    memo: EdgeMemo = {}
+    for dirs in [("",), ("sub",), ("",)]:
+        for root in _FILES:
+            fresh = resolve_closure([root], staged=staged, includes_of=includes, dirs=dirs)
+            kept = resolve_closure(
+                [root], staged=staged, includes_of=includes, dirs=dirs, memo=memo
+            )
+            assert kept == fresh, (root, dirs)
 
 
 # ------------------------------------------------------------------------------------ build

@@ -114,3 +114,17 @@ def test_colliding_staged_paths_are_an_error(tmp_path: Path) -> None:
     # A subdirectory and an entry of one role landing on one path.
     with pytest.raises(StageError, match=r"m1/q1/leaf\.cu: is both a file and a directory"):
         plan_stage(replace(layout, leaf_subdirs={"leaf.cu": tmp_path / "kernels/hw1/common"}))
+
+
+def test_a_link_in_the_stage_is_replaced_by_the_file(tmp_path: Path) -> None:
+    small_tree(tmp_path)
+    out = tmp_path / "s"
+    stage(discover(tmp_path, T), out)
+    elsewhere = tmp_path / "elsewhere.cu"
+    elsewhere.write_bytes((out / "common/add.cu").read_bytes())  # the same bytes, linked
+    (out / "common/add.cu").unlink()
+    (out / "common/add.cu").symlink_to(elsewhere)
+    staged = stage(discover(tmp_path, T), out)
+    assert not (out / "common/add.cu").is_symlink()
+    assert "common/add.cu" in staged.written
+    assert elsewhere.read_bytes() == (out / "common/add.cu").read_bytes()

@@ -31,6 +31,7 @@ from metrale_orch.tree.beyond import DIRECTIVE, SPLICE_RE
 
 __all__ = [
     "Closure",
+    "EdgeMemo",
     "Includes",
     "effective_flags",
     "include_dirs",
@@ -203,19 +204,29 @@ def _inside(path: str) -> bool:
     return path not in (".", "") and not path.startswith("../") and path != ".."
 
 
+#: Per search path, each staged file's resolved includes (None: a computed include):
+#: what :func:`resolve_closure` may keep between calls over the same stage and scan.
+EdgeMemo = dict[tuple[str, ...], dict[str, "tuple[str, ...] | None"]]
+
+
 def resolve_closure(
     roots: Sequence[str],
     *,
     staged: Mapping[str, str],
     includes_of: Mapping[str, Includes],
     dirs: Sequence[str],
+    memo: EdgeMemo | None = None,
 ) -> tuple[str, ...]:
     """The stage-relative files reachable from ``roots`` (pure; sorted).
 
     ``staged`` maps every staged path to its hash; ``includes_of`` gives each
     staged file's include names. A computed include anywhere makes the
-    closure every staged file.
+    closure every staged file. ``memo`` keeps each file's resolved includes for the
+    next call: only for calls over the same ``staged`` keys and ``includes_of``
+    (one target's modules).
     """
+    dirs = tuple(dirs)
+    edges = {} if memo is None else memo.setdefault(dirs, {})
     seen: set[str] = set()
     todo = [r for r in roots if r in staged]
     while todo:
@@ -223,23 +234,36 @@ def resolve_closure(
         if path in seen:
             continue
         seen.add(path)
-        inc = includes_of.get(path, Includes())
-        if inc.computed:
+        if path in edges:
+            found = edges[path]
+        else:
+            found = edges[path] = _resolved(path, includes_of.get(path, Includes()), staged, dirs)
+        if found is None:
             return tuple(sorted(staged))
-        here = posixpath.dirname(path)
-        for name, search in (
-            *((q, (here, *dirs)) for q in inc.quoted),
-            *((a, tuple(dirs)) for a in inc.angled),
-        ):
-            if name.startswith("/"):
-                continue
-            for base in search:
-                cand = posixpath.normpath(posixpath.join(base, name))
-                if _inside(cand) and cand in staged:
-                    if cand not in seen:
-                        todo.append(cand)
-                    break
+        todo.extend(c for c in found if c not in seen)
     return tuple(sorted(seen))
+
+
+def _resolved(
+    path: str, inc: Includes, staged: Mapping[str, str], dirs: tuple[str, ...]
+) -> tuple[str, ...] | None:
+    """The staged files ``path``'s includes name, in include order (None: computed)."""
+    if inc.computed:
+        return None
+    here = posixpath.dirname(path)
+    out: list[str] = []
+    for name, search in (
+        *((q, (here, *dirs)) for q in inc.quoted),
+        *((a, dirs) for a in inc.angled),
+    ):
+        if name.startswith("/"):
+            continue
+        for base in search:
+            cand = posixpath.normpath(posixpath.join(base, name))
+            if _inside(cand) and cand in staged:
+                out.append(cand)
+                break
+    return tuple(out)
 
 
 def scan_includes(
@@ -282,6 +306,7 @@ def module_closure(
     before: Sequence[str],
     after: Sequence[str] = (),
     layer_include: str = "",
+    memo: EdgeMemo | None = None,
 ) -> Closure:
     """The include closure of ``module`` over the stage (pure): the one the action key
     hashes. ``staged`` maps each staged path to its hash (or any value: only its keys are
@@ -301,5 +326,5 @@ def module_closure(
             roots.append(rel)
         else:
             outside.append(path)
-    files = resolve_closure(roots, staged=staged, includes_of=includes_of, dirs=dirs)
+    files = resolve_closure(roots, staged=staged, includes_of=includes_of, dirs=dirs, memo=memo)
     return Closure(files=files, outside=tuple(outside))

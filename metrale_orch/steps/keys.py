@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 
 from metrale_orch import cache as cache_mod
 from metrale_orch.steps.deps import FileHasher
-from metrale_orch.steps.includes import Includes, effective_flags, module_closure
+from metrale_orch.steps.includes import EdgeMemo, Includes, effective_flags, module_closure
 from metrale_orch.steps.plan import PLAN_SCHEMA, ModulePlan, TargetPlan
 from metrale_orch.steps.staging import StagedTarget
 
@@ -100,11 +100,14 @@ def module_key(
     layer_include: str,
     checkout: str,
     hasher: FileHasher,
+    memo: EdgeMemo | None = None,
 ) -> str:
     """The action key of ``module``: its scanned closure over the stage (plus files named
     by flags, hashed through ``hasher``) and everything in :func:`module_key_parts`.
     ``words`` are :func:`~metrale_orch.steps.includes.effective_flags` in the module's
-    cwd; ``layer_include`` the ``-I`` the compile adds for its layer directory ("")."""
+    cwd; ``layer_include`` the ``-I`` the compile adds for its layer directory ("");
+    ``memo``: the includes resolved by the keys of the target's other modules
+    (:func:`~metrale_orch.steps.includes.resolve_closure`)."""
     before, after = words
     closure = module_closure(
         module,
@@ -113,6 +116,7 @@ def module_key(
         before=before,
         after=after,
         layer_include=layer_include,
+        memo=memo,
     )
     flag_inputs: list[tuple[str, str]] = []
     for path in closure.outside:

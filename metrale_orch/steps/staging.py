@@ -307,10 +307,10 @@ def stage(
         hashes[rel] = xxhash.xxh3_128_hexdigest(data)
         digests[source] = xxhash.xxh3_64_hexdigest(data)
         dest = stage_dir / rel
-        if _same_bytes(dest, data):
-            continue
         try:
-            _write_atomic(dest, data)
+            if _same_bytes(dest, data):
+                continue
+            write_atomic(dest, data)
         except OSError as exc:
             raise StageError(target, rel, f"cannot write {dest}: {exc}") from None
         written.append(rel)
@@ -325,18 +325,22 @@ def stage(
 
 
 def _same_bytes(dest: Path, data: bytes) -> bool:
+    """Whether ``dest`` is a regular file (not a link) holding ``data``; else it is made
+    ready for :func:`write_atomic` (a directory in its place is removed)."""
     try:
-        if dest.is_symlink() or not dest.is_file() or dest.stat().st_size != len(data):
-            return False
-        return dest.read_bytes() == data
+        st = os.lstat(dest)
     except OSError:
         return False
-
-
-def _write_atomic(dest: Path, data: bytes) -> None:
-    if dest.is_dir() and not dest.is_symlink():
+    if stat.S_ISDIR(st.st_mode):
         shutil.rmtree(dest)
-    write_atomic(dest, data)
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_size != len(data):
+        return False
+    try:
+        with open(dest, "rb") as fh:
+            return fh.read() == data
+    except OSError:
+        return False
 
 
 def _remove_stale(

@@ -68,6 +68,7 @@ from metrale_orch.steps.errors import (
 )
 from metrale_orch.steps.hip_mirror import HipCompat, scan_hip_compat
 from metrale_orch.steps.includes import (
+    EdgeMemo,
     Includes,
     effective_flags,
     include_dirs,
@@ -427,6 +428,7 @@ def _obtain_all(
     finished; an interrupt stops the session's compiles first."""
     ctx = prep.ctx
     keyed: list[tuple[ModulePlan, str]] = []
+    edges: EdgeMemo = {}  # one stage, one scan: the modules share their headers' includes
     for module in prep.plan.modules:
         with rec.span("key", module=module.name) as args:
             key = module_key(
@@ -439,6 +441,7 @@ def _obtain_all(
                 layer_include=ctx.layer_includes.get(module.staged, ""),
                 checkout=prep.ctx.checkout,
                 hasher=session.hasher,
+                memo=edges,
             )
             args["key"] = key
         keyed.append((module, key))

@@ -1,0 +1,57 @@
+"""The atomic writes every staged and installed file goes through."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from metrale_orch.fsutil import write_atomic, write_if_changed
+
+
+def _entries(folder: Path) -> list[str]:
+    return sorted(os.listdir(folder))
+
+
+def test_write_atomic_creates_the_directory_and_leaves_no_temporary(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "out.bin"
+    write_atomic(path, b"one")
+    assert path.read_bytes() == b"one"
+    write_atomic(path, b"two")  # replaces
+    assert path.read_bytes() == b"two"
+    assert _entries(path.parent) == ["out.bin"]
+
+
+def test_write_atomic_replaces_a_link_not_its_target(tmp_path: Path) -> None:
+    real = tmp_path / "real.txt"
+    real.write_bytes(b"kept")
+    link = tmp_path / "link.txt"
+    link.symlink_to(real)
+    write_atomic(link, b"new")
+    assert not link.is_symlink() and link.read_bytes() == b"new"
+    assert real.read_bytes() == b"kept"
+
+
+def test_a_failed_write_atomic_leaves_no_temporary(tmp_path: Path) -> None:
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "inside").write_bytes(b"x")
+    with pytest.raises(OSError):
+        write_atomic(tmp_path / "dir", b"a file where a directory is")
+    assert _entries(tmp_path) == ["dir"]
+    with pytest.raises(OSError):  # the directory cannot be made: a file is in the way
+        write_atomic(tmp_path / "dir" / "inside" / "deeper", b"x")
+    assert _entries(tmp_path / "dir") == ["inside"]
+
+
+def test_write_if_changed_writes_only_different_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "f"
+    assert write_if_changed(path, b"abc") is True
+    before = path.stat().st_ino
+    assert write_if_changed(path, b"abc") is False
+    assert path.stat().st_ino == before  # untouched
+    assert write_if_changed(path, b"abd") is True  # same size, other bytes
+    assert path.read_bytes() == b"abd"
+    assert write_if_changed(path, b"abdd") is True
+    assert path.read_bytes() == b"abdd"
+    assert _entries(path.parent) == ["f"]
