@@ -154,9 +154,15 @@ def probe_toolchain(
 
     A wrapper script, a shim reading a version file or an environment variable,
     or an ``update-alternatives`` link can switch the real compiler without any
-    change a ``stat`` of ``program`` would see, so nothing here is remembered
-    across processes except the content hashes of the real binaries (by their
-    ``stat``, in ``<state_dir>/file-hashes.json``). The identity covers:
+    change a ``stat`` of ``program`` would see, so every probe runs the dry runs
+    (the compiler's and the host compiler's), which show such a switch. Across
+    processes (with a ``state_dir``) only two things are remembered: the content
+    hashes of the real binaries (by their ``stat``, in
+    ``<state_dir>/file-hashes.json``), and a record of the last full probe
+    (:mod:`~metrale_orch.toolchain.records`): while both dry runs print what they
+    printed then and every file the probe read keeps its settled stat (and each
+    host search directory is as present or absent as it was), the record's identity
+    stands and the version runs are not repeated. The identity covers:
 
     - the version output (``version_args``);
     - the dry run (``dryrun_args``, e.g. ``nvcc --dryrun``, or a clang driver's
