@@ -509,3 +509,67 @@ def test_the_probes_start_before_task_generation_and_are_not_repeated(
         assert fresh == key and len(probes.read_text().splitlines()) == 2
     finally:
         reset_run_probes()
+
+
+#: What a no-op never needs (task generation, the build step, the cache): none is imported.
+NOOP_UNNEEDED = (
+    "metrale_orch.tree",
+    "metrale_orch.tasks.specs",
+    "metrale_orch.steps.target",
+    "metrale_orch.steps.plan",
+    "metrale_orch.cache",
+)
+
+#: Run doit's main in this process, then print the package's loaded modules as JSON
+#: (the reporter may end the run with SystemExit).
+_RUN_AND_LIST = (
+    "import json, sys\n"
+    "from doit.doit_cmd import DoitMain\n"
+    "sys.argv = ['doit', *sys.argv[1:]]\n"
+    "try:\n"
+    "    rc = DoitMain().run(sys.argv[1:])\n"
+    "finally:\n"
+    "    loaded = sorted(m for m in sys.modules if m.startswith('metrale'))\n"
+    "    print('\\nMODULES ' + json.dumps(loaded))\n"
+    "sys.exit(rc)\n"
+)
+
+
+def _unneeded(modules: list[str]) -> list[str]:
+    """Those of ``modules`` that are (or are inside) one of :data:`NOOP_UNNEEDED`."""
+    return [m for m in modules if any(m == u or m.startswith(u + ".") for u in NOOP_UNNEEDED)]
+
+
+def test_importing_dodo_loads_no_tree_generation_or_cache(tmp_path: Path) -> None:
+    """doit imports the dodo module on every invocation: in a fresh process that import
+    loads none of the tree package, task generation, the build step or the cache."""
+    code = (
+        "import json, sys, metrale_orch.dodo\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('metrale'))))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    modules = json.loads(proc.stdout.splitlines()[-1])
+    assert "metrale_orch.dodo" in modules
+    assert _unneeded(modules) == []
+
+
+def test_a_noop_build_loads_no_tree_generation_or_cache(
+    fake_project: tuple[Path, dict[str, str]],
+) -> None:
+    """A no-op ``doit build`` answered by the task cache imports none of them either (a
+    first run, which generates and builds, does: the check sees them)."""
+    root, env = fake_project
+
+    def modules_of_run() -> list[str]:
+        proc = subprocess.run(
+            [sys.executable, "-c", _RUN_AND_LIST, "build"],
+            cwd=root, env=env, capture_output=True, text=True, check=False, timeout=240,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("MODULES "))
+        return list(json.loads(line.removeprefix("MODULES ")))
+
+    assert set(NOOP_UNNEEDED) <= set(modules_of_run())  # generated and built
+    assert _unneeded(modules_of_run()) == []
