@@ -520,17 +520,21 @@ NOOP_UNNEEDED = (
     "metrale_orch.cache",
 )
 
-#: Run doit's main in this process, then print the package's loaded modules as JSON
-#: (the reporter may end the run with SystemExit).
+#: Run doit's main in this process (argv: the file to write the modules to, then doit's),
+#: then write the package's loaded modules there as JSON: a file, not stdout, which doit
+#: may be capturing for a task's thread when the run ends (the reporter may end it with
+#: SystemExit).
 _RUN_AND_LIST = (
     "import json, sys\n"
     "from doit.doit_cmd import DoitMain\n"
-    "sys.argv = ['doit', *sys.argv[1:]]\n"
+    "out = sys.argv[1]\n"
+    "sys.argv = ['doit', *sys.argv[2:]]\n"
     "try:\n"
     "    rc = DoitMain().run(sys.argv[1:])\n"
     "finally:\n"
     "    loaded = sorted(m for m in sys.modules if m.startswith('metrale'))\n"
-    "    print('\\nMODULES ' + json.dumps(loaded))\n"
+    "    with open(out, 'w') as fh:\n"
+    "        json.dump(loaded, fh)\n"
     "sys.exit(rc)\n"
 )
 
@@ -556,20 +560,21 @@ def test_importing_dodo_loads_no_tree_generation_or_cache(tmp_path: Path) -> Non
 
 
 def test_a_noop_build_loads_no_tree_generation_or_cache(
-    fake_project: tuple[Path, dict[str, str]],
+    fake_project: tuple[Path, dict[str, str]], tmp_path: Path
 ) -> None:
     """A no-op ``doit build`` answered by the task cache imports none of them either (a
     first run, which generates and builds, does: the check sees them)."""
     root, env = fake_project
 
     def modules_of_run() -> list[str]:
+        listed = tmp_path / "modules.json"
+        listed.unlink(missing_ok=True)
         proc = subprocess.run(
-            [sys.executable, "-c", _RUN_AND_LIST, "build"],
+            [sys.executable, "-c", _RUN_AND_LIST, str(listed), "build"],
             cwd=root, env=env, capture_output=True, text=True, check=False, timeout=240,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("MODULES "))
-        return list(json.loads(line.removeprefix("MODULES ")))
+        return list(json.loads(listed.read_text()))
 
     assert set(NOOP_UNNEEDED) <= set(modules_of_run())  # generated and built
     assert _unneeded(modules_of_run()) == []
