@@ -13,9 +13,10 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
-from doit.dependency import DatabaseException, JSONCodec
+from doit.dependency import DatabaseException, JSONCodec, SqliteDB
 
 from metrale_orch.dodo import DOIT_CONFIG
+from metrale_orch.tasks.checker import TaskDataCodec
 from metrale_orch.tasks.database import BACKEND, Database, DatabaseUnwritable, unwritable_reason
 
 
@@ -78,6 +79,74 @@ def test_remove_all_then_set(tmp_path: Path) -> None:
     db.set("n", "k", "v")
     db.dump()
     assert set(_records(path)) == {"n"}
+
+
+class _CountingCodec(TaskDataCodec):
+    """The package's codec, keeping each record it decodes."""
+
+    def __init__(self) -> None:
+        self.decoded: list[object] = []
+
+    def decode(self, text: str) -> object:
+        record = super().decode(text)
+        self.decoded.append(record)
+        return record
+
+
+def test_records_are_read_at_once_and_decoded_on_first_get_only(tmp_path: Path) -> None:
+    """Opening reads every record (one query) but decodes none; a record is decoded the
+    first time its task is read, once; a record never asked for is never decoded."""
+    path = tmp_path / "db"
+    values = {"a": {"x": [1, 2, "é\u2603"], "y": {"k": (1, None)}}, "b": {"y": 2.5}, "c": {}}
+    with_codec = Database(str(path), codec=TaskDataCodec())
+    for task, record in values.items():
+        for key, value in record.items():
+            with_codec.set(task, key, value)
+    with_codec.set("c", "z", "only")
+    with_codec.dump()
+    codec = _CountingCodec()
+    db = Database(str(path), codec=codec)
+    assert codec.decoded == []
+    assert db.in_("a") and db.in_("b") and db.in_("c") and not db.in_("nope")
+    assert codec.decoded == []  # knowing which tasks have a record decodes nothing
+    assert db.get("a", "x") == [1, 2, "é\u2603"] and db.get("a", "y") == {"k": (1, None)}
+    assert db.get("a", "missing") is None
+    assert len(codec.decoded) == 1  # a's record, once
+    assert db.get("nope", "x") is None and len(codec.decoded) == 1
+    db.set("b", "w", 1)  # a write decodes nothing: b's record is replaced on the save
+    db.dump()
+    assert len(codec.decoded) == 1  # b and c never asked for: never decoded
+    again = Database(str(path), codec=TaskDataCodec())
+    assert again.get("a", "x") == [1, 2, "é\u2603"] and again.get("c", "z") == "only"
+    assert again.get("b", "w") == 1
+
+
+def test_a_record_decodes_as_doits_own_backend_reads_it(tmp_path: Path) -> None:
+    """Every value round-trips exactly as doit's ``SqliteDB`` would read it back."""
+    path = tmp_path / "db"
+    record = {"f": [1, 2, "3", 4.5, 6], "_values_:": {"outputs": [["p", 1]]}, "u": "ü\x00"}
+    _saved(path, {"t": record})
+    ours, theirs = _open(path), SqliteDB(str(path), JSONCodec())
+    for key in record:
+        assert ours.get("t", key) == theirs.get("t", key) == record[key]
+    theirs._conn.close()
+
+
+def test_runs_one_after_another_and_side_by_side_keep_each_others_records(
+    tmp_path: Path,
+) -> None:
+    """Opened side by side, two commands each save only what they changed: both saves land;
+    a later command sees both (read at its open)."""
+    path = tmp_path / "db"
+    _saved(path, {"a": {"x": 1}, "b": {"y": 2}})
+    one, two = _open(path), _open(path)
+    one.set("a", "x", 10)
+    two.set("b", "y", 20)
+    two.set("n", "k", "new")
+    one.dump()
+    two.dump()
+    later = _open(path)
+    assert (later.get("a", "x"), later.get("b", "y"), later.get("n", "k")) == (10, 20, "new")
 
 
 def test_a_full_database_saves_nothing_and_says_so_at_the_end(tmp_path: Path) -> None:

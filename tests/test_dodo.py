@@ -509,3 +509,72 @@ def test_the_probes_start_before_task_generation_and_are_not_repeated(
         assert fresh == key and len(probes.read_text().splitlines()) == 2
     finally:
         reset_run_probes()
+
+
+#: What a no-op never needs (task generation, the build step, the cache): none is imported.
+NOOP_UNNEEDED = (
+    "metrale_orch.tree",
+    "metrale_orch.tasks.specs",
+    "metrale_orch.steps.target",
+    "metrale_orch.steps.plan",
+    "metrale_orch.cache",
+)
+
+#: Run doit's main in this process (argv: the file to write the modules to, then doit's),
+#: then write the package's loaded modules there as JSON: a file, not stdout, which doit
+#: may be capturing for a task's thread when the run ends (the reporter may end it with
+#: SystemExit).
+_RUN_AND_LIST = (
+    "import json, sys\n"
+    "from doit.doit_cmd import DoitMain\n"
+    "out = sys.argv[1]\n"
+    "sys.argv = ['doit', *sys.argv[2:]]\n"
+    "try:\n"
+    "    rc = DoitMain().run(sys.argv[1:])\n"
+    "finally:\n"
+    "    loaded = sorted(m for m in sys.modules if m.startswith('metrale'))\n"
+    "    with open(out, 'w') as fh:\n"
+    "        json.dump(loaded, fh)\n"
+    "sys.exit(rc)\n"
+)
+
+
+def _unneeded(modules: list[str]) -> list[str]:
+    """Those of ``modules`` that are (or are inside) one of :data:`NOOP_UNNEEDED`."""
+    return [m for m in modules if any(m == u or m.startswith(u + ".") for u in NOOP_UNNEEDED)]
+
+
+def test_importing_dodo_loads_no_tree_generation_or_cache(tmp_path: Path) -> None:
+    """doit imports the dodo module on every invocation: in a fresh process that import
+    loads none of the tree package, task generation, the build step or the cache."""
+    code = (
+        "import json, sys, metrale_orch.dodo\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('metrale'))))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    modules = json.loads(proc.stdout.splitlines()[-1])
+    assert "metrale_orch.dodo" in modules
+    assert _unneeded(modules) == []
+
+
+def test_a_noop_build_loads_no_tree_generation_or_cache(
+    fake_project: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """A no-op ``doit build`` answered by the task cache imports none of them either (a
+    first run, which generates and builds, does: the check sees them)."""
+    root, env = fake_project
+
+    def modules_of_run() -> list[str]:
+        listed = tmp_path / "modules.json"
+        listed.unlink(missing_ok=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", _RUN_AND_LIST, str(listed), "build"],
+            cwd=root, env=env, capture_output=True, text=True, check=False, timeout=240,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return list(json.loads(listed.read_text()))
+
+    assert set(NOOP_UNNEEDED) <= set(modules_of_run())  # generated and built
+    assert _unneeded(modules_of_run()) == []

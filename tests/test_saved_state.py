@@ -13,13 +13,16 @@ import pytest
 from metrale_orch import fsutil
 from metrale_orch.fsutil import file_digest, file_hash
 from metrale_orch.tasks.checker import (
+    PROFILE_KEY,
     ContentChecker,
     TaskDataCodec,
     check_external,
     check_outputs,
     encode_outputs,
+    result_digest,
     stale_outputs,
 )
+from metrale_orch.tasks.database import Database
 from metrale_orch.tasks.runlock import BuildLock
 
 
@@ -126,6 +129,80 @@ def test_the_codec_keeps_any_list_or_dict_doit_hands_it() -> None:
         "_values_:": {"outcome": "built"},
         "result:": {},
     }
+
+
+def test_a_dict_result_is_kept_as_a_digest_that_changes_with_it(tmp_path: Path) -> None:
+    db = Database(str(tmp_path / "db"), TaskDataCodec())
+    result = {"outcome": "built", "outputs": [["a.ptx", 1, 2]], "n": 1.5}
+    db.set("t", "result:", result)
+    db.set("t", "_values_:", result)
+    db.set("u", "result:", "d41d8cd98f00b204e9800998ecf8427e")  # doit's md5 of another result
+    assert db.get("t", "result:") == result_digest(result)  # in memory as on disk
+    db.dump()
+    again = Database(str(tmp_path / "db"), TaskDataCodec())
+    assert again.get("t", "_values_:") == result  # the values are kept whole
+    assert again.get("t", "result:") == result_digest(result)
+    assert again.get("u", "result:") == "d41d8cd98f00b204e9800998ecf8427e"
+    assert result_digest(result) == result_digest(dict(reversed(result.items())))
+    assert result_digest({**result, "n": 2.5}) != result_digest(result)
+    assert result_digest({**result, "outputs": [["a.ptx", 1, 3]]}) != result_digest(result)
+    assert result_digest({**result, PROFILE_KEY: [1]}) == result_digest(result)
+
+
+_RESULT_DEP_DODO = """
+from pathlib import Path
+from doit.tools import result_dep
+
+from metrale_orch.tasks.checker import TaskDataCodec
+from metrale_orch.tasks.database import BACKEND
+
+DOIT_CONFIG = {"backend": BACKEND, "dep_file": ".doit.db", "codec_cls": TaskDataCodec,
+               "verbosity": 0}
+
+
+def produce():
+    return {"value": Path("value.txt").read_text().strip()}
+
+
+def consume():
+    with open("consumed.log", "a") as fh:
+        fh.write("ran\\n")
+
+
+def task_produce():
+    return {"actions": [produce], "file_dep": ["value.txt"]}
+
+
+def task_consume():
+    return {"actions": [consume], "uptodate": [result_dep("produce")]}
+"""
+
+
+def test_result_dep_on_a_dict_result_runs_again_exactly_when_the_result_changes(
+    tmp_path: Path,
+) -> None:
+    """doit's ``result_dep`` compares a task's result with the one the dependent task
+    saved: with the digest kept, the dependent task runs again when, and only when,
+    that result changes, whether the task it depends on ran (its result from this run)
+    or was up to date (its result as saved)."""
+    (tmp_path / "dodo.py").write_text(_RESULT_DEP_DODO)
+    log = tmp_path / "consumed.log"
+
+    def run(value: str) -> int:
+        if not (tmp_path / "value.txt").exists() or (tmp_path / "value.txt").read_text() != value:
+            (tmp_path / "value.txt").write_text(value)
+        proc = subprocess.run(
+            [sys.executable, "-m", "doit"], cwd=tmp_path, capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return len(log.read_text().splitlines()) if log.exists() else 0
+
+    assert run("one") == 1  # never ran
+    assert run("one") == 1  # produce up to date: its saved result, unchanged
+    assert run("two") == 2  # produce ran: another result
+    assert run("two\n") == 2  # produce ran: the same result
+    assert run("two\n") == 2
+    assert run("one") == 3
 
 
 # ------------------------------------------------------------------------------ stat trust

@@ -17,9 +17,9 @@ compiles at once (:func:`install_sigterm_handler`).
 
 Deferred imports: doit imports this module on every invocation (the task dicts
 name its functions), and a no-op run calls none of them; so the build step, the
-cache, the log handler and the whole-tree check are imported by the action that
-runs them (:func:`_build_step`, :func:`configure_build_log`, :func:`check_action`),
-and nowhere else.
+cache, the tree package, the log handler and the whole-tree check are imported by
+the action that runs them (:func:`_build_step`, :func:`_parse_target`,
+:func:`configure_build_log`, :func:`check_action`), and nowhere else.
 """
 
 from __future__ import annotations
@@ -50,12 +50,12 @@ from metrale_orch.tasks.checker import (
     encode_outputs,
 )
 from metrale_orch.tasks.probes import reset_run_probes, run_probes
-from metrale_orch.tree import Target
 
 if TYPE_CHECKING:
     from metrale_orch.cache import Cache, CacheStats
     from metrale_orch.steps.results import TargetResult
     from metrale_orch.steps.session import BuildSession
+    from metrale_orch.tree import Target
 
 __all__ = [
     "LOG_NAME",
@@ -306,6 +306,14 @@ def _build_step() -> tuple[ModuleType, ModuleType]:
     return build, cache
 
 
+def _parse_target(name: str) -> Target:
+    """``name`` as a :class:`~metrale_orch.tree.Target`; the tree package is imported
+    here, by a build that runs, never by a no-op (see the module docstring)."""
+    from metrale_orch.tree import Target
+
+    return Target.parse(name)
+
+
 def _cache(config: Config, cache_mod: ModuleType) -> Cache:
     key = (
         "cache",
@@ -450,7 +458,7 @@ def _build_action(root: str, target: str) -> dict[str, object] | TaskFailed:
         with cache.track() as stats:
             result: TargetResult = build.build_target(
                 Path(root),
-                Target.parse(target),
+                _parse_target(target),
                 config=config,
                 cache=cache,
                 environ=os.environ,

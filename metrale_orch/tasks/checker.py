@@ -77,6 +77,7 @@ __all__ = [
     "check_outputs",
     "encode_outputs",
     "file_digest",
+    "result_digest",
     "signature_parts",
     "stale_external",
     "stale_outputs",
@@ -118,6 +119,19 @@ def signature_parts(signature: Mapping[str, object]) -> dict[str, str]:
         )
         out[str(key)] = xxhash.xxh3_64_hexdigest(text.encode("utf-8"))
     return out
+
+
+#: Prefix of a dict result's digest (:func:`result_digest`).
+_RESULT_TAG = "xxh3-128:"
+
+
+def result_digest(result: Mapping[str, object]) -> str:
+    """What a task's dict result is saved as (pure): xxh3-128 of its canonical JSON (sorted
+    keys, no spaces; values JSON cannot hold encoded by ``str``), its profile spans
+    (:data:`PROFILE_KEY`) left out."""
+    doc = {k: v for k, v in result.items() if k != PROFILE_KEY}
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=True)
+    return _RESULT_TAG + xxhash.xxh3_128_hexdigest(text.encode("utf-8"))
 
 
 #: Prefix of a task record written by :class:`TaskDataCodec` (a JSON record starts with "{").

@@ -8,7 +8,8 @@ relevant environment and this package are unchanged; the task dicts are then
 equal to what generation would give. The ``smoke:<hw>`` dicts are recorded with
 them (plain data and module-level functions) and replayed.
 
-This module never imports the generation itself (the compile step, smoke): on a
+This module never imports the generation itself (the compile step, smoke), nor the
+tree package but in :func:`named_failures` (a no-op runs without either): on a
 miss it asks a :class:`Generation` handed in by the caller (``metrale_orch.dodo``
 imports :mod:`metrale_orch.tasks.specs` only then; ``specs.cached_build_specs`` is
 this path with the generation at hand). Also :func:`named_failures`:
@@ -26,6 +27,7 @@ import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import xxhash
 
@@ -48,7 +50,9 @@ from metrale_orch.tasks.dicts import (
 from metrale_orch.tasks.doit_api import doit_version
 from metrale_orch.toolchain.definitions import Toolchain, load_toolchains
 from metrale_orch.toolchain.probe import ProbeMemo, toolchain_stamps
-from metrale_orch.tree import LayoutError, Target, TreeSnapshot, discover
+
+if TYPE_CHECKING:
+    from metrale_orch.tree import Target
 
 __all__ = [
     "Generation",
@@ -298,6 +302,9 @@ def named_failures(root: Path, specs: Sequence[BuildSpec], names: Iterable[str])
     missing = sorted(set(names) - have - {TREE_TASK})
     if not missing:
         return []
+    # The tree package only here: a no-op names no missing target, and never imports it.
+    from metrale_orch.tree import LayoutError, Target, TreeSnapshot, discover
+
     tree = next((s.message for s in specs if s.target == TREE_TASK), None)
     snap = TreeSnapshot(root)
     out: list[BuildSpec] = []

@@ -23,6 +23,13 @@ package; ``DOIT_CONFIG`` selects it). What touches doit's private state is
   doit side besides the reporter that prints, since no reporter runs for them.
 
 Other sqlite errors (a file that really is not a database) stay doit's own.
+
+A task's dict result (doit's ``result:`` record: what a python-action returned,
+the same data as the task's values) is kept as its digest
+(:func:`~metrale_orch.tasks.checker.result_digest`), in memory and on disk, as
+doit keeps any other result as its md5: only ``result_dep`` reads it, comparing a
+task's result with the one a dependent task saved, and the digest changes exactly
+when the dict does. Kept whole it was a third of the database, decoded every run.
 """
 
 from __future__ import annotations
@@ -35,12 +42,16 @@ from pathlib import Path
 from typing import NoReturn
 
 from metrale_orch.errors import EXIT_FAILURE, MetraleError, printable
+from metrale_orch.tasks.checker import result_digest
 from metrale_orch.tasks.doit_api import DatabaseException, SavedOnceSqliteDB
 
 __all__ = ["BACKEND", "Database", "DatabaseUnwritable", "unwritable_reason"]
 
 #: The backend's name for ``DOIT_CONFIG["backend"]`` (the entry point in pyproject.toml).
 BACKEND = "metrale-sqlite3"
+
+#: doit's record key of a task's result (``Dependency.save_success``, ``result_dep``).
+_RESULT_RECORD = "result:"
 
 #: sqlite's result codes for a file that cannot be written, and how to say each.
 _UNWRITABLE = {
@@ -103,6 +114,11 @@ class Database(SavedOnceSqliteDB):
             if reason is None:
                 raise
             _end(DatabaseUnwritable(_shown(name), reason, None))
+
+    def set(self, task_id: str, dependency: str, value: object) -> None:
+        if dependency == _RESULT_RECORD and isinstance(value, dict):
+            value = result_digest(value)  # see the module docstring
+        super().set(task_id, dependency, value)
 
     def report_at_end(self) -> None:
         """A run's reporter will report a failed save (with its summary) and end the run

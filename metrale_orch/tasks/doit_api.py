@@ -136,6 +136,15 @@ class SavedOnceSqliteDB(SqliteDB):  # type: ignore[misc]
     (:meth:`get`, :meth:`in_`), and :meth:`dump` writes deletes and records in one
     transaction, sorted, that commits whole or is rolled back whole (the
     ``sqlite3.Error`` is raised), then closes the database.
+
+    Reads: every record is read at open in one query, as the bytes stored
+    (:data:`_SQLITE_RAW_RECORDS`), and a record is decoded by the codec on first
+    :meth:`get` of its task, exactly as doit's converter would (UTF-8, then the
+    codec); one never asked for is never decoded. doit asks one query per task
+    instead, through a row factory and a converter per row. The records are those
+    of the database when it was opened; writes still touch only the records this
+    command changed, so runs one after another (or side by side) see each other's
+    saves as with doit's backend.
     """
 
     # SqliteDB's state (doit ships no types): each task's record, the tasks changed.
@@ -147,30 +156,44 @@ class SavedOnceSqliteDB(SqliteDB):  # type: ignore[misc]
         self._removed: set[str] = set()
         self._clear = False
         super().__init__(name, codec, module_name=module_name)
+        #: Each stored record not yet decoded (moved to ``_cache`` when first read).
+        self._raw: dict[str, bytes] = _raw_records(self._conn)
 
     def pending(self) -> int:
         """How many task records the next :meth:`dump` changes."""
         return len(self._dirty | self._removed) + (1 if self._clear else 0)
 
+    def _record(self, task_id: str) -> dict[str, object]:
+        """``task_id``'s record, decoded on first need; like doit's backend, an empty
+        one is kept for a task without a record (so :meth:`in_` then answers True)."""
+        record = self._cache.get(task_id)
+        if record is None:
+            raw = self._raw.pop(task_id, None)
+            record = {} if raw is None else self.codec.decode(raw.decode("utf-8"))
+            self._cache[task_id] = record
+        return record
+
     def get(self, task_id: str, dependency: str) -> object:
         if task_id not in self._cache and (self._clear or task_id in self._removed):
             return None
-        return super().get(task_id, dependency)
+        return self._record(task_id).get(dependency, None)
 
     def in_(self, task_id: str) -> bool:
         if task_id in self._cache:
             return True
         if self._clear or task_id in self._removed:
             return False
-        return bool(super().in_(task_id))
+        return task_id in self._raw
 
     def remove(self, task_id: str) -> None:
         self._cache.pop(task_id, None)
+        self._raw.pop(task_id, None)
         self._dirty.discard(task_id)
         self._removed.add(task_id)
 
     def remove_all(self) -> None:
         self._cache = {}
+        self._raw = {}
         self._dirty = set()
         self._removed = set()
         self._clear = True
@@ -198,6 +221,20 @@ class SavedOnceSqliteDB(SqliteDB):  # type: ignore[misc]
 
 #: The table and columns doit's sqlite backend keeps its records in (``SqliteDB``).
 _SQLITE_RECORDS = "select task_id, task_data from doit order by task_id"
+#: Every record as the bytes stored: an expression column has no declared type, so
+#: doit's ``json`` converter (which decodes) is not applied.
+_SQLITE_RAW_RECORDS = "select task_id, cast(task_data as blob) from doit"
+
+
+def _raw_records(conn: sqlite3.Connection) -> dict[str, bytes]:
+    """task -> its stored record, undecoded (one query; doit's row factory left out)."""
+    cursor = conn.cursor()
+    cursor.row_factory = None
+    try:
+        rows = cursor.execute(_SQLITE_RAW_RECORDS)
+        return {str(task): bytes(data or b"") for task, data in rows}
+    finally:
+        cursor.close()
 
 
 def stored_records(dep: Dependency) -> list[tuple[str, object]]:

@@ -96,7 +96,6 @@ from metrale_orch.tasks.dicts import KIND
 from metrale_orch.tasks.doit_api import Task, running_backend
 from metrale_orch.tasks.progress import LiveLine, progress_text
 from metrale_orch.tasks.runlock import BuildLock
-from metrale_orch.tree import Target
 
 __all__ = [
     "BuildReporter",
@@ -621,6 +620,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         now or before) into compile_commands.json (:mod:`metrale_orch.steps.compdb`)."""
         # Imported only after a run that built: a no-op never needs the database.
         from metrale_orch.steps.compdb import write_database_from_parts
+        from metrale_orch.tree import Target
 
         path = Path(COMPDB_NAME)
         try:
