@@ -187,6 +187,7 @@ def generate_specs(
             target=name,
             file_deps=plan.file_dep_rels,
             signature=plan.signature,
+            signature_json=plan.signature_json,
             manifest=out_dir / MANIFEST_NAME,
         )
         specs.append(
