@@ -19,7 +19,7 @@ from metrale_orch.errors import MetraleError
 from metrale_orch.paths import root_relative
 from metrale_orch.steps.plan import PlanMemo, RootRel, check_plan, plan_target
 from metrale_orch.tasks.checker import signature_parts
-from metrale_orch.tasks.dicts import rel_posix
+from metrale_orch.tasks.dicts import plan_build_task, rel_posix, target_plan_task
 from metrale_orch.toolchain.definitions import load_toolchains
 from metrale_orch.tree import Layout, resolve_all
 from tests.support.project import make_project
@@ -106,6 +106,30 @@ def test_memo_hands_out_copies_of_shared_defaults(tmp_path: Path) -> None:
     assert a.signature["defaults"] == b.signature["defaults"]
     assert a.signature["defaults"] is not b.signature["defaults"]
     assert a.modules[0].argv is b.modules[0].argv  # add.cu: one argv for both targets
+
+
+def test_target_plan_task_is_plan_build_task_of_the_plan(tmp_path: Path) -> None:
+    """Generation builds a task from the plan's finished parts (its doit spelling of the
+    file deps, its pre-encoded signature parts): the same dict as from the plain parts."""
+    root = REPO
+    toolchains = load_toolchains(root)
+    memo = PlanMemo(root)
+    manifest = root / "build" / "m.json"
+    for layout in _layouts(root):
+        if layout.hardware.vendor not in ("nvidia", "cuda"):
+            continue
+        plan = plan_target(root, layout, toolchains, identity="id", memo=memo)
+        name = str(layout.target)
+        fast = target_plan_task(root=root, target=name, plan=plan, manifest=manifest)
+        slow = plan_build_task(
+            root=root,
+            target=name,
+            file_deps=plan.file_deps,
+            signature=plan.signature,
+            manifest=manifest,
+        )
+        assert fast.pop("uptodate")[0].parts == slow.pop("uptodate")[0].parts  # type: ignore[index]
+        assert fast == slow
 
 
 def test_memo_keeps_a_shared_module_apart_by_arch_and_flags(tmp_path: Path) -> None:

@@ -205,8 +205,8 @@ class PlanMemo:
         #: The module plans of targets whose argv is the plain compile step
         #: (``_ArgvSteps.plain``), by (plain token, stem, name, whether the role is common
         #: (one of two), entry, source, cwd): given the token's toolchain, arch and flags
-        #: these fields decide the whole plan.
-        self._plain: dict[tuple[int, str, str, bool, str, Path, str], ModulePlan] = {}
+        #: these fields decide the whole plan (kept with its signature entry's JSON).
+        self._plain: dict[tuple[int, str, str, bool, str, Path, str], tuple[ModulePlan, str]] = {}
         #: (id(toolchain), arch, flags) -> a small number naming them (a plain token).
         self._tokens: dict[tuple[int, str, tuple[str, ...]], int] = {}
         #: id(module plan) -> the canonical JSON of its signature entry.
@@ -439,11 +439,13 @@ def plan_target(
         compat=compat,
     )
     token = memo.plain_token(toolchain, arch, flags) if steps.plain else None
-    cwds: dict[Role, str] = {}
-    modules = [
+    # The compile's cwd by role (leaf, common): the same for every module of the target.
+    cwds = (role_dir(layout, Role.LEAF), role_dir(layout, Role.COMMON))
+    planned = [
         _plan_module(layout, stem, entry, got.names[stem], steps, rel, token, cwds)
         for stem, entry in got.modules
     ]
+    modules = [m for m, _text in planned]
     keyed = _keyed_file_deps(layout, toolchain, compat, got.tree_levers, rel.dep)
     signature = {
         "schema": PLAN_SCHEMA,
@@ -473,7 +475,7 @@ def plan_target(
         file_dep_rels=tuple(dict.fromkeys(r for r, _ in keyed)),
         hip_compat=compat,
         signature_json=MappingProxyType(
-            {"modules": canonical_list([memo.module_json(m) for m in modules])}
+            {"modules": canonical_list([text for _m, text in planned])}
         ),
     )
 
@@ -626,22 +628,20 @@ def _plan_module(
     name: str,
     steps: _ArgvSteps,
     rel: RootRel,
-    token: int | None = None,
-    cwds: dict[Role, str] | None = None,
-) -> ModulePlan:
-    """The plan of one module: where it is staged and how it is compiled.
+    token: int | None,
+    cwds: tuple[str, str],
+) -> tuple[ModulePlan, str]:
+    """The plan of one module (where it is staged and how it is compiled) and the
+    canonical JSON of its signature entry (:meth:`PlanMemo.module_json`).
 
     ``token``: the memo's plain token of the target's (toolchain, arch, flags) when its
-    argv is the plain compile step; ``cwds``: the target's role directories so far."""
+    argv is the plain compile step; ``cwds``: the target's leaf and common directories."""
     role = layout.layers[entry.layer].role  # layout.role_of(entry)
-    cwd = cwds.get(role) if cwds is not None else None
-    if cwd is None:
-        cwd = role_dir(layout, role)
-        if cwds is not None:
-            cwds[role] = cwd
+    common = role is Role.COMMON
+    cwd = cwds[common]
     memo = steps.memo
     if token is not None:
-        short = (token, stem, name, role is Role.COMMON, entry.name, entry.source, cwd)
+        short = (token, stem, name, common, entry.name, entry.source, cwd)
         got = memo._plain.get(short)
         if got is not None:
             return got
@@ -650,9 +650,10 @@ def _plan_module(
     # Every field of the plan, but source_rel and staged, which follow from them.
     key = (stem, name, role.value, entry.name, entry.source, cwd, artefact, argv)
     plan = memo.module(key, lambda: _new_module_plan(key, rel))
+    made = (plan, memo.module_json(plan))
     if token is not None:
-        memo._plain[short] = plan
-    return plan
+        memo._plain[short] = made
+    return made
 
 
 def _new_module_plan(key: _ModuleKey, rel: RootRel) -> ModulePlan:

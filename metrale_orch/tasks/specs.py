@@ -36,9 +36,9 @@ from metrale_orch.tasks.dicts import (
     BuildSpec,
     TaskDict,
     explicit_targets,
-    plan_build_task,
     plan_error_task,
     plan_skip_task,
+    target_plan_task,
 )
 from metrale_orch.tasks.smoke import smoke_tasks
 from metrale_orch.toolchain.archcheck import find_toolchain_for_arch
@@ -177,19 +177,18 @@ def generate_specs(
         except MetraleError as exc:
             specs.append(error(name, str(exc), layout))
             continue
-        unnamable = next((p for p in plan.file_dep_rels if not is_printable(str(p))), None)
+        rels = plan.file_dep_rels
+        # One encode of them all: a name that is not UTF-8 makes the whole text fail.
+        unnamable = (
+            None
+            if is_printable("\n".join(rels))
+            else next((p for p in rels if not is_printable(str(p))), None)
+        )
         if unnamable is not None:  # doit's database and the keys hold names as UTF-8
             specs.append(error(name, unnamable_message(str(unnamable)), layout))
             continue
         out_dir = target_dir(config.build_dir, target.hardware, target.model, target.quant)
-        task = plan_build_task(
-            root=root,
-            target=name,
-            file_deps=plan.file_dep_rels,
-            signature=plan.signature,
-            signature_json=plan.signature_json,
-            manifest=out_dir / MANIFEST_NAME,
-        )
+        task = target_plan_task(root=root, target=name, plan=plan, manifest=out_dir / MANIFEST_NAME)
         specs.append(
             BuildSpec(
                 target=name, kind="build", plan=plan, layout=layout, task=task, resolved=layout
