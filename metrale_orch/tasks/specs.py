@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from metrale_orch.config import Config, load_config
@@ -126,10 +127,20 @@ def generate_specs(
     if whole:
         more = f" (and {len(whole) - 1} more)" if len(whole) > 1 else ""
         specs.append(error(TREE_TASK, whole[0] + more))
-    for target, layout in resolved:
+    checked = [
+        (t, lay if isinstance(lay, LayoutError) else layer_manifest_problem(lay, misshapen) or lay)
+        for t, lay in resolved
+    ]
+    # Every toolchain the targets select is found (probed) at once, on threads, while the
+    # first targets are planned: a target waits only for its own toolchain's probe.
+    pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="metrale-find")
+    pending: dict[tuple[str, str], Future[FoundToolchain | MetraleError]] = {}
+    state_dir = config.build_dir / STATE_DIR
+    for key, toolchain in _wanted_toolchains(checked, toolchains).items():
+        pending[key] = pool.submit(_find_toolchain, toolchain, environ, state_dir, key[1], probes)
+    pool.shutdown(wait=False)  # the submitted probes still run; each is waited for below
+    for target, layout in checked:
         name = str(target)
-        if not isinstance(layout, LayoutError):
-            layout = layer_manifest_problem(layout, misshapen) or layout
         if isinstance(layout, LayoutError):
             specs.append(error(name, str(layout), layout))
             continue
@@ -137,8 +148,11 @@ def generate_specs(
             toolchain = select_toolchain(layout.hardware, toolchains)
             tool_key = (toolchain.name, layout.hardware.arch or "")
             if tool_key not in found:
-                found[tool_key] = _find_toolchain(
-                    toolchain, environ, config.build_dir / STATE_DIR, tool_key[1], probes
+                started = pending.get(tool_key)
+                found[tool_key] = (
+                    started.result()
+                    if started is not None
+                    else _find_toolchain(toolchain, environ, state_dir, tool_key[1], probes)
                 )
                 # A failed version probe may pass next time: never cached.
                 cacheable = cacheable and not _probe_failed(found[tool_key])
@@ -195,6 +209,23 @@ def generate_specs(
             )
         )
     return specs, cacheable
+
+
+def _wanted_toolchains(
+    checked: Sequence[tuple[Target, Layout | LayoutError]], toolchains: Mapping[str, Toolchain]
+) -> dict[tuple[str, str], Toolchain]:
+    """(toolchain name, arch) -> toolchain of every target that resolved, as the targets'
+    loop selects them (a target whose selection fails wants none)."""
+    wanted: dict[tuple[str, str], Toolchain] = {}
+    for _target, layout in checked:
+        if isinstance(layout, LayoutError):
+            continue
+        try:
+            toolchain = select_toolchain(layout.hardware, toolchains)
+        except MetraleError:
+            continue
+        wanted.setdefault((toolchain.name, layout.hardware.arch or ""), toolchain)
+    return wanted
 
 
 def _find_toolchain(
