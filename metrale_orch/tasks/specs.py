@@ -133,12 +133,8 @@ def generate_specs(
     ]
     # Every toolchain the targets select is found (probed) at once, on threads, while the
     # first targets are planned: a target waits only for its own toolchain's probe.
-    pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="metrale-find")
-    pending: dict[tuple[str, str], Future[FoundToolchain | MetraleError]] = {}
     state_dir = config.build_dir / STATE_DIR
-    for key, toolchain in _wanted_toolchains(checked, toolchains).items():
-        pending[key] = pool.submit(_find_toolchain, toolchain, environ, state_dir, key[1], probes)
-    pool.shutdown(wait=False)  # the submitted probes still run; each is waited for below
+    pending = _start_finding(_wanted_toolchains(checked, toolchains), environ, state_dir, probes)
     for target, layout in checked:
         name = str(target)
         if isinstance(layout, LayoutError):
@@ -209,6 +205,22 @@ def generate_specs(
             )
         )
     return specs, cacheable
+
+
+def _start_finding(
+    wanted: Mapping[tuple[str, str], Toolchain],
+    environ: Mapping[str, str],
+    state_dir: Path,
+    probes: ProbeMemo,
+) -> dict[tuple[str, str], Future[FoundToolchain | MetraleError]]:
+    """:func:`_find_toolchain` of each wanted (toolchain, arch), started on threads."""
+    pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="metrale-find")
+    pending = {
+        key: pool.submit(_find_toolchain, toolchain, environ, state_dir, key[1], probes)
+        for key, toolchain in wanted.items()
+    }
+    pool.shutdown(wait=False)  # the submitted finds still run; each is waited for
+    return pending
 
 
 def _wanted_toolchains(
