@@ -187,13 +187,7 @@ def generate_specs(
         except MetraleError as exc:
             specs.append(error(name, str(exc), layout))
             continue
-        rels = plan.file_dep_rels
-        # One encode of them all: a name that is not UTF-8 makes the whole text fail.
-        unnamable = (
-            None
-            if is_printable("\n".join(rels))
-            else next((p for p in rels if not is_printable(str(p))), None)
-        )
+        unnamable = _unnamable(plan.file_dep_rels)
         if unnamable is not None:  # doit's database and the keys hold names as UTF-8
             specs.append(error(name, unnamable_message(str(unnamable)), layout))
             continue
@@ -205,6 +199,14 @@ def generate_specs(
             )
         )
     return specs, cacheable
+
+
+def _unnamable(rels: Sequence[str]) -> str | None:
+    """The first of ``rels`` that is not UTF-8, or None: one encode of them all (a name
+    that is not UTF-8 makes the whole text fail), then one by one."""
+    if is_printable("\n".join(rels)):
+        return None
+    return next((p for p in rels if not is_printable(str(p))), None)
 
 
 def _start_finding(
