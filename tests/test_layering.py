@@ -17,7 +17,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "metrale_orch"
 
 #: Shared helpers every area may import; they import nothing of the package but errors.
-SHARED = frozenset({"errors", "paths", "fsutil", "proc", "manifest", "cache_schema"})
+SHARED = frozenset({"errors", "paths", "fsutil", "proc", "manifest", "cache_schema", "canonical"})
 
 #: What each area may import besides :data:`SHARED` (and itself).
 ALLOWED: dict[str, frozenset[str]] = {
@@ -27,6 +27,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "proc": frozenset(),
     "manifest": frozenset(),
     "cache_schema": frozenset(),
+    "canonical": frozenset(),
     "config": frozenset(),
     "tree": frozenset(),
     "defaults": frozenset(),

@@ -14,10 +14,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from metrale_orch.canonical import canonical_json, canonical_list
 from metrale_orch.errors import MetraleError
 from metrale_orch.paths import root_relative
 from metrale_orch.steps.plan import PlanMemo, RootRel, check_plan, plan_target
-from metrale_orch.tasks.dicts import rel_posix
+from metrale_orch.tasks.checker import signature_parts
+from metrale_orch.tasks.dicts import plan_build_task, rel_posix, target_plan_task
 from metrale_orch.toolchain.definitions import load_toolchains
 from metrale_orch.tree import Layout, resolve_all
 from tests.support.project import make_project
@@ -77,6 +79,11 @@ def test_memo_plans_equal_plain_plans(tree: str, tmp_path: Path) -> None:
         alone = plan_target(root, layout, toolchains, identity="id", environ=env)
         assert shared == alone
         assert dict(shared.signature) == dict(alone.signature)
+        # The memoised encoding of the modules part is the part's own encoding.
+        assert shared.signature_json["modules"] == canonical_json(shared.signature["modules"])
+        assert signature_parts(shared.signature, shared.signature_json) == signature_parts(
+            alone.signature
+        )
         rels = [rel_posix(p, root) for p in shared.file_deps]
         assert rels == sorted(rels) and list(shared.file_dep_rels) == sorted(set(rels))
         assert set(shared.file_deps) == {
@@ -99,6 +106,57 @@ def test_memo_hands_out_copies_of_shared_defaults(tmp_path: Path) -> None:
     assert a.signature["defaults"] == b.signature["defaults"]
     assert a.signature["defaults"] is not b.signature["defaults"]
     assert a.modules[0].argv is b.modules[0].argv  # add.cu: one argv for both targets
+
+
+def test_target_plan_task_is_plan_build_task_of_the_plan(tmp_path: Path) -> None:
+    """Generation builds a task from the plan's finished parts (its doit spelling of the
+    file deps, its pre-encoded signature parts): the same dict as from the plain parts."""
+    root = REPO
+    toolchains = load_toolchains(root)
+    memo = PlanMemo(root)
+    manifest = root / "build" / "m.json"
+    for layout in _layouts(root):
+        if layout.hardware.vendor not in ("nvidia", "cuda"):
+            continue
+        plan = plan_target(root, layout, toolchains, identity="id", memo=memo)
+        name = str(layout.target)
+        fast = target_plan_task(root=root, target=name, plan=plan, manifest=manifest)
+        slow = plan_build_task(
+            root=root,
+            target=name,
+            file_deps=plan.file_deps,
+            signature=plan.signature,
+            manifest=manifest,
+        )
+        assert fast.pop("uptodate")[0].parts == slow.pop("uptodate")[0].parts  # type: ignore[index]
+        assert fast == slow
+
+
+def test_memo_keeps_a_shared_module_apart_by_arch_and_flags(tmp_path: Path) -> None:
+    """add.cu (hopper's common) is a module of every NVIDIA target: one memo must still
+    plan it with each target's own arch (gb10 inherits it) and flags (w8's KERNEL.toml),
+    in whatever order the targets come, and encode each plan's own signature entry."""
+    root = make_project(tmp_path / "proj")
+    (root / "kernels/hopper/qwen/w8/KERNEL.toml").write_text(
+        '[build]\nextra_nvcc_flags = ["-DW8=1"]\n'
+    )
+    toolchains = load_toolchains(root)
+    layouts = {str(lay.target): lay for lay in _layouts(root)}
+    names = ["hopper/qwen/w4", "hopper/qwen/w8", "gb10/qwen/w4", "gb10/qwen/w8"]
+    for order in (names, names[::-1]):
+        memo = PlanMemo(root)
+        argvs = {}
+        for name in order:
+            shared = plan_target(root, layouts[name], toolchains, identity="id", memo=memo)
+            alone = plan_target(root, layouts[name], toolchains, identity="id")
+            assert shared == alone
+            assert shared.signature_json["modules"] == canonical_json(shared.signature["modules"])
+            assert shared.signature_json["modules"] == canonical_list(
+                canonical_json(entry) for entry in alone.signature["modules"]
+            )
+            argvs[name] = next(m.argv for m in shared.modules if m.stem == "add")
+        assert len(set(argvs.values())) == 4
+        assert all(("-DW8=1" in argv) == name.endswith("w8") for name, argv in argvs.items())
 
 
 _BROKEN = {

@@ -15,11 +15,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
 from metrale_orch.cache_schema import CACHE_SCHEMA
+from metrale_orch.canonical import canonical_json, canonical_list
 from metrale_orch.defaults import (
     DeclaredLevers,
     TargetDefaults,
@@ -40,7 +41,7 @@ from metrale_orch.toolchain.argv import (
     link_argv,
 )
 from metrale_orch.toolchain.definitions import Toolchain, select_toolchain
-from metrale_orch.tree import Entry, Hardware, Layout, Shadow, Target
+from metrale_orch.tree import Entry, Hardware, Layout, Role, Shadow, Target
 
 __all__ = [
     "PLAN_SCHEMA",
@@ -52,6 +53,7 @@ __all__ = [
     "config_docs",
     "merge_flags",
     "module_names",
+    "module_signature",
     "plan_target",
     "shadow_dict",
 ]
@@ -109,6 +111,10 @@ class TargetPlan:
     file_dep_rels: tuple[str, ...] = ()
     #: The project's HIP compat directory, for a toolchain of the ``hip`` dialect.
     hip_compat: HipCompat | None = None
+    #: The canonical JSON text (:func:`~metrale_orch.canonical.canonical_json`) of some
+    #: parts of ``signature``, made from pieces the plans of one memo share: the same
+    #: text as encoding the part (``modules``: each module's piece is encoded once).
+    signature_json: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def toolchain_name(self) -> str:
@@ -180,7 +186,10 @@ class PlanMemo:
         "_envs",
         "_keep",
         "_levers",
+        "_module_json",
         "_modules",
+        "_plain",
+        "_tokens",
         "rel",
         "root",
     )
@@ -193,6 +202,15 @@ class PlanMemo:
         self._defaults: dict[tuple[str, int], tuple[TargetDefaults, dict[str, JsonValue]]] = {}
         self._levers: DeclaredLevers | None = None
         self._modules: dict[_ModuleKey, ModulePlan] = {}
+        #: The module plans of targets whose argv is the plain compile step
+        #: (``_ArgvSteps.plain``), by (plain token, stem, name, whether the role is common
+        #: (one of two), entry, source, cwd): given the token's toolchain, arch and flags
+        #: these fields decide the whole plan (kept with its signature entry's JSON).
+        self._plain: dict[tuple[int, str, str, bool, str, Path, str], tuple[ModulePlan, str]] = {}
+        #: (id(toolchain), arch, flags) -> a small number naming them (a plain token).
+        self._tokens: dict[tuple[int, str, tuple[str, ...]], int] = {}
+        #: id(module plan) -> the canonical JSON of its signature entry.
+        self._module_json: dict[int, str] = {}
         #: Objects whose id() keys an entry above, kept alive so no id is reused.
         self._keep: dict[int, object] = {}
 
@@ -210,12 +228,31 @@ class PlanMemo:
             self._argvs[key] = got
         return got
 
+    def plain_token(self, toolchain: Toolchain, arch: str, flags: tuple[str, ...]) -> int:
+        """A number standing for (toolchain, arch, flags) in this memo's plain-module keys."""
+        key = (id(toolchain), arch, flags)
+        got = self._tokens.get(key)
+        if got is None:
+            got = self._tokens[key] = len(self._tokens)
+            self._keep[id(toolchain)] = toolchain
+        return got
+
     def module(self, key: _ModuleKey, make: Callable[[], ModulePlan]) -> ModulePlan:
         """The module plan of ``key`` (its fields), made once: a module recurs, plan and
         all, across the targets of one hardware."""
         got = self._modules.get(key)
         if got is None:
             got = self._modules[key] = make()
+        return got
+
+    def module_json(self, plan: ModulePlan) -> str:
+        """The canonical JSON of ``plan``'s entry in a target's signature, encoded once
+        per module plan (a frozen value, kept alive here so its id is not reused)."""
+        got = self._module_json.get(id(plan))
+        if got is None:
+            got = canonical_json(module_signature(plan))
+            self._keep[id(plan)] = plan
+            self._module_json[id(plan)] = got
         return got
 
     def env(self, toolchain: Toolchain, environ: Mapping[str, str]) -> Mapping[str, str]:
@@ -401,10 +438,14 @@ def plan_target(
         switches=got.switches,
         compat=compat,
     )
-    modules = [
-        _plan_module(layout, stem, entry, got.names[stem], steps, rel)
+    token = memo.plain_token(toolchain, arch, flags) if steps.plain else None
+    # The compile's cwd by role (leaf, common): the same for every module of the target.
+    cwds = (role_dir(layout, Role.LEAF), role_dir(layout, Role.COMMON))
+    planned = [
+        _plan_module(layout, stem, entry, got.names[stem], steps, rel, token, cwds)
         for stem, entry in got.modules
     ]
+    modules = [m for m, _text in planned]
     keyed = _keyed_file_deps(layout, toolchain, compat, got.tree_levers, rel.dep)
     signature = {
         "schema": PLAN_SCHEMA,
@@ -415,10 +456,7 @@ def plan_target(
         "env": dict(env),
         "flags": list(flags),
         "layout": _layout_signature(layout, rel),
-        "modules": [
-            {"stem": m.stem, "name": m.name, "staged": m.staged, "argv": list(m.argv)}
-            for m in modules
-        ],
+        "modules": [module_signature(m) for m in modules],
         "defaults": got.defaults_doc,
         "levers": got.tree_levers.to_dict(),
     }
@@ -436,7 +474,20 @@ def plan_target(
         signature=MappingProxyType(signature),
         file_dep_rels=tuple(dict.fromkeys(r for r, _ in keyed)),
         hip_compat=compat,
+        signature_json=MappingProxyType(
+            {"modules": canonical_list([text for _m, text in planned])}
+        ),
     )
+
+
+def module_signature(module: ModulePlan) -> dict[str, object]:
+    """One module as a target's signature records it (a fresh dict)."""
+    return {
+        "stem": module.stem,
+        "name": module.name,
+        "staged": module.staged,
+        "argv": list(module.argv),
+    }
 
 
 def check_plan(
@@ -571,16 +622,38 @@ class _ArgvSteps:
 
 
 def _plan_module(
-    layout: Layout, stem: str, entry: Entry, name: str, steps: _ArgvSteps, rel: RootRel
-) -> ModulePlan:
-    """The plan of one module: where it is staged and how it is compiled."""
-    role = layout.role_of(entry)
-    cwd = role_dir(layout, role)
+    layout: Layout,
+    stem: str,
+    entry: Entry,
+    name: str,
+    steps: _ArgvSteps,
+    rel: RootRel,
+    token: int | None,
+    cwds: tuple[str, str],
+) -> tuple[ModulePlan, str]:
+    """The plan of one module (where it is staged and how it is compiled) and the
+    canonical JSON of its signature entry (:meth:`PlanMemo.module_json`).
+
+    ``token``: the memo's plain token of the target's (toolchain, arch, flags) when its
+    argv is the plain compile step; ``cwds``: the target's leaf and common directories."""
+    role = layout.layers[entry.layer].role  # layout.role_of(entry)
+    common = role is Role.COMMON
+    cwd = cwds[common]
+    memo = steps.memo
+    if token is not None:
+        short = (token, stem, name, common, entry.name, entry.source, cwd)
+        got = memo._plain.get(short)
+        if got is not None:
+            return got
     artefact = f"{name}.{steps.toolchain.extension}"
     argv = _module_argv(steps, cwd, entry.name, name, artefact)
     # Every field of the plan, but source_rel and staged, which follow from them.
     key = (stem, name, role.value, entry.name, entry.source, cwd, artefact, argv)
-    return steps.memo.module(key, lambda: _new_module_plan(key, rel))
+    plan = memo.module(key, lambda: _new_module_plan(key, rel))
+    made = (plan, memo.module_json(plan))
+    if token is not None:
+        memo._plain[short] = made
+    return made
 
 
 def _new_module_plan(key: _ModuleKey, rel: RootRel) -> ModulePlan:

@@ -47,6 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 import xxhash
 from doit.dependency import FileChangedChecker, UptodateCalculator
 
+from metrale_orch.canonical import canonical_json
 from metrale_orch.fsutil import (
     FileState,
     file_digest,
@@ -105,18 +106,22 @@ PROFILE_KEY = "profile"
 _VALUE_RECORDS = ("_values_:", "result:")
 
 
-def signature_parts(signature: Mapping[str, object]) -> dict[str, str]:
+def signature_parts(
+    signature: Mapping[str, object], encoded: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """One short digest per top-level part of a plan's signature (pure).
 
-    Each part is encoded as canonical JSON (sorted keys, no spaces; values that
-    JSON cannot hold are encoded by ``str``), so equal signatures give equal
-    digests in every process and checkout.
+    Each part is encoded as canonical JSON (:func:`~metrale_orch.canonical.canonical_json`:
+    sorted keys, no spaces; values that JSON cannot hold are encoded by ``str``), so
+    equal signatures give equal digests in every process and checkout. ``encoded``
+    gives the canonical text of some parts already made (a plan's
+    ``signature_json``: the same text, built from memoised pieces).
     """
     out: dict[str, str] = {}
     for key in sorted(signature):
-        text = json.dumps(
-            signature[key], sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=True
-        )
+        text = encoded.get(key) if encoded else None
+        if text is None:
+            text = canonical_json(signature[key])
         out[str(key)] = xxhash.xxh3_64_hexdigest(text.encode("utf-8"))
     return out
 

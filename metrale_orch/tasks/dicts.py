@@ -55,6 +55,7 @@ __all__ = [
     "plan_build_task",
     "plan_error_task",
     "plan_skip_task",
+    "target_plan_task",
 ]
 
 #: Base name of the build tasks.
@@ -111,15 +112,30 @@ def plan_build_task(
     signature: Mapping[str, object],
     manifest: Path,
     doc: str = "",
+    signature_json: Mapping[str, str] | None = None,
 ) -> TaskDict:
-    """The task dict of a target that can be built (pure)."""
+    """The task dict of a target that can be built (pure). ``signature_json``: the
+    canonical text of some parts of ``signature`` (a plan's ``signature_json``)."""
     return build_task(
         root=root,
         target=target,
         file_dep=sorted({rel_posix(p, root) for p in file_deps}),
-        parts=signature_parts(signature),
+        parts=signature_parts(signature, signature_json),
         manifest=rel_posix(manifest, root),
         doc=doc,
+    )
+
+
+def target_plan_task(*, root: Path, target: str, plan: TargetPlan, manifest: Path) -> TaskDict:
+    """:func:`plan_build_task` of ``plan`` (pure), from its finished parts: the plan's
+    ``file_dep_rels`` are doit's spelling already (root-relative, unique, sorted) and its
+    ``signature_json`` the canonical text of some signature parts."""
+    return build_task(
+        root=root,
+        target=target,
+        file_dep=list(plan.file_dep_rels),
+        parts=signature_parts(plan.signature, plan.signature_json),
+        manifest=rel_posix(manifest, root),
     )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from metrale_orch.config import Config, load_config
@@ -36,9 +37,9 @@ from metrale_orch.tasks.dicts import (
     BuildSpec,
     TaskDict,
     explicit_targets,
-    plan_build_task,
     plan_error_task,
     plan_skip_task,
+    target_plan_task,
 )
 from metrale_orch.tasks.smoke import smoke_tasks
 from metrale_orch.toolchain.archcheck import find_toolchain_for_arch
@@ -126,10 +127,16 @@ def generate_specs(
     if whole:
         more = f" (and {len(whole) - 1} more)" if len(whole) > 1 else ""
         specs.append(error(TREE_TASK, whole[0] + more))
-    for target, layout in resolved:
+    checked = [
+        (t, lay if isinstance(lay, LayoutError) else layer_manifest_problem(lay, misshapen) or lay)
+        for t, lay in resolved
+    ]
+    # Every toolchain the targets select is found (probed) at once, on threads, while the
+    # first targets are planned: a target waits only for its own toolchain's probe.
+    state_dir = config.build_dir / STATE_DIR
+    pending = _start_finding(_wanted_toolchains(checked, toolchains), environ, state_dir, probes)
+    for target, layout in checked:
         name = str(target)
-        if not isinstance(layout, LayoutError):
-            layout = layer_manifest_problem(layout, misshapen) or layout
         if isinstance(layout, LayoutError):
             specs.append(error(name, str(layout), layout))
             continue
@@ -137,8 +144,11 @@ def generate_specs(
             toolchain = select_toolchain(layout.hardware, toolchains)
             tool_key = (toolchain.name, layout.hardware.arch or "")
             if tool_key not in found:
-                found[tool_key] = _find_toolchain(
-                    toolchain, environ, config.build_dir / STATE_DIR, tool_key[1], probes
+                started = pending.get(tool_key)
+                found[tool_key] = (
+                    started.result()
+                    if started is not None
+                    else _find_toolchain(toolchain, environ, state_dir, tool_key[1], probes)
                 )
                 # A failed version probe may pass next time: never cached.
                 cacheable = cacheable and not _probe_failed(found[tool_key])
@@ -177,24 +187,59 @@ def generate_specs(
         except MetraleError as exc:
             specs.append(error(name, str(exc), layout))
             continue
-        unnamable = next((p for p in plan.file_dep_rels if not is_printable(str(p))), None)
+        unnamable = _unnamable(plan.file_dep_rels)
         if unnamable is not None:  # doit's database and the keys hold names as UTF-8
             specs.append(error(name, unnamable_message(str(unnamable)), layout))
             continue
         out_dir = target_dir(config.build_dir, target.hardware, target.model, target.quant)
-        task = plan_build_task(
-            root=root,
-            target=name,
-            file_deps=plan.file_dep_rels,
-            signature=plan.signature,
-            manifest=out_dir / MANIFEST_NAME,
-        )
+        task = target_plan_task(root=root, target=name, plan=plan, manifest=out_dir / MANIFEST_NAME)
         specs.append(
             BuildSpec(
                 target=name, kind="build", plan=plan, layout=layout, task=task, resolved=layout
             )
         )
     return specs, cacheable
+
+
+def _unnamable(rels: Sequence[str]) -> str | None:
+    """The first of ``rels`` that is not UTF-8, or None: one encode of them all (a name
+    that is not UTF-8 makes the whole text fail), then one by one."""
+    if is_printable("\n".join(rels)):
+        return None
+    return next((p for p in rels if not is_printable(str(p))), None)
+
+
+def _start_finding(
+    wanted: Mapping[tuple[str, str], Toolchain],
+    environ: Mapping[str, str],
+    state_dir: Path,
+    probes: ProbeMemo,
+) -> dict[tuple[str, str], Future[FoundToolchain | MetraleError]]:
+    """:func:`_find_toolchain` of each wanted (toolchain, arch), started on threads."""
+    pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="metrale-find")
+    pending = {
+        key: pool.submit(_find_toolchain, toolchain, environ, state_dir, key[1], probes)
+        for key, toolchain in wanted.items()
+    }
+    pool.shutdown(wait=False)  # the submitted finds still run; each is waited for
+    return pending
+
+
+def _wanted_toolchains(
+    checked: Sequence[tuple[Target, Layout | LayoutError]], toolchains: Mapping[str, Toolchain]
+) -> dict[tuple[str, str], Toolchain]:
+    """(toolchain name, arch) -> toolchain of every target that resolved, as the targets'
+    loop selects them (a target whose selection fails wants none)."""
+    wanted: dict[tuple[str, str], Toolchain] = {}
+    for _target, layout in checked:
+        if isinstance(layout, LayoutError):
+            continue
+        try:
+            toolchain = select_toolchain(layout.hardware, toolchains)
+        except MetraleError:
+            continue
+        wanted.setdefault((toolchain.name, layout.hardware.arch or ""), toolchain)
+    return wanted
 
 
 def _find_toolchain(

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import tempfile
+import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -54,6 +55,8 @@ __all__ = [
 #: The verdicts' file in the build's state directory.
 ARCH_CHECKS = "arch-checks.json"
 _ARCH_CHECKS_MAX = 256
+#: Guards the read-modify-write of the verdicts' file within this process.
+_VERDICTS_LOCK = threading.Lock()
 _SOURCE = "metrale_arch_check.cu"
 _OUTPUT = "metrale_arch_check"
 _KERNEL = 'extern "C" __global__ void metrale_arch_check() {}\n'
@@ -131,17 +134,20 @@ def arch_problem(
         return ""
     key = _memo_key(toolchain, program, identity, arch)
     path = None if state_dir is None else Path(state_dir) / ARCH_CHECKS
-    known = {} if path is None else _read_verdicts(path)
-    if key in known:
-        return known[key]
-    problem = run_arch_check(toolchain, program, environ, arch)
-    if path is not None:
-        kept = dict(sorted(known.items())[: _ARCH_CHECKS_MAX - 1])
-        kept[key] = problem
-        kept = dict(sorted(kept.items()))
-        # Only a speed-up: a read-only build dir checks again in the next process.
-        with contextlib.suppress(OSError):
-            write_atomic(path, json.dumps(kept, indent=1).encode())
+    # Generation finds its toolchains on threads: one read-check-write of the file at a
+    # time, so no thread's verdict is lost to another's write.
+    with _VERDICTS_LOCK:
+        known = {} if path is None else _read_verdicts(path)
+        if key in known:
+            return known[key]
+        problem = run_arch_check(toolchain, program, environ, arch)
+        if path is not None:
+            kept = dict(sorted(known.items())[: _ARCH_CHECKS_MAX - 1])
+            kept[key] = problem
+            kept = dict(sorted(kept.items()))
+            # Only a speed-up: a read-only build dir checks again in the next process.
+            with contextlib.suppress(OSError):
+                write_atomic(path, json.dumps(kept, indent=1).encode())
     return problem
 
 

@@ -1,0 +1,25 @@
+"""The canonical JSON text of a plan's signature parts (pure): one home for its encoding.
+
+Sorted keys, no spaces, ASCII only, values JSON cannot hold encoded by ``str``:
+equal values give equal text in every process and checkout. A list's text is
+``"[" + ",".join(item texts) + "]"``, so a part made of items that recur across
+targets (module plans) can be encoded once per item (:func:`canonical_list`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+__all__ = ["canonical_json", "canonical_list"]
+
+
+def canonical_json(value: object) -> str:
+    """``value`` as canonical JSON text (pure)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=True)
+
+
+def canonical_list(item_texts: Iterable[str]) -> str:
+    """The canonical JSON text of a list, from its items' canonical texts (pure):
+    ``canonical_json(items) == canonical_list(canonical_json(i) for i in items)``."""
+    return "[" + ",".join(item_texts) + "]"
