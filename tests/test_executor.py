@@ -26,10 +26,17 @@ echo "end $(date +%s%N) $2" >> "$LOG"
 
 
 def recorder(tmp_path: Path) -> Path:
+    """The recorder script under ``tmp_path``, written once and by a rename: processes
+    making actions at the same time never rewrite a script another one is executing
+    (which failed with "Text file busy")."""
     path = tmp_path / "bin" / "rec"
+    if path.is_file():
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(RECORDER)
-    path.chmod(0o755)
+    tmp = path.with_name(f".rec.{os.getpid()}.{threading.get_ident()}")
+    tmp.write_text(RECORDER)
+    tmp.chmod(0o755)
+    os.replace(tmp, path)
     return path
 
 
