@@ -636,7 +636,7 @@ def _plan_module(
 
     ``token``: the memo's plain token of the target's (toolchain, arch, flags) when its
     argv is the plain compile step; ``cwds``: the target's leaf and common directories."""
-    role = layout.layers[entry.layer].role  # layout.role_of(entry)
+    role = layout.role_of(entry)
     common = role is Role.COMMON
     cwd = cwds[common]
     memo = steps.memo

@@ -131,11 +131,10 @@ _RESULT_TAG = "xxh3-128:"
 
 
 def result_digest(result: Mapping[str, object]) -> str:
-    """What a task's dict result is saved as (pure): xxh3-128 of its canonical JSON (sorted
-    keys, no spaces; values JSON cannot hold encoded by ``str``), its profile spans
+    """What a task's dict result is saved as (pure): xxh3-128 of its canonical JSON
+    (:func:`~metrale_orch.canonical.canonical_json`), its profile spans
     (:data:`PROFILE_KEY`) left out."""
-    doc = {k: v for k, v in result.items() if k != PROFILE_KEY}
-    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=True)
+    text = canonical_json({k: v for k, v in result.items() if k != PROFILE_KEY})
     return _RESULT_TAG + xxhash.xxh3_128_hexdigest(text.encode("utf-8"))
 
 

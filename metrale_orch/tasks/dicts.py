@@ -112,15 +112,13 @@ def plan_build_task(
     signature: Mapping[str, object],
     manifest: Path,
     doc: str = "",
-    signature_json: Mapping[str, str] | None = None,
 ) -> TaskDict:
-    """The task dict of a target that can be built (pure). ``signature_json``: the
-    canonical text of some parts of ``signature`` (a plan's ``signature_json``)."""
+    """The task dict of a target that can be built (pure)."""
     return build_task(
         root=root,
         target=target,
         file_dep=sorted({rel_posix(p, root) for p in file_deps}),
-        parts=signature_parts(signature, signature_json),
+        parts=signature_parts(signature),
         manifest=rel_posix(manifest, root),
         doc=doc,
     )

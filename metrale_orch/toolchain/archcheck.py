@@ -134,21 +134,27 @@ def arch_problem(
         return ""
     key = _memo_key(toolchain, program, identity, arch)
     path = None if state_dir is None else Path(state_dir) / ARCH_CHECKS
-    # Generation finds its toolchains on threads: one read-check-write of the file at a
-    # time, so no thread's verdict is lost to another's write.
-    with _VERDICTS_LOCK:
-        known = {} if path is None else _read_verdicts(path)
-        if key in known:
-            return known[key]
-        problem = run_arch_check(toolchain, program, environ, arch)
-        if path is not None:
-            kept = dict(sorted(known.items())[: _ARCH_CHECKS_MAX - 1])
-            kept[key] = problem
-            kept = dict(sorted(kept.items()))
-            # Only a speed-up: a read-only build dir checks again in the next process.
-            with contextlib.suppress(OSError):
-                write_atomic(path, json.dumps(kept, indent=1).encode())
+    known = {} if path is None else _read_verdicts(path)
+    if key in known:
+        return known[key]
+    problem = run_arch_check(toolchain, program, environ, arch)
+    if path is not None:
+        _keep_verdict(path, key, problem)
     return problem
+
+
+def _keep_verdict(path: Path, key: str, problem: str) -> None:
+    """Add one verdict to the file. Generation finds its toolchains on threads, whose
+    checks run at once: only the read-modify-write of the file is one at a time, so no
+    thread's verdict is lost to another's write."""
+    with _VERDICTS_LOCK:
+        known = _read_verdicts(path)
+        kept = dict(sorted(known.items())[: _ARCH_CHECKS_MAX - 1])
+        kept[key] = problem
+        kept = dict(sorted(kept.items()))
+        # Only a speed-up: a read-only build dir checks again in the next process.
+        with contextlib.suppress(OSError):
+            write_atomic(path, json.dumps(kept, indent=1).encode())
 
 
 def find_toolchain_for_arch(
