@@ -24,6 +24,7 @@ from metrale_orch.tasks.actions import nonzero_counters
 from metrale_orch.tasks.checker import SignatureCheck
 from metrale_orch.tasks.creators import (
     cached_tasks,
+    generation_base,
     generation_key,
     record_task_dicts,
     replay_task_dicts,
@@ -411,6 +412,94 @@ def test_another_key_misses(tmp_path: Path) -> None:
     assert scanned is not None
     taskcache.store(tmp_path / "c", "k", scanned, _one_spec())
     assert taskcache.lookup(tmp_path / "c", "other").reason.startswith("key changed")
+
+
+# ------------------------------------------------------------------------------ which programs
+
+
+SPARE_TOOLCHAIN = """\
+[toolchain]
+name = "spare"
+vendors = ["nobody"]
+program = "sparecc"
+install_hint = "a toolchain no target of the tree selects"
+version_args = ["--version"]
+output = "ptx"
+argv = ["{program}", "{source}", "-o", "{output}"]
+"""
+
+
+def _spare(root: Path, bin_dir: Path, version: str) -> Path:
+    """A project toolchain claiming a vendor no hardware has; its compiler logs each run."""
+    (root / "toolchains/spare.toml").write_text(SPARE_TOOLCHAIN)
+    program = bin_dir / "sparecc"
+    program.write_text(f'#!/bin/sh\necho run >> "{bin_dir}/spare.log"\necho "spare {version}"\n')
+    program.chmod(0o755)
+    return bin_dir / "spare.log"
+
+
+def test_a_toolchain_no_target_selects_is_not_probed_and_changes_nothing(
+    fake_project: tuple[Path, dict[str, str]], trusting: None, tmp_path: Path
+) -> None:
+    """The key holds the programs of the toolchains the targets select: another one
+    (hipcc beside a tree of NVIDIA targets) is neither probed nor able to miss."""
+    from metrale_orch.tasks.probes import reset_run_probes, start_probes
+
+    root, env = fake_project
+    log = _spare(root, tmp_path / "bin", "1.0")
+    primed(root, env)
+    state = root / STATE
+    assert taskcache.read_uses(state, _base(root, env)) == ("metal", "nvcc")
+    log.unlink()
+    assert lookup(root, env) == "hit"
+    probes = tmp_path / "probes.log"
+    reset_run_probes()
+    try:
+        start_probes(root, {**env, "FAKECC_PROBES": str(probes)}).join(30)
+        assert len(probes.read_text().splitlines()) == 1  # the toolchain the targets use
+    finally:
+        reset_run_probes()
+    assert not log.exists()  # neither the key, the generation nor the early start ran it
+    _spare(root, tmp_path / "bin", "2.0")  # another compiler: no target uses it
+    assert lookup(root, env) == "hit" and not log.exists()
+    (tmp_path / "bin/sparecc").unlink()  # gone: still nothing selects it
+    assert lookup(root, env) == "hit"
+
+
+def _base(root: Path, env: dict[str, str]) -> str:
+    return generation_base(root, env, load_config(root, env), load_toolchains(root))
+
+
+def test_a_toolchain_a_skipped_target_selects_is_still_probed(
+    fake_project: tuple[Path, dict[str, str]], trusting: None, tmp_path: Path
+) -> None:
+    """A target skipped because its compiler is missing selects that toolchain: the
+    compiler appearing misses (the skip may become a build), however it answers."""
+    root, env = fake_project
+    primed(root, env)
+    xcrun = tmp_path / "bin/xcrun"
+    xcrun.write_text('#!/bin/sh\necho "Apple metal version 32023.1"\n')
+    xcrun.chmod(0o755)
+    assert lookup(root, env) != "hit"
+
+
+def test_the_uses_hint_is_only_a_hint(tmp_path: Path) -> None:
+    """read_uses: unknown, damaged or mistyped is None (then every toolchain is probed);
+    write_uses keeps the newest KEEP bases."""
+    assert taskcache.read_uses(tmp_path, "b") is None
+    taskcache.write_uses(tmp_path, "b", ["nvcc", "hip"])
+    assert taskcache.read_uses(tmp_path, "b") == ("hip", "nvcc")
+    assert taskcache.read_uses(tmp_path, "other") is None
+    for i in range(taskcache.KEEP):
+        taskcache.write_uses(tmp_path, f"b{i}", [])
+    assert taskcache.read_uses(tmp_path, "b") is None
+    assert taskcache.read_uses(tmp_path, f"b{taskcache.KEEP - 1}") == ()
+    path = tmp_path / taskcache.USES_NAME
+    for text in ("{", '{"b": "nvcc"}', '{"b": [1]}', "[]"):
+        path.write_text(text)
+        assert taskcache.read_uses(tmp_path, "b") is None, text
+    taskcache.write_uses(tmp_path, "b", ["x"])  # a damaged file is replaced
+    assert taskcache.read_uses(tmp_path, "b") == ("x",)
 
 
 # ------------------------------------------------------------------------------ real doit runs

@@ -57,9 +57,11 @@ if TYPE_CHECKING:
 __all__ = [
     "Generation",
     "cached_tasks",
+    "generation_base",
     "generation_key",
     "named_failures",
     "start_order",
+    "wanted_toolchains",
 ]
 
 
@@ -72,6 +74,9 @@ class Generation:
     generate_specs: Callable[..., tuple[list[BuildSpec], bool]]
     #: ``(root, environ, specs) -> smoke task dicts``.
     smoke_task_dicts: Callable[[Path, Mapping[str, str], Sequence[BuildSpec]], list[TaskDict]]
+    #: ``(specs, toolchains) -> names``: the toolchains the specs' targets select (every
+    #: one whose programs can change a task).
+    used_toolchains: Callable[[Sequence[BuildSpec], Mapping[str, Toolchain]], frozenset[str]]
 
 
 def cached_tasks(
@@ -92,8 +97,11 @@ def cached_tasks(
     except MetraleError:
         specs = generation().generate_specs(root, environ, argv, probes=probes)[0]
         return specs, None, "not cached: configuration error"
-    key = generation_key(root, environ, config, toolchains, probes)
-    path = taskcache.cache_path(config.build_dir / STATE_DIR, key)
+    state_dir = config.build_dir / STATE_DIR
+    base = generation_base(root, environ, config, toolchains)
+    used = taskcache.read_uses(state_dir, base)
+    key = _keyed(base, config, environ, toolchains, probes, used)
+    path = taskcache.cache_path(state_dir, key)
     found = taskcache.lookup(path, key)
     if found.specs is not None:
         explicit = explicit_targets(argv)
@@ -109,6 +117,11 @@ def cached_tasks(
     if scanned is not None and cacheable:
         smoke = made.smoke_task_dicts(root, environ, specs)
         recorded = record_task_dicts(smoke)
+        # Stored under the toolchains the targets did select (probed already).
+        selected = sorted(made.used_toolchains(specs, toolchains))
+        if used is None or list(used) != selected:
+            key = _keyed(base, config, environ, toolchains, probes, selected)
+            path = taskcache.cache_path(state_dir, key)
         taskcache.store(
             path,
             key,
@@ -116,6 +129,7 @@ def cached_tasks(
             [_to_cached(s) for s in specs],
             None if recorded is None else [recorded],
         )
+        taskcache.write_uses(state_dir, base, selected)
     return specs, smoke, found.reason
 
 
@@ -197,16 +211,12 @@ def replay_task_dicts(extra: object) -> list[TaskDict] | None:
         return None
 
 
-def generation_key(
-    root: Path,
-    environ: Mapping[str, str],
-    config: Config,
-    toolchains: Mapping[str, Toolchain],
-    probes: ProbeMemo | None = None,
+def generation_base(
+    root: Path, environ: Mapping[str, str], config: Config, toolchains: Mapping[str, Toolchain]
 ) -> str:
-    """Digest of what task generation depends on besides the watched files (I/O: finds
-    each toolchain's program): versions, root, configuration, toolchain definitions
-    and programs, and the environment variables any of them reads."""
+    """Digest of what task generation depends on besides the watched files and the
+    toolchains' programs (no compiler runs): versions, root, configuration, every
+    toolchain's definition, and the environment variables any of them reads."""
     names = {"PATH", "HOME", "XDG_CACHE_HOME"}
     names.update(k for k in environ if k.startswith("METRALE_"))
     for tc in toolchains.values():
@@ -216,9 +226,6 @@ def generation_key(
             names.update(k for k in environ if k.startswith(tc.env_prefixes))
         if tc.host_compiler_env:
             names.add(tc.host_compiler_env)
-    # Probed on every invocation (a wrapper can switch the real compiler without a
-    # change any stat would see); only the real binaries' hashes are remembered.
-    state_dir = config.build_dir / STATE_DIR
     doc = {
         "schema": taskcache.SCHEMA,
         "python": [sys.version, sys.executable],
@@ -229,12 +236,71 @@ def generation_key(
         "config": _generation_config(config),
         "env": {name: environ.get(name) for name in sorted(names)},
         "toolchains": {name: tc.to_dict() for name, tc in sorted(toolchains.items())},
-        "programs": toolchain_stamps(toolchains, environ, state_dir=state_dir, memo=probes),
         # The HIP targets' file deps and identity list its files: a new one regenerates.
         "hip_compat": scan_hip_compat(root, config.hip_compat_dir).digest,
     }
+    return _digest(doc)
+
+
+def generation_key(
+    root: Path,
+    environ: Mapping[str, str],
+    config: Config,
+    toolchains: Mapping[str, Toolchain],
+    probes: ProbeMemo | None = None,
+    used: Iterable[str] | None = None,
+) -> str:
+    """Digest of what task generation depends on besides the watched files (I/O: finds
+    and probes toolchains): :func:`generation_base`, and the programs of the toolchains
+    ``used`` (default: those the last generation under the same base selected, else
+    all), with their names.
+
+    Probed on every invocation (a wrapper can switch the real compiler without a change
+    any stat would see); only the real binaries' hashes are remembered. A toolchain no
+    target selects changes no task, so it is not probed: hipcc on a tree of NVIDIA
+    targets costs a no-op nothing (:func:`~metrale_orch.tasks.taskcache.read_uses`).
+    """
+    base = generation_base(root, environ, config, toolchains)
+    return _keyed(base, config, environ, toolchains, probes, used)
+
+
+def _keyed(
+    base: str,
+    config: Config,
+    environ: Mapping[str, str],
+    toolchains: Mapping[str, Toolchain],
+    probes: ProbeMemo | None,
+    used: Iterable[str] | None,
+) -> str:
+    state_dir = config.build_dir / STATE_DIR
+    if used is None:
+        used = taskcache.read_uses(state_dir, base)
+    names = sorted(toolchains if used is None else set(used) & set(toolchains))
+    probed = {n: toolchains[n] for n in names}
+    doc = {
+        "base": base,
+        "used": names,
+        "programs": toolchain_stamps(probed, environ, state_dir=state_dir, memo=probes),
+    }
+    return _digest(doc)
+
+
+def _digest(doc: object) -> str:
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
     return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogateescape"))
+
+
+def wanted_toolchains(root: Path, environ: Mapping[str, str]) -> dict[str, Toolchain]:
+    """The toolchains a run at ``root`` will probe first: those the last generation's
+    targets selected (all when that is not known). Raises MetraleError (configuration,
+    toolchain definitions)."""
+    config = load_config(root, environ)
+    toolchains = load_toolchains(root)
+    base = generation_base(root, environ, config, toolchains)
+    used = taskcache.read_uses(config.build_dir / STATE_DIR, base)
+    if used is None:
+        return dict(toolchains)
+    return {n: toolchains[n] for n in used if n in toolchains}
 
 
 def _generation_config(config: Config) -> dict[str, object]:

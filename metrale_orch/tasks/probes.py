@@ -3,8 +3,10 @@
 A no-op ``doit build`` cannot skip the probes (a wrapper can switch the real
 compiler without a change any ``stat`` would see), but it need not wait for
 them: :func:`start_probes`, called first thing when doit imports the dodo
-file, runs every toolchain's probe on a background thread while the rest of
-the package is imported and doit reads its configuration. Task generation
+file, runs the probes of the toolchains the targets selected last time (every
+toolchain the first time: :func:`~metrale_orch.tasks.creators.wanted_toolchains`) on
+a background thread while the rest of the package is imported and doit reads its
+configuration. Task generation
 then asks the same :class:`~metrale_orch.toolchain.probe.ProbeMemo` and gets
 the probes already run or waits for the ones in flight; the builds of the run
 reuse them too. Only an early start: a probe that fails here is not
@@ -38,21 +40,21 @@ def reset_run_probes() -> None:
 
 
 def start_probes(root: Path, environ: Mapping[str, str]) -> threading.Thread:
-    """Probe every toolchain of the project at ``root`` on a daemon thread, into
-    :func:`run_probes` (the same stamps task generation computes)."""
+    """Probe the toolchains of the project at ``root`` that its targets selected last
+    time (all, the first time) on a daemon thread, into :func:`run_probes` (the same
+    stamps the task cache's key computes)."""
     memo = run_probes()
     env = dict(environ)
 
     def run() -> None:
         from metrale_orch.config import load_config
         from metrale_orch.paths import STATE_DIR
-        from metrale_orch.toolchain.definitions import load_toolchains
+        from metrale_orch.tasks.creators import wanted_toolchains
         from metrale_orch.toolchain.probe import toolchain_stamps
 
         with contextlib.suppress(MetraleError, OSError):
-            config = load_config(root, env)
-            stamps_dir = config.build_dir / STATE_DIR
-            toolchain_stamps(load_toolchains(root), env, state_dir=stamps_dir, memo=memo)
+            stamps_dir = load_config(root, env).build_dir / STATE_DIR
+            toolchain_stamps(wanted_toolchains(root, env), env, state_dir=stamps_dir, memo=memo)
 
     thread = threading.Thread(target=run, name="metrale-probes", daemon=True)
     thread.start()

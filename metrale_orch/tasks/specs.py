@@ -64,6 +64,7 @@ __all__ = [
     "resolve_build_specs",
     "smoke_task_dicts",
     "spec_inputs",
+    "used_toolchains",
 ]
 
 
@@ -342,8 +343,27 @@ def smoke_task_dicts(
     return out if len(out) > 1 else []
 
 
+def used_toolchains(
+    specs: Sequence[BuildSpec], toolchains: Mapping[str, Toolchain]
+) -> frozenset[str]:
+    """The names of the toolchains the targets of ``specs`` select (pure): every one
+    found or probed for them, whether it built, skipped or failed them. A toolchain
+    outside this set changes no spec: a target's toolchain follows from its
+    HARDWARE.toml and the definitions alone (:func:`select_toolchain`)."""
+    names: set[str] = set()
+    for spec in specs:
+        if isinstance(spec.resolved, Layout):
+            with contextlib.suppress(MetraleError):
+                names.add(select_toolchain(spec.resolved.hardware, toolchains).name)
+    return frozenset(names)
+
+
 #: The generation, as the task cache asks for it on a miss.
-GENERATION = Generation(generate_specs=generate_specs, smoke_task_dicts=smoke_task_dicts)
+GENERATION = Generation(
+    generate_specs=generate_specs,
+    smoke_task_dicts=smoke_task_dicts,
+    used_toolchains=used_toolchains,
+)
 
 
 def cached_build_specs(

@@ -9,10 +9,11 @@ far more than doit's own up-to-date checks. Its result is a function of:
   content doit's checker sees);
 - the configuration and the toolchain definitions (the caller loads both on
   every run and puts them, by value, into the key);
-- the environment the generation reads, each toolchain's program as found on
-  ``PATH`` (real path, size, mtime; see
-  :func:`~metrale_orch.toolchain.probe.toolchain_stamp`), the root, the build dir,
-  the versions of Python and doit, and the source files of this package.
+- the environment the generation reads, the program of each toolchain the targets
+  select as found on ``PATH`` and probed (see
+  :func:`~metrale_orch.toolchain.probe.toolchain_stamp` and :func:`read_uses`), the
+  root, the build dir, the versions of Python and doit, and the source files of this
+  package.
 
 The first three go into a *key* computed on every run (cheap); the tree and
 the package files are *watched*: the cache file records, for each watched
@@ -46,6 +47,7 @@ renamed, so readers see a whole file or none; anything unreadable is a miss.
 
 from __future__ import annotations
 
+import json
 import logging
 import marshal
 import os
@@ -72,8 +74,10 @@ __all__ = [
     "Scan",
     "cache_path",
     "lookup",
+    "read_uses",
     "scan",
     "store",
+    "write_uses",
 ]
 
 #: Version of the file format; part of the key.
@@ -83,6 +87,9 @@ SCHEMA = 4
 CACHE_GLOB = "build-tasks.*.cache"
 #: How many entries (keys) are kept; older ones are removed when one is written.
 KEEP = 4
+#: Which toolchains the targets of each key's last generation selected (a hint: see
+#: :func:`read_uses`).
+USES_NAME = "build-tasks.uses.json"
 _MARSHAL_VERSION = 4
 
 _log = logging.getLogger(__name__)
@@ -314,6 +321,42 @@ def store(
             old.unlink()
     except OSError:
         pass
+
+
+def read_uses(state_dir: Path, base: str) -> tuple[str, ...] | None:
+    """The toolchains the last generation under ``base`` (the generation key without the
+    programs) found its targets selecting, sorted, or None when not known.
+
+    Only a hint of which toolchains to probe: the key puts the names in with the
+    probed stamps, so a wrong or stale hint gives another key, a miss, never a
+    wrong hit. An entry stored under a key was generated when the targets selected
+    exactly those toolchains, and a hit means the watched tree is unchanged, so the
+    targets still select them; an unselected toolchain cannot change a task.
+    """
+    try:
+        doc = json.loads((Path(state_dir) / USES_NAME).read_bytes())
+        names = doc[base]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        return None
+    return tuple(sorted(names))
+
+
+def write_uses(state_dir: Path, base: str, names: Iterable[str]) -> None:
+    """Remember ``names`` as the toolchains of ``base`` (the newest :data:`KEEP` bases
+    kept; errors are ignored, as for the cache files)."""
+    path = Path(state_dir) / USES_NAME
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        doc = {}
+    if not isinstance(doc, dict):
+        doc = {}
+    doc.pop(base, None)
+    doc[base] = sorted(names)
+    kept = dict(list(doc.items())[-KEEP:])
+    _write(path, json.dumps(kept, indent=1).encode() + b"\n")
 
 
 # ------------------------------------------------------------------------------ lookup
