@@ -261,6 +261,8 @@ def generation_key(
     targets costs a no-op nothing (:func:`~metrale_orch.tasks.taskcache.read_uses`).
     """
     base = generation_base(root, environ, config, toolchains)
+    if used is None:
+        used = taskcache.read_uses(config.build_dir / STATE_DIR, base)
     return _keyed(base, config, environ, toolchains, probes, used)
 
 
@@ -272,17 +274,24 @@ def _keyed(
     probes: ProbeMemo | None,
     used: Iterable[str] | None,
 ) -> str:
+    """The key of ``base`` with the toolchains ``used`` probed (None: all of them)."""
     state_dir = config.build_dir / STATE_DIR
-    if used is None:
-        used = taskcache.read_uses(state_dir, base)
-    names = sorted(toolchains if used is None else set(used) & set(toolchains))
-    probed = {n: toolchains[n] for n in names}
+    probed = _selected(toolchains, used)
     doc = {
         "base": base,
-        "used": names,
+        "used": sorted(probed),
         "programs": toolchain_stamps(probed, environ, state_dir=state_dir, memo=probes),
     }
     return _digest(doc)
+
+
+def _selected(
+    toolchains: Mapping[str, Toolchain], used: Iterable[str] | None
+) -> dict[str, Toolchain]:
+    """The toolchains named in ``used`` that are defined (all when ``used`` is None)."""
+    if used is None:
+        return dict(toolchains)
+    return {n: toolchains[n] for n in sorted(set(used) & set(toolchains))}
 
 
 def _digest(doc: object) -> str:
@@ -290,17 +299,15 @@ def _digest(doc: object) -> str:
     return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogateescape"))
 
 
-def wanted_toolchains(root: Path, environ: Mapping[str, str]) -> dict[str, Toolchain]:
+def wanted_toolchains(
+    root: Path, environ: Mapping[str, str], config: Config
+) -> dict[str, Toolchain]:
     """The toolchains a run at ``root`` will probe first: those the last generation's
-    targets selected (all when that is not known). Raises MetraleError (configuration,
-    toolchain definitions)."""
-    config = load_config(root, environ)
+    targets selected (all when that is not known). Raises MetraleError (toolchain
+    definitions)."""
     toolchains = load_toolchains(root)
     base = generation_base(root, environ, config, toolchains)
-    used = taskcache.read_uses(config.build_dir / STATE_DIR, base)
-    if used is None:
-        return dict(toolchains)
-    return {n: toolchains[n] for n in used if n in toolchains}
+    return _selected(toolchains, taskcache.read_uses(config.build_dir / STATE_DIR, base))
 
 
 def _generation_config(config: Config) -> dict[str, object]:

@@ -53,8 +53,9 @@ def start_probes(root: Path, environ: Mapping[str, str]) -> threading.Thread:
         from metrale_orch.toolchain.probe import toolchain_stamps
 
         with contextlib.suppress(MetraleError, OSError):
-            stamps_dir = load_config(root, env).build_dir / STATE_DIR
-            toolchain_stamps(wanted_toolchains(root, env), env, state_dir=stamps_dir, memo=memo)
+            config = load_config(root, env)
+            wanted = wanted_toolchains(root, env, config)
+            toolchain_stamps(wanted, env, state_dir=config.build_dir / STATE_DIR, memo=memo)
 
     thread = threading.Thread(target=run, name="metrale-probes", daemon=True)
     thread.start()
