@@ -69,6 +69,7 @@ __all__ = [
     "default_target_threads",
     "end_run",
     "error_action",
+    "flush_build_log",
     "install_sigterm_handler",
     "progress_counts",
     "reset_process_state",
@@ -267,31 +268,18 @@ def install_sigterm_handler() -> bool:
 
 
 def configure_build_log(build_dir: Path, *, max_bytes: int, backups: int) -> logging.Logger:
-    """Attach the shared rotating build log to the package logger (idempotent per process).
+    """Attach the shared rotating build log to the package logger (idempotent per process;
+    :mod:`metrale_orch.tasks.buildlog`, imported here: a no-op run never logs)."""
+    from metrale_orch.tasks import buildlog
 
-    Every process (doit's and each worker) configures the same file with the
-    same rotation settings, as concurrent-log-handler requires.
-    """
-    from concurrent_log_handler import ConcurrentRotatingFileHandler
+    return buildlog.configure_build_log(build_dir, max_bytes=max_bytes, backups=backups)
 
-    pkg = logging.getLogger("metrale_orch")
-    path = (build_dir / LOG_NAME).resolve()
-    for handler in pkg.handlers:
-        if isinstance(handler, ConcurrentRotatingFileHandler) and Path(handler.baseFilename) == (
-            path
-        ):
-            return pkg
-    build_dir.mkdir(parents=True, exist_ok=True)
-    handler = ConcurrentRotatingFileHandler(
-        str(path), mode="a", maxBytes=max_bytes, backupCount=backups, encoding="utf-8"
-    )
-    handler.setFormatter(
-        logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
-    )
-    pkg.addHandler(handler)
-    if pkg.level == logging.NOTSET or pkg.level > logging.INFO:
-        pkg.setLevel(logging.INFO)
-    return pkg
+
+def flush_build_log() -> None:
+    """Wait until this process's build-log records so far are in the file."""
+    buildlog = sys.modules.get("metrale_orch.tasks.buildlog")
+    if buildlog is not None:
+        buildlog.flush_build_log()
 
 
 # ------------------------------------------------------------------------------ actions
@@ -440,7 +428,10 @@ def build_action(root: str, target: str) -> dict[str, object] | TaskFailed:
     spans (written to ``profile.json`` by the reporter, never stored).
     """
     with _active():
-        return _build_action(root, target)
+        try:
+            return _build_action(root, target)
+        finally:
+            flush_build_log()  # the target's lines are in the log when doit reports it
 
 
 def _build_action(root: str, target: str) -> dict[str, object] | TaskFailed:
