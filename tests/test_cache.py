@@ -37,7 +37,12 @@ from metrale_orch.cache import (
     verify_local,
     write_stats,
 )
-from metrale_orch.cache.objects import CorruptObject, decode_object, encode_object
+from metrale_orch.cache.objects import (
+    CorruptObject,
+    canonical_key_bytes,
+    decode_object,
+    encode_object,
+)
 from metrale_orch.cli import main
 from metrale_orch.config import load_config
 
@@ -97,6 +102,44 @@ def test_key_rejects_unencodable_values() -> None:
         cache_key("", {"p": Path("/abs")})
     with pytest.raises(CacheKeyError, match="non-finite"):
         cache_key("", {"x": float("nan")})
+
+
+def test_key_bytes_are_pinned() -> None:
+    # Every key ever written depends on these bytes: a faster encoder must write the same
+    # ones (this literal was produced by the first encoder, before it was made faster).
+    parts = {
+        "argv": ["nvcc", "-arch=sm_90a", "-I."],
+        "inputs": [["a.cu", "0f"], ["../x/\u00fc.h", "1e"]],
+        "env": {"Z": "1", "A": ""},
+        "n": 7,
+        "big": 2**70,
+        "f": 0.5,
+        "t": True,
+        "no": False,
+        "none": None,
+        "raw": b"\x00\xff",
+        "tup": ("s", 1),
+        "nested": {"m": [{"k": [None]}]},
+    }
+    assert (
+        canonical_key_bytes("ns", parts)
+        == (
+            '["metrale-orch-cache",1,"ns",["m",[["argv",["l",[["s","nvcc"],["s","-arch=sm_90a"],'
+            '["s","-I."]]]],["big",["i","1180591620717411303424"]],["env",["m",[["A",["s",""]],'
+            '["Z",["s","1"]]]]],["f",["d","0x1.0000000000000p-1"]],["inputs",["l",[["l",[["s",'
+            '"a.cu"],["s","0f"]]],["l",[["s","../x/\u00fc.h"],["s","1e"]]]]]],["n",["i","7"]],'
+            '["nested",["m",[["m",["l",[["m",[["k",["l",["n"]]]]]]]]]]],["no","f"],["none","n"],'
+            '["raw",["b","00ff"]],["t","t"],["tup",["l",[["s","s"],["i","1"]]]]]]]'
+        ).encode()
+    )
+    assert cache_key("ns", parts) == "2977f63ab7113216305e87a2270580e0"
+
+
+def test_key_errors_name_the_place() -> None:
+    with pytest.raises(CacheKeyError, match=r"parts\.a\[1\]\.b\[0\]: object cannot"):
+        cache_key("", {"a": [1, {"b": [object()]}]})
+    with pytest.raises(CacheKeyError, match=r"parts\.l\[0\]\[1\]: non-finite float"):
+        cache_key("", {"l": [[1, float("inf")]]})
 
 
 def test_key_is_stable_across_processes() -> None:

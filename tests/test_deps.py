@@ -17,7 +17,7 @@ from metrale_orch.steps.deps import (
     record_inputs,
 )
 from metrale_orch.steps.includes import include_dirs, parse_includes, pre_includes
-from metrale_orch.steps.keys import embeds_paths
+from metrale_orch.steps.keys import _relative, embeds_paths
 
 
 def test_parse_depfile_nvcc_and_gcc_forms() -> None:
@@ -184,3 +184,31 @@ def test_file_hasher_sees_a_same_size_rewrite(tmp_path: Path) -> None:
 )
 def test_embeds_paths(flags: list[str], embeds: bool) -> None:
     assert embeds_paths(flags) is embeds
+
+
+@pytest.mark.parametrize(
+    ("path", "start"),
+    [
+        ("common/add.cu", "common"),
+        ("common/add.cu", "models/x"),
+        ("a/b/c.h", "a/b/d/e"),
+        ("a.h", "."),
+        ("./a/./b.h", "a"),
+        ("a//b.h", "a"),
+        ("../up.h", "common"),
+        ("common/x.h", "../elsewhere"),
+        ("a..b/x.h", "a..b"),
+        ("/abs/inc.h", "common"),
+    ],
+)
+def test_key_paths_are_relpath(
+    path: str, start: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The remembered form must name every closure file exactly as relpath does (it is
+    # hashed into every key), again when asked from another working directory.
+    import posixpath
+
+    for cwd in (tmp_path, tmp_path / "deep" / "er"):
+        cwd.mkdir(parents=True, exist_ok=True)
+        monkeypatch.chdir(cwd)
+        assert _relative(path, start) == posixpath.relpath(path, start)

@@ -85,8 +85,33 @@ class ObjectTooLarge(CorruptObject):
     """The object is larger than the reader's size limit (refused unread, not proven bad)."""
 
 
-def _canon(value: object, where: str) -> object:
+#: Where a value sits in the parts, for an error message: a name, or (parent, key or index),
+#: formatted only when a value is refused (a key names hundreds of files: keys are hot).
+_Where = str | tuple["_Where", str | int]
+
+
+def _place(where: _Where) -> str:
+    if isinstance(where, str):
+        return where
+    parent, step = where
+    return f"{_place(parent)}[{step}]" if isinstance(step, int) else f"{_place(parent)}.{step}"
+
+
+def _canon(value: object, where: _Where) -> object:
     """A type-tagged, order-free JSON value: two inputs encode equally iff they are equal."""
+    if type(value) is str:  # most of a key: paths, hashes, argv words
+        return ["s", value]
+    if isinstance(value, Mapping):
+        # (key, value) pairs: json writes a tuple as the same array a list would be.
+        items: list[tuple[str, object]] = []
+        for k in value:
+            if not isinstance(k, str):
+                raise TypeError(f"{_place(where)}: mapping key {k!r} is not a string")
+            items.append((k, _canon(value[k], (where, k))))
+        items.sort(key=lambda kv: kv[0])
+        return ["m", items]
+    if isinstance(value, list | tuple):
+        return ["l", [_canon(v, (where, i)) for i, v in enumerate(value)]]
     if value is None:
         return "n"
     if value is True:
@@ -97,25 +122,16 @@ def _canon(value: object, where: str) -> object:
         return ["i", str(value)]
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise TypeError(f"{where}: non-finite float {value!r} cannot be part of a cache key")
+            raise TypeError(
+                f"{_place(where)}: non-finite float {value!r} cannot be part of a cache key"
+            )
         return ["d", value.hex()]
     if isinstance(value, str):
         return ["s", value]
     if isinstance(value, bytes | bytearray | memoryview):
         return ["b", bytes(value).hex()]
-    if isinstance(value, Mapping):
-        # (key, value) pairs: json writes a tuple as the same array a list would be.
-        items: list[tuple[str, object]] = []
-        for k in value:
-            if not isinstance(k, str):
-                raise TypeError(f"{where}: mapping key {k!r} is not a string")
-            items.append((k, _canon(value[k], f"{where}.{k}")))
-        items.sort(key=lambda kv: kv[0])
-        return ["m", items]
-    if isinstance(value, list | tuple):
-        return ["l", [_canon(v, f"{where}[{i}]") for i, v in enumerate(value)]]
     raise TypeError(
-        f"{where}: {type(value).__name__} cannot be part of a cache key "
+        f"{_place(where)}: {type(value).__name__} cannot be part of a cache key "
         "(use str, bytes, int, float, bool, None, lists and string-keyed mappings)"
     )
 

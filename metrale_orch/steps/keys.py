@@ -15,6 +15,7 @@ a change here is a cache-wide miss.
 
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
 from collections.abc import Mapping, Sequence
@@ -51,6 +52,20 @@ def _embeds_paths(plan: TargetPlan, staged: StagedTarget) -> bool:
     return embeds_paths(words)
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _within(path: str, start: str) -> str:
+    """``posixpath.relpath(path, start)`` of two stage-relative paths (pure, remembered:
+    relpath reads the working directory twice, and a key names every file of the
+    module's closure; the same headers recur in every module of every target)."""
+    return posixpath.relpath(path, start)
+
+
+def _relative(path: str, start: str) -> str:
+    if path.startswith("/") or start.startswith("/") or ".." in f"/{path}/{start}/":
+        return posixpath.relpath(path, start)  # the answer may depend on the directory
+    return _within(path, start)
+
+
 def module_key_parts(
     plan: TargetPlan,
     module: ModulePlan,
@@ -74,7 +89,7 @@ def module_key_parts(
         "argv": list(module.argv),
         "env": dict(plan.env),
         "module": {"entry": module.entry, "artefact": module.artefact},
-        "inputs": sorted([posixpath.relpath(p, module.cwd), hashes[p]] for p in closure),
+        "inputs": sorted([_relative(p, module.cwd), hashes[p]] for p in closure),
     }
     if flag_inputs:
         parts["flag_inputs"] = sorted([str(p), str(h)] for p, h in flag_inputs)
