@@ -21,6 +21,7 @@ from metrale_orch.steps.includes import (
     parse_includes,
     resolve_closure,
 )
+from metrale_orch.steps.memo import Obtained
 from metrale_orch.steps.plan import plan_target
 from metrale_orch.steps.results import TargetResult
 from metrale_orch.steps.session import BuildSession
@@ -477,6 +478,41 @@ def test_identical_modules_compile_once_per_session(
     }  # fmt: skip
     assert results[1].cache_stats["memo"] == 2
     assert len(compiles(log)) == 4
+
+
+def test_a_memoised_artefact_is_verified_before_reuse(
+    tmp_path: Path, fake: tuple[dict[str, str], Path]
+) -> None:
+    # Two targets may share a key while a file the scan missed differs between their
+    # stages: the second takes the first's artefact only if what its compile read still
+    # holds. Stand-in for such a file: the memo's record of one input says other bytes.
+    env, log = fake
+    root = small_tree(
+        tmp_path / "repo",
+        {"kernels/hw1/m1/q2/only.cu": "// q2\n", "kernels/hw1/m1/q3/only.cu": "// q3\n"},
+    )
+    config = make_config(root, tmp_path / "cache", cache_mode="off")
+    session = BuildSession.local(jobs=2, build_dir=config.build_dir)
+
+    def build(quant: str) -> TargetResult:
+        target = Target(hardware="hw1", model="m1", quant=quant)
+        return build_target(root, target, config=config, cache=None, environ=env, session=session)
+
+    first = {m.name: m for m in build("q2").modules}
+    key = first["vector_add"].key
+    held = session.memo.get(key, first["vector_add"].artefact)
+    assert held is not None and any(path.endswith("util.cuh") for _, path, _ in held.inputs)
+    session.memo.put(
+        key,
+        first["vector_add"].artefact,
+        Obtained(
+            held.data,
+            tuple((k, p, "0" * 32 if p.endswith("util.cuh") else h) for k, p, h in held.inputs),
+        ),
+    )
+    second = {m.name: m.outcome for m in build("q3").modules}
+    assert second == {"vector_add": "compiled", "only": "compiled", "scale": "local"}
+    assert len(compiles(log)) == 5
 
 
 def test_missing_toolchain_raises_with_install_hint(tmp_path: Path) -> None:

@@ -53,6 +53,11 @@ class ArtefactMemo:
                 self._data.move_to_end((key, artefact))
             return got
 
+    def holds(self, key: str, artefact: str) -> bool:
+        """Whether the artefact of ``key`` is held (it may be dropped before it is read)."""
+        with self._lock:
+            return (key, artefact) in self._data
+
     def put(self, key: str, artefact: str, obtained: Obtained) -> None:
         size = len(obtained.data)
         with self._lock:

@@ -128,6 +128,12 @@ class BuildSession:
         # take as long as all of them, and the first compile waited for the first to end
         # (E3 in BENCHMARKS.md); one after another, compiles start early and stay fed.
         self._preparing = threading.BoundedSemaphore(default_jobs())
+        # Verifying a target's artefacts obtained earlier in the run and installing it
+        # feed no compile: one target at a time, so the interpreter stays with the targets
+        # being prepared and keyed, whose misses keep the compile slots full (E3: with
+        # every target finishing at once, preparation got a thirtieth of it and the slots
+        # ran dry between targets).
+        self._finishing = threading.BoundedSemaphore(1)
         # Module pipelines (lookup, compile, store) of every target in flight. A pipeline
         # mostly waits: for an executor slot, or for the pipeline of another target that
         # owns the same key. More threads than this only contend for the interpreter
@@ -159,6 +165,12 @@ class BuildSession:
     def preparing(self) -> Iterator[None]:
         """Hold one of the session's preparation slots (planning and staging a target)."""
         with self._preparing:
+            yield
+
+    @contextlib.contextmanager
+    def finishing(self) -> Iterator[None]:
+        """Hold the session's finishing slot (verifying artefacts obtained earlier, installing)."""
+        with self._finishing:
             yield
 
     def expected_seconds(self, key: str, target: str, module: str) -> float:

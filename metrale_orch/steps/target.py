@@ -23,7 +23,7 @@ import os
 import posixpath
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -265,8 +265,9 @@ def _build(
         with session.preparing():
             prep = _prepare(root, layout, config, cache, environ, log, toolchains, session, rec)
             _write_commands(root, Path(config.build_dir), prep)
-        obtained = _obtain_all(prep, config.cache_namespace, session, rec)
-        with rec.span("install") as install_args:
+            keyed = _key_all(prep, config.cache_namespace, session, rec)
+        obtained = _obtain_all(prep, keyed, session, rec)
+        with session.finishing(), rec.span("install") as install_args:
             outputs = {o.result.artefact: o.data for o in obtained if o.data is not None}
             failures = tuple(o.failure for o in obtained if o.failure is not None)
             manifest_rel, installed = install(
@@ -417,15 +418,10 @@ def _prepare(
     )
 
 
-def _obtain_all(
+def _key_all(
     prep: _Prepared, namespace: str, session: BuildSession, rec: SpanRecorder
-) -> list[_Obtained]:
-    """Key every module (in order), then run their pipelines on the session's threads, in
-    this context (the cache's per-task statistics follow); results in plan order.
-
-    Every pipeline has ended when this returns or raises: an error other than a
-    compile failure (a full disk, a stopped session) is raised after the others
-    finished; an interrupt stops the session's compiles first."""
+) -> list[tuple[ModulePlan, str]]:
+    """Every module of the plan with its action key, in plan order."""
     ctx = prep.ctx
     keyed: list[tuple[ModulePlan, str]] = []
     edges: EdgeMemo = {}  # one stage, one scan: the modules share their headers' includes
@@ -445,28 +441,62 @@ def _obtain_all(
             )
             args["key"] = key
         keyed.append((module, key))
+    return keyed
+
+
+def _obtain_all(
+    prep: _Prepared, keyed: list[tuple[ModulePlan, str]], session: BuildSession, rec: SpanRecorder
+) -> list[_Obtained]:
+    """Run the pipelines of the keyed modules on the session's threads, in this context
+    (the cache's per-task statistics follow); results in plan order.
+
+    Every pipeline has ended when this returns or raises: an error other than a
+    compile failure (a full disk, a stopped session) is raised after the others
+    finished; an interrupt stops the session's compiles first."""
+    ctx = prep.ctx
     expected = {key: session.expected_seconds(key, rec.target, m.name) for m, key in keyed}
     session.progress.add(len(keyed), sum(expected.values()))
-    futures = [
-        session.submit_pipeline(
-            key,
-            functools.partial(
-                contextvars.copy_context().run, _pipeline, ctx, module, key, expected[key], rec
-            ),
+    runs = [
+        # A context each: the cache's per-task statistics follow it onto the threads.
+        functools.partial(
+            contextvars.copy_context().run, _pipeline, ctx, module, key, expected[key], rec
         )
         for module, key in keyed
     ]
+    # Obtained earlier in the run: verified in this thread, after the others are under way
+    # (no thread handoff for most modules of a tree's later targets; the same pipeline).
+    here = [session.memo.holds(key, m.artefact) for m, key in keyed]
+    futures: dict[int, Future[_Obtained]] = {}
     try:
-        wait(futures)
+        for i, (_module, key) in enumerate(keyed):
+            if not here[i]:
+                futures[i] = session.submit_pipeline(key, runs[i])
+        with session.finishing():
+            for i in range(len(keyed)):
+                if here[i]:
+                    futures[i] = _ran_here(runs[i])
+        wait(futures.values())
     except BaseException:
         session.stop()
-        wait(futures, timeout=30)
+        wait(futures.values(), timeout=30)
         raise
-    for future in futures:
+    ordered = [futures[i] for i in range(len(keyed))]
+    for future in ordered:
         exc = future.exception()
         if exc is not None:
             raise exc
-    return [f.result() for f in futures]
+    return [f.result() for f in ordered]
+
+
+def _ran_here(run: Callable[[], _Obtained]) -> Future[_Obtained]:
+    """``run`` called in this thread, as a finished future (its error raised later, after
+    the target's other pipelines ended, as a pipeline's on a session thread is)."""
+    future: Future[_Obtained] = Future()
+    try:
+        future.set_result(run())
+    except Exception as exc:
+        future.set_exception(exc)
+    return future
 
 
 def _pipeline(
