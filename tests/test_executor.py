@@ -221,3 +221,38 @@ def test_each_action_runs_in_a_process_group_of_its_own(tmp_path: Path) -> None:
         Action(argv=("sh", "-c", "cut -d' ' -f5 /proc/$$/stat"), cwd=tmp_path, env=dict(os.environ))
     )
     assert int(done.stdout.split()[0]) != os.getpgid(0)
+
+
+def test_threads_of_one_process_try_no_slot_they_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each thread locks a slot file no other thread of its process holds: one try each
+    when no other process competes (every try is three system calls under the GIL)."""
+    import fcntl
+
+    from metrale_orch.executor.slots import MachineSlots
+
+    tries: list[int] = []
+    real = fcntl.flock
+    monkeypatch.setattr(fcntl, "flock", lambda fd, op: (tries.append(fd), real(fd, op))[1])
+    slots = MachineSlots(tmp_path / "slots", 4)
+    stopped = threading.Event()
+    inside = threading.Barrier(4)
+    held: list[set[int]] = []
+
+    def hold() -> None:
+        with slots.slot(stopped) as got:
+            assert got
+            inside.wait(10)  # all four at once
+            held.append(set(slots._held))
+            inside.wait(10)
+
+    for _round in range(3):
+        threads = [threading.Thread(target=hold) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+    assert held and all(h == {0, 1, 2, 3} for h in held)
+    assert len(tries) == 12
+    assert not slots._held

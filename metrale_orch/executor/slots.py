@@ -102,42 +102,73 @@ class MachineSlots:
     def __init__(self, directory: Path, jobs: int) -> None:
         self.directory = Path(directory)
         self.jobs = jobs
+        #: The slot indices this process holds now (its own never need a try) and where
+        #: the next search starts (a released slot is the likeliest free one).
+        self._lock = threading.Lock()
+        self._held: set[int] = set()
+        self._next = os.getpid() % jobs
 
     @contextlib.contextmanager
     def slot(self, stopped: threading.Event) -> Iterator[bool]:
         """Hold one slot file for the ``with`` block and yield True; yield False (holding
         none) when ``stopped`` is set while waiting. Where the directory cannot be
         written, yields True holding none: the in-process bound is all there is."""
-        fd = self._acquire(stopped)
+        got = self._acquire(stopped)
         try:
-            yield fd is not None
+            yield got is not None
         finally:
-            if fd is not None and fd >= 0:
+            if got is not None and got[0] >= 0:
+                index, fd = got
+                with self._lock:
+                    self._held.discard(index)
+                    self._next = index
                 os.close(fd)  # closing the descriptor releases the lock
 
-    def _acquire(self, stopped: threading.Event) -> int | None:
+    def _candidates(self) -> list[int]:
+        """Every slot index no thread of this process holds, from the likeliest free one on
+        (the priority slots let at most ``jobs`` threads in: one is always left)."""
+        with self._lock:
+            start = self._next
+            order = [(start + i) % self.jobs for i in range(self.jobs)]
+            return [i for i in order if i not in self._held]
+
+    def _acquire(self, stopped: threading.Event) -> tuple[int, int] | None:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError:
-            return -1
-        start = os.getpid() % self.jobs
+            return (-1, -1)
         delay = self.POLL
         while not stopped.is_set():
-            for i in range(self.jobs):
-                path = self.directory / f"slot-{(start + i) % self.jobs}"
-                try:
-                    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-                except OSError:
-                    return -1
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    continue
-                except OSError:
-                    os.close(fd)
-                    return -1
-                return fd
+            for index in self._candidates():
+                with self._lock:
+                    if index in self._held:  # another thread of ours took it meanwhile
+                        continue
+                    self._held.add(index)
+                got = self._try(index)
+                if got is not None and got[0] >= 0:
+                    return got
+                with self._lock:
+                    self._held.discard(index)
+                if got is not None:  # the slot files cannot be used
+                    return got
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
         return None
+
+    def _try(self, index: int) -> tuple[int, int] | None:
+        """Slot ``index`` locked (index, fd), None when another process holds it, or
+        (-1, -1) when the slot file cannot be used (the in-process bound is all there is)."""
+        path = self.directory / f"slot-{index}"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError:
+            return (-1, -1)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except OSError:
+            os.close(fd)
+            return (-1, -1)
+        return (index, fd)
