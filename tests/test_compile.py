@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import posixpath
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -457,21 +458,31 @@ def test_unchanged_rebuild_rewrites_nothing(
     } == stamps
 
 
-def test_identical_modules_compile_once_per_session(
-    tmp_path: Path, fake: tuple[dict[str, str], Path]
-) -> None:
-    env, log = fake
+def _one_session(
+    tmp_path: Path, env: dict[str, str]
+) -> tuple[BuildSession, Callable[[str], TargetResult]]:
+    """Quants q2 and q3 of one model (common modules alike, one leaf each), built with
+    one session and no cache: the session and a build of a quant."""
     root = small_tree(
         tmp_path / "repo",
         {"kernels/hw1/m1/q2/only.cu": "// q2\n", "kernels/hw1/m1/q3/only.cu": "// q3\n"},
     )
     config = make_config(root, tmp_path / "cache", cache_mode="off")
     session = BuildSession.local(jobs=2, build_dir=config.build_dir)
-    results = [
-        build_target(root, Target(hardware="hw1", model="m1", quant=q), config=config,
-                     cache=None, environ=env, session=session)
-        for q in ("q2", "q3")
-    ]  # fmt: skip
+
+    def build(quant: str) -> TargetResult:
+        target = Target(hardware="hw1", model="m1", quant=quant)
+        return build_target(root, target, config=config, cache=None, environ=env, session=session)
+
+    return session, build
+
+
+def test_identical_modules_compile_once_per_session(
+    tmp_path: Path, fake: tuple[dict[str, str], Path]
+) -> None:
+    env, log = fake
+    _session, build = _one_session(tmp_path, env)
+    results = [build(q) for q in ("q2", "q3")]
     # Same flags and bytes: the common modules compile for q2 only; q3 reuses them.
     assert {m.name: m.outcome for m in results[1].modules} == {
         "vector_add": "local", "only": "compiled", "scale": "local",
@@ -487,16 +498,7 @@ def test_a_memoised_artefact_is_verified_before_reuse(
     # stages: the second takes the first's artefact only if what its compile read still
     # holds. Stand-in for such a file: the memo's record of one input says other bytes.
     env, log = fake
-    root = small_tree(
-        tmp_path / "repo",
-        {"kernels/hw1/m1/q2/only.cu": "// q2\n", "kernels/hw1/m1/q3/only.cu": "// q3\n"},
-    )
-    config = make_config(root, tmp_path / "cache", cache_mode="off")
-    session = BuildSession.local(jobs=2, build_dir=config.build_dir)
-
-    def build(quant: str) -> TargetResult:
-        target = Target(hardware="hw1", model="m1", quant=quant)
-        return build_target(root, target, config=config, cache=None, environ=env, session=session)
+    session, build = _one_session(tmp_path, env)
 
     first = {m.name: m for m in build("q2").modules}
     key = first["vector_add"].key
