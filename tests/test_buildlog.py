@@ -91,3 +91,21 @@ def test_lines_logged_just_before_exit_are_written(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-c", code, str(tmp_path / "b")], check=True, timeout=60)
     lines = (tmp_path / "b" / LOG_NAME).read_text().splitlines()
     assert [line.split(": ", 1)[1] for line in lines] == [f"line {i}" for i in range(500)]
+
+
+def test_a_second_build_directory_replaces_the_first(tmp_path: Path, build_dir: Path) -> None:
+    # One process building two projects (a long-lived process, this suite): each record
+    # goes to the log of the project being built, and the first project's handler and its
+    # listener thread are gone once the second is configured.
+    first = tmp_path / "first" / "build"
+    log = configure_build_log(first, max_bytes=0, backups=0)
+    log.info("for the first")
+    listeners_before = threading.active_count()
+    log = configure_build_log(build_dir, max_bytes=0, backups=0)
+    log.info("for the second")
+    flush_build_log()
+    ours = [h for h in logging.getLogger(PACKAGE).handlers if isinstance(h, _BuildLogHandler)]
+    assert [h.path for h in ours] == [(build_dir / LOG_NAME).resolve()]
+    assert threading.active_count() == listeners_before  # one listener stopped, one started
+    assert [line.split(": ", 1)[1] for line in _lines(first)] == ["for the first"]
+    assert [line.split(": ", 1)[1] for line in _lines(build_dir)] == ["for the second"]

@@ -77,10 +77,21 @@ class _BuildLogHandler(QueueHandler):
             self.running = False
             self.listener.stop()
 
+    def close(self) -> None:
+        """Stop the listener (what is queued is written) and close the file."""
+        self.stop()
+        self.writer.close()
+        super().close()
+
 
 def configure_build_log(build_dir: Path, *, max_bytes: int, backups: int) -> logging.Logger:
     """Attach the shared rotating build log under ``build_dir`` to the package logger
     (idempotent per process) and return the logger.
+
+    A process logs to one build directory at a time: configuring another one (a
+    long-lived process, or the test suite, building a second project) closes the
+    first one's handler after writing what it queued, so no project's records land
+    in an earlier project's log and no listener thread outlives its use.
 
     Every process (doit's and each worker) configures the same file with the
     same rotation settings, as concurrent-log-handler requires.
@@ -95,6 +106,9 @@ def configure_build_log(build_dir: Path, *, max_bytes: int, backups: int) -> log
                 pkg.removeHandler(handler)
             elif handler.path == path:
                 return pkg
+            else:  # another build directory's: its records are written, then it goes
+                pkg.removeHandler(handler)
+                handler.close()
         Path(build_dir).mkdir(parents=True, exist_ok=True)
         pkg.addHandler(_BuildLogHandler(path, max_bytes=max_bytes, backups=backups))
         if pkg.level == logging.NOTSET or pkg.level > logging.INFO:
