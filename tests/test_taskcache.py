@@ -9,6 +9,7 @@ change makes the next lookup miss. Most run in-process against the project of
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import sys
@@ -48,7 +49,9 @@ def entries(root: Path) -> list[Path]:
 
 
 def cache_file(root: Path, env: dict[str, str]) -> Path:
-    return taskcache.cache_path(root / STATE, _key(root, env))
+    config, toolchains = load_config(root, env), load_toolchains(root)
+    base = generation_base(root, env, config, toolchains)
+    return taskcache.cache_path(root / STATE, base, _key(root, env))
 
 
 @pytest.fixture
@@ -450,7 +453,9 @@ def test_a_toolchain_no_target_selects_is_not_probed_and_changes_nothing(
     primed(root, env)
     state = root / STATE
     assert taskcache.read_uses(state, _base(root, env)) == ("metal", "nvcc")
-    log.unlink()
+    # The first generation had no entry to look up: the key was made after planning,
+    # from the toolchains the targets selected, so the spare one never ran.
+    assert not log.exists()
     assert lookup(root, env) == "hit"
     probes = tmp_path / "probes.log"
     reset_run_probes()
@@ -549,3 +554,50 @@ def test_scan_refuses_special_files(tmp_path: Path) -> None:
         os.mkfifo(tree / "a" / "fifo")
         assert taskcache.scan(tree, []) is None
     assert taskcache.scan(tmp_path / "missing", []) is None
+
+
+def test_with_no_entry_of_its_base_generation_does_not_wait_for_the_key(
+    fake_project: tuple[Path, dict[str, str]], trusting: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No cache file of the generation base: a miss whatever the probes say, so the
+    targets are planned first and the entry is keyed after them (the probes finish
+    meanwhile). An entry of the base: the key first, as the lookup needs it. An entry of
+    another base (another environment) does not count."""
+    from metrale_orch.tasks import creators
+
+    root, env = fake_project
+    order: list[str] = []
+    keyed, generate = creators._keyed, GENERATION.generate_specs
+
+    def record_keyed(*args: object, **kwargs: object) -> str:
+        order.append("key")
+        return keyed(*args, **kwargs)  # type: ignore[arg-type]
+
+    def record_generate(*args: object, **kwargs: object) -> object:
+        order.append("generate")
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(creators, "_keyed", record_keyed)
+    monkeypatch.setattr(
+        "metrale_orch.tasks.specs.GENERATION",
+        dataclasses.replace(GENERATION, generate_specs=record_generate),
+    )
+    assert lookup(root, env) == "no cache file"
+    assert order == ["generate", "key"]
+    state = root / STATE
+    assert taskcache.has_entries(state, _base(root, env))
+    order.clear()
+    assert lookup(root, env) == "hit"
+    assert order == ["key"]
+    (root / "kernels" / "hopper" / "HARDWARE.toml").write_text(
+        (root / "kernels" / "hopper" / "HARDWARE.toml").read_text() + "\n# edited\n"
+    )
+    order.clear()
+    assert lookup(root, env) not in {"hit", "no cache file"}  # looked up: the tree changed
+    assert order[:2] == ["key", "generate"]
+    other = {**env, "METRALE_OTHER_SHELL": "1"}  # another base, this base's entry beside it
+    assert not taskcache.has_entries(state, _base(root, other))
+    order.clear()
+    assert lookup(root, other) == "no cache file"
+    assert order == ["generate", "key"]
+    assert lookup(root, other) == "hit" and lookup(root, env) == "hit"

@@ -100,13 +100,18 @@ def cached_tasks(
     state_dir = config.build_dir / STATE_DIR
     base = generation_base(root, environ, config, toolchains)
     used = taskcache.read_uses(state_dir, base)
-    key = _keyed(base, config, environ, toolchains, probes, used)
-    path = taskcache.cache_path(state_dir, key)
-    found = taskcache.lookup(path, key)
-    if found.specs is not None:
-        explicit = explicit_targets(argv)
-        specs = [_from_cached(root, c, explicit) for c in found.specs]
-        return specs, replay_task_dicts(found.extra), found.reason
+    key: str | None = None
+    reason = "no cache file"
+    # With no entry of this base the lookup misses whatever the probes say: generate
+    # now, and key the entry once the targets' toolchains are probed (issue 21).
+    if taskcache.has_entries(state_dir, base):
+        key = _keyed(base, config, environ, toolchains, probes, used)
+        found = taskcache.lookup(taskcache.cache_path(state_dir, base, key), key)
+        if found.specs is not None:
+            explicit = explicit_targets(argv)
+            specs = [_from_cached(root, c, explicit) for c in found.specs]
+            return specs, replay_task_dicts(found.extra), found.reason
+        reason = found.reason
     package = Path(metrale_orch.__file__).parent
     scanned = taskcache.scan(root / "kernels", taskcache.package_files(package))
     made = generation()
@@ -119,18 +124,17 @@ def cached_tasks(
         recorded = record_task_dicts(smoke)
         # Stored under the toolchains the targets did select (probed already).
         selected = sorted(made.used_toolchains(specs, toolchains))
-        if used is None or list(used) != selected:
+        if key is None or used is None or list(used) != selected:
             key = _keyed(base, config, environ, toolchains, probes, selected)
-            path = taskcache.cache_path(state_dir, key)
         taskcache.store(
-            path,
+            taskcache.cache_path(state_dir, base, key),
             key,
             scanned,
             [_to_cached(s) for s in specs],
             None if recorded is None else [recorded],
         )
         taskcache.write_uses(state_dir, base, selected)
-    return specs, smoke, found.reason
+    return specs, smoke, reason
 
 
 def start_order(

@@ -216,8 +216,15 @@ def _start_finding(
     state_dir: Path,
     probes: ProbeMemo,
 ) -> dict[tuple[str, str], Future[FoundToolchain | MetraleError]]:
-    """:func:`_find_toolchain` of each wanted (toolchain, arch), started on threads."""
-    pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="metrale-find")
+    """:func:`_find_toolchain` of each wanted (toolchain, arch), each on a thread of its own.
+
+    A find is a few short compiler runs (or a wait for the probe another thread runs), so
+    a pool smaller than the finds made the last toolchains' finds queue behind the first
+    ones (four NVIDIA arches waiting on one nvcc probe held up the HIP and Metal per-arch
+    dry runs until the targets' loop reached them)."""
+    if not wanted:
+        return {}
+    pool = ThreadPoolExecutor(max_workers=min(len(wanted), 32), thread_name_prefix="metrale-find")
     pending = {
         key: pool.submit(_find_toolchain, toolchain, environ, state_dir, key[1], probes)
         for key, toolchain in wanted.items()
