@@ -49,9 +49,7 @@ def entries(root: Path) -> list[Path]:
 
 
 def cache_file(root: Path, env: dict[str, str]) -> Path:
-    config, toolchains = load_config(root, env), load_toolchains(root)
-    base = generation_base(root, env, config, toolchains)
-    return taskcache.cache_path(root / STATE, base, _key(root, env))
+    return taskcache.cache_path(root / STATE, _key(root, env))
 
 
 @pytest.fixture
@@ -453,9 +451,7 @@ def test_a_toolchain_no_target_selects_is_not_probed_and_changes_nothing(
     primed(root, env)
     state = root / STATE
     assert taskcache.read_uses(state, _base(root, env)) == ("metal", "nvcc")
-    # The first generation had no entry to look up: the key was made after planning,
-    # from the toolchains the targets selected, so the spare one never ran.
-    assert not log.exists()
+    log.unlink()
     assert lookup(root, env) == "hit"
     probes = tmp_path / "probes.log"
     reset_run_probes()
@@ -556,48 +552,39 @@ def test_scan_refuses_special_files(tmp_path: Path) -> None:
     assert taskcache.scan(tmp_path / "missing", []) is None
 
 
-def test_with_no_entry_of_its_base_generation_does_not_wait_for_the_key(
-    fake_project: tuple[Path, dict[str, str]], trusting: None, monkeypatch: pytest.MonkeyPatch
+def test_a_compiler_put_first_on_path_while_generating_is_not_keyed_as_seen(
+    fake_project: tuple[Path, dict[str, str]],
+    trusting: None,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
-    """No cache file of the generation base: a miss whatever the probes say, so the
-    targets are planned first and the entry is keyed after them (the probes finish
-    meanwhile). An entry of the base: the key first, as the lookup needs it. An entry of
-    another base (another environment) does not count."""
-    from metrale_orch.tasks import creators
-
+    """The entry is keyed by the toolchains as they were before generation read anything:
+    another compiler put first on PATH while the targets were planned (their plans carry
+    the old one's identity) makes the next run miss, not hit those plans."""
     root, env = fake_project
-    order: list[str] = []
-    keyed, generate = creators._keyed, GENERATION.generate_specs
+    first = tmp_path / "first-bin"
+    first.mkdir()
+    env = {**env, "PATH": f"{first}{os.pathsep}{env['PATH']}"}
+    generate = GENERATION.generate_specs
+    installed: list[Path] = []
 
-    def record_keyed(*args: object, **kwargs: object) -> str:
-        order.append("key")
-        return keyed(*args, **kwargs)  # type: ignore[arg-type]
+    def generate_then_install(*args: object, **kwargs: object) -> object:
+        got = generate(*args, **kwargs)
+        if not installed:  # a newer build of the compiler, first on PATH, mid-generation
+            other = first / "fakecc"
+            other.write_text((tmp_path / "bin" / "fakecc").read_text() + "\n# another build\n")
+            other.chmod(0o755)
+            installed.append(other)
+        return got
 
-    def record_generate(*args: object, **kwargs: object) -> object:
-        order.append("generate")
-        return generate(*args, **kwargs)
-
-    monkeypatch.setattr(creators, "_keyed", record_keyed)
     monkeypatch.setattr(
         "metrale_orch.tasks.specs.GENERATION",
-        dataclasses.replace(GENERATION, generate_specs=record_generate),
+        dataclasses.replace(GENERATION, generate_specs=generate_then_install),
     )
-    assert lookup(root, env) == "no cache file"
-    assert order == ["generate", "key"]
-    state = root / STATE
-    assert taskcache.has_entries(state, _base(root, env))
-    order.clear()
+    # The first generation (no hint), by itself: a fresh one would see the new compiler.
+    assert cached_build_specs(root, env, ())[1] == "no cache file"
+    assert installed
+    # Compared with a fresh generation inside lookup(): a hit would hand back plans
+    # made for the compiler that is no longer the one on PATH.
+    assert lookup(root, env) != "hit"
     assert lookup(root, env) == "hit"
-    assert order == ["key"]
-    (root / "kernels" / "hopper" / "HARDWARE.toml").write_text(
-        (root / "kernels" / "hopper" / "HARDWARE.toml").read_text() + "\n# edited\n"
-    )
-    order.clear()
-    assert lookup(root, env) not in {"hit", "no cache file"}  # looked up: the tree changed
-    assert order[:2] == ["key", "generate"]
-    other = {**env, "METRALE_OTHER_SHELL": "1"}  # another base, this base's entry beside it
-    assert not taskcache.has_entries(state, _base(root, other))
-    order.clear()
-    assert lookup(root, other) == "no cache file"
-    assert order == ["generate", "key"]
-    assert lookup(root, other) == "hit" and lookup(root, env) == "hit"

@@ -49,7 +49,7 @@ from metrale_orch.tasks.dicts import (
 )
 from metrale_orch.tasks.doit_api import doit_version
 from metrale_orch.toolchain.definitions import Toolchain, load_toolchains
-from metrale_orch.toolchain.probe import ProbeMemo, toolchain_stamps
+from metrale_orch.toolchain.probe import ProbeMemo, Stamp, toolchain_stamps
 
 if TYPE_CHECKING:
     from metrale_orch.tree import Target
@@ -100,18 +100,16 @@ def cached_tasks(
     state_dir = config.build_dir / STATE_DIR
     base = generation_base(root, environ, config, toolchains)
     used = taskcache.read_uses(state_dir, base)
-    key: str | None = None
-    reason = "no cache file"
-    # With no entry of this base the lookup misses whatever the probes say: generate
-    # now, and key the entry once the targets' toolchains are probed (issue 21).
-    if taskcache.has_entries(state_dir, base):
-        key = _keyed(base, config, environ, toolchains, probes, used)
-        found = taskcache.lookup(taskcache.cache_path(state_dir, base, key), key)
-        if found.specs is not None:
-            explicit = explicit_targets(argv)
-            specs = [_from_cached(root, c, explicit) for c in found.specs]
-            return specs, replay_task_dicts(found.extra), found.reason
-        reason = found.reason
+    # The toolchains are observed here, before generation reads anything, and an entry
+    # is only ever keyed by these observations (see _stored_key).
+    stamps = _stamps(config, environ, toolchains, probes, used)
+    key = _key_of(base, stamps)
+    path = taskcache.cache_path(state_dir, key)
+    found = taskcache.lookup(path, key)
+    if found.specs is not None:
+        explicit = explicit_targets(argv)
+        specs = [_from_cached(root, c, explicit) for c in found.specs]
+        return specs, replay_task_dicts(found.extra), found.reason
     package = Path(metrale_orch.__file__).parent
     scanned = taskcache.scan(root / "kernels", taskcache.package_files(package))
     made = generation()
@@ -122,19 +120,19 @@ def cached_tasks(
     if scanned is not None and cacheable:
         smoke = made.smoke_task_dicts(root, environ, specs)
         recorded = record_task_dicts(smoke)
-        # Stored under the toolchains the targets did select (probed already).
+        # Stored under the toolchains the targets did select.
         selected = sorted(made.used_toolchains(specs, toolchains))
-        if key is None or used is None or list(used) != selected:
-            key = _keyed(base, config, environ, toolchains, probes, selected)
-        taskcache.store(
-            taskcache.cache_path(state_dir, base, key),
-            key,
-            scanned,
-            [_to_cached(s) for s in specs],
-            None if recorded is None else [recorded],
-        )
+        stored = _stored_key(base, stamps, selected)
+        if stored is not None:
+            taskcache.store(
+                taskcache.cache_path(state_dir, stored),
+                stored,
+                scanned,
+                [_to_cached(s) for s in specs],
+                None if recorded is None else [recorded],
+            )
         taskcache.write_uses(state_dir, base, selected)
-    return specs, smoke, reason
+    return specs, smoke, found.reason
 
 
 def start_order(
@@ -279,14 +277,41 @@ def _keyed(
     used: Iterable[str] | None,
 ) -> str:
     """The key of ``base`` with the toolchains ``used`` probed (None: all of them)."""
+    return _key_of(base, _stamps(config, environ, toolchains, probes, used))
+
+
+def _stamps(
+    config: Config,
+    environ: Mapping[str, str],
+    toolchains: Mapping[str, Toolchain],
+    probes: ProbeMemo | None,
+    used: Iterable[str] | None,
+) -> dict[str, Stamp]:
+    """The stamps of the toolchains ``used`` (None: all of them), probed now."""
     state_dir = config.build_dir / STATE_DIR
     probed = _selected(toolchains, used)
-    doc = {
-        "base": base,
-        "used": sorted(probed),
-        "programs": toolchain_stamps(probed, environ, state_dir=state_dir, memo=probes),
-    }
-    return _digest(doc)
+    return toolchain_stamps(probed, environ, state_dir=state_dir, memo=probes)
+
+
+def _key_of(base: str, stamps: Mapping[str, Stamp]) -> str:
+    """The key of ``base`` with these toolchains' stamps."""
+    return _digest({"base": base, "used": sorted(stamps), "programs": dict(stamps)})
+
+
+def _stored_key(base: str, stamps: Mapping[str, Stamp], selected: Sequence[str]) -> str | None:
+    """The key an entry generated after ``stamps`` were taken is stored under: that of
+    the toolchains its targets ``selected``, from those same stamps; None (not stored)
+    when a selected toolchain was not stamped before generation.
+
+    Stamping it afterwards would pair what generation saw with a later look at the
+    toolchain: a compiler installed, or put earlier on ``PATH``, while the targets were
+    planned would give the entry the key of the new compiler and specs made for the
+    old one (a skip, or another identity in every plan), and the next run would hit
+    it. Not storing costs one more generation: the next run's hint names the toolchain
+    and stamps it first."""
+    if not set(selected) <= set(stamps):
+        return None
+    return _key_of(base, {name: stamps[name] for name in selected})
 
 
 def _selected(

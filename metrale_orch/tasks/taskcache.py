@@ -34,7 +34,7 @@ or a special file is never cached (resolution may follow a link outside the
 tree). A miss regenerates and rewrites; a hit whose content checks passed
 rewrites only the header (the stats), so the next run is stat-only again.
 
-File format (``<build_dir>/.state/build-tasks.<base>.<key>.cache``, one per key, the
+File format (``<build_dir>/.state/build-tasks.<key>.cache``, one per key, the
 :data:`KEEP` newest kept): a magic line, a line
 with the Python version, the header's length and its xxh3-128, the header
 (schema, key, scan time, watches, the body's xxh3-128), then the body (one row
@@ -82,8 +82,8 @@ __all__ = [
 
 #: Version of the file format; part of the key.
 SCHEMA = 4
-#: File names under ``<build_dir>/.state``: ``build-tasks.<base prefix>.<key prefix>.cache``,
-#: one per key (so shells with different environments do not evict each other's entry).
+#: File names under ``<build_dir>/.state``: ``build-tasks.<key prefix>.cache``, one per
+#: key (so shells with different environments do not evict each other's entry).
 CACHE_GLOB = "build-tasks.*.cache"
 #: How many entries (keys) are kept; older ones are removed when one is written.
 KEEP = 4
@@ -294,24 +294,9 @@ def _write(path: Path, data: bytes) -> None:
         _log.debug("task cache: cannot write %s: %s", path, exc)
 
 
-def cache_path(state_dir: Path, base: str, key: str) -> Path:
-    """The cache file of ``key`` (a key of generation base ``base``) under ``state_dir``
-    (pure): named by both, so :func:`has_entries` answers for a base without the key."""
-    return Path(state_dir) / f"build-tasks.{base[:16]}.{key[:16]}.cache"
-
-
-def has_entries(state_dir: Path, base: str) -> bool:
-    """Whether any cache file of generation base ``base`` is under ``state_dir``.
-
-    When none is, the lookup is a miss whatever the toolchains' programs are, so
-    generation need not wait for the probes that complete the key (they finish while
-    the targets are planned, and the entry is stored under the key they give)."""
-    prefix = f"build-tasks.{base[:16]}."
-    try:
-        with os.scandir(state_dir) as it:
-            return any(e.name.startswith(prefix) and e.name.endswith(".cache") for e in it)
-    except OSError:
-        return False
+def cache_path(state_dir: Path, key: str) -> Path:
+    """The cache file of ``key`` under ``state_dir`` (pure)."""
+    return Path(state_dir) / f"build-tasks.{key[:16]}.cache"
 
 
 def store(
