@@ -511,6 +511,33 @@ def test_the_probes_start_before_task_generation_and_are_not_repeated(
         reset_run_probes()
 
 
+def test_the_early_probes_end_quietly_whatever_fails_in_them(
+    fake_project: tuple[Path, dict[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that stops at once (a database that cannot be created on a full disk) ends
+    under the early probe thread; its probe pool then refuses new work with a
+    RuntimeError. The thread is only an early start: it ends without a traceback, and
+    the probe is run again where it is asked for."""
+    import threading
+
+    import metrale_orch.toolchain.probe as probe
+    from metrale_orch.tasks.probes import reset_run_probes, start_probes
+
+    def refused(*_args: object, **_kwargs: object) -> object:
+        raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+    raised: list[object] = []
+    monkeypatch.setattr(threading, "excepthook", raised.append)
+    monkeypatch.setattr(probe, "toolchain_stamps", refused)
+    root, env = fake_project
+    reset_run_probes()
+    try:
+        start_probes(root, env).join(30)
+    finally:
+        reset_run_probes()
+    assert raised == []
+
+
 #: What a no-op never needs (task generation, the build step, the cache): none is imported.
 NOOP_UNNEEDED = (
     "metrale_orch.tree",

@@ -20,7 +20,6 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-from metrale_orch.errors import MetraleError
 from metrale_orch.toolchain.probe import ProbeMemo
 
 __all__ = ["reset_run_probes", "run_probes", "start_probes"]
@@ -52,7 +51,12 @@ def start_probes(root: Path, environ: Mapping[str, str]) -> threading.Thread:
         from metrale_orch.tasks.creators import wanted_toolchains
         from metrale_orch.toolchain.probe import toolchain_stamps
 
-        with contextlib.suppress(MetraleError, OSError):
+        # Only an early start: whatever fails here is met again, with its own message,
+        # where the probe is asked for. That includes what a run ending under this
+        # daemon thread raises in it (a build that stops at once, on a full disk: the
+        # probe pools' "cannot schedule new futures after interpreter shutdown"), which
+        # must not print a traceback after the run's own one-line error.
+        with contextlib.suppress(Exception):
             config = load_config(root, env)
             wanted = wanted_toolchains(root, env, config)
             toolchain_stamps(wanted, env, state_dir=config.build_dir / STATE_DIR, memo=memo)
