@@ -13,29 +13,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_real import bench_env, drop_task_cache, install_fakes
+from bench_real import Run, bench_env, drop_task_cache, install_fakes
 
 
 def _list(tree: Path, env: dict[str, str], dodo: str = "dodo.py") -> float:
-    start = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-m", "doit", "-f", dodo, "list"],
-        cwd=tree,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    wall = (time.perf_counter() - start) * 1000
-    if done.returncode != 0:
-        sys.exit(f"doit list failed in {tree}:\n{done.stdout}{done.stderr}")
-    return wall
+    """Wall ms of one ``doit list`` in ``tree``; exits if it fails."""
+    run = Run([sys.executable, "-m", "doit", "-f", dodo, "list"], tree, env)
+    if run.rc != 0:
+        sys.exit(f"doit list failed in {tree}:\n{run.out}{run.err}")
+    return run.seconds * 1000
 
 
 def main() -> None:
