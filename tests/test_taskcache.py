@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import os
 import sys
 from pathlib import Path
@@ -501,6 +502,42 @@ def test_the_uses_hint_is_only_a_hint(tmp_path: Path) -> None:
         assert taskcache.read_uses(tmp_path, "b") is None, text
     taskcache.write_uses(tmp_path, "b", ["x"])  # a damaged file is replaced
     assert taskcache.read_uses(tmp_path, "b") == ("x",)
+    # The key an entry was stored under: kept beside the toolchains, None when unknown.
+    assert taskcache.last_key(tmp_path, "b") is None
+    taskcache.write_uses(tmp_path, "b", ["x"], "k1")
+    assert taskcache.last_key(tmp_path, "b") == "k1"
+    assert taskcache.read_uses(tmp_path, "b") == ("x",)
+    for text in ('{"b": ["x"]}', '{"b": {"key": 3}}', '{"b": {"key": ""}}', '{"b": "k1"}'):
+        path.write_text(text)
+        assert taskcache.last_key(tmp_path, "b") is None, text
+    assert taskcache.read_uses(tmp_path, "b") is None  # '{"b": "k1"}'
+    path.write_text('{"b": ["y"]}')  # the toolchains alone, as written before the key was kept
+    assert taskcache.read_uses(tmp_path, "b") == ("y",)
+
+
+def test_the_key_stored_last_is_only_a_hint(
+    fake_project: tuple[Path, dict[str, str]], trusting: None
+) -> None:
+    """The entry a base stored last is read before the toolchains are stamped, but only the
+    stamps' key answers: a hint naming another entry, a missing one or none still finds
+    the entry of the key (and a generation is still the same generation)."""
+    root, env = fake_project
+    primed(root, env)
+    state = root / STATE
+    uses = state / taskcache.USES_NAME
+    doc = json.loads(uses.read_text())
+    (base,) = doc
+    stored = doc[base]["key"]
+    assert stored == _key(root, env)
+    for hint in ("0" * 32, None):
+        doc[base]["key"] = hint
+        uses.write_text(json.dumps(doc))
+        assert lookup(root, env) == "hit", hint
+    # An entry whose watches no longer hold is the hint's miss and the key's: regenerated.
+    hw = root / "kernels/hopper/HARDWARE.toml"
+    hw.write_text(hw.read_text() + "\n# edited\n")
+    assert lookup(root, env).startswith("changed")
+    assert taskcache.last_key(state, base) == _key(root, env)
 
 
 # ------------------------------------------------------------------------------ real doit runs

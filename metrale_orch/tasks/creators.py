@@ -70,6 +70,9 @@ class Generation:
     """How the specs are made when the task cache cannot answer
     (:data:`metrale_orch.tasks.specs.GENERATION`)."""
 
+    #: ``(root, environ, config) -> resolution``: the tree resolved, no compiler run
+    #: (handed to ``generate_specs`` as ``resolution``).
+    resolve_tree: Callable[[Path, Mapping[str, str], Config], object]
     #: ``(root, environ, argv, *, config=None, toolchains=None) -> (specs, cacheable)``.
     generate_specs: Callable[..., tuple[list[BuildSpec], bool]]
     #: ``(root, environ, specs) -> smoke task dicts``.
@@ -100,24 +103,40 @@ def cached_tasks(
     state_dir = config.build_dir / STATE_DIR
     base = generation_base(root, environ, config, toolchains)
     used = taskcache.read_uses(state_dir, base)
-    # The toolchains are observed here, before generation reads anything, and an entry
-    # is only ever keyed by these observations (see _stored_key).
+    # The entry this base stored last is read while the toolchains' probes (started when
+    # doit imported the dodo file) finish; when it cannot answer, the work generation
+    # does before it needs a toolchain is done meanwhile (_Early).
+    last = taskcache.last_key(state_dir, base)
+    found = None if last is None else taskcache.lookup(taskcache.cache_path(state_dir, last), last)
+    early = (
+        None
+        if found is not None and found.specs is not None
+        else _Early(root, environ, config, generation)
+    )
+    # The toolchains are observed here, before generation asks for any of them, and an
+    # entry is only ever keyed by these observations (see _stored_key).
     stamps = _stamps(config, environ, toolchains, probes, used)
     key = _key_of(base, stamps)
-    path = taskcache.cache_path(state_dir, key)
-    found = taskcache.lookup(path, key)
+    if found is None or key != last:
+        found = taskcache.lookup(taskcache.cache_path(state_dir, key), key)
     if found.specs is not None:
         explicit = explicit_targets(argv)
         specs = [_from_cached(root, c, explicit) for c in found.specs]
         return specs, replay_task_dicts(found.extra), found.reason
-    package = Path(metrale_orch.__file__).parent
-    scanned = taskcache.scan(root / "kernels", taskcache.package_files(package))
-    made = generation()
+    if early is None:
+        early = _Early(root, environ, config, generation)
+    made = early.generation
     specs, cacheable = made.generate_specs(
-        root, environ, argv, config=config, toolchains=toolchains, probes=probes
+        root,
+        environ,
+        argv,
+        config=config,
+        toolchains=toolchains,
+        probes=probes,
+        resolution=early.resolution,
     )
     smoke = None
-    if scanned is not None and cacheable:
+    if early.scanned is not None and cacheable:
         smoke = made.smoke_task_dicts(root, environ, specs)
         recorded = record_task_dicts(smoke)
         # Stored under the toolchains the targets did select.
@@ -127,12 +146,31 @@ def cached_tasks(
             taskcache.store(
                 taskcache.cache_path(state_dir, stored),
                 stored,
-                scanned,
+                early.scanned,
                 [_to_cached(s) for s in specs],
                 None if recorded is None else [recorded],
             )
-        taskcache.write_uses(state_dir, base, selected)
+        taskcache.write_uses(state_dir, base, selected, stored)
     return specs, smoke, found.reason
+
+
+class _Early:
+    """What a generation does before it asks for any toolchain: the scan of the watched
+    files (taken before generation reads the tree), the generation's import and the
+    tree's resolution. Done while the probes finish when the entry last stored cannot
+    answer, else only on a miss."""
+
+    def __init__(
+        self,
+        root: Path,
+        environ: Mapping[str, str],
+        config: Config,
+        generation: Callable[[], Generation],
+    ) -> None:
+        package = Path(metrale_orch.__file__).parent
+        self.scanned = taskcache.scan(root / "kernels", taskcache.package_files(package))
+        self.generation = generation()
+        self.resolution = self.generation.resolve_tree(root, environ, config)
 
 
 def start_order(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from metrale_orch.config import Config, load_config
@@ -58,10 +59,12 @@ from metrale_orch.tree import (
 
 __all__ = [
     "GENERATION",
+    "Resolution",
     "cached_build_specs",
     "generate_specs",
     "load_build_tasks",
     "resolve_build_specs",
+    "resolve_tree",
     "smoke_task_dicts",
     "spec_inputs",
     "used_toolchains",
@@ -83,6 +86,29 @@ def resolve_build_specs(
     return specs + named_failures(root, specs, explicit_targets(argv))
 
 
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """The tree's targets resolved, before any toolchain is asked (:func:`resolve_tree`), or
+    why the tree cannot be resolved."""
+
+    snapshot: TreeSnapshot | None = None
+    resolved: tuple[tuple[Target, Layout | LayoutError], ...] = ()
+    error: MetraleError | None = None
+
+
+def resolve_tree(root: Path, environ: Mapping[str, str], config: Config) -> Resolution:
+    """Resolve every target of the tree at ``root`` (reads the tree; runs no compiler, so
+    the task cache can do it while the toolchains' probes finish). Never raises for a
+    tree or environment problem: it is the result's ``error``."""
+    try:
+        # Before any compile: one error, not the same failure of every compile.
+        check_compile_paths(build_dir=config.build_dir, environ=environ)
+        snapshot = TreeSnapshot(root)
+        return Resolution(snapshot=snapshot, resolved=tuple(resolve_all(root, snapshot)))
+    except MetraleError as exc:
+        return Resolution(error=exc)
+
+
 def generate_specs(
     root: Path,
     environ: Mapping[str, str],
@@ -91,9 +117,11 @@ def generate_specs(
     config: Config | None = None,
     toolchains: Mapping[str, Toolchain] | None = None,
     probes: ProbeMemo | None = None,
+    resolution: Resolution | None = None,
 ) -> tuple[list[BuildSpec], bool]:
     """The specs, and whether they may be cached (no tree-wide error, no failed probe).
-    Each toolchain is probed once (once per ``probes``: the run's, shared with its build)."""
+    Each toolchain is probed once (once per ``probes``: the run's, shared with its build).
+    ``resolution``: the tree as :func:`resolve_tree` resolved it (None: resolved here)."""
     if probes is None:
         probes = ProbeMemo()
 
@@ -107,14 +135,16 @@ def generate_specs(
             config = load_config(root, environ)
         if toolchains is None:
             toolchains = load_toolchains(root)
-        # Before any compile: one error, not the same failure of every compile.
-        check_compile_paths(build_dir=config.build_dir, environ=environ)
-        snapshot = TreeSnapshot(root)
-        resolved = resolve_all(root, snapshot)
     except MetraleError as exc:
+        return [error(TREE_TASK, str(exc))], False
+    if resolution is None:
+        resolution = resolve_tree(root, environ, config)
+    if resolution.snapshot is None:
+        failure = resolution.error
         # A HARDWARE.toml that is a directory reads as missing: name it, not the symptom.
-        shapes = misshapen_manifests(root) if isinstance(exc, LayoutError) else []
-        return [error(TREE_TASK, str(shapes[0] if shapes else exc))], False
+        shapes = misshapen_manifests(root) if isinstance(failure, LayoutError) else []
+        return [error(TREE_TASK, str(shapes[0] if shapes else failure))], False
+    snapshot, resolved = resolution.snapshot, resolution.resolved
 
     explicit = explicit_targets(argv)
     memo = PlanMemo(root)
@@ -367,6 +397,7 @@ def used_toolchains(
 
 #: The generation, as the task cache asks for it on a miss.
 GENERATION = Generation(
+    resolve_tree=resolve_tree,
     generate_specs=generate_specs,
     smoke_task_dicts=smoke_task_dicts,
     used_toolchains=used_toolchains,

@@ -73,6 +73,7 @@ __all__ = [
     "Lookup",
     "Scan",
     "cache_path",
+    "last_key",
     "lookup",
     "read_uses",
     "scan",
@@ -87,8 +88,8 @@ SCHEMA = 4
 CACHE_GLOB = "build-tasks.*.cache"
 #: How many entries (keys) are kept; older ones are removed when one is written.
 KEEP = 4
-#: Which toolchains the targets of each key's last generation selected (a hint: see
-#: :func:`read_uses`).
+#: Which toolchains the targets of each base's last generation selected, and the key its
+#: entry was stored under (hints: see :func:`read_uses` and :func:`last_key`).
 USES_NAME = "build-tasks.uses.json"
 _MARSHAL_VERSION = 4
 
@@ -333,19 +334,37 @@ def read_uses(state_dir: Path, base: str) -> tuple[str, ...] | None:
     exactly those toolchains, and a hit means the watched tree is unchanged, so the
     targets still select them; an unselected toolchain cannot change a task.
     """
-    try:
-        doc = json.loads((Path(state_dir) / USES_NAME).read_bytes())
-        names = doc[base]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    names = _read_hint(state_dir, base).get("toolchains")
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         return None
     return tuple(sorted(names))
 
 
-def write_uses(state_dir: Path, base: str, names: Iterable[str]) -> None:
-    """Remember ``names`` as the toolchains of ``base`` (the newest :data:`KEEP` bases
-    kept; errors are ignored, as for the cache files)."""
+def last_key(state_dir: Path, base: str) -> str | None:
+    """The key the last generation under ``base`` stored its entry under, or None (not
+    known, or that generation stored none). Only a hint of which entry to read before
+    the toolchains are stamped: a hit is still only the entry of the key they give."""
+    key = _read_hint(state_dir, base).get("key")
+    return key if isinstance(key, str) and key else None
+
+
+def _read_hint(state_dir: Path, base: str) -> dict[str, object]:
+    """``base``'s record in the uses file (``{"toolchains": [...], "key": ...}``; a list
+    alone, as written before the key was kept, is the toolchains), else {}."""
+    try:
+        doc = json.loads((Path(state_dir) / USES_NAME).read_bytes())
+        value = doc[base]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    if isinstance(value, list):
+        return {"toolchains": value}
+    return value if isinstance(value, dict) else {}
+
+
+def write_uses(state_dir: Path, base: str, names: Iterable[str], key: str | None = None) -> None:
+    """Remember ``names`` as the toolchains of ``base`` and ``key`` as the key its entry
+    was stored under (None: none was stored); the newest :data:`KEEP` bases are kept and
+    errors are ignored, as for the cache files."""
     path = Path(state_dir) / USES_NAME
     try:
         doc = json.loads(path.read_bytes())
@@ -354,7 +373,7 @@ def write_uses(state_dir: Path, base: str, names: Iterable[str]) -> None:
     if not isinstance(doc, dict):
         doc = {}
     doc.pop(base, None)
-    doc[base] = sorted(names)
+    doc[base] = {"toolchains": sorted(names), "key": key}
     kept = dict(list(doc.items())[-KEEP:])
     _write(path, json.dumps(kept, indent=1).encode() + b"\n")
 
