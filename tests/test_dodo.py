@@ -520,21 +520,25 @@ def test_the_early_probes_end_quietly_whatever_fails_in_them(
     the probe is run again where it is asked for."""
     import threading
 
-    import metrale_orch.toolchain.probe as probe
+    from metrale_orch.tasks import creators
     from metrale_orch.tasks.probes import reset_run_probes, start_probes
 
-    def refused(*_args: object, **_kwargs: object) -> object:
+    calls: list[object] = []
+
+    def refused(*args: object, **_kwargs: object) -> object:
+        calls.append(args)
         raise RuntimeError("cannot schedule new futures after interpreter shutdown")
 
     raised: list[object] = []
     monkeypatch.setattr(threading, "excepthook", raised.append)
-    monkeypatch.setattr(probe, "toolchain_stamps", refused)
+    monkeypatch.setattr(creators, "stamp_wanted", refused)
     root, env = fake_project
     reset_run_probes()
     try:
         start_probes(root, env).join(30)
     finally:
         reset_run_probes()
+    assert len(calls) == 1  # the thread did ask (and was refused)
     assert raised == []
 
 

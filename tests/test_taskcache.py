@@ -533,6 +533,8 @@ def test_the_key_stored_last_is_only_a_hint(
         doc[base]["key"] = hint
         uses.write_text(json.dumps(doc))
         assert lookup(root, env) == "hit", hint
+        # ... and the hint names the entry again, so the next run reads it first.
+        assert taskcache.last_key(state, base) == stored, hint
     # An entry whose watches no longer hold is the hint's miss and the key's: regenerated.
     hw = root / "kernels/hopper/HARDWARE.toml"
     hw.write_text(hw.read_text() + "\n# edited\n")
@@ -623,5 +625,28 @@ def test_a_compiler_put_first_on_path_while_generating_is_not_keyed_as_seen(
     assert installed
     # Compared with a fresh generation inside lookup(): a hit would hand back plans
     # made for the compiler that is no longer the one on PATH.
+    assert lookup(root, env) != "hit"
+    assert lookup(root, env) == "hit"
+
+
+def test_a_change_only_the_arch_s_dry_run_shows_misses(
+    fake_project: tuple[Path, dict[str, str]], trusting: None, tmp_path: Path
+) -> None:
+    """A toolchain whose dry run names the arch (metal's ``-std=``, hip's
+    ``--offload-arch=``) is probed per arch for its targets' plans: the key stamps those
+    arches too, so a change only such a dry run shows (a wrapper that reads a file for
+    one arch; one arch's device libraries) misses instead of replaying the old identity."""
+    root, env = fake_project
+    chosen = tmp_path / "arch-flags"
+    chosen.write_text("-DX=1\n")
+    xcrun = tmp_path / "bin/xcrun"
+    xcrun.write_text(
+        "#!/bin/sh\n"
+        f'case "$*" in *-std=*) echo "\\"/opt/metal/bin/metal\\" $(cat {chosen})";; esac\n'
+        'echo "Apple metal version 32023.1"\n'
+    )
+    xcrun.chmod(0o755)
+    primed(root, env)
+    chosen.write_text("-DX=2\n")  # the arch-less dry run prints what it printed
     assert lookup(root, env) != "hit"
     assert lookup(root, env) == "hit"

@@ -21,8 +21,8 @@ from metrale_orch.toolchain.probe import (
     ProbeMemo,
     find_toolchain,
     probe_toolchain,
-    toolchain_stamps,
 )
+from metrale_orch.toolchain.stamps import toolchain_stamps
 from metrale_orch.tree import Hardware
 from tests.support.build import fake_toolchain_env, write
 

@@ -47,8 +47,8 @@ from metrale_orch.toolchain.locate import find_program, find_root
 from metrale_orch.toolchain.probe import (
     find_toolchain,
     probe_toolchain,
-    toolchain_stamp,
 )
+from metrale_orch.toolchain.stamps import toolchain_stamp
 from metrale_orch.tree import Target, discover
 from tests.support.build import (
     compiles,

@@ -49,7 +49,8 @@ from metrale_orch.tasks.dicts import (
 )
 from metrale_orch.tasks.doit_api import doit_version
 from metrale_orch.toolchain.definitions import Toolchain, load_toolchains
-from metrale_orch.toolchain.probe import ProbeMemo, Stamp, toolchain_stamps
+from metrale_orch.toolchain.probe import ProbeMemo
+from metrale_orch.toolchain.stamps import Stamp, probed_per_arch, toolchain_stamps
 
 if TYPE_CHECKING:
     from metrale_orch.tree import Target
@@ -60,6 +61,7 @@ __all__ = [
     "generation_base",
     "generation_key",
     "named_failures",
+    "stamp_wanted",
     "start_order",
     "wanted_toolchains",
 ]
@@ -73,13 +75,18 @@ class Generation:
     #: ``(root, environ, config) -> resolution``: the tree resolved, no compiler run
     #: (handed to ``generate_specs`` as ``resolution``).
     resolve_tree: Callable[[Path, Mapping[str, str], Config], object]
+    #: ``(resolution, toolchains) -> {name: arches}``: what ``used_toolchains`` will give
+    #: for the specs made from that resolution.
+    resolved_toolchains: Callable[..., Mapping[str, tuple[str, ...]]]
     #: ``(root, environ, argv, *, config=None, toolchains=None) -> (specs, cacheable)``.
     generate_specs: Callable[..., tuple[list[BuildSpec], bool]]
     #: ``(root, environ, specs) -> smoke task dicts``.
     smoke_task_dicts: Callable[[Path, Mapping[str, str], Sequence[BuildSpec]], list[TaskDict]]
-    #: ``(specs, toolchains) -> names``: the toolchains the specs' targets select (every
-    #: one whose programs can change a task).
-    used_toolchains: Callable[[Sequence[BuildSpec], Mapping[str, Toolchain]], frozenset[str]]
+    #: ``(specs, toolchains) -> {name: arches}``: the toolchains the specs' targets select
+    #: (every one whose programs can change a task), with the arches they build for.
+    used_toolchains: Callable[
+        [Sequence[BuildSpec], Mapping[str, Toolchain]], Mapping[str, tuple[str, ...]]
+    ]
 
 
 def cached_tasks(
@@ -103,6 +110,7 @@ def cached_tasks(
     state_dir = config.build_dir / STATE_DIR
     base = generation_base(root, environ, config, toolchains)
     used = taskcache.read_uses(state_dir, base)
+    arches: Mapping[str, Sequence[str]] = taskcache.read_arches(state_dir, base)
     # The entry this base stored last is read while the toolchains' probes (started when
     # doit imported the dodo file) finish; when it cannot answer, the work generation
     # does before it needs a toolchain is done meanwhile (_Early).
@@ -113,13 +121,21 @@ def cached_tasks(
         if found is not None and found.specs is not None
         else _Early(root, environ, config, generation)
     )
+    if early is not None:  # the arches the targets build for are known before the stamps
+        resolved = early.generation.resolved_toolchains(early.resolution, toolchains)
+        arches = {
+            n: a for n, a in resolved.items() if n in toolchains and probed_per_arch(toolchains[n])
+        }
     # The toolchains are observed here, before generation asks for any of them, and an
     # entry is only ever keyed by these observations (see _stored_key).
-    stamps = _stamps(config, environ, toolchains, probes, used)
+    stamps = _stamps(config, environ, toolchains, probes, used, arches)
     key = _key_of(base, stamps)
     if found is None or key != last:
         found = taskcache.lookup(taskcache.cache_path(state_dir, key), key)
     if found.specs is not None:
+        if key != last:  # the hint named another entry (or none): name this one next time
+            per_arch = {n: a for n, a in arches.items() if n in stamps}
+            taskcache.write_uses(state_dir, base, sorted(stamps), key, per_arch)
         explicit = explicit_targets(argv)
         specs = [_from_cached(root, c, explicit) for c in found.specs]
         return specs, replay_task_dicts(found.extra), found.reason
@@ -139,9 +155,14 @@ def cached_tasks(
     if early.scanned is not None and cacheable:
         smoke = made.smoke_task_dicts(root, environ, specs)
         recorded = record_task_dicts(smoke)
-        # Stored under the toolchains the targets did select.
-        selected = sorted(made.used_toolchains(specs, toolchains))
-        stored = _stored_key(base, stamps, selected)
+        # Stored under the toolchains the targets did select (and the arches they build
+        # for, of those probed per arch).
+        chosen = made.used_toolchains(specs, toolchains)
+        selected = sorted(chosen)
+        per_arch = {
+            n: chosen[n] for n in selected if n in toolchains and probed_per_arch(toolchains[n])
+        }
+        stored = _stored_key(base, stamps, selected, per_arch)
         if stored is not None:
             taskcache.store(
                 taskcache.cache_path(state_dir, stored),
@@ -150,7 +171,7 @@ def cached_tasks(
                 [_to_cached(s) for s in specs],
                 None if recorded is None else [recorded],
             )
-        taskcache.write_uses(state_dir, base, selected, stored)
+        taskcache.write_uses(state_dir, base, selected, stored, per_arch)
     return specs, smoke, found.reason
 
 
@@ -301,21 +322,11 @@ def generation_key(
     targets costs a no-op nothing (:func:`~metrale_orch.tasks.taskcache.read_uses`).
     """
     base = generation_base(root, environ, config, toolchains)
+    state_dir = config.build_dir / STATE_DIR
     if used is None:
-        used = taskcache.read_uses(config.build_dir / STATE_DIR, base)
-    return _keyed(base, config, environ, toolchains, probes, used)
-
-
-def _keyed(
-    base: str,
-    config: Config,
-    environ: Mapping[str, str],
-    toolchains: Mapping[str, Toolchain],
-    probes: ProbeMemo | None,
-    used: Iterable[str] | None,
-) -> str:
-    """The key of ``base`` with the toolchains ``used`` probed (None: all of them)."""
-    return _key_of(base, _stamps(config, environ, toolchains, probes, used))
+        used = taskcache.read_uses(state_dir, base)
+    arches = taskcache.read_arches(state_dir, base)
+    return _key_of(base, _stamps(config, environ, toolchains, probes, used, arches))
 
 
 def _stamps(
@@ -324,11 +335,13 @@ def _stamps(
     toolchains: Mapping[str, Toolchain],
     probes: ProbeMemo | None,
     used: Iterable[str] | None,
+    arches: Mapping[str, Iterable[str]],
 ) -> dict[str, Stamp]:
-    """The stamps of the toolchains ``used`` (None: all of them), probed now."""
+    """The stamps of the toolchains ``used`` (None: all of them), those probed per arch
+    also for their ``arches``, probed now."""
     state_dir = config.build_dir / STATE_DIR
     probed = _selected(toolchains, used)
-    return toolchain_stamps(probed, environ, state_dir=state_dir, memo=probes)
+    return toolchain_stamps(probed, environ, state_dir=state_dir, memo=probes, arches=arches)
 
 
 def _key_of(base: str, stamps: Mapping[str, Stamp]) -> str:
@@ -336,20 +349,36 @@ def _key_of(base: str, stamps: Mapping[str, Stamp]) -> str:
     return _digest({"base": base, "used": sorted(stamps), "programs": dict(stamps)})
 
 
-def _stored_key(base: str, stamps: Mapping[str, Stamp], selected: Sequence[str]) -> str | None:
+def _stored_key(
+    base: str,
+    stamps: Mapping[str, Stamp],
+    selected: Sequence[str],
+    per_arch: Mapping[str, Sequence[str]],
+) -> str | None:
     """The key an entry generated after ``stamps`` were taken is stored under: that of
     the toolchains its targets ``selected``, from those same stamps; None (not stored)
-    when a selected toolchain was not stamped before generation.
+    when a selected toolchain was not stamped before generation, or one probed per arch
+    and found was not stamped for exactly the arches its targets build for (``per_arch``).
 
     Stamping it afterwards would pair what generation saw with a later look at the
     toolchain: a compiler installed, or put earlier on ``PATH``, while the targets were
     planned would give the entry the key of the new compiler and specs made for the
     old one (a skip, or another identity in every plan), and the next run would hit
     it. Not storing costs one more generation: the next run's hint names the toolchain
-    and stamps it first."""
+    (and the arches) and stamps it first."""
     if not set(selected) <= set(stamps):
         return None
+    for name, arches in per_arch.items():
+        stamp = stamps[name]
+        if stamp[0] == "found" and _stamped_arches(stamp) != sorted(set(arches)):
+            return None
     return _key_of(base, {name: stamps[name] for name in selected})
+
+
+def _stamped_arches(stamp: Stamp) -> list[str]:
+    """The arches a found toolchain's stamp holds per-arch identities of (sorted)."""
+    per_arch = stamp[3] if len(stamp) > 3 else []
+    return sorted(str(row[0]) for row in per_arch if isinstance(row, list) and row)
 
 
 def _selected(
@@ -372,9 +401,29 @@ def wanted_toolchains(
     """The toolchains a run at ``root`` will probe first: those the last generation's
     targets selected (all when that is not known). Raises MetraleError (toolchain
     definitions)."""
+    return _wanted(root, environ, config)[0]
+
+
+def stamp_wanted(
+    root: Path, environ: Mapping[str, str], config: Config, probes: ProbeMemo
+) -> dict[str, Stamp]:
+    """The stamps the task cache's key of a run at ``root`` will ask ``probes`` for: those
+    of :func:`wanted_toolchains`, with the arches of the last generation (I/O; the early
+    start of :mod:`metrale_orch.tasks.probes`). Raises MetraleError (definitions)."""
+    wanted, arches = _wanted(root, environ, config)
+    return toolchain_stamps(
+        wanted, environ, state_dir=config.build_dir / STATE_DIR, memo=probes, arches=arches
+    )
+
+
+def _wanted(
+    root: Path, environ: Mapping[str, str], config: Config
+) -> tuple[dict[str, Toolchain], dict[str, tuple[str, ...]]]:
     toolchains = load_toolchains(root)
     base = generation_base(root, environ, config, toolchains)
-    return _selected(toolchains, taskcache.read_uses(config.build_dir / STATE_DIR, base))
+    state_dir = config.build_dir / STATE_DIR
+    used = taskcache.read_uses(state_dir, base)
+    return _selected(toolchains, used), taskcache.read_arches(state_dir, base)
 
 
 def _generation_config(config: Config) -> dict[str, object]:

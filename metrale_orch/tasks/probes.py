@@ -47,9 +47,7 @@ def start_probes(root: Path, environ: Mapping[str, str]) -> threading.Thread:
 
     def run() -> None:
         from metrale_orch.config import load_config
-        from metrale_orch.paths import STATE_DIR
-        from metrale_orch.tasks.creators import wanted_toolchains
-        from metrale_orch.toolchain.probe import toolchain_stamps
+        from metrale_orch.tasks.creators import stamp_wanted
 
         # Only an early start: whatever fails here is met again, with its own message,
         # where the probe is asked for. That includes what a run ending under this
@@ -57,9 +55,7 @@ def start_probes(root: Path, environ: Mapping[str, str]) -> threading.Thread:
         # probe pools' "cannot schedule new futures after interpreter shutdown"), which
         # must not print a traceback after the run's own one-line error.
         with contextlib.suppress(Exception):
-            config = load_config(root, env)
-            wanted = wanted_toolchains(root, env, config)
-            toolchain_stamps(wanted, env, state_dir=config.build_dir / STATE_DIR, memo=memo)
+            stamp_wanted(root, env, load_config(root, env), memo)
 
     thread = threading.Thread(target=run, name="metrale-probes", daemon=True)
     thread.start()

@@ -13,7 +13,7 @@ package): ``metrale_orch.dodo`` imports it only when the task cache misses.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +65,7 @@ __all__ = [
     "load_build_tasks",
     "resolve_build_specs",
     "resolve_tree",
+    "resolved_toolchains",
     "smoke_task_dicts",
     "spec_inputs",
     "used_toolchains",
@@ -382,22 +383,40 @@ def smoke_task_dicts(
 
 def used_toolchains(
     specs: Sequence[BuildSpec], toolchains: Mapping[str, Toolchain]
-) -> frozenset[str]:
-    """The names of the toolchains the targets of ``specs`` select (pure): every one
-    found or probed for them, whether it built, skipped or failed them. A toolchain
-    outside this set changes no spec: a target's toolchain follows from its
-    HARDWARE.toml and the definitions alone (:func:`select_toolchain`)."""
-    names: set[str] = set()
-    for spec in specs:
-        if isinstance(spec.resolved, Layout):
+) -> dict[str, tuple[str, ...]]:
+    """The toolchains the targets of ``specs`` select, by name, with the arches those
+    targets build for, sorted (pure): every toolchain found or probed for them, whether
+    it built, skipped or failed them. A toolchain outside this set changes no spec: a
+    target's toolchain follows from its HARDWARE.toml and the definitions alone
+    (:func:`select_toolchain`)."""
+    return _toolchain_arches((s.resolved for s in specs), toolchains)
+
+
+def resolved_toolchains(
+    resolution: Resolution, toolchains: Mapping[str, Toolchain]
+) -> dict[str, tuple[str, ...]]:
+    """:func:`used_toolchains` of the targets ``resolution`` resolved (pure): what the
+    generation made from it will select."""
+    return _toolchain_arches((layout for _target, layout in resolution.resolved), toolchains)
+
+
+def _toolchain_arches(
+    resolved: Iterable[object], toolchains: Mapping[str, Toolchain]
+) -> dict[str, tuple[str, ...]]:
+    arches: dict[str, set[str]] = {}
+    for layout in resolved:
+        if isinstance(layout, Layout):
+            hw = layout.hardware
             with contextlib.suppress(MetraleError):
-                names.add(select_toolchain(spec.resolved.hardware, toolchains).name)
-    return frozenset(names)
+                name = select_toolchain(hw, toolchains).name
+                arches.setdefault(name, set()).update([hw.arch] if hw.arch else [])
+    return {name: tuple(sorted(found)) for name, found in sorted(arches.items())}
 
 
 #: The generation, as the task cache asks for it on a miss.
 GENERATION = Generation(
     resolve_tree=resolve_tree,
+    resolved_toolchains=resolved_toolchains,
     generate_specs=generate_specs,
     smoke_task_dicts=smoke_task_dicts,
     used_toolchains=used_toolchains,

@@ -11,7 +11,7 @@ far more than doit's own up-to-date checks. Its result is a function of:
   every run and puts them, by value, into the key);
 - the environment the generation reads, the program of each toolchain the targets
   select as found on ``PATH`` and probed (see
-  :func:`~metrale_orch.toolchain.probe.toolchain_stamp` and :func:`read_uses`), the
+  :func:`~metrale_orch.toolchain.stamps.toolchain_stamp` and :func:`read_uses`), the
   root, the build dir, the versions of Python and doit, and the source files of this
   package.
 
@@ -75,6 +75,7 @@ __all__ = [
     "cache_path",
     "last_key",
     "lookup",
+    "read_arches",
     "read_uses",
     "scan",
     "store",
@@ -348,6 +349,23 @@ def last_key(state_dir: Path, base: str) -> str | None:
     return key if isinstance(key, str) and key else None
 
 
+def read_arches(state_dir: Path, base: str) -> dict[str, tuple[str, ...]]:
+    """The arches the last generation under ``base`` found the targets of each toolchain
+    probed per arch building for (name -> sorted arches; {} when not known). A hint like
+    :func:`read_uses`: the stamps of those arches go into the key, so a wrong hint is a
+    miss, and an entry is only stored when its targets used exactly the stamped arches."""
+    arches = _read_hint(state_dir, base).get("arches")
+    if not isinstance(arches, dict):
+        return {}
+    return {
+        name: tuple(sorted(values))
+        for name, values in arches.items()
+        if isinstance(name, str)
+        and isinstance(values, list)
+        and all(isinstance(v, str) for v in values)
+    }
+
+
 def _read_hint(state_dir: Path, base: str) -> dict[str, object]:
     """``base``'s record in the uses file (``{"toolchains": [...], "key": ...}``; a list
     alone, as written before the key was kept, is the toolchains), else {}."""
@@ -361,10 +379,16 @@ def _read_hint(state_dir: Path, base: str) -> dict[str, object]:
     return value if isinstance(value, dict) else {}
 
 
-def write_uses(state_dir: Path, base: str, names: Iterable[str], key: str | None = None) -> None:
-    """Remember ``names`` as the toolchains of ``base`` and ``key`` as the key its entry
-    was stored under (None: none was stored); the newest :data:`KEEP` bases are kept and
-    errors are ignored, as for the cache files."""
+def write_uses(
+    state_dir: Path,
+    base: str,
+    names: Iterable[str],
+    key: str | None = None,
+    arches: Mapping[str, Iterable[str]] | None = None,
+) -> None:
+    """Remember ``names`` as the toolchains of ``base``, ``key`` as the key its entry was
+    stored under (None: none was stored) and ``arches`` (see :func:`read_arches`); the
+    newest :data:`KEEP` bases are kept and errors are ignored, as for the cache files."""
     path = Path(state_dir) / USES_NAME
     try:
         doc = json.loads(path.read_bytes())
@@ -373,7 +397,11 @@ def write_uses(state_dir: Path, base: str, names: Iterable[str], key: str | None
     if not isinstance(doc, dict):
         doc = {}
     doc.pop(base, None)
-    doc[base] = {"toolchains": sorted(names), "key": key}
+    doc[base] = {
+        "toolchains": sorted(names),
+        "key": key,
+        "arches": {n: sorted(set(a)) for n, a in sorted((arches or {}).items())},
+    }
     kept = dict(list(doc.items())[-KEEP:])
     _write(path, json.dumps(kept, indent=1).encode() + b"\n")
 

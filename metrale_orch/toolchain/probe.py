@@ -5,18 +5,15 @@ hashes the real binaries they name (see its docstring); only those content
 hashes are remembered across processes (``<state_dir>/file-hashes.json``).
 Within one run a :class:`ProbeMemo` (held by the run's session, passed in)
 probes each compiler once, however many threads ask at the same time.
-:func:`find_toolchain` locates and probes; :func:`toolchain_stamp` is what the
-task cache compares, :func:`toolchain_stamps` every toolchain's at once. The
-identity is part of every action key.
+:func:`find_toolchain` locates and probes (what the task cache compares is
+:mod:`~metrale_orch.toolchain.stamps`). The identity is part of every action key.
 """
 
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
-import re
 import shutil
 import stat
 import threading
@@ -28,7 +25,6 @@ from typing import Any
 
 import xxhash
 
-from metrale_orch.errors import MetraleError
 from metrale_orch.fsutil import file_hash, write_atomic
 from metrale_orch.proc import ProcessError
 from metrale_orch.toolchain.argv import keyed_environment, toolchain_environ
@@ -42,7 +38,7 @@ from metrale_orch.toolchain.dryrun import (
     search_dirs,
 )
 from metrale_orch.toolchain.errors import ToolchainError, ToolchainMissing
-from metrale_orch.toolchain.locate import executable, find_program, find_root, locate_toolchain
+from metrale_orch.toolchain.locate import executable, locate_toolchain
 from metrale_orch.toolchain.records import ProbeRecord, RecordStore, dir_states, file_stamps
 from metrale_orch.toolchain.records import Stamp as FileStamp
 
@@ -50,17 +46,10 @@ __all__ = [
     "FoundToolchain",
     "Probe",
     "ProbeMemo",
-    "Stamp",
     "find_toolchain",
     "host_compiler",
     "probe_toolchain",
-    "toolchain_stamp",
-    "toolchain_stamps",
 ]
-
-#: :func:`toolchain_stamp`'s JSON-ready value: ``["missing"]``, ``["error", text]``,
-#: ``["found", program, identity]`` or ``["found", root, [[arch, identity], ...]]``.
-Stamp = list[str | list[list[str]]]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -481,92 +470,6 @@ def _dryrun_hint(toolchain: Toolchain, arch: str, failure: ProcessError) -> str:
         f"if this compiler has no dry run, set dryrun_args = [] in a "
         f'toolchains/{toolchain.name}.toml that extends "{toolchain.name}"'
     )
-
-
-def toolchain_stamp(
-    toolchain: Toolchain,
-    environ: Mapping[str, str],
-    *,
-    state_dir: Path | None = None,
-    site_dirs: Iterable[Path] | None = None,
-    memo: ProbeMemo | None = None,
-) -> Stamp:
-    """What :func:`find_toolchain` finds, JSON-ready (for the task cache): ``["missing"]``,
-    ``["found", program, identity]`` (probed: once per ``memo``), or ``["error", text]``.
-
-    A toolchain picked per arch (a program under ``{root}``) is stamped by its root
-    and every arch's compiler there: ``["found", root, [[arch, identity], ...]]``
-    (compilers that are one file are probed once).
-    """
-    try:
-        if "{root}" in toolchain.program:
-            return _root_stamp(toolchain, environ, state_dir, memo)
-        program = find_program(toolchain, environ, site_dirs=site_dirs)
-        if program is None:
-            return ["missing"]
-        probe = probe_toolchain(toolchain, program, environ, state_dir=state_dir, memo=memo)
-    except MetraleError as exc:
-        return ["error", str(exc)]
-    return ["found", str(program), probe.identity]
-
-
-def toolchain_stamps(
-    toolchains: Mapping[str, Toolchain],
-    environ: Mapping[str, str],
-    *,
-    state_dir: Path | None = None,
-    memo: ProbeMemo | None = None,
-) -> dict[str, Stamp]:
-    """:func:`toolchain_stamp` of every toolchain, by name, probed at the same time: a
-    probe is a few short compiler runs, so running them one after another made every
-    no-op build wait for the sum (issue 21)."""
-    names = sorted(toolchains)
-    if len(names) < 2:
-        return {
-            n: toolchain_stamp(toolchains[n], environ, state_dir=state_dir, memo=memo)
-            for n in names
-        }
-    with ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="metrale-probe") as pool:
-        futures = {
-            n: pool.submit(toolchain_stamp, toolchains[n], environ, state_dir=state_dir, memo=memo)
-            for n in names
-        }
-        return {n: futures[n].result() for n in names}
-
-
-def _root_stamp(
-    toolchain: Toolchain, environ: Mapping[str, str], state_dir: Path | None, memo: ProbeMemo | None
-) -> Stamp:
-    root = find_root(toolchain, environ)
-    if root is None:
-        return ["missing"]
-    pattern = re.escape(toolchain.program).replace(re.escape("{root}"), re.escape(str(root)))
-    pattern = pattern.replace(re.escape("{arch}"), "(?P<arch>[^/]+)")
-    matcher = re.compile(pattern)
-    found = glob.glob(toolchain.program.format(root=glob.escape(str(root)), arch="*"))
-    arches: list[tuple[str, str]] = []  # (arch, real path), in path order
-    first: dict[str, tuple[str, str]] = {}  # real path -> (path, arch) probing it
-    for path in sorted(found):
-        m = matcher.fullmatch(path)
-        if m is None or not executable(Path(path)):
-            continue
-        real = os.path.realpath(path)
-        first.setdefault(real, (path, m["arch"]))
-        arches.append((m["arch"], real))
-
-    def probe(real: str) -> str:
-        path, arch = first[real]
-        return probe_toolchain(
-            toolchain, Path(path), environ, state_dir=state_dir, arch=arch, memo=memo
-        ).identity
-
-    # One compiler per arch: probed at once, like the toolchains (compilers that are one
-    # file once).
-    workers = max(1, len(first))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="metrale-arch") as pool:
-        identities = dict(zip(first, pool.map(probe, first), strict=True))
-    stamps: list[list[str]] = [[arch, identities[real]] for arch, real in arches]
-    return ["found", str(root), stamps]
 
 
 def find_toolchain(

@@ -1,0 +1,179 @@
+"""What the task cache compares of each toolchain: its stamp (I/O: locates and probes).
+
+:func:`toolchain_stamp` is what :func:`~metrale_orch.toolchain.probe.find_toolchain`
+finds, as JSON-ready data; :func:`toolchain_stamps` every toolchain's at once. A stamp
+holds every probe the targets' plans are made from, so an equal stamp means equal
+plans: the probe without an arch, each arch's compiler of a toolchain under ``{root}``,
+and each arch's probe of a toolchain whose dry run names the arch, with the arch check's
+verdict where the toolchain has one (an arch its compiler cannot build is skipped, and
+never probed, as generation does).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from metrale_orch.errors import MetraleError
+from metrale_orch.toolchain.archcheck import arch_problem
+from metrale_orch.toolchain.definitions import Toolchain
+from metrale_orch.toolchain.locate import executable, find_program, find_root
+from metrale_orch.toolchain.probe import ProbeMemo, probe_toolchain
+
+__all__ = ["Stamp", "probed_per_arch", "toolchain_stamp", "toolchain_stamps"]
+
+#: :func:`toolchain_stamp`'s JSON-ready value: ``["missing"]``, ``["error", text]``,
+#: ``["found", program, identity]`` (with ``[[arch, identity], ...]`` after it for a
+#: toolchain probed per arch) or ``["found", root, [[arch, identity], ...]]``.
+Stamp = list[str | list[list[str]]]
+
+
+def probed_per_arch(toolchain: Toolchain) -> bool:
+    """Whether ``toolchain``'s probe differs per arch (its dry run or program names the
+    ``{arch}``: metal's ``-std=``, hip's ``--offload-arch=``) while one program serves
+    every arch (not one under ``{root}`` per arch, which is stamped per arch anyway)."""
+    if "{root}" in toolchain.program:
+        return False
+    return any("{arch}" in a for a in (toolchain.program, *toolchain.dryrun_args))
+
+
+def toolchain_stamp(
+    toolchain: Toolchain,
+    environ: Mapping[str, str],
+    *,
+    state_dir: Path | None = None,
+    site_dirs: Iterable[Path] | None = None,
+    memo: ProbeMemo | None = None,
+    arches: Iterable[str] = (),
+) -> Stamp:
+    """What :func:`~metrale_orch.toolchain.probe.find_toolchain` finds, JSON-ready (for the
+    task cache): ``["missing"]``, ``["found", program, identity]`` (probed: once per
+    ``memo``), or ``["error", text]``.
+
+    A toolchain picked per arch (a program under ``{root}``) is stamped by its root
+    and every arch's compiler there: ``["found", root, [[arch, identity], ...]]``
+    (compilers that are one file are probed once). A toolchain whose probe differs per
+    arch (:func:`probed_per_arch`) is stamped for each of ``arches`` (those its targets
+    build for): ``["found", program, identity, [[arch, identity], ...]]``, with
+    ``[arch, "unsupported", why]`` for an arch its arch check refuses (see
+    :func:`_per_arch`); the first identity, the probe without an arch, is "" unless the
+    arch check asks for it. Its targets' plans carry those identities, so a change only
+    an arch's dry run shows (a wrapper reading a file for that arch, one arch's device
+    libraries) changes the stamp too.
+    """
+    try:
+        if "{root}" in toolchain.program:
+            return _root_stamp(toolchain, environ, state_dir, memo)
+        program = find_program(toolchain, environ, site_dirs=site_dirs)
+        if program is None:
+            return ["missing"]
+        wanted = sorted(set(arches)) if probed_per_arch(toolchain) else []
+        plain = ""
+        if toolchain.arch_check_args or not wanted:
+            plain = probe_toolchain(
+                toolchain, program, environ, state_dir=state_dir, memo=memo
+            ).identity
+        if not wanted:
+            return ["found", str(program), plain]
+        per_arch = _per_arch(toolchain, program, environ, state_dir, memo, plain, wanted)
+    except MetraleError as exc:
+        return ["error", str(exc)]
+    return ["found", str(program), plain, per_arch]
+
+
+def _per_arch(
+    toolchain: Toolchain,
+    program: Path,
+    environ: Mapping[str, str],
+    state_dir: Path | None,
+    memo: ProbeMemo | None,
+    plain: str,
+    arches: list[str],
+) -> list[list[str]]:
+    """``[arch, identity]`` of each of ``arches``, probed at once, as generation finds the
+    toolchain for it; ``[arch, "unsupported", why]`` for an arch the arch check (keyed by
+    the probe without an arch, ``plain``) refuses: generation skips its targets without
+    probing the arch (a dry run for an arch the compiler does not know fails)."""
+
+    def row(arch: str) -> list[str]:
+        if plain:
+            problem = arch_problem(
+                toolchain, program, environ, arch=arch, identity=plain, state_dir=state_dir
+            )
+            if problem:
+                return [arch, "unsupported", problem]
+        probe = probe_toolchain(
+            toolchain, program, environ, state_dir=state_dir, arch=arch, memo=memo
+        )
+        return [arch, probe.identity]
+
+    if len(arches) == 1:
+        return [row(arches[0])]
+    with ThreadPoolExecutor(len(arches), thread_name_prefix="metrale-arch") as pool:
+        return list(pool.map(row, arches))
+
+
+def toolchain_stamps(
+    toolchains: Mapping[str, Toolchain],
+    environ: Mapping[str, str],
+    *,
+    state_dir: Path | None = None,
+    memo: ProbeMemo | None = None,
+    arches: Mapping[str, Iterable[str]] | None = None,
+) -> dict[str, Stamp]:
+    """:func:`toolchain_stamp` of every toolchain, by name, probed at the same time: a
+    probe is a few short compiler runs, so running them one after another made every
+    no-op build wait for the sum (issue 21). ``arches``: name -> the arches its targets
+    build for (see :func:`toolchain_stamp`)."""
+    names = sorted(toolchains)
+    arches = arches or {}
+
+    def stamp(name: str) -> Stamp:
+        return toolchain_stamp(
+            toolchains[name], environ, state_dir=state_dir, memo=memo, arches=arches.get(name, ())
+        )
+
+    if len(names) < 2:
+        return {n: stamp(n) for n in names}
+    with ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="metrale-probe") as pool:
+        futures = {n: pool.submit(stamp, n) for n in names}
+        return {n: futures[n].result() for n in names}
+
+
+def _root_stamp(
+    toolchain: Toolchain, environ: Mapping[str, str], state_dir: Path | None, memo: ProbeMemo | None
+) -> Stamp:
+    root = find_root(toolchain, environ)
+    if root is None:
+        return ["missing"]
+    pattern = re.escape(toolchain.program).replace(re.escape("{root}"), re.escape(str(root)))
+    pattern = pattern.replace(re.escape("{arch}"), "(?P<arch>[^/]+)")
+    matcher = re.compile(pattern)
+    found = glob.glob(toolchain.program.format(root=glob.escape(str(root)), arch="*"))
+    arches: list[tuple[str, str]] = []  # (arch, real path), in path order
+    first: dict[str, tuple[str, str]] = {}  # real path -> (path, arch) probing it
+    for path in sorted(found):
+        m = matcher.fullmatch(path)
+        if m is None or not executable(Path(path)):
+            continue
+        real = os.path.realpath(path)
+        first.setdefault(real, (path, m["arch"]))
+        arches.append((m["arch"], real))
+
+    def probe(real: str) -> str:
+        path, arch = first[real]
+        return probe_toolchain(
+            toolchain, Path(path), environ, state_dir=state_dir, arch=arch, memo=memo
+        ).identity
+
+    # One compiler per arch: probed at once, like the toolchains (compilers that are one
+    # file once).
+    workers = max(1, len(first))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="metrale-arch") as pool:
+        identities = dict(zip(first, pool.map(probe, first), strict=True))
+    stamps: list[list[str]] = [[arch, identities[real]] for arch, real in arches]
+    return ["found", str(root), stamps]
