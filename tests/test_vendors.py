@@ -417,6 +417,27 @@ def test_scale_compiler_is_picked_per_arch(tmp_path: Path) -> None:
     assert [arch for arch, _ in stamp[2]] == ["gfx1100", "gfx1151"]
 
 
+@_needs_no_system_install
+def test_scale_stamp_holds_the_identity_each_arch_s_targets_are_planned_with(
+    tmp_path: Path,
+) -> None:
+    """Each arch's compiler path is its own probe (a clang driver finds its resources
+    from the path it was called by: a symlink in another arch's directory reads that
+    directory), so the task cache's stamp holds, per arch, the identity generation finds
+    for that arch, also where two arches' compilers are one file."""
+    scale = builtin_toolchains()["scale"]
+    root = scale_root(tmp_path / "scale", ("gfx1151",))
+    shared = root / "targets/gfx1100/bin/nvcc"
+    shared.parent.mkdir(parents=True)
+    shared.symlink_to(root / "targets/gfx1151/bin/nvcc")
+    (root / "targets/gfx1100/include").mkdir()
+    env = {"SCALE_HOME": str(root), "PATH": "", "HOME": str(tmp_path / "home")}
+    found = {a: find_toolchain(scale, env, arch=a).identity for a in ("gfx1100", "gfx1151")}
+    assert found["gfx1100"] != found["gfx1151"], "harness: the dry runs do not differ"
+    stamp = toolchain_stamp(scale, env)
+    assert dict((arch, identity) for arch, identity in stamp[2]) == found
+
+
 _STRIX = {
     "kernels/strix/HARDWARE.toml": (
         '[hardware]\nvendor = "amd"\narch = "gfx1151"\n'

@@ -12,7 +12,6 @@ never probed, as generation does).
 from __future__ import annotations
 
 import glob
-import os
 import re
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -55,8 +54,8 @@ def toolchain_stamp(
     ``memo``), or ``["error", text]``.
 
     A toolchain picked per arch (a program under ``{root}``) is stamped by its root
-    and every arch's compiler there: ``["found", root, [[arch, identity], ...]]``
-    (compilers that are one file are probed once). A toolchain whose probe differs per
+    and every arch's compiler there, each probed by its own path:
+    ``["found", root, [[arch, identity], ...]]``. A toolchain whose probe differs per
     arch (:func:`probed_per_arch`) is stamped for each of ``arches`` (those its targets
     build for): ``["found", program, identity, [[arch, identity], ...]]``, with
     ``[arch, "unsupported", why]`` for an arch its arch check refuses (see
@@ -154,26 +153,25 @@ def _root_stamp(
     pattern = pattern.replace(re.escape("{arch}"), "(?P<arch>[^/]+)")
     matcher = re.compile(pattern)
     found = glob.glob(toolchain.program.format(root=glob.escape(str(root)), arch="*"))
-    arches: list[tuple[str, str]] = []  # (arch, real path), in path order
-    first: dict[str, tuple[str, str]] = {}  # real path -> (path, arch) probing it
+    programs: list[tuple[str, str]] = []  # (arch, path), in path order
     for path in sorted(found):
         m = matcher.fullmatch(path)
-        if m is None or not executable(Path(path)):
-            continue
-        real = os.path.realpath(path)
-        first.setdefault(real, (path, m["arch"]))
-        arches.append((m["arch"], real))
+        if m is not None and executable(Path(path)):
+            programs.append((m["arch"], path))
 
-    def probe(real: str) -> str:
-        path, arch = first[real]
+    def probe(program: tuple[str, str]) -> str:
+        arch, path = program
         return probe_toolchain(
             toolchain, Path(path), environ, state_dir=state_dir, arch=arch, memo=memo
         ).identity
 
-    # One compiler per arch: probed at once, like the toolchains (compilers that are one
-    # file once).
-    workers = max(1, len(first))
+    # Each arch's compiler as generation finds it, by its own path (a driver finds its
+    # resources from the path it was called by, so two arches' links to one file are two
+    # compilers); probed at once, like the toolchains.
+    workers = max(1, len(programs))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="metrale-arch") as pool:
-        identities = dict(zip(first, pool.map(probe, first), strict=True))
-    stamps: list[list[str]] = [[arch, identities[real]] for arch, real in arches]
+        identities = list(pool.map(probe, programs))
+    stamps: list[list[str]] = [
+        [arch, identity] for (arch, _path), identity in zip(programs, identities, strict=True)
+    ]
     return ["found", str(root), stamps]
