@@ -154,25 +154,39 @@ def cached_tasks(
     smoke = None
     if early.scanned is not None and cacheable:
         smoke = made.smoke_task_dicts(root, environ, specs)
-        recorded = record_task_dicts(smoke)
-        # Stored under the toolchains the targets did select (and the arches they build
-        # for, of those probed per arch).
         chosen = made.used_toolchains(specs, toolchains)
-        selected = sorted(chosen)
-        per_arch = {
-            n: chosen[n] for n in selected if n in toolchains and probed_per_arch(toolchains[n])
-        }
-        stored = _stored_key(base, stamps, selected, per_arch)
-        if stored is not None:
-            taskcache.store(
-                taskcache.cache_path(state_dir, stored),
-                stored,
-                early.scanned,
-                [_to_cached(s) for s in specs],
-                None if recorded is None else [recorded],
-            )
-        taskcache.write_uses(state_dir, base, selected, stored, per_arch)
+        _store(state_dir, base, stamps, early.scanned, specs, smoke, chosen, toolchains)
     return specs, smoke, found.reason
+
+
+def _store(
+    state_dir: Path,
+    base: str,
+    stamps: Mapping[str, Stamp],
+    scanned: taskcache.Scan,
+    specs: Sequence[BuildSpec],
+    smoke: Sequence[TaskDict],
+    chosen: Mapping[str, Sequence[str]],
+    toolchains: Mapping[str, Toolchain],
+) -> None:
+    """Store what a generation made under the toolchains its targets did select, ``chosen``
+    (and the arches they build for, of those probed per arch; see :func:`_stored_key`),
+    and the hints the next run reads first."""
+    recorded = record_task_dicts(smoke)
+    selected = sorted(chosen)
+    per_arch = {
+        n: chosen[n] for n in selected if n in toolchains and probed_per_arch(toolchains[n])
+    }
+    stored = _stored_key(base, stamps, selected, per_arch)
+    if stored is not None:
+        taskcache.store(
+            taskcache.cache_path(state_dir, stored),
+            stored,
+            scanned,
+            [_to_cached(s) for s in specs],
+            None if recorded is None else [recorded],
+        )
+    taskcache.write_uses(state_dir, base, selected, stored, per_arch)
 
 
 class _Early:

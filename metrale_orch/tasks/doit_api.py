@@ -137,14 +137,14 @@ class SavedOnceSqliteDB(SqliteDB):  # type: ignore[misc]
     transaction, sorted, that commits whole or is rolled back whole (the
     ``sqlite3.Error`` is raised), then closes the database.
 
-    Reads: every record is read at open in one query, as the bytes stored
-    (:data:`_SQLITE_RAW_RECORDS`), and a record is decoded by the codec on first
-    :meth:`get` of its task, exactly as doit's converter would (UTF-8, then the
-    codec); one never asked for is never decoded. doit asks one query per task
-    instead, through a row factory and a converter per row. The records are those
-    of the database when it was opened; writes still touch only the records this
-    command changed, so runs one after another (or side by side) see each other's
-    saves as with doit's backend.
+    Reads: every record is read in one query on the first question about any task
+    (none for ``doit list``), as the bytes stored (:data:`_SQLITE_RAW_RECORDS`), and a
+    record is decoded by the codec on first :meth:`get` of its task, exactly as doit's
+    converter would (UTF-8, then the codec); one never asked for is never decoded. doit
+    asks one query per task instead, through a row factory and a converter per row. The
+    records are those of the database at that first question; writes still touch only
+    the records this command changed, so runs one after another (or side by side) see
+    each other's saves as with doit's backend.
     """
 
     # SqliteDB's state (doit ships no types): each task's record, the tasks changed.
@@ -156,8 +156,19 @@ class SavedOnceSqliteDB(SqliteDB):  # type: ignore[misc]
         self._removed: set[str] = set()
         self._clear = False
         super().__init__(name, codec, module_name=module_name)
-        #: Each stored record not yet decoded (moved to ``_cache`` when first read).
-        self._raw: dict[str, bytes] = _raw_records(self._conn)
+        #: Each stored record not yet decoded (moved to ``_cache`` when first read); read
+        #: on the first question (``doit list`` asks none).
+        self._undecoded: dict[str, bytes] | None = None
+
+    @property
+    def _raw(self) -> dict[str, bytes]:
+        if self._undecoded is None:
+            self._undecoded = _raw_records(self._conn)
+        return self._undecoded
+
+    @_raw.setter
+    def _raw(self, value: dict[str, bytes]) -> None:
+        self._undecoded = value
 
     def pending(self) -> int:
         """How many task records the next :meth:`dump` changes."""
