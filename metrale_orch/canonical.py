@@ -33,11 +33,15 @@ def canonical_strings(value: Mapping[str, str | Sequence[str]]) -> str:
     encodes ~2,600 module plans). Anything else is left to :func:`canonical_json`."""
     try:
         fields = [
-            _quoted(key)
-            + ":"
-            + (_quoted(item) if isinstance(item, str) else "[" + ",".join(map(_quoted, item)) + "]")
+            _quoted(key) + ":" + (_quoted(item) if isinstance(item, str) else _quoted_list(item))
             for key, item in sorted(value.items())
         ]
     except TypeError:  # a key or an item that is not a string
         return canonical_json(value)
     return "{" + ",".join(fields) + "}"
+
+
+def _quoted_list(items: object) -> str:
+    if not isinstance(items, list | tuple):  # a mapping or a set is canonical_json's
+        raise TypeError(type(items).__name__)
+    return "[" + ",".join(map(_quoted, items)) + "]"

@@ -47,6 +47,8 @@ def test_canonical_strings_is_canonical_json(value: dict[str, object]) -> None:
     """The module plans' fast encoding gives canonical_json's text, whatever the strings;
     values that are not strings fall back to it."""
     assert canonical_strings(value) == canonical_json(value)  # type: ignore[arg-type]
+    nested = {**value, "~": {"x": "y"}}  # a mapping value is canonical_json's, not a list
+    assert canonical_strings(nested) == canonical_json(nested)  # type: ignore[arg-type]
 
 
 _SEGMENT = st.sampled_from(["a", "b", "kernels", "x-y", "a.b", "ab", "a b", "é"])

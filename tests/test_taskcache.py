@@ -650,3 +650,24 @@ def test_a_change_only_the_arch_s_dry_run_shows_misses(
     chosen.write_text("-DX=2\n")  # the arch-less dry run prints what it printed
     assert lookup(root, env) != "hit"
     assert lookup(root, env) == "hit"
+
+
+def test_a_tree_with_a_misshapen_layer_manifest_is_still_cached(
+    fake_project: tuple[Path, dict[str, str]], trusting: None, tmp_path: Path
+) -> None:
+    """The arches stamped before generation are those of the targets as the build sees
+    them (a layer manifest that is a directory fails its targets): the entry is stored."""
+    root, env = fake_project
+    xcrun = tmp_path / "bin/xcrun"
+    xcrun.write_text('#!/bin/sh\necho "Apple metal version 32023.1"\n')
+    xcrun.chmod(0o755)
+    for rel, text in (
+        ("kernels/apple2/HARDWARE.toml", '[hardware]\nvendor = "apple"\narch = "metal3.2"\n'),
+        ("kernels/apple2/common/k.metal", "kernel void k() {}\n"),
+        ("kernels/apple2/llama/MODEL.toml", "[model]\n"),
+        ("kernels/apple2/llama/f16/.gitkeep", ""),
+    ):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    (root / "kernels/apple2/common/KERNEL.toml").mkdir()
+    primed(root, env)

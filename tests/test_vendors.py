@@ -436,6 +436,14 @@ def test_scale_stamp_holds_the_identity_each_arch_s_targets_are_planned_with(
     assert found["gfx1100"] != found["gfx1151"], "harness: the dry runs do not differ"
     stamp = toolchain_stamp(scale, env)
     assert dict((arch, identity) for arch, identity in stamp[2]) == found
+    # A broken compiler of an arch no target builds is its own row: it hides no other.
+    broken = root / "targets/gfx900/bin/nvcc"
+    broken.parent.mkdir(parents=True)
+    broken.write_text("#!/bin/sh\nexit 1\n")
+    broken.chmod(0o755)
+    rows = {row[0]: row[1:] for row in toolchain_stamp(scale, env)[2]}
+    assert rows["gfx900"][0] == "error"
+    assert {a: rows[a] for a in found} == {a: [i] for a, i in found.items()}
 
 
 _STRIX = {

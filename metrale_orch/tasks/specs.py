@@ -49,6 +49,7 @@ from metrale_orch.toolchain.probe import FoundToolchain, ProbeMemo
 from metrale_orch.tree import (
     Layout,
     LayoutError,
+    ManifestError,
     Target,
     TreeSnapshot,
     layer_manifest_problem,
@@ -95,6 +96,22 @@ class Resolution:
     snapshot: TreeSnapshot | None = None
     resolved: tuple[tuple[Target, Layout | LayoutError], ...] = ()
     error: MetraleError | None = None
+    #: The manifests that are directories (resolution passes over them; the build
+    #: refuses them).
+    misshapen: tuple[ManifestError, ...] = ()
+
+    def checked(self) -> list[tuple[Target, Layout | LayoutError]]:
+        """``resolved`` with each layout that reads a misshapen layer manifest turned into
+        that error, as the build sees the targets."""
+        return [
+            (
+                t,
+                lay
+                if isinstance(lay, LayoutError)
+                else layer_manifest_problem(lay, self.misshapen) or lay,
+            )
+            for t, lay in self.resolved
+        ]
 
 
 def resolve_tree(root: Path, environ: Mapping[str, str], config: Config) -> Resolution:
@@ -105,7 +122,9 @@ def resolve_tree(root: Path, environ: Mapping[str, str], config: Config) -> Reso
         # Before any compile: one error, not the same failure of every compile.
         check_compile_paths(build_dir=config.build_dir, environ=environ)
         snapshot = TreeSnapshot(root)
-        return Resolution(snapshot=snapshot, resolved=tuple(resolve_all(root, snapshot)))
+        resolved = tuple(resolve_all(root, snapshot))
+        misshapen = tuple(misshapen_manifests(root, snapshot))
+        return Resolution(snapshot=snapshot, resolved=resolved, misshapen=misshapen)
     except MetraleError as exc:
         return Resolution(error=exc)
 
@@ -145,7 +164,6 @@ def generate_specs(
         # A HARDWARE.toml that is a directory reads as missing: name it, not the symptom.
         shapes = misshapen_manifests(root) if isinstance(failure, LayoutError) else []
         return [error(TREE_TASK, str(shapes[0] if shapes else failure))], False
-    snapshot, resolved = resolution.snapshot, resolution.resolved
 
     explicit = explicit_targets(argv)
     memo = PlanMemo(root)
@@ -154,15 +172,11 @@ def generate_specs(
     cacheable = True
     specs: list[BuildSpec] = []
     # A manifest that is a directory: resolution passes over it; the build refuses it.
-    misshapen = misshapen_manifests(root, snapshot)
-    whole = [str(e) for e in misshapen if e.path.name != "KERNEL.toml"]
+    whole = [str(e) for e in resolution.misshapen if e.path.name != "KERNEL.toml"]
     if whole:
         more = f" (and {len(whole) - 1} more)" if len(whole) > 1 else ""
         specs.append(error(TREE_TASK, whole[0] + more))
-    checked = [
-        (t, lay if isinstance(lay, LayoutError) else layer_manifest_problem(lay, misshapen) or lay)
-        for t, lay in resolved
-    ]
+    checked = resolution.checked()
     # Every toolchain the targets select is found (probed) at once, on threads, while the
     # first targets are planned: a target waits only for its own toolchain's probe.
     state_dir = config.build_dir / STATE_DIR
@@ -397,7 +411,7 @@ def resolved_toolchains(
 ) -> dict[str, tuple[str, ...]]:
     """:func:`used_toolchains` of the targets ``resolution`` resolved (pure): what the
     generation made from it will select."""
-    return _toolchain_arches((layout for _target, layout in resolution.resolved), toolchains)
+    return _toolchain_arches((layout for _target, layout in resolution.checked()), toolchains)
 
 
 def _toolchain_arches(

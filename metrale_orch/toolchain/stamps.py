@@ -37,6 +37,8 @@ def probed_per_arch(toolchain: Toolchain) -> bool:
     every arch (not one under ``{root}`` per arch, which is stamped per arch anyway)."""
     if "{root}" in toolchain.program:
         return False
+    if toolchain.arch_check_args:  # its targets are skipped or built by each arch's verdict
+        return True
     return any("{arch}" in a for a in (toolchain.program, *toolchain.dryrun_args))
 
 
@@ -105,9 +107,12 @@ def _per_arch(
             )
             if problem:
                 return [arch, "unsupported", problem]
-        probe = probe_toolchain(
-            toolchain, program, environ, state_dir=state_dir, arch=arch, memo=memo
-        )
+        try:
+            probe = probe_toolchain(
+                toolchain, program, environ, state_dir=state_dir, arch=arch, memo=memo
+            )
+        except MetraleError as exc:  # this arch's row, not the whole stamp
+            return [arch, "error", str(exc)]
         return [arch, probe.identity]
 
     if len(arches) == 1:
@@ -159,11 +164,15 @@ def _root_stamp(
         if m is not None and executable(Path(path)):
             programs.append((m["arch"], path))
 
-    def probe(program: tuple[str, str]) -> str:
+    def probe(program: tuple[str, str]) -> list[str]:
         arch, path = program
-        return probe_toolchain(
-            toolchain, Path(path), environ, state_dir=state_dir, arch=arch, memo=memo
-        ).identity
+        try:
+            found = probe_toolchain(
+                toolchain, Path(path), environ, state_dir=state_dir, arch=arch, memo=memo
+            )
+        except MetraleError as exc:  # a broken compiler of one arch hides no other arch
+            return [arch, "error", str(exc)]
+        return [arch, found.identity]
 
     # Each arch's compiler as generation finds it, by its own path (a driver finds its
     # resources from the path it was called by, so two arches' links to one file are two
@@ -171,7 +180,5 @@ def _root_stamp(
     workers = max(1, len(programs))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="metrale-arch") as pool:
         identities = list(pool.map(probe, programs))
-    stamps: list[list[str]] = [
-        [arch, identity] for (arch, _path), identity in zip(programs, identities, strict=True)
-    ]
+    stamps: list[list[str]] = identities
     return ["found", str(root), stamps]
