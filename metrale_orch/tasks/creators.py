@@ -63,7 +63,6 @@ __all__ = [
     "named_failures",
     "stamp_wanted",
     "start_order",
-    "wanted_toolchains",
 ]
 
 
@@ -122,10 +121,9 @@ def cached_tasks(
         else _Early(root, environ, config, generation)
     )
     if early is not None:  # the arches the targets build for are known before the stamps
-        resolved = early.generation.resolved_toolchains(early.resolution, toolchains)
-        arches = {
-            n: a for n, a in resolved.items() if n in toolchains and probed_per_arch(toolchains[n])
-        }
+        arches = _of_per_arch(
+            early.generation.resolved_toolchains(early.resolution, toolchains), toolchains
+        )
     # The toolchains are observed here, before generation asks for any of them, and an
     # entry is only ever keyed by these observations (see _stored_key).
     stamps = _stamps(config, environ, toolchains, probes, used, arches)
@@ -174,9 +172,7 @@ def _store(
     and the hints the next run reads first."""
     recorded = record_task_dicts(smoke)
     selected = sorted(chosen)
-    per_arch = {
-        n: chosen[n] for n in selected if n in toolchains and probed_per_arch(toolchains[n])
-    }
+    per_arch = _of_per_arch(chosen, toolchains)
     stored = _stored_key(base, stamps, selected, per_arch)
     if stored is not None:
         taskcache.store(
@@ -187,6 +183,14 @@ def _store(
             None if recorded is None else [recorded],
         )
     taskcache.write_uses(state_dir, base, selected, stored, per_arch)
+
+
+def _of_per_arch(
+    arches: Mapping[str, Sequence[str]], toolchains: Mapping[str, Toolchain]
+) -> dict[str, Sequence[str]]:
+    """``arches`` (toolchain name -> the arches its targets build for) of the toolchains
+    stamped per arch (:func:`~metrale_orch.toolchain.stamps.probed_per_arch`)."""
+    return {n: a for n, a in arches.items() if n in toolchains and probed_per_arch(toolchains[n])}
 
 
 class _Early:
@@ -409,35 +413,19 @@ def _digest(doc: object) -> str:
     return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogateescape"))
 
 
-def wanted_toolchains(
-    root: Path, environ: Mapping[str, str], config: Config
-) -> dict[str, Toolchain]:
-    """The toolchains a run at ``root`` will probe first: those the last generation's
-    targets selected (all when that is not known). Raises MetraleError (toolchain
-    definitions)."""
-    return _wanted(root, environ, config)[0]
-
-
 def stamp_wanted(
     root: Path, environ: Mapping[str, str], config: Config, probes: ProbeMemo
 ) -> dict[str, Stamp]:
     """The stamps the task cache's key of a run at ``root`` will ask ``probes`` for: those
-    of :func:`wanted_toolchains`, with the arches of the last generation (I/O; the early
-    start of :mod:`metrale_orch.tasks.probes`). Raises MetraleError (definitions)."""
-    wanted, arches = _wanted(root, environ, config)
-    return toolchain_stamps(
-        wanted, environ, state_dir=config.build_dir / STATE_DIR, memo=probes, arches=arches
-    )
-
-
-def _wanted(
-    root: Path, environ: Mapping[str, str], config: Config
-) -> tuple[dict[str, Toolchain], dict[str, tuple[str, ...]]]:
+    of the toolchains the last generation's targets selected (all when that is not
+    known), with the arches they built for (I/O; the early start of
+    :mod:`metrale_orch.tasks.probes`). Raises MetraleError (toolchain definitions)."""
     toolchains = load_toolchains(root)
     base = generation_base(root, environ, config, toolchains)
     state_dir = config.build_dir / STATE_DIR
-    used = taskcache.read_uses(state_dir, base)
-    return _selected(toolchains, used), taskcache.read_arches(state_dir, base)
+    wanted = _selected(toolchains, taskcache.read_uses(state_dir, base))
+    arches = taskcache.read_arches(state_dir, base)
+    return toolchain_stamps(wanted, environ, state_dir=state_dir, memo=probes, arches=arches)
 
 
 def _generation_config(config: Config) -> dict[str, object]:

@@ -3,10 +3,10 @@
 A no-op ``doit build`` cannot skip the probes (a wrapper can switch the real
 compiler without a change any ``stat`` would see), but it need not wait for
 them: :func:`start_probes`, called first thing when doit imports the dodo
-file, runs the probes of the toolchains the targets selected last time (every
-toolchain the first time: :func:`~metrale_orch.tasks.creators.wanted_toolchains`) on
-a background thread while the rest of the package is imported and doit reads its
-configuration. Task generation
+file, runs the probes of the toolchains the targets selected last time, for the
+arches they built for (every toolchain the first time:
+:func:`~metrale_orch.tasks.creators.stamp_wanted`) on a background thread while
+the rest of the package is imported and doit reads its configuration. Task generation
 then asks the same :class:`~metrale_orch.toolchain.probe.ProbeMemo` and gets
 the probes already run or waits for the ones in flight; the builds of the run
 reuse them too. Only an early start: a probe that fails here is not

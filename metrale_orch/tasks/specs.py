@@ -94,24 +94,13 @@ class Resolution:
     why the tree cannot be resolved."""
 
     snapshot: TreeSnapshot | None = None
+    #: Each target's layout as the build sees it: one that reads a misshapen layer
+    #: manifest is that error.
     resolved: tuple[tuple[Target, Layout | LayoutError], ...] = ()
     error: MetraleError | None = None
     #: The manifests that are directories (resolution passes over them; the build
     #: refuses them).
     misshapen: tuple[ManifestError, ...] = ()
-
-    def checked(self) -> list[tuple[Target, Layout | LayoutError]]:
-        """``resolved`` with each layout that reads a misshapen layer manifest turned into
-        that error, as the build sees the targets."""
-        return [
-            (
-                t,
-                lay
-                if isinstance(lay, LayoutError)
-                else layer_manifest_problem(lay, self.misshapen) or lay,
-            )
-            for t, lay in self.resolved
-        ]
 
 
 def resolve_tree(root: Path, environ: Mapping[str, str], config: Config) -> Resolution:
@@ -122,8 +111,16 @@ def resolve_tree(root: Path, environ: Mapping[str, str], config: Config) -> Reso
         # Before any compile: one error, not the same failure of every compile.
         check_compile_paths(build_dir=config.build_dir, environ=environ)
         snapshot = TreeSnapshot(root)
-        resolved = tuple(resolve_all(root, snapshot))
         misshapen = tuple(misshapen_manifests(root, snapshot))
+        resolved = tuple(
+            (
+                t,
+                lay
+                if isinstance(lay, LayoutError)
+                else layer_manifest_problem(lay, misshapen) or lay,
+            )
+            for t, lay in resolve_all(root, snapshot)
+        )
         return Resolution(snapshot=snapshot, resolved=resolved, misshapen=misshapen)
     except MetraleError as exc:
         return Resolution(error=exc)
@@ -176,7 +173,7 @@ def generate_specs(
     if whole:
         more = f" (and {len(whole) - 1} more)" if len(whole) > 1 else ""
         specs.append(error(TREE_TASK, whole[0] + more))
-    checked = resolution.checked()
+    checked = resolution.resolved
     # Every toolchain the targets select is found (probed) at once, on threads, while the
     # first targets are planned: a target waits only for its own toolchain's probe.
     state_dir = config.build_dir / STATE_DIR
@@ -411,7 +408,7 @@ def resolved_toolchains(
 ) -> dict[str, tuple[str, ...]]:
     """:func:`used_toolchains` of the targets ``resolution`` resolved (pure): what the
     generation made from it will select."""
-    return _toolchain_arches((layout for _target, layout in resolution.checked()), toolchains)
+    return _toolchain_arches((layout for _target, layout in resolution.resolved), toolchains)
 
 
 def _toolchain_arches(

@@ -32,9 +32,10 @@ Stamp = list[str | list[list[str]]]
 
 
 def probed_per_arch(toolchain: Toolchain) -> bool:
-    """Whether ``toolchain``'s probe differs per arch (its dry run or program names the
-    ``{arch}``: metal's ``-std=``, hip's ``--offload-arch=``) while one program serves
-    every arch (not one under ``{root}`` per arch, which is stamped per arch anyway)."""
+    """Whether ``toolchain`` is stamped per arch: one program serves every arch (not one
+    under ``{root}`` per arch, which is stamped per arch anyway) and either its arch
+    check decides per arch whether its targets build, or its probe differs per arch (its
+    dry run or program names the ``{arch}``: metal's ``-std=``, hip's ``--offload-arch=``)."""
     if "{root}" in toolchain.program:
         return False
     if toolchain.arch_check_args:  # its targets are skipped or built by each arch's verdict
