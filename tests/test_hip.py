@@ -54,6 +54,7 @@ from metrale_orch.toolchain.archcheck import (
     ARCH_CHECKS,
     arch_problem,
     find_toolchain_for_arch,
+    probe_for_arch,
     first_error_line,
 )
 from metrale_orch.toolchain.argv import (
@@ -64,7 +65,7 @@ from metrale_orch.toolchain.argv import (
 )
 from metrale_orch.toolchain.definitions import builtin_toolchains, load_toolchains, parse_toolchain
 from metrale_orch.toolchain.errors import ArchUnsupported
-from metrale_orch.toolchain.probe import probe_toolchain
+from metrale_orch.toolchain.probe import ProbeMemo, probe_toolchain
 from metrale_orch.tree import Target, discover, manifest_warnings
 from tests.support.build import make_cache, make_config, write
 from tests.support.project import DODO, doit, project_env
@@ -326,7 +327,14 @@ args = sys.argv[1:]
 if "--version" in args:
     print("fake hipcc 1 platform=" + os.environ.get("HIP_PLATFORM", "?"))
     sys.exit(0)
+refuse = os.path.join(os.path.dirname(os.path.abspath(__file__)), "refuse")
+refused = open(refuse).read().split() if os.path.exists(refuse) else []
 if "-###" in args:
+    if os.environ.get("FAKE_PROBE_LOG"):
+        with open(os.environ["FAKE_PROBE_LOG"], "a") as fh:
+            fh.write(" ".join(args) + "\\n")
+    if refused:
+        print("refusing " + " ".join(refused))  # what a wrapper reading its file shows
     if "--offload-arch=gfx9999" in args:
         sys.exit("clang: error: invalid target ID 'gfx9999'")
     if "--offload-arch=gfx8888" in args:
@@ -335,7 +343,7 @@ if "-###" in args:
 with open(os.environ["FAKE_CHECK_LOG"], "a") as fh:
     fh.write(os.environ.get("HIP_PLATFORM", "?") + " " + " ".join(args) + "\\n")
 arch = [a.split("=", 1)[1] for a in args if a.startswith("--offload-arch=")][0]
-if arch == "gfx9999":
+if arch == "gfx9999" or arch in refused:
     sys.stderr.write("clang: warning: something\\nclang: error: invalid target ID 'gfx9999'\\n")
     sys.exit(1)
 if arch == "gfx0":
@@ -389,6 +397,47 @@ def test_arch_check_reason_memo_and_recheck(
     nvcc = builtin_toolchains()["nvcc"]
     assert arch_problem(nvcc, program, env, arch="sm_90a", identity="i", state_dir=state) == ""
     assert len(_checks(tmp_path)) == 5
+
+
+def test_an_arch_found_to_build_is_probed_once_while_its_probe_holds(
+    tmp_path: Path, checker: tuple[Path, dict[str, str]]
+) -> None:
+    """A no-op build runs one dry run for an arch the compiler was found to build, not
+    two: the arch's probe, whose identity was kept beside the verdict. A compiler whose
+    arch probe shows another identity is checked again, and refused."""
+    program, env = checker
+    env = {**env, "FAKE_PROBE_LOG": str(tmp_path / "probe.log")}
+    hip = builtin_toolchains()["hip"]
+    state = tmp_path / "state"
+
+    def probes() -> list[str]:
+        log = tmp_path / "probe.log"
+        return log.read_text().splitlines() if log.exists() else []
+
+    def run(arch: str = "gfx90a") -> str:  # each call a new process's: a new memo
+        return probe_for_arch(
+            hip, program, env, arch=arch, state_dir=state, memo=ProbeMemo()
+        ).identity
+
+    first = run()
+    assert len(probes()) == 2 and len(_checks(tmp_path)) == 1  # without the arch, with it
+    assert run() == first
+    assert probes()[2:] == [probes()[1]] and len(_checks(tmp_path)) == 1
+    # The compiler now refuses the arch, and its probe shows it (a wrapper's file).
+    (program.parent / "refuse").write_text("gfx90a")
+    with pytest.raises(ArchUnsupported) as err:
+        run()
+    assert err.value.reason.startswith("clang: error: invalid target ID")
+    assert len(_checks(tmp_path)) == 2
+    # No state directory: nothing kept, the check runs each time; an arch-less target,
+    # or a toolchain without an arch check, is its plain probe.
+    (program.parent / "refuse").unlink()
+    memo = ProbeMemo()
+    assert probe_for_arch(hip, program, env, arch="gfx90a", memo=memo).identity == first
+    assert len(_checks(tmp_path)) == 3
+    plain = probe_toolchain(hip, program, env, memo=memo).identity
+    assert probe_for_arch(hip, program, env, arch="", memo=memo).identity == plain
+    assert len(_checks(tmp_path)) == 3
 
 
 def test_an_arch_the_compiler_cannot_build_is_a_missing_toolchain(

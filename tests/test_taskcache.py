@@ -652,6 +652,36 @@ def test_a_change_only_the_arch_s_dry_run_shows_misses(
     assert lookup(root, env) == "hit"
 
 
+def test_a_change_only_the_arch_less_dry_run_shows_misses(
+    fake_project: tuple[Path, dict[str, str]], trusting: None, tmp_path: Path
+) -> None:
+    """A target without an arch, of a toolchain probed per arch, is planned with the probe
+    without the arch: the key stamps that probe too (as the arch ``""``)."""
+    root, env = fake_project
+    chosen = tmp_path / "plain-flags"
+    chosen.write_text("-DX=1\n")
+    xcrun = tmp_path / "bin/xcrun"
+    xcrun.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *-std=*) ;; *-###*) echo "\\"/opt/metal/bin/metal\\" $(cat '
+        f'{chosen})";; esac\n'
+        'echo "Apple metal version 32023.1"\n'
+    )
+    xcrun.chmod(0o755)
+    for rel, text in (
+        ("kernels/apple0/HARDWARE.toml", '[hardware]\nvendor = "apple"\n'),
+        ("kernels/apple0/common/k.metal", "kernel void k() {}\n"),
+        ("kernels/apple0/llama/MODEL.toml", "[model]\n"),
+        ("kernels/apple0/llama/f16/.gitkeep", ""),
+    ):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    primed(root, env)
+    chosen.write_text("-DX=2\n")  # every arch's dry run prints what it printed
+    assert lookup(root, env) != "hit"
+    assert lookup(root, env) == "hit"
+
+
 def test_a_tree_with_a_misshapen_layer_manifest_is_still_cached(
     fake_project: tuple[Path, dict[str, str]], trusting: None, tmp_path: Path
 ) -> None:

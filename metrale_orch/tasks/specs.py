@@ -420,7 +420,8 @@ def _toolchain_arches(
             hw = layout.hardware
             with contextlib.suppress(MetraleError):
                 name = select_toolchain(hw, toolchains).name
-                arches.setdefault(name, set()).update([hw.arch] if hw.arch else [])
+                # "" for a target without an arch: its plan carries the probe without one.
+                arches.setdefault(name, set()).add(hw.arch or "")
     return {name: tuple(sorted(found)) for name, found in sorted(arches.items())}
 
 

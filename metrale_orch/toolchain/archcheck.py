@@ -6,7 +6,8 @@ ID``) and has no device libraries for gfx1100. Every module of such a target
 would fail with the same error, so the build treats it like a missing compiler:
 :func:`find_toolchain_for_arch` is
 :func:`~metrale_orch.toolchain.probe.find_toolchain` after :func:`arch_problem`
-compiled an empty kernel with the toolchain's ``arch_check_args``, and raises
+compiled an empty kernel with the toolchain's ``arch_check_args``
+(:func:`probe_for_arch`), and raises
 :class:`~metrale_orch.toolchain.errors.ArchUnsupported` (a ``ToolchainMissing``)
 with the compiler's own first error line. The build skips such a target with
 that reason, and fails it when it is named.
@@ -14,8 +15,10 @@ that reason, and fails it when it is named.
 The verdict is remembered across processes in ``<state_dir>/arch-checks.json``,
 keyed by the toolchain's definition, the compiler's identity (its version, dry
 run, the content of its binaries and the environment it reads) and the arch: a
-no-op build pays nothing, a changed compiler is checked again. Not seen: device
-libraries added beside an unchanged compiler (delete the file to check again).
+no-op build pays nothing, a changed compiler is checked again. Beside each
+verdict that let an arch build, the file keeps that arch's probed identity: while
+the arch's probe shows it again, the probe without the arch is not run. Not seen:
+device libraries added beside an unchanged compiler (delete the file to check again).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 
 import xxhash
 
+from metrale_orch.errors import MetraleError
 from metrale_orch.fsutil import write_atomic
 from metrale_orch.proc import ProcessError, run_process
 from metrale_orch.toolchain.argv import toolchain_environ
@@ -38,8 +42,8 @@ from metrale_orch.toolchain.errors import ArchUnsupported
 from metrale_orch.toolchain.locate import locate_toolchain
 from metrale_orch.toolchain.probe import (
     FoundToolchain,
+    Probe,
     ProbeMemo,
-    find_toolchain,
     probe_toolchain,
 )
 
@@ -49,6 +53,7 @@ __all__ = [
     "arch_problem",
     "find_toolchain_for_arch",
     "first_error_line",
+    "probe_for_arch",
     "run_arch_check",
 ]
 
@@ -157,6 +162,65 @@ def _keep_verdict(path: Path, key: str, problem: str) -> None:
             write_atomic(path, json.dumps(kept, indent=1).encode())
 
 
+def _built_key(toolchain: Toolchain, program: Path, arch: str) -> str:
+    """The verdicts file's key of the arch probe last found to build ``arch``."""
+    doc = [toolchain.to_dict(), str(program), arch, "built, with the arch's own probe"]
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogateescape"))
+
+
+def probe_for_arch(
+    toolchain: Toolchain,
+    program: Path,
+    environ: Mapping[str, str],
+    *,
+    arch: str,
+    state_dir: Path | None = None,
+    memo: ProbeMemo | None = None,
+) -> Probe:
+    """``program``'s probe for ``arch``, once its compiler is known to build ``arch`` (I/O):
+    for a toolchain with ``arch_check_args``, :func:`arch_problem` keyed by the probe
+    without the arch (a dry run for an arch the compiler does not know fails), then the
+    arch's own probe; else that probe alone. Probed once per ``memo``.
+
+    A compiler found to build ``arch`` leaves that arch's identity in the verdicts file.
+    While the arch's probe shows that same identity, the verdict stands without the
+    probe without the arch: a no-op build runs one dry run per arch, not two. The arch's
+    probe names at least what the other one does that bears on the arch (the same
+    programs, version and environment, and the arch's own device libraries and flags),
+    so it changes whenever the verdict's key would. Raises :class:`ArchUnsupported` for
+    an arch it cannot build, and what the probes raise.
+    """
+    if not (toolchain.arch_check_args and arch):
+        return probe_toolchain(
+            toolchain, program, environ, state_dir=state_dir, arch=arch, memo=memo
+        )
+    path = None if state_dir is None else Path(state_dir) / ARCH_CHECKS
+    key = _built_key(toolchain, program, arch)
+    built = None if path is None else _read_verdicts(path).get(key)
+    if built is not None:
+        # A failure here is the arch's (one the compiler no longer knows): the full
+        # check below says why, in the compiler's words.
+        with contextlib.suppress(MetraleError):
+            probe = probe_toolchain(
+                toolchain, program, environ, state_dir=state_dir, arch=arch, memo=memo
+            )
+            if probe.identity == built:
+                return probe
+    identity = probe_toolchain(toolchain, program, environ, state_dir=state_dir, memo=memo).identity
+    problem = arch_problem(
+        toolchain, program, environ, arch=arch, identity=identity, state_dir=state_dir
+    )
+    if problem:
+        raise ArchUnsupported(
+            toolchain.name, program.name, toolchain.install_hint, arch=arch, reason=problem
+        )
+    probe = probe_toolchain(toolchain, program, environ, state_dir=state_dir, arch=arch, memo=memo)
+    if path is not None and probe.identity != built:
+        _keep_verdict(path, key, probe.identity)
+    return probe
+
+
 def find_toolchain_for_arch(
     toolchain: Toolchain,
     environ: Mapping[str, str],
@@ -166,30 +230,18 @@ def find_toolchain_for_arch(
     arch: str = "",
     memo: ProbeMemo | None = None,
 ) -> FoundToolchain:
-    """:func:`~metrale_orch.toolchain.probe.find_toolchain`, once the compiler is known to
-    build ``arch`` (for a toolchain with ``arch_check_args``; the check is keyed by the
-    compiler's identity without the arch, as a dry run for an unknown arch fails; probed
-    once per ``memo``, as ``find_toolchain`` probes).
+    """:func:`~metrale_orch.toolchain.probe.find_toolchain`, probed by :func:`probe_for_arch`:
+    once the compiler is known to build ``arch`` (for a toolchain with ``arch_check_args``).
 
     Raises :class:`ArchUnsupported` for an arch it cannot build, and what
     ``find_toolchain`` raises.
     """
-    if toolchain.arch_check_args and arch:
-        program = locate_toolchain(toolchain, environ, site_dirs=site_dirs, arch=arch)
-        identity = probe_toolchain(
-            toolchain, program, environ, state_dir=state_dir, memo=memo
-        ).identity
-        problem = arch_problem(
-            toolchain, program, environ, arch=arch, identity=identity, state_dir=state_dir
-        )
-        if problem:
-            raise ArchUnsupported(
-                toolchain.name,
-                program.name,
-                toolchain.install_hint,
-                arch=arch,
-                reason=problem,
-            )
-    return find_toolchain(
-        toolchain, environ, state_dir=state_dir, site_dirs=site_dirs, arch=arch, memo=memo
+    program = locate_toolchain(toolchain, environ, site_dirs=site_dirs, arch=arch)
+    probe = probe_for_arch(toolchain, program, environ, arch=arch, state_dir=state_dir, memo=memo)
+    return FoundToolchain(
+        toolchain=toolchain,
+        program=program,
+        identity=probe.identity,
+        roots=probe.roots,
+        system_dirs=probe.system_dirs,
     )

@@ -4,8 +4,8 @@
 finds, as JSON-ready data; :func:`toolchain_stamps` every toolchain's at once. A stamp
 holds every probe the targets' plans are made from, so an equal stamp means equal
 plans: the probe without an arch, each arch's compiler of a toolchain under ``{root}``,
-and each arch's probe of a toolchain whose dry run names the arch, with the arch check's
-verdict where the toolchain has one (an arch its compiler cannot build is skipped, and
+and each arch's probe of a toolchain whose dry run names the arch or that has an arch
+check, with the check's verdict (an arch its compiler cannot build is skipped, and
 never probed, as generation does).
 """
 
@@ -18,8 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from metrale_orch.errors import MetraleError
-from metrale_orch.toolchain.archcheck import arch_problem
+from metrale_orch.toolchain.archcheck import probe_for_arch
 from metrale_orch.toolchain.definitions import Toolchain
+from metrale_orch.toolchain.errors import ArchUnsupported
 from metrale_orch.toolchain.locate import executable, find_program, find_root
 from metrale_orch.toolchain.probe import ProbeMemo, probe_toolchain
 
@@ -60,10 +61,9 @@ def toolchain_stamp(
     and every arch's compiler there, each probed by its own path:
     ``["found", root, [[arch, identity], ...]]``. A toolchain whose probe differs per
     arch (:func:`probed_per_arch`) is stamped for each of ``arches`` (those its targets
-    build for): ``["found", program, identity, [[arch, identity], ...]]``, with
-    ``[arch, "unsupported", why]`` for an arch its arch check refuses (see
-    :func:`_per_arch`); the first identity, the probe without an arch, is "" unless the
-    arch check asks for it. Its targets' plans carry those identities, so a change only
+    build for, ``""`` for those without an arch): ``["found", program, "", [[arch,
+    identity], ...]]``, with ``[arch, "unsupported", why]`` for an arch its arch check
+    refuses (see :func:`_per_arch`). Its targets' plans carry those identities, so a change only
     an arch's dry run shows (a wrapper reading a file for that arch, one arch's device
     libraries) changes the stamp too.
     """
@@ -74,17 +74,13 @@ def toolchain_stamp(
         if program is None:
             return ["missing"]
         wanted = sorted(set(arches)) if probed_per_arch(toolchain) else []
-        plain = ""
-        if toolchain.arch_check_args or not wanted:
-            plain = probe_toolchain(
-                toolchain, program, environ, state_dir=state_dir, memo=memo
-            ).identity
         if not wanted:
-            return ["found", str(program), plain]
-        per_arch = _per_arch(toolchain, program, environ, state_dir, memo, plain, wanted)
+            plain = probe_toolchain(toolchain, program, environ, state_dir=state_dir, memo=memo)
+            return ["found", str(program), plain.identity]
+        per_arch = _per_arch(toolchain, program, environ, state_dir, memo, wanted)
     except MetraleError as exc:
         return ["error", str(exc)]
-    return ["found", str(program), plain, per_arch]
+    return ["found", str(program), "", per_arch]
 
 
 def _per_arch(
@@ -93,25 +89,21 @@ def _per_arch(
     environ: Mapping[str, str],
     state_dir: Path | None,
     memo: ProbeMemo | None,
-    plain: str,
     arches: list[str],
 ) -> list[list[str]]:
-    """``[arch, identity]`` of each of ``arches``, probed at once, as generation finds the
-    toolchain for it; ``[arch, "unsupported", why]`` for an arch the arch check (keyed by
-    the probe without an arch, ``plain``) refuses: generation skips its targets without
+    """``[arch, identity]`` of each of ``arches`` (``""``: the targets without an arch),
+    probed at once, as generation finds the toolchain for it
+    (:func:`~metrale_orch.toolchain.archcheck.probe_for_arch`); ``[arch, "unsupported",
+    why]`` for an arch the arch check refuses: generation skips its targets without
     probing the arch (a dry run for an arch the compiler does not know fails)."""
 
     def row(arch: str) -> list[str]:
-        if plain:
-            problem = arch_problem(
-                toolchain, program, environ, arch=arch, identity=plain, state_dir=state_dir
-            )
-            if problem:
-                return [arch, "unsupported", problem]
         try:
-            probe = probe_toolchain(
-                toolchain, program, environ, state_dir=state_dir, arch=arch, memo=memo
+            probe = probe_for_arch(
+                toolchain, program, environ, arch=arch, state_dir=state_dir, memo=memo
             )
+        except ArchUnsupported as exc:
+            return [arch, "unsupported", exc.reason]
         except MetraleError as exc:  # this arch's row, not the whole stamp
             return [arch, "error", str(exc)]
         return [arch, probe.identity]
