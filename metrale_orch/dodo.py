@@ -43,8 +43,9 @@ generation would give. Deleting the files only costs one regeneration.
 ``task_build`` also keeps the cyclic garbage collector out of generation and
 freezes what it loaded (``gc.freeze``) so doit's later collections skip it.
 
-At import time two things run: the toolchain probes start on a background thread
-(:mod:`metrale_orch.tasks.probes`: a no-op waits for them less), and the ``jobs``
+At import time three things run: the dry runs the last run's probes asked for start
+(:mod:`metrale_orch.toolchain.earlyruns`), the toolchain probes start on a background
+thread (:mod:`metrale_orch.tasks.probes`: a no-op waits for them less), and the ``jobs``
 setting is read (doit takes its default ``num_process`` from ``DOIT_CONFIG`` before
 any task is made); the rest of the config only names classes. The logic
 lives in :mod:`metrale_orch.tasks`; this module only wires it to doit, and it is
@@ -59,7 +60,16 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from metrale_orch.tasks.probes import run_probes, start_probes
+from metrale_orch.toolchain.earlyruns import start_plan
+
+# The probes' dry runs the last run asked for start before anything else loads (the
+# plan is in the default build directory, or METRALE_ORCH_BUILD_DIR's).
+start_plan(
+    Path.cwd() / os.path.expanduser(os.environ.get("METRALE_ORCH_BUILD_DIR") or "build") / ".state",
+    os.environ,
+)
+
+from metrale_orch.tasks.probes import run_probes, start_probes  # noqa: E402
 
 # The toolchains are probed on every run; started first, they run while the rest loads.
 start_probes(Path.cwd(), os.environ)

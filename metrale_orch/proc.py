@@ -27,6 +27,7 @@ __all__ = [
     "run_process",
     "start_process",
     "timed_out",
+    "wait_process",
 ]
 
 #: Characters of output kept in a ProcessError's ``tail``.
@@ -97,6 +98,20 @@ def run_process(
     """
     start = time.perf_counter()
     args, proc = start_process(argv, cwd=cwd, env=env)
+    return wait_process(args, proc, timeout=timeout, start=start)
+
+
+def wait_process(
+    args: Sequence[str],
+    proc: subprocess.Popen[bytes],
+    *,
+    timeout: float | None,
+    start: float,
+) -> Completed:
+    """Read the output of ``proc`` (started by :func:`start_process` at ``start``, a
+    ``time.perf_counter()``) to its end, as :func:`run_process` does: raises
+    :class:`ProcessError` when it runs past ``timeout`` seconds from now (it is killed)
+    or exits with a non-zero status."""
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -54,8 +54,8 @@ from metrale_orch.toolchain.archcheck import (
     ARCH_CHECKS,
     arch_problem,
     find_toolchain_for_arch,
-    probe_for_arch,
     first_error_line,
+    probe_for_arch,
 )
 from metrale_orch.toolchain.argv import (
     keyed_environment,

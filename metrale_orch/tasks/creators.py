@@ -19,6 +19,7 @@ the tree does not generate.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -34,6 +35,7 @@ import xxhash
 import metrale_orch
 from metrale_orch.config import EXECUTION_KEYS, Config, load_config
 from metrale_orch.errors import MetraleError, printable
+from metrale_orch.fsutil import write_atomic
 from metrale_orch.paths import STATE_DIR, TREE_TASK
 from metrale_orch.steps.hip_mirror import scan_hip_compat
 from metrale_orch.tasks import taskcache
@@ -48,6 +50,7 @@ from metrale_orch.tasks.dicts import (
     plan_skip_task,
 )
 from metrale_orch.tasks.doit_api import doit_version
+from metrale_orch.toolchain import earlyruns
 from metrale_orch.toolchain.definitions import Toolchain, load_toolchains
 from metrale_orch.toolchain.probe import ProbeMemo
 from metrale_orch.toolchain.stamps import Stamp, probed_per_arch, toolchain_stamps
@@ -127,6 +130,7 @@ def cached_tasks(
     # The toolchains are observed here, before generation asks for any of them, and an
     # entry is only ever keyed by these observations (see _stored_key).
     stamps = _stamps(config, environ, toolchains, probes, used, arches)
+    _keep_plan(state_dir, environ)
     key = _key_of(base, stamps)
     if found is None or key != last:
         found = taskcache.lookup(taskcache.cache_path(state_dir, key), key)
@@ -155,6 +159,23 @@ def cached_tasks(
         chosen = made.used_toolchains(specs, toolchains)
         _store(state_dir, base, stamps, early.scanned, specs, smoke, chosen, toolchains)
     return specs, smoke, found.reason
+
+
+def _keep_plan(state_dir: Path, environ: Mapping[str, str]) -> None:
+    """Leave the dry runs the stamps asked for as the next run's plan
+    (:mod:`~metrale_orch.toolchain.earlyruns`), when it changed."""
+    if not earlyruns.asked():
+        return
+    plan = earlyruns.plan_bytes(environ)
+    path = state_dir / earlyruns.PLAN_NAME
+    try:
+        if path.read_bytes() == plan:
+            return
+    except OSError:
+        pass
+    # Only a head start: a read-only build dir starts nothing early.
+    with contextlib.suppress(OSError):
+        write_atomic(path, plan)
 
 
 def _store(

@@ -17,8 +17,10 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from metrale_orch.proc import run_process
+from metrale_orch.proc import run_process, wait_process
+from metrale_orch.toolchain import earlyruns
 from metrale_orch.toolchain.definitions import Toolchain
+from metrale_orch.toolchain.earlyruns import PROBE_KERNEL, PROBE_SOURCE
 
 __all__ = [
     "PROBE_TIMEOUT",
@@ -28,6 +30,7 @@ __all__ = [
     "dryrun_roots",
     "run_dryrun",
     "run_tool",
+    "run_witness",
     "search_dirs",
 ]
 
@@ -51,11 +54,25 @@ _DRYRUN_VAR_RE = re.compile(r"^#\$ (?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>.*
 _DRYRUN_SKIPPED_VARS = frozenset({"PATH", "LD_LIBRARY_PATH", "LIBRARIES"})
 #: Programs of a toolkit's bin directories hashed whether or not the dry run names them.
 _TOOLKIT_PROGRAMS = frozenset({"nvcc", "cicc", "ptxas", "cudafe++", "fatbinary", "nvlink"})
-_PROBE_SOURCE = "metrale_probe.cu"
 
 
 def run_tool(argv: Sequence[str], environ: Mapping[str, str], cwd: Path | None = None) -> str:
+    """``argv``'s output (stdout, then stderr); raises ProcessError."""
     done = run_process(argv, env=environ, timeout=PROBE_TIMEOUT, cwd=cwd)
+    return done.stdout + done.stderr
+
+
+def run_witness(argv: Sequence[str], environ: Mapping[str, str]) -> str:
+    """:func:`run_tool` in the current directory, for a command every run of a probe runs
+    (a host compiler's dry run): it may have been started before the package loaded
+    (:mod:`.earlyruns`)."""
+    run = earlyruns.take(argv, environ, probe_dir=False)
+    if run is None:
+        return run_tool(argv, environ)
+    try:
+        done = wait_process(run.args, run.proc, timeout=PROBE_TIMEOUT, start=run.started)
+    finally:
+        run.close()
     return done.stdout + done.stderr
 
 
@@ -63,7 +80,7 @@ def dryrun_argv(toolchain: Toolchain, program: Path, arch: str) -> list[str]:
     """The dry-run probe's argv (pure): ``dryrun_args`` with the probe's file names; a
     token naming ``{arch}`` is dropped when ``arch`` is ""."""
     values = {
-        "source": _PROBE_SOURCE,
+        "source": PROBE_SOURCE,
         "output": "metrale_probe." + toolchain.extension,
         "intermediate": "metrale_probe." + (toolchain.intermediate_extension or "tmp"),
         "output_kind_flag": toolchain.output_flag,
@@ -80,19 +97,24 @@ def run_dryrun(
 ) -> tuple[str, dict[str, str], list[str]]:
     """(normalised dry-run text, its ``#$ NAME=value`` variables, its command lines: nvcc's
     ``#$ ...`` lines and a clang driver's `` "/path/prog" ...`` lines)."""
-    with tempfile.TemporaryDirectory(prefix="metrale-probe.") as tmp:
-        source = Path(tmp) / _PROBE_SOURCE
-        source.write_text('extern "C" __global__ void metrale_probe() {}\n', encoding="utf-8")
-        scratch = Path(tmp) / "tmp"
-        scratch.mkdir()
-        argv = dryrun_argv(toolchain, program, arch)
-        # A clang driver names its temporary files in TMPDIR: one the probe owns, so
-        # they can be told apart from the toolkit's paths and normalised.
-        text = run_tool(argv, {**environ, "TMPDIR": str(scratch)}, cwd=Path(tmp))
-        spellings = {str(scratch): "<tmp>", os.path.realpath(scratch): "<tmp>"}
-        spellings.update({tmp: "<probe>", os.path.realpath(tmp): "<probe>"})
-        for spelling in sorted(spellings, key=len, reverse=True):
-            text = text.replace(spelling, spellings[spelling])
+    argv = dryrun_argv(toolchain, program, arch)
+    run = earlyruns.take(argv, environ, probe_dir=True)
+    if run is not None and run.tmp is not None:
+        try:
+            done = wait_process(run.args, run.proc, timeout=PROBE_TIMEOUT, start=run.started)
+            text = _probe_dir_named(done.stdout + done.stderr, run.tmp)
+        finally:
+            run.close()
+    else:
+        with tempfile.TemporaryDirectory(prefix="metrale-probe.") as tmp:
+            source = Path(tmp) / PROBE_SOURCE
+            source.write_text(PROBE_KERNEL, encoding="utf-8")
+            scratch = Path(tmp) / "tmp"
+            scratch.mkdir()
+            # A clang driver names its temporary files in TMPDIR: one the probe owns, so
+            # they can be told apart from the toolkit's paths and normalised.
+            text = run_tool(argv, {**environ, "TMPDIR": str(scratch)}, cwd=Path(tmp))
+            text = _probe_dir_named(text, tmp)
     text = _TMP_NAME_RE.sub("tmpxft", text)
     text = _CLANG_TMP_PATH_RE.sub(lambda m: _CLANG_TMP_PART_RE.sub("-XXXXXX", m[0]), text)
     text = _CLANG_CUID_RE.sub("-cuid=<cuid>", text)
@@ -111,6 +133,17 @@ def run_dryrun(
             commands.append(line.strip())
         kept.append(line.rstrip())
     return "\n".join(kept), variables, commands
+
+
+def _probe_dir_named(text: str, tmp: str) -> str:
+    """``text`` with the probe's directory ``tmp`` and its scratch ``tmp/tmp`` (each as
+    given and resolved) written ``<probe>`` and ``<tmp>``."""
+    scratch = os.path.join(tmp, "tmp")
+    spellings = {scratch: "<tmp>", os.path.realpath(scratch): "<tmp>"}
+    spellings.update({tmp: "<probe>", os.path.realpath(tmp): "<probe>"})
+    for spelling in sorted(spellings, key=len, reverse=True):
+        text = text.replace(spelling, spellings[spelling])
+    return text
 
 
 def _expand(token: str, variables: Mapping[str, str]) -> str:

@@ -35,6 +35,7 @@ from metrale_orch.toolchain.dryrun import (
     dryrun_roots,
     run_dryrun,
     run_tool,
+    run_witness,
     search_dirs,
 )
 from metrale_orch.toolchain.errors import ToolchainError, ToolchainMissing
@@ -295,7 +296,7 @@ def _start_runs(
         calls["host_version"] = (run_tool, (argv, environ))
         if toolchain.host_compiler_probe_args:
             argv = [str(host), *toolchain.host_compiler_probe_args]
-            calls["host_dryrun"] = (run_tool, (argv, environ))
+            calls["host_dryrun"] = (run_witness, (argv, environ))
         if toolchain.host_compiler_search_args:
             # The user's search-path variables would show up as "system" directories.
             plain = {k: v for k, v in environ.items() if k not in SEARCH_PATH_VARS}

@@ -1,0 +1,256 @@
+"""The probes' dry runs, started before the package loads (I/O: starts programs).
+
+Every run probes its toolchains (:mod:`~metrale_orch.toolchain.probe`); a no-op
+runs only their dry runs, the compiler's and its host compiler's, which show a
+wrapper's switch that no ``stat`` sees. They are the no-op's longest wait (issue
+21), so the dodo file's first statement, :func:`start_plan`, starts the commands
+the last run's probes asked for, from the plan it left in
+``<build_dir>/.state/probe-plan.json`` (each command's argv and the variables its
+environment sets or drops against the caller's: no copy of the caller's own
+environment is written), while doit and the package load.
+
+A probe takes an early run (:func:`take`) only for exactly its own command: the
+same argv, the same environment, the same working directory (or a fresh one
+holding the probe source, for a dry run). Anything else runs as it always did,
+and a run nobody took is killed and its directory removed when the process ends.
+So every command a probe reads was still run by this process, on the compiler
+installed now: what it prints is what the probe would have seen a few
+milliseconds later. The plan is only a guess of what will be asked; a wrong or
+unreadable plan costs those runs, never a result.
+
+Only the standard library is imported here: :func:`start_plan` runs before
+anything else of the package loads.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+__all__ = [
+    "PLAN_NAME",
+    "PROBE_KERNEL",
+    "PROBE_SOURCE",
+    "EarlyRun",
+    "asked",
+    "plan_bytes",
+    "reset",
+    "start_plan",
+    "take",
+    "waiting",
+]
+
+#: The plan's file in the build's state directory.
+PLAN_NAME = "probe-plan.json"
+#: The dry run's throw-away source (its name and text), in a directory of its own.
+PROBE_SOURCE = "metrale_probe.cu"
+PROBE_KERNEL = 'extern "C" __global__ void metrale_probe() {}\n'
+#: The most commands a plan starts.
+_PLAN_MAX = 64
+#: A dry run's working directory: a fresh one, holding the probe source.
+_PROBE_DIR = "<probe dir>"
+
+_Key = tuple[tuple[str, ...], tuple[tuple[str, str], ...], str]
+
+
+class EarlyRun:
+    """A command started from the plan: its argv (text), its process, when it started
+    (``time.perf_counter``) and, for a dry run, the directory it runs in (``tmp``, with
+    the scratch directory ``tmp/tmp`` as its ``TMPDIR``)."""
+
+    __slots__ = ("args", "proc", "started", "tmp")
+
+    def __init__(
+        self, args: list[str], proc: subprocess.Popen[bytes], started: float, tmp: str | None
+    ) -> None:
+        self.args = args
+        self.proc = proc
+        self.started = started
+        self.tmp = tmp
+
+    def close(self) -> None:
+        """Remove the run's directory (after its output was read)."""
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def discard(self) -> None:
+        """Kill the run if it still runs, reap it and remove its directory (its pipes are
+        closed, not read: a child it started may hold them open)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        self.close()
+
+
+_LOCK = threading.Lock()
+_RUNS: dict[_Key, EarlyRun] = {}
+#: The commands asked for in this process, in order: the next plan.
+_ASKED: dict[_Key, None] = {}
+#: The process the runs belong to (a forked worker owns none of them).
+_OWNER = [os.getpid()]
+
+
+def _key(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> _Key:
+    return tuple(str(a) for a in argv), tuple(sorted(env.items())), cwd
+
+
+def start_plan(state_dir: Path, environ: Mapping[str, str]) -> int:
+    """Start the commands of ``state_dir``'s plan in ``environ`` with the plan's changes
+    (I/O); how many started. A missing or malformed plan starts nothing."""
+    try:
+        runs = json.loads((Path(state_dir) / PLAN_NAME).read_bytes())["runs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+    if not isinstance(runs, list):
+        return 0
+    started = 0
+    for entry in runs[:_PLAN_MAX]:
+        command = _command(entry, environ)
+        if command is None:
+            continue
+        argv, env, cwd = command
+        key = _key(argv, env, cwd)
+        with _LOCK:
+            if key in _RUNS:
+                continue
+        run = _spawn(argv, env, cwd)
+        if run is not None:
+            with _LOCK:
+                _RUNS[key] = run
+            started += 1
+    return started
+
+
+def _command(
+    entry: object, environ: Mapping[str, str]
+) -> tuple[list[str], dict[str, str], str] | None:
+    """A plan entry's argv, environment and working directory, or None (malformed, or a
+    program that is not an executable file any more)."""
+    if not isinstance(entry, dict):
+        return None
+    argv, changed, dropped, cwd = (entry.get(k) for k in ("argv", "set", "unset", "cwd"))
+    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+        return None
+    if not (isinstance(changed, dict) and all(isinstance(v, str) for v in changed.values())):
+        return None
+    if not (isinstance(dropped, list) and all(isinstance(k, str) for k in dropped)):
+        return None
+    if not isinstance(cwd, str) or not (cwd == _PROBE_DIR or os.path.isabs(cwd)):
+        return None
+    program = argv[0]
+    if not (os.path.isabs(program) and os.path.isfile(program) and os.access(program, os.X_OK)):
+        return None
+    gone = set(dropped)
+    env = {k: v for k, v in environ.items() if k not in gone}
+    env.update({str(k): v for k, v in changed.items()})
+    return argv, env, cwd
+
+
+def _spawn(argv: list[str], env: dict[str, str], cwd: str) -> EarlyRun | None:
+    """Start one command as :func:`metrale_orch.proc.start_process` starts it (no input,
+    output piped); a dry run in a fresh directory with the probe source."""
+    tmp = None
+    run_env, run_cwd = env, (None if cwd == _PROBE_DIR else cwd)
+    try:
+        if cwd == _PROBE_DIR:
+            tmp = tempfile.mkdtemp(prefix="metrale-probe.")
+            Path(tmp, PROBE_SOURCE).write_text(PROBE_KERNEL, encoding="utf-8")
+            os.mkdir(os.path.join(tmp, "tmp"))
+            run_env, run_cwd = {**env, "TMPDIR": os.path.join(tmp, "tmp")}, tmp
+        proc = subprocess.Popen(
+            argv,
+            cwd=run_cwd,
+            env=run_env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+    except OSError:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return None
+    return EarlyRun(list(argv), proc, time.perf_counter(), tmp)
+
+
+def take(argv: Sequence[str], env: Mapping[str, str], *, probe_dir: bool) -> EarlyRun | None:
+    """The early run of exactly this command, if one was started (it is the caller's
+    then: read its output, then :meth:`EarlyRun.close`), else None. ``env``: the
+    command's environment (for a dry run, without the ``TMPDIR`` its directory sets);
+    ``probe_dir``: a dry run in a fresh probe directory, else run in the current
+    directory. Either way the command is remembered for the next plan."""
+    try:
+        key = _key(argv, env, _PROBE_DIR if probe_dir else os.getcwd())
+    except OSError:  # the current directory is gone: nothing was started there
+        return None
+    with _LOCK:
+        if os.getpid() != _OWNER[0]:
+            return None
+        _ASKED[key] = None
+        return _RUNS.pop(key, None)
+
+
+def waiting() -> int:
+    """How many early runs no probe has taken (yet)."""
+    with _LOCK:
+        return len(_RUNS)
+
+
+def asked() -> int:
+    """How many distinct commands were asked for in this process."""
+    with _LOCK:
+        return len(_ASKED)
+
+
+def plan_bytes(environ: Mapping[str, str]) -> bytes:
+    """The plan of the commands asked for so far (sorted): each one's argv, working
+    directory and the variables its environment sets or drops against ``environ``."""
+    with _LOCK:
+        keys = list(_ASKED)
+    runs = []
+    for argv, items, cwd in keys:
+        env = dict(items)
+        changed = {k: v for k, v in env.items() if environ.get(k) != v}
+        dropped = sorted(k for k in environ if k not in env)
+        runs.append({"argv": list(argv), "cwd": cwd, "set": changed, "unset": dropped})
+    runs.sort(key=lambda r: json.dumps(r, sort_keys=True))
+    return json.dumps({"runs": runs[:_PLAN_MAX]}, indent=1, sort_keys=True).encode()
+
+
+def reset() -> None:
+    """Discard every early run and what was asked (a new run in this process: tests)."""
+    with _LOCK:
+        runs = list(_RUNS.values())
+        _RUNS.clear()
+        _ASKED.clear()
+    for run in runs:
+        run.discard()
+
+
+def _discard_at_exit() -> None:
+    if os.getpid() == _OWNER[0]:
+        reset()
+
+
+def _forked() -> None:
+    # A forked worker (doit -P process) owns none of its parent's runs, and another
+    # thread may have held the lock when it forked.
+    global _LOCK
+    _LOCK = threading.Lock()
+    _OWNER[0] = os.getpid()
+    _RUNS.clear()
+    _ASKED.clear()
+
+
+atexit.register(_discard_at_exit)
+os.register_at_fork(after_in_child=_forked)
