@@ -60,14 +60,10 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from metrale_orch.toolchain.earlyruns import start_plan
+from metrale_orch.tasks.earlystart import start_early_runs
 
-# The probes' dry runs the last run asked for start before anything else loads (the
-# plan is in the default build directory, or METRALE_ORCH_BUILD_DIR's).
-start_plan(
-    Path.cwd() / os.path.expanduser(os.environ.get("METRALE_ORCH_BUILD_DIR") or "build") / ".state",
-    os.environ,
-)
+# The probes' dry runs the last run asked for start before anything else loads.
+start_early_runs(Path.cwd(), os.environ)
 
 from metrale_orch.tasks.probes import run_probes, start_probes  # noqa: E402
 

@@ -1,0 +1,24 @@
+"""The first thing a doit run does (I/O: starts programs): the dry runs the last run's
+probes asked for, from the plan in the default build directory (or
+``METRALE_ORCH_BUILD_DIR``'s; a ``build_dir`` set only in ``pyproject.toml`` is not
+known yet, and its runs start nothing early). See
+:mod:`metrale_orch.toolchain.earlyruns`; kept apart so that the dodo file starts them
+before the rest of the package loads.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from metrale_orch.paths import STATE_DIR
+from metrale_orch.toolchain.earlyruns import start_plan
+
+__all__ = ["start_early_runs"]
+
+
+def start_early_runs(root: Path, environ: Mapping[str, str]) -> int:
+    """Start the plan's dry runs for the project at ``root``; how many started."""
+    build_dir = Path(os.path.expanduser(environ.get("METRALE_ORCH_BUILD_DIR") or "build"))
+    return start_plan(root / build_dir / STATE_DIR, environ)
