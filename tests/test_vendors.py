@@ -446,6 +446,43 @@ def test_scale_stamp_holds_the_identity_each_arch_s_targets_are_planned_with(
     assert {a: rows[a] for a in found} == {a: [i] for a, i in found.items()}
 
 
+def test_scale_stamp_holds_the_arch_check_of_an_extension_that_has_one(
+    tmp_path: Path,
+) -> None:
+    """A toolchain under ``{root}`` with an arch check skips the targets of an arch its
+    compiler cannot build, as hip does: the stamp holds the verdict, so a verdict that
+    changes (device libraries added, the verdicts' file deleted to check again) misses."""
+    project = tmp_path / "p"
+    write(
+        project,
+        "toolchains/scale.toml",
+        '[toolchain]\nextends = "scale"\nvendors = ["amd"]\n'
+        'arch_check_args = ["-DARCH={arch}", "-c", "{source}", "-o", "{output}"]\n',
+    )
+    scale = load_toolchains(project)["scale"]
+    root = scale_root(tmp_path / "scale", ())
+    marker = tmp_path / "no-device-libs"
+    write(
+        root,
+        "targets/gfx1151/bin/nvcc",
+        "#!/bin/sh\n"
+        'case "$*" in *--version*) echo "scale nvcc 1"; exit 0;; *-###*) exit 0;; esac\n'
+        f'[ -e {marker} ] && {{ echo "error: no device libraries" >&2; exit 1; }}\n'
+        'out=""; prev=""; for a in "$@"; do [ "$prev" = -o ] && out="$a"; prev="$a"; done\n'
+        'echo obj > "$out"\n',
+    )
+    (root / "targets/gfx1151/bin/nvcc").chmod(0o755)
+    (root / "targets/gfx1151/include").mkdir(parents=True)
+    env = {"SCALE_HOME": str(root), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path / "home")}
+    state = tmp_path / "state"
+    rows = toolchain_stamp(scale, env, state_dir=state)[2]
+    assert [row[0] for row in rows] == ["gfx1151"] and len(rows[0]) == 2, rows
+    marker.write_text("")
+    (state / "arch-checks.json").unlink()
+    rows = toolchain_stamp(scale, env, state_dir=state)[2]
+    assert rows == [["gfx1151", "unsupported", "error: no device libraries"]]
+
+
 _STRIX = {
     "kernels/strix/HARDWARE.toml": (
         '[hardware]\nvendor = "amd"\narch = "gfx1151"\n'

@@ -59,7 +59,8 @@ def toolchain_stamp(
 
     A toolchain picked per arch (a program under ``{root}``) is stamped by its root
     and every arch's compiler there, each probed by its own path:
-    ``["found", root, [[arch, identity], ...]]``. A toolchain whose probe differs per
+    ``["found", root, [[arch, identity], ...]]`` (``[arch, "unsupported", why]`` where the
+    toolchain's arch check refuses the arch). A toolchain whose probe differs per
     arch (:func:`probed_per_arch`) is stamped for each of ``arches`` (those its targets
     build for, ``""`` for those without an arch): ``["found", program, "", [[arch,
     identity], ...]]``, with ``[arch, "unsupported", why]`` for an arch its arch check
@@ -159,10 +160,12 @@ def _root_stamp(
 
     def probe(program: tuple[str, str]) -> list[str]:
         arch, path = program
-        try:
-            found = probe_toolchain(
-                toolchain, Path(path), environ, state_dir=state_dir, arch=arch, memo=memo
+        try:  # as generation finds it: after the arch check, where the toolchain has one
+            found = probe_for_arch(
+                toolchain, Path(path), environ, arch=arch, state_dir=state_dir, memo=memo
             )
+        except ArchUnsupported as exc:
+            return [arch, "unsupported", exc.reason]
         except MetraleError as exc:  # a broken compiler of one arch hides no other arch
             return [arch, "error", str(exc)]
         return [arch, found.identity]
