@@ -66,9 +66,11 @@ from metrale_orch.tasks.earlystart import start_early_runs
 start_early_runs(Path.cwd(), os.environ)
 
 from metrale_orch.tasks.probes import run_probes, start_probes  # noqa: E402
+from metrale_orch.tasks.scope import run_scope  # noqa: E402
 
 # The toolchains are probed on every run; started first, they run while the rest loads.
-start_probes(Path.cwd(), os.environ)
+# A run that selects some build sub-tasks only probes what their targets select.
+start_probes(Path.cwd(), os.environ, run_scope())
 
 from metrale_orch.paths import BUILD_TASK, DB_NAME  # noqa: E402
 from metrale_orch.tasks.actions import (  # noqa: E402
@@ -130,7 +132,8 @@ def task_build() -> Iterator[TaskDict]:
     gc.disable()
     try:
         argv = sys.argv[1:]
-        specs, smoke, _how = cached_tasks(root, os.environ, argv, _generation, run_probes())
+        scope = run_scope()  # a run of some build sub-tasks generates only their targets
+        specs, smoke, _how = cached_tasks(root, os.environ, argv, _generation, run_probes(), scope)
         yield {"name": None, "doc": "build every target (skipping those without a toolchain)"}
         for spec in start_order(root, os.environ, specs):  # longest first
             yield dict(spec.task)

@@ -8,7 +8,10 @@ status``.
 from __future__ import annotations
 
 import inspect
+import json
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import doit
@@ -154,3 +157,50 @@ def test_doits_config_reader_and_main(tmp_path: Path, monkeypatch: pytest.Monkey
         doit_api.read_config_file("pyproject.toml")
     (tmp_path / "pyproject.toml").write_text('[tool.doit]\nbackend = "json"\n')
     doit_api.read_config_file("pyproject.toml")
+
+
+_SELECTION_DODO = """\
+import json
+from metrale_orch.tasks.doit_api import running_selection
+
+SEEN = [running_selection()]  # while doit imports the dodo file
+
+
+def task_build():
+    SEEN.append(running_selection())  # while doit calls the task creators
+    with open("seen.json", "w") as fh:
+        json.dump(SEEN, fh)
+    for name in ("a", "b", "c/d"):
+        yield {"name": name, "actions": None}
+
+
+def task_other():
+    return {"actions": None}
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["build:a"], ["build:a"]),
+        (["run", "-n", "2", "-P", "thread", "build:a", "build:c/*"], ["build:a", "build:c/*"]),
+        ([], []),
+        (["build", "other"], ["build", "other"]),
+        (["list", "build:a"], None),
+        (["clean", "build:a"], None),
+        (["forget", "build:a"], None),
+    ],
+)
+def test_running_selection_is_what_doit_parsed_for_run_only(
+    tmp_path: Path, args: list[str], expected: list[str] | None
+) -> None:
+    """The selection is read off DoitCmdBase.execute's frame: its ``args`` (options
+    removed, wildcards unexpanded) under ``run``, None under any other command."""
+    (tmp_path / "dodo.py").write_text(_SELECTION_DODO)
+    done = subprocess.run(
+        [sys.executable, "-m", "doit", *args], cwd=tmp_path, capture_output=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert seen == [expected, expected]
+    assert doit_api.running_selection() is None  # no doit command on this stack

@@ -30,8 +30,10 @@ from metrale_orch.tasks.creators import (
     generation_key,
     record_task_dicts,
     replay_task_dicts,
+    stamp_wanted,
 )
 from metrale_orch.tasks.dicts import BuildSpec
+from metrale_orch.tasks.scope import in_scope
 from metrale_orch.tasks.specs import (
     GENERATION,
     cached_build_specs,
@@ -39,6 +41,7 @@ from metrale_orch.tasks.specs import (
     smoke_task_dicts,
 )
 from metrale_orch.toolchain.definitions import load_toolchains
+from metrale_orch.toolchain.probe import ProbeMemo
 from tests.support.project import doit
 
 STATE = Path("build/.state")
@@ -452,7 +455,8 @@ def test_a_toolchain_no_target_selects_is_not_probed_and_changes_nothing(
     primed(root, env)
     state = root / STATE
     assert taskcache.read_uses(state, _base(root, env)) == ("metal", "nvcc")
-    log.unlink()
+    # Not even the first generation ran it: it resolves the tree before any probe.
+    assert not log.exists()
     assert lookup(root, env) == "hit"
     probes = tmp_path / "probes.log"
     reset_run_probes()
@@ -553,16 +557,18 @@ def test_doit_runs_use_the_cache_and_see_changes(fake_project: tuple[Path, dict[
     stamp = entry.stat().st_mtime_ns
     noop = doit(root, ["build"], env)
     assert noop.returncode == 0 and "0 built" in noop.out, noop.text
-    # A hit with an explicit selection of a target without a toolchain: it fails.
+    # An explicit selection of a target without a toolchain fails (a run of that target
+    # alone: its own scoped entry, beside the whole tree's).
     explicit = doit(root, ["build:apple/llama/f16"], env)
     assert explicit.returncode == 1, explicit.text
     assert "toolchain 'metal' is not installed" in explicit.out
+    assert len(entries(root)) == 2 and entry in entries(root)
     # A new file: regenerated (the cache is rewritten), exactly its targets build.
     (root / "kernels/hopper/qwen/w8/new.cu").write_text('extern "C" __global__ void n() {}\n')
     run = doit(root, ["build"], env)
     assert run.returncode == 0, run.text
     assert "[1/" in run.out and "build:hopper/qwen/w8" in run.out and "2 built" in run.out
-    assert entries(root) == [entry] and entry.stat().st_mtime_ns != stamp
+    assert entry in entries(root) and entry.stat().st_mtime_ns != stamp
     listing = doit(root, ["list", "--all", "--status"], env)
     assert listing.returncode == 0 and "smoke:hopper" in listing.out, listing.text
 
@@ -701,3 +707,100 @@ def test_a_tree_with_a_misshapen_layer_manifest_is_still_cached(
         (root / rel).write_text(text)
     (root / "kernels/apple2/common/KERNEL.toml").mkdir()
     primed(root, env)
+
+
+# ------------------------------------------------------------------------------ scopes
+
+
+def _logging_xcrun(bin_dir: Path) -> Path:
+    """A stand-in ``xcrun`` (the apple target's toolchain) that logs every call."""
+    log = bin_dir / "xcrun.log"
+    xcrun = bin_dir / "xcrun"
+    xcrun.write_text(f'#!/bin/sh\necho "$*" >> "{log}"\necho "Apple metal version 32023.1"\n')
+    xcrun.chmod(0o755)
+    return log
+
+
+def _scoped(
+    root: Path, env: dict[str, str], scope: tuple[str, ...]
+) -> tuple[list[BuildSpec], object, str]:
+    return cached_tasks(root, env, scope, lambda: GENERATION, scope=scope)
+
+
+def test_a_scoped_run_has_its_targets_specs_alone_and_probes_only_their_toolchains(
+    fake_project: tuple[Path, dict[str, str]], trusting: None, tmp_path: Path
+) -> None:
+    """``doit build:hopper/qwen/w4`` and the like: the specs of exactly the targets doit
+    selects, each equal to the whole tree's generation of it, no smoke task, cached under
+    an entry of their own; the apple target's compiler is never run for them."""
+    root, env = fake_project
+    log = _logging_xcrun(tmp_path / "bin")
+    whole = norm(resolve_build_specs(root, env))
+    assert log.exists()  # the whole tree's generation probes it
+    log.unlink()
+    scopes = [
+        ("build:hopper/qwen/w4",),
+        ("build:gb10/*", "build:hopper/qwen/w8"),
+        ("build:nosuch/m/q",),  # no target: named_failures fails it under doit
+    ]
+    for scope in scopes:
+        want = [s for s in whole if in_scope(s[0], scope)]
+        for expected in ("no cache file", "hit"):
+            specs, smoke, how = _scoped(root, env, scope)
+            assert (norm(specs), smoke, how) == (want, [], expected), scope
+    assert not log.exists()
+    state = root / STATE
+    memo = ProbeMemo()
+    config = load_config(root, env)
+    # What the early probe thread stamps: the scope's toolchains, none before they are known.
+    assert stamp_wanted(root, env, config, memo, ("build:hopper/qwen/w4",)).keys() == {"nvcc"}
+    assert stamp_wanted(root, env, config, memo, ("build:hopper/*",)) == {}
+    assert not log.exists()
+    # The apple target's scope probes its toolchain (and its entry is its own).
+    specs, _smoke, _how = _scoped(root, env, ("build:apple/llama/f16",))
+    assert [s.target for s in specs] == ["apple/llama/f16"] and log.exists()
+    # The whole tree is never answered by a scoped entry, however the hints read.
+    assert taskcache.read_uses(state, _base(root, env)) is None
+    assert lookup(root, env) == "no cache file"
+    assert lookup(root, env) == "hit"
+
+
+def test_a_scoped_entry_misses_when_its_compiler_changes(
+    fake_project: tuple[Path, dict[str, str]], trusting: None, tmp_path: Path
+) -> None:
+    root, env = fake_project
+    scope = ("build:hopper/*",)
+    assert _scoped(root, env, scope)[2] == "no cache file"
+    specs, _smoke, how = _scoped(root, env, scope)
+    assert how == "hit"
+    fake = tmp_path / "bin/fakecc"
+    fake.write_text(fake.read_text() + "\n# rebuilt\n")
+    again, _smoke, how = _scoped(root, env, scope)
+    assert how == "no cache file"
+    assert norm(again) == [s for s in norm(resolve_build_specs(root, env)) if "hopper" in s[0]]
+    assert norm(again) != norm(specs)  # the identity in every plan changed
+
+
+def test_doit_runs_of_some_targets_build_those_and_leave_the_rest_whole(
+    fake_project: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """Under doit: a run naming targets builds exactly those without running another
+    target's compiler, even to check; the default run still has every task."""
+    root, env = fake_project
+    log = _logging_xcrun(tmp_path / "bin")
+    run = doit(root, ["build:hopper/qwen/w4", "build:gb10/qwen/*"], env)
+    assert run.returncode == 0, run.text
+    assert "3 built" in run.out and not log.exists(), run.text
+    noop = doit(root, ["build:hopper/qwen/w4", "build:gb10/qwen/*"], env)
+    assert noop.returncode == 0 and "3 up to date" in noop.out and not log.exists(), noop.text
+    listing = doit(root, ["list", "--all"], env)
+    assert listing.returncode == 0, listing.text
+    assert {"build:apple/llama/f16", "build:hopper/qwen/w8", "smoke:hopper"} <= set(
+        listing.out.split()
+    )
+    # The whole tree: the rest builds (the stand-in xcrun writes no output: that fails).
+    rest = doit(root, ["build"], env)
+    assert "1 built" in rest.out and "3 up to date" in rest.out and "1 failed" in rest.out, (
+        rest.text
+    )
+    assert log.exists()

@@ -64,6 +64,7 @@ __all__ = [
     "generation_base",
     "generation_key",
     "named_failures",
+    "scoped_base",
     "stamp_wanted",
     "start_order",
 ]
@@ -77,6 +78,9 @@ class Generation:
     #: ``(root, environ, config) -> resolution``: the tree resolved, no compiler run
     #: (handed to ``generate_specs`` as ``resolution``).
     resolve_tree: Callable[[Path, Mapping[str, str], Config], object]
+    #: ``(resolution, scope) -> resolution``: the resolution of the targets in ``scope``
+    #: alone (:func:`~metrale_orch.tasks.dicts.in_scope`), the tree-wide outcome kept.
+    select: Callable[[object, Sequence[str]], object]
     #: ``(resolution, toolchains) -> {name: arches}``: what ``used_toolchains`` will give
     #: for the specs made from that resolution.
     resolved_toolchains: Callable[..., Mapping[str, tuple[str, ...]]]
@@ -97,10 +101,17 @@ def cached_tasks(
     argv: Sequence[str],
     generation: Callable[[], Generation],
     probes: ProbeMemo | None = None,
+    scope: Sequence[str] | None = None,
 ) -> tuple[list[BuildSpec], list[TaskDict] | None, str]:
     """The specs, the ``smoke`` task dicts when known (None: ask the generation's
     ``smoke_task_dicts``), and how the specs were obtained. ``generation`` is called
-    only on a miss; ``probes`` is the run's (its build reuses what was probed here)."""
+    only on a miss; ``probes`` is the run's (its build reuses what was probed here).
+
+    ``scope``: a run that selects these ``build`` sub-tasks and no other task
+    (:func:`~metrale_orch.tasks.dicts.build_scope`) gets the specs of the targets in it
+    alone, and no smoke task: only the toolchains those targets select are probed, and
+    its entry is cached under a base of its own (:func:`scoped_base`). A spec is the
+    same whatever else is generated beside it."""
     if probes is None:
         probes = ProbeMemo()
     try:
@@ -110,7 +121,7 @@ def cached_tasks(
         specs = generation().generate_specs(root, environ, argv, probes=probes)[0]
         return specs, None, "not cached: configuration error"
     state_dir = config.build_dir / STATE_DIR
-    base = generation_base(root, environ, config, toolchains)
+    base = scoped_base(generation_base(root, environ, config, toolchains), scope)
     used = taskcache.read_uses(state_dir, base)
     arches: Mapping[str, Sequence[str]] = taskcache.read_arches(state_dir, base)
     # The entry this base stored last is read while the toolchains' probes (started when
@@ -121,12 +132,11 @@ def cached_tasks(
     early = (
         None
         if found is not None and found.specs is not None
-        else _Early(root, environ, config, generation)
+        else _Early(root, environ, config, generation, scope)
     )
-    if early is not None:  # the arches the targets build for are known before the stamps
-        arches = _of_per_arch(
-            early.generation.resolved_toolchains(early.resolution, toolchains), toolchains
-        )
+    if early is not None:  # the toolchains the targets select are known before the stamps
+        resolved = early.generation.resolved_toolchains(early.resolution, toolchains)
+        used, arches = tuple(resolved), _of_per_arch(resolved, toolchains)
     # The toolchains are observed here, before generation asks for any of them, and an
     # entry is only ever keyed by these observations (see _stored_key).
     stamps = _stamps(config, environ, toolchains, probes, used, arches)
@@ -142,7 +152,7 @@ def cached_tasks(
         specs = [_from_cached(root, c, explicit) for c in found.specs]
         return specs, replay_task_dicts(found.extra), found.reason
     if early is None:
-        early = _Early(root, environ, config, generation)
+        early = _Early(root, environ, config, generation, scope)
     made = early.generation
     specs, cacheable = made.generate_specs(
         root,
@@ -153,9 +163,10 @@ def cached_tasks(
         probes=probes,
         resolution=early.resolution,
     )
-    smoke = None
+    smoke: list[TaskDict] | None = None if scope is None else []  # a scoped run: no smoke
     if early.scanned is not None and cacheable:
-        smoke = made.smoke_task_dicts(root, environ, specs)
+        if smoke is None:
+            smoke = made.smoke_task_dicts(root, environ, specs)
         chosen = made.used_toolchains(specs, toolchains)
         _store(state_dir, base, stamps, early.scanned, specs, smoke, chosen, toolchains)
     return specs, smoke, found.reason
@@ -226,11 +237,14 @@ class _Early:
         environ: Mapping[str, str],
         config: Config,
         generation: Callable[[], Generation],
+        scope: Sequence[str] | None,
     ) -> None:
         package = Path(metrale_orch.__file__).parent
         self.scanned = taskcache.scan(root / "kernels", taskcache.package_files(package))
         self.generation = generation()
         self.resolution = self.generation.resolve_tree(root, environ, config)
+        if scope is not None:
+            self.resolution = self.generation.select(self.resolution, scope)
 
 
 def start_order(
@@ -383,6 +397,12 @@ def _stamps(
     return toolchain_stamps(probed, environ, state_dir=state_dir, memo=probes, arches=arches)
 
 
+def scoped_base(base: str, scope: Sequence[str] | None) -> str:
+    """``base`` (:func:`generation_base`) of a run scoped to ``scope`` (the whole tree:
+    ``base`` itself): a scoped entry is another entry, with hints of its own."""
+    return base if scope is None else _digest({"base": base, "scope": sorted(set(scope))})
+
+
 def _key_of(base: str, stamps: Mapping[str, Stamp]) -> str:
     """The key of ``base`` with these toolchains' stamps."""
     return _digest({"base": base, "used": sorted(stamps), "programs": dict(stamps)})
@@ -435,16 +455,25 @@ def _digest(doc: object) -> str:
 
 
 def stamp_wanted(
-    root: Path, environ: Mapping[str, str], config: Config, probes: ProbeMemo
+    root: Path,
+    environ: Mapping[str, str],
+    config: Config,
+    probes: ProbeMemo,
+    scope: Sequence[str] | None = None,
 ) -> dict[str, Stamp]:
-    """The stamps the task cache's key of a run at ``root`` will ask ``probes`` for: those
-    of the toolchains the last generation's targets selected (all when that is not
-    known), with the arches they built for (I/O; the early start of
-    :mod:`metrale_orch.tasks.probes`). Raises MetraleError (toolchain definitions)."""
+    """The stamps the task cache's key of a run at ``root`` (scoped to ``scope``, see
+    :func:`cached_tasks`) will ask ``probes`` for: those of the toolchains the last
+    generation's targets selected, with the arches they built for (I/O; the early start
+    of :mod:`metrale_orch.tasks.probes`). When that is not known: every toolchain for
+    the whole tree, none for a scope (its generation finds which its targets select
+    before it probes any). Raises MetraleError (toolchain definitions)."""
     toolchains = load_toolchains(root)
-    base = generation_base(root, environ, config, toolchains)
+    base = scoped_base(generation_base(root, environ, config, toolchains), scope)
     state_dir = config.build_dir / STATE_DIR
-    wanted = _selected(toolchains, taskcache.read_uses(state_dir, base))
+    used = taskcache.read_uses(state_dir, base)
+    if used is None and scope is not None:
+        return {}
+    wanted = _selected(toolchains, used)
     arches = taskcache.read_arches(state_dir, base)
     return toolchain_stamps(wanted, environ, state_dir=state_dir, memo=probes, arches=arches)
 

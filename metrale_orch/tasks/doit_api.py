@@ -8,7 +8,9 @@ whether ``doit ignore`` marked it (``Dependency.status_is_ignore``: the mark is 
 record's ``"ignore:"`` key, and doit's sqlite backend writes it *in place of* the
 record, so an ignored task keeps no saved state at all), and closing the sqlite
 backend without doit's final dump (``SqliteDB._conn``), and doit's reader of its
-configuration files (``doit_cmd.DoitConfig.loads``). :class:`SavedOnceSqliteDB`
+configuration files (``doit_cmd.DoitConfig.loads``), and the task selection of the
+``run`` command loading the tasks (the ``args`` of ``DoitCmdBase.execute``'s frame:
+:func:`running_selection`). :class:`SavedOnceSqliteDB`
 is doit's sqlite backend with every write held for the final save (its
 ``_cache``, ``_dirty`` and ``_conn``); :mod:`metrale_orch.tasks.database` builds
 the package's backend on it. Every record of the sqlite database (its ``doit``
@@ -24,12 +26,16 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 
 import doit
 from doit import Globals
+from doit.cmd_base import DoitCmdBase
+from doit.cmd_run import Run
 from doit.dependency import DatabaseException, Dependency, SqliteDB
 from doit.doit_cmd import DoitConfig
 from doit.task import Task, dict_to_task
@@ -46,6 +52,7 @@ __all__ = [
     "open_dependency",
     "read_config_file",
     "running_backend",
+    "running_selection",
     "store_state",
     "store_values",
     "stored_records",
@@ -110,6 +117,32 @@ def running_backend() -> object:
     doit opens it (``doit.Globals.dep_manager``, doit's public accessor)."""
     dep = Globals.dep_manager
     return None if dep is None else dep.backend
+
+
+#: The code of the method every doit command that loads tasks runs them from: its
+#: frame holds the command (``self``) and its task selection (``args``).
+_EXECUTE_CODE = DoitCmdBase.execute.__code__
+
+
+def running_selection() -> tuple[str, ...] | None:
+    """The task selection of the doit ``run`` command (``doit``, ``doit run``) that is
+    loading this process's tasks, as doit parsed its command line: the positional words
+    (task names and wildcards, unexpanded; empty for the default tasks). None under any
+    other command (``list``, ``clean``, ``strace``...) or none at all (doit's API without
+    a command, a test calling the task creators): every task may then be asked for.
+
+    Read from the frame of ``DoitCmdBase.execute``, which imports the dodo file and calls
+    the task creators: doit hands the selection to no extension point a dodo file sees.
+    """
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is _EXECUTE_CODE:
+            command, args = frame.f_locals.get("self"), frame.f_locals.get("args")
+            if type(command) is not Run or not isinstance(args, list):
+                return None
+            return tuple(str(a) for a in args)
+        frame = frame.f_back
+    return None
 
 
 def make_task(task: dict[str, object]) -> Task:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from metrale_orch.toolchain.probe import ProbeMemo
@@ -38,10 +38,13 @@ def reset_run_probes() -> None:
     _PROBES[0] = ProbeMemo()
 
 
-def start_probes(root: Path, environ: Mapping[str, str]) -> threading.Thread:
-    """Probe the toolchains of the project at ``root`` that its targets selected last
-    time (all, the first time) on a daemon thread, into :func:`run_probes` (the same
-    stamps the task cache's key computes)."""
+def start_probes(
+    root: Path, environ: Mapping[str, str], scope: Sequence[str] | None = None
+) -> threading.Thread:
+    """Probe the toolchains of the project at ``root`` that its targets (those in
+    ``scope``, see :func:`~metrale_orch.tasks.creators.cached_tasks`) selected last time
+    on a daemon thread, into :func:`run_probes` (the same stamps the task cache's key
+    computes; the first time, all of them for the whole tree, none for a scope)."""
     memo = run_probes()
     env = dict(environ)
 
@@ -55,7 +58,7 @@ def start_probes(root: Path, environ: Mapping[str, str]) -> threading.Thread:
         # probe pools' "cannot schedule new futures after interpreter shutdown"), which
         # must not print a traceback after the run's own one-line error.
         with contextlib.suppress(Exception):
-            stamp_wanted(root, env, load_config(root, env), memo)
+            stamp_wanted(root, env, load_config(root, env), memo, scope)
 
     thread = threading.Thread(target=run, name="metrale-probes", daemon=True)
     thread.start()

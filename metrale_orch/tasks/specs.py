@@ -13,6 +13,7 @@ package): ``metrale_orch.dodo`` imports it only when the task cache misses.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from metrale_orch.tasks.dicts import (
     plan_skip_task,
     target_plan_task,
 )
+from metrale_orch.tasks.scope import in_scope
 from metrale_orch.tasks.smoke import smoke_tasks
 from metrale_orch.toolchain.archcheck import find_toolchain_for_arch
 from metrale_orch.toolchain.definitions import Toolchain, load_toolchains, select_toolchain
@@ -67,6 +69,7 @@ __all__ = [
     "resolve_build_specs",
     "resolve_tree",
     "resolved_toolchains",
+    "select_targets",
     "smoke_task_dicts",
     "spec_inputs",
     "used_toolchains",
@@ -124,6 +127,16 @@ def resolve_tree(root: Path, environ: Mapping[str, str], config: Config) -> Reso
         return Resolution(snapshot=snapshot, resolved=resolved, misshapen=misshapen)
     except MetraleError as exc:
         return Resolution(error=exc)
+
+
+def select_targets(resolution: object, scope: Sequence[str]) -> Resolution:
+    """``resolution`` (a :class:`Resolution`) of the targets in ``scope`` alone
+    (:func:`~metrale_orch.tasks.dicts.in_scope`), the tree-wide outcome (its error, the
+    misshapen manifests) kept: what a run scoped to them generates from (pure)."""
+    if not isinstance(resolution, Resolution):
+        raise TypeError(f"not a Resolution: {resolution!r}")
+    kept = tuple((t, lay) for t, lay in resolution.resolved if in_scope(str(t), scope))
+    return dataclasses.replace(resolution, resolved=kept)
 
 
 def generate_specs(
@@ -428,6 +441,7 @@ def _toolchain_arches(
 #: The generation, as the task cache asks for it on a miss.
 GENERATION = Generation(
     resolve_tree=resolve_tree,
+    select=select_targets,
     resolved_toolchains=resolved_toolchains,
     generate_specs=generate_specs,
     smoke_task_dicts=smoke_task_dicts,

@@ -87,8 +87,10 @@ SCHEMA = 4
 #: File names under ``<build_dir>/.state``: ``build-tasks.<key prefix>.cache``, one per
 #: key (so shells with different environments do not evict each other's entry).
 CACHE_GLOB = "build-tasks.*.cache"
-#: How many entries (keys) are kept; older ones are removed when one is written.
-KEEP = 4
+#: How many entries (keys) are kept; older ones are removed when one is written. A run
+#: scoped to some targets keeps an entry of its own (``doit build:hopper/m/q`` beside
+#: ``doit build``), so a few scopes and environments fit beside the whole tree's.
+KEEP = 8
 #: Which toolchains the targets of each base's last generation selected, and the key its
 #: entry was stored under (hints: see :func:`read_uses` and :func:`last_key`).
 USES_NAME = "build-tasks.uses.json"

@@ -1,0 +1,53 @@
+"""Which ``build`` sub-tasks a doit run needs: its scope (pure, but :func:`run_scope`).
+
+``doit build:hopper/m/q`` (the edit-build loop of one target) or ``doit 'build:hopper/*'``
+needs those sub-tasks and no other task, so the task generation, the task cache and
+the toolchain probes need only their targets (:func:`~metrale_orch.tasks.creators.cached_tasks`):
+a HIP compiler is not probed for an NVIDIA target. Any other run (the default tasks,
+``doit build``, ``smoke:<hw>``, ``doit list``, ``doit clean``) may ask for every task.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+
+from metrale_orch.paths import BUILD_TASK
+from metrale_orch.tasks.doit_api import running_selection
+
+__all__ = ["build_scope", "in_scope", "run_scope"]
+
+
+def run_scope() -> tuple[str, ...] | None:
+    """The scope of the doit command loading this process's tasks (I/O: reads doit's
+    state): :func:`build_scope` of its selection."""
+    return build_scope(running_selection())
+
+
+def build_scope(selection: Sequence[str] | None) -> tuple[str, ...] | None:
+    """The words of a doit ``run`` selection
+    (:func:`~metrale_orch.tasks.doit_api.running_selection`) when it selects ``build``
+    sub-tasks only, sorted and unique: each a sub-task's full
+    name (``build:<target>``) or a wildcard of them (``build:hopper/*``). None when it
+    may select anything else (pure): no words (the default tasks), the group ``build``,
+    a ``smoke`` task, anything another command or no command asked for.
+
+    A run so scoped needs the sub-tasks :func:`in_scope` matches and no other task: it
+    generates, caches and probes for those targets alone.
+    """
+    if not selection:
+        return None
+    prefix = BUILD_TASK + ":"
+    if not all(word.startswith(prefix) and len(word) > len(prefix) for word in selection):
+        return None
+    return tuple(sorted(set(selection)))
+
+
+def in_scope(target: str, scope: Sequence[str] | None) -> bool:
+    """Whether doit selects the sub-task of ``target`` by one of ``scope``'s words (pure),
+    as doit reads them: a word with ``*`` as a ``fnmatch`` pattern of task names, any
+    other as a task name. Every target is in the scope None."""
+    if scope is None:
+        return True
+    name = f"{BUILD_TASK}:{target}"
+    return any(name == w if "*" not in w else fnmatch.fnmatch(name, w) for w in scope)
