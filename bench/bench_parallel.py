@@ -51,11 +51,21 @@ _TMP = re.compile(r"[^\s,]*?\.tmp/[^/\s,]+")
 
 
 def env_for(out: Path, **extra: str) -> dict[str, str]:
+    """The measured processes' environment: a private cache, off; Python writes bytecode
+    as an installed package has it (into ``OUT/.pycache``), unless ``PYTHONDONTWRITEBYTECODE``
+    is kept with ``--no-bytecode`` (every run then compiles this package from source)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("METRALE_ORCH_")}
     env["METRALE_ORCH_LOCAL_CACHE"] = str(out / "local-cache")
     env["METRALE_ORCH_CACHE_MODE"] = "off"
+    if not _KEEP_NO_BYTECODE[0]:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(out / ".pycache")
     env.update(extra)
     return env
+
+
+#: ``--no-bytecode`` (set by :func:`main`).
+_KEEP_NO_BYTECODE = [False]
 
 
 def sample_copy(out: Path) -> Path:
@@ -243,6 +253,9 @@ def main() -> None:
         p = sub.add_parser(name)
         p.add_argument("out", type=Path, nargs="?", default=HERE / "out" / f"parallel-{name}")
         p.add_argument("--reps", type=int, default=1)
+        p.add_argument(
+            "--no-bytecode", action="store_true", help="leave PYTHONDONTWRITEBYTECODE as it is"
+        )
     sub.choices["e1"].add_argument("--target", default="hopper/qwen3-8b/bf16")
     sub.choices["e1"].add_argument("--jobs", type=int, default=0)
     sub.choices["e3"].add_argument("--jobs", default="1,8,32,64")
@@ -250,6 +263,7 @@ def main() -> None:
     sub.choices["e3"].add_argument("--sleep", type=float, default=0.2)
     args = ap.parse_args()
     args.out = args.out.resolve()
+    _KEEP_NO_BYTECODE[0] = args.no_bytecode
     args.out.mkdir(parents=True, exist_ok=True)
     try:
         {"e1": e1, "e2": e2, "e3": e3}[args.bench](args)
