@@ -239,6 +239,46 @@ def test_missing_host_compiler(tmp_path: Path) -> None:
         find_toolchain(builtin_toolchains()["nvcc"], env, site_dirs=[])
 
 
+def test_a_new_build_directory_takes_the_toolkit_hashes_from_the_users_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh state directory (a new clone, ``rm -rf build``) reads no binary the
+    user's ``toolchain-hashes.json`` holds by the same stamp; a changed binary is read."""
+    from metrale_orch.toolchain import probe as probe_mod
+
+    env = fake_toolchain_env(tmp_path / "bin")
+    nvcc = builtin_toolchains()["nvcc"]
+    program = tmp_path / "bin/nvcc"
+    read: list[str] = []
+    real_hash = probe_mod.file_hash
+
+    def counting(path: str) -> str:
+        read.append(path)
+        return real_hash(path)
+
+    monkeypatch.setattr(probe_mod, "file_hash", counting)
+    first = probe_toolchain(nvcc, program, env, state_dir=tmp_path / "a").identity
+    assert str(program.resolve()) in read
+    shared = json.loads((tmp_path / ".cache/metrale-orch/toolchain-hashes.json").read_text())
+    assert str(program.resolve()) in shared
+    read.clear()
+    assert probe_toolchain(nvcc, program, env, state_dir=tmp_path / "b").identity == first
+    assert read == []  # every hash from the user's file
+    assert str(program.resolve()) in json.loads((tmp_path / "b/file-hashes.json").read_text())
+    # The same bytes written again: another stamp, read again (and the same identity).
+    program.write_bytes(program.read_bytes())
+    assert probe_toolchain(nvcc, program, env, state_dir=tmp_path / "c").identity == first
+    assert read == [str(program.resolve())]
+    # Other bytes: another identity, read again.
+    program.write_text(program.read_text() + "\n# another build of it\n")
+    read.clear()
+    other = probe_toolchain(nvcc, program, env, state_dir=tmp_path / "d").identity
+    assert other != first and read == [str(program.resolve())]
+    # A damaged file is only a miss.
+    (tmp_path / ".cache/metrale-orch/toolchain-hashes.json").write_text("{")
+    assert probe_toolchain(nvcc, program, env, state_dir=tmp_path / "e").identity == other
+
+
 def test_probe_runs_once_per_run_and_sees_every_change(tmp_path: Path) -> None:
     env = fake_toolchain_env(tmp_path / "bin")
     nvcc = builtin_toolchains()["nvcc"]

@@ -2,7 +2,8 @@
 
 :func:`probe_toolchain` runs the compiler's version and dry-run probes and
 hashes the real binaries they name (see its docstring); only those content
-hashes are remembered across processes (``<state_dir>/file-hashes.json``).
+hashes are remembered across processes (``<state_dir>/file-hashes.json``, and the
+user's ``toolchain-hashes.json`` beside the local cache).
 Within one run a :class:`ProbeMemo` (held by the run's session, passed in)
 probes each compiler once, however many threads ask at the same time.
 :func:`find_toolchain` locates and probes (what the task cache compares is
@@ -25,6 +26,7 @@ from typing import Any
 
 import xxhash
 
+from metrale_orch.config import default_local_cache
 from metrale_orch.fsutil import file_hash, write_atomic
 from metrale_orch.proc import ProcessError
 from metrale_orch.toolchain.argv import keyed_environment, toolchain_environ
@@ -148,7 +150,8 @@ def probe_toolchain(
     (the compiler's and the host compiler's), which show such a switch. Across
     processes (with a ``state_dir``) only two things are remembered: the content
     hashes of the real binaries (by their ``stat``, in
-    ``<state_dir>/file-hashes.json``), and a record of the last full probe
+    ``<state_dir>/file-hashes.json`` and the user's ``toolchain-hashes.json``), and a
+    record of the last full probe
     (:mod:`~metrale_orch.toolchain.records`): while both dry runs print what they
     printed then and every file the probe read keeps its settled stat (and each
     host search directory is as present or absent as it was), the record's identity
@@ -202,7 +205,11 @@ def probe_toolchain(
     )
 
     def run() -> Probe:
-        hashes = _FileHashes(None if state_dir is None else Path(state_dir) / _FILE_HASHES)
+        hashes = (
+            _FileHashes(None)
+            if state_dir is None
+            else _FileHashes(Path(state_dir) / _FILE_HASHES, _shared_hashes(environ))
+        )
         store = None if state_dir is None else RecordStore(Path(state_dir), memo_key)
         try:
             return _run_probe(toolchain, program, host, environ, env, hashes, arch, store)
@@ -214,25 +221,38 @@ def probe_toolchain(
 
 _FILE_HASHES = "file-hashes.json"
 _FILE_HASHES_MAX = 256
+#: The user's copy beside the local cache (every build directory of this user reads it).
+_SHARED_HASHES = "toolchain-hashes.json"
+
+
+def _shared_hashes(environ: Mapping[str, str]) -> Path:
+    """The user's file of toolkit hashes: in ``METRALE_ORCH_LOCAL_CACHE``, else the default
+    local cache directory (a ``local_cache`` set only in ``pyproject.toml`` is not read
+    here: this is only a memo)."""
+    cache = environ.get("METRALE_ORCH_LOCAL_CACHE")
+    return (Path(os.path.expanduser(cache)) if cache else default_local_cache(environ)) / (
+        _SHARED_HASHES
+    )
 
 
 class _FileHashes:
     """Content hashes of the compilers' binaries, remembered by (size, mtime, ctime, inode)
     of the real path: the one part of a probe worth keeping across processes (tens of
-    MB to read). ctime cannot be set back by a user, so a replaced file is re-read."""
+    MB to read). ctime cannot be set back by a user, so a replaced file is re-read.
 
-    def __init__(self, path: Path | None) -> None:
+    Kept in the build's state directory and, with ``shared``, in the user's file too
+    (the device joins the stamp there), so a new build directory (a fresh clone,
+    ``rm -rf build``) does not read the toolkit again: the same stamp rule, another
+    place."""
+
+    def __init__(self, path: Path | None, shared: Path | None = None) -> None:
         self.path = path
-        self.known: dict[str, list[int | str]] = {}
+        self.shared = shared
+        self.known = _read_hashes(path)
         self.used: dict[str, list[int | str]] = {}
         self.dirty = False
-        if path is not None:
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                data = {}
-            if isinstance(data, dict):
-                self.known = {k: v for k, v in data.items() if isinstance(v, list)}
+        self.shared_known = _read_hashes(shared)
+        self.shared_new: dict[str, list[int | str]] = {}
 
     def digest(self, path: str) -> str | None:
         """xxh3-128 of the file at ``path`` (links followed), or None when it is not a file."""
@@ -248,24 +268,54 @@ class _FileHashes:
         if known is not None and len(known) == 5 and known[:4] == stamp:
             self.used[real] = known
             return str(known[4])
-        try:
-            entry = [*stamp, file_hash(real)]
-        except OSError:
-            return None
-        self.known[real] = self.used[real] = entry
+        shared_stamp: list[int | str] = [st.st_dev, *stamp]
+        mine = self.shared_known.get(real)
+        if mine is not None and len(mine) == 6 and mine[:5] == shared_stamp:
+            digest = str(mine[5])
+        else:
+            try:
+                digest = file_hash(real)
+            except OSError:
+                return None
+            self.shared_new[real] = [*shared_stamp, digest]
+        self.known[real] = self.used[real] = [*stamp, digest]
         self.dirty = True
-        return str(entry[4])
+        return digest
 
     def save(self) -> None:
-        if self.path is None or not self.dirty:
-            return
-        others = sorted(k for k in self.known if k not in self.used)
-        room = max(0, _FILE_HASHES_MAX - len(self.used))
-        keep = {k: self.known[k] for k in others[:room]}
-        keep.update(self.used)
         # Only a speed-up: a read-only build dir costs one hashing pass per process.
-        with contextlib.suppress(OSError):
-            write_atomic(self.path, json.dumps(dict(sorted(keep.items())), indent=1).encode())
+        if self.path is not None and self.dirty:
+            _write_hashes(self.path, self.known, self.used)
+        if self.shared is not None and self.shared_new:
+            # Read again: other builds of this user may have written theirs meanwhile.
+            current = _read_hashes(self.shared)
+            current.update(self.shared_new)
+            _write_hashes(self.shared, current, self.shared_new)
+
+
+def _read_hashes(path: Path | None) -> dict[str, list[int | str]]:
+    if path is None:
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, list)}
+
+
+def _write_hashes(
+    path: Path, known: Mapping[str, list[int | str]], used: Mapping[str, list[int | str]]
+) -> None:
+    """Write ``known``, at most :data:`_FILE_HASHES_MAX` of them, ``used`` first."""
+    others = sorted(k for k in known if k not in used)
+    room = max(0, _FILE_HASHES_MAX - len(used))
+    keep = {k: known[k] for k in others[:room]}
+    keep.update(used)
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(dict(sorted(keep.items())), indent=1).encode())
 
 
 #: The probe commands that show what really runs (see :mod:`.records`): a run with a
