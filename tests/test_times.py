@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from metrale_orch.executor import LocalExecutor
@@ -118,3 +119,30 @@ def test_doit_starts_the_longest_targets_first_and_hits_keep_the_times(
     assert _started(again) == ["hopper/qwen/w8", "gb10/qwen/w4", "hopper/qwen/w4", "gb10/qwen/w8"]
     # Every module was a cache hit: the times of the compiles stay as they were.
     assert (root / STATE / TIMES).read_bytes() == kept
+
+
+def test_a_run_of_some_targets_keeps_every_other_targets_times(
+    fake_project: tuple[Path, dict[str, str]],
+) -> None:
+    """A run naming targets knows only those (tasks/scope.py): it records their compiles
+    and drops no other target's times; a run of the whole tree drops a removed one's."""
+    root, env = fake_project
+    assert doit(root, ["build"], env).returncode == 0
+    (root / "kernels/hopper/qwen/w8/mul.cu").write_text(
+        'extern "C" __global__ void mul_k2(float* out) { out[0] = 3.0f; }\n'
+    )
+    run = doit(root, ["build:hopper/qwen/w8"], env)
+    assert run.returncode == 0 and "1 built" in run.out, run.text
+    times = read_times(root / STATE)
+    assert sorted(times.modules) == list(NVIDIA)
+    manifest = json.loads((root / "build/hopper/qwen/w8/manifest.json").read_text())
+    assert {m: k for m, (k, _s) in times.modules["hopper/qwen/w8"].items()} == {
+        m["name"]: m["key"] for m in manifest["modules"]
+    }
+    # The whole tree, after a target is gone: its times go with it.
+    shutil.rmtree(root / "kernels/gb10/qwen")
+    (root / "kernels/hopper/qwen/w4/scale.cu").write_text(
+        'extern "C" __global__ void scale_k2(float* out) { out[0] = 4.0f; }\n'
+    )
+    assert doit(root, ["build"], env).returncode == 0
+    assert sorted(read_times(root / STATE).modules) == ["hopper/qwen/w4", "hopper/qwen/w8"]

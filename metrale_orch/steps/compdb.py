@@ -78,6 +78,7 @@ __all__ = [
     "merge_commands",
     "part_path",
     "read_part",
+    "stored_targets",
     "target_commands",
     "write_database",
     "write_database_from_parts",
@@ -400,6 +401,19 @@ def write_database(root: Path, build_dir: Path, parts: Iterable[TargetCommands])
     changed = write_if_changed(path, data)
     used = tuple(sorted({target for target, _command in chosen}))
     return Written(path=path, entries=len(chosen), targets=used, changed=changed)
+
+
+def stored_targets(build_dir: Path) -> list[Target]:
+    """The targets that have a part on disk under ``build_dir`` (sorted; a file whose path
+    names no target is passed over). I/O: lists the parts' directory."""
+    top = compdb_part(Path(build_dir), "h", "m", "q").parents[2]
+    found = []
+    for path in sorted(top.glob("*/*/*.json")):
+        try:
+            found.append(Target.parse(f"{path.parent.parent.name}/{path.parent.name}/{path.stem}"))
+        except ValueError:
+            continue
+    return found
 
 
 def write_database_from_parts(root: Path, build_dir: Path, targets: Iterable[Target]) -> Written:

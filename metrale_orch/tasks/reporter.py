@@ -96,6 +96,7 @@ from metrale_orch.tasks.dicts import KIND
 from metrale_orch.tasks.doit_api import Task, running_backend
 from metrale_orch.tasks.progress import LiveLine, progress_text
 from metrale_orch.tasks.runlock import BuildLock
+from metrale_orch.tasks.scope import run_scope
 
 __all__ = [
     "BuildReporter",
@@ -307,7 +308,10 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
                 )
         self._total = len(names)
         self._selected = names
-        self._alive = {n[len(_BASE) :] for n in tasks if n.startswith(_BASE)}
+        # The tree's targets, whose kept compile times stay; a run scoped to some targets
+        # knows no other (see tasks/scope.py): it drops none.
+        scoped = run_scope() is not None
+        self._alive = set() if scoped else {n[len(_BASE) :] for n in tasks if n.startswith(_BASE)}
         self._tasks = tasks  # the targets whose parts make the compilation database
         if self._tty:
             self._expected = _expected_target_seconds()
@@ -617,9 +621,12 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
 
     def _write_compdb(self) -> None:
         """Merge the parts of every buildable target of the tree (selected or not, built
-        now or before) into compile_commands.json (:mod:`metrale_orch.steps.compdb`)."""
+        now or before) into compile_commands.json (:mod:`metrale_orch.steps.compdb`). A
+        run scoped to some targets (:mod:`~metrale_orch.tasks.scope`) knows no other
+        target of the tree: it merges every part on disk with its own (the next run of
+        the whole tree drops those of targets it no longer builds)."""
         # Imported only after a run that built: a no-op never needs the database.
-        from metrale_orch.steps.compdb import write_database_from_parts
+        from metrale_orch.steps.compdb import stored_targets, write_database_from_parts
         from metrale_orch.tree import Target
 
         path = Path(COMPDB_NAME)
@@ -631,6 +638,8 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
                 for name, task in self._tasks.items()
                 if name.startswith(_BASE) and _kind(task) == "build"
             ]
+            if run_scope() is not None:
+                targets = sorted(set(targets) | set(stored_targets(config.build_dir)), key=str)
             write_database_from_parts(config.root, config.build_dir, targets)
         except (MetraleError, OSError, ValueError) as exc:  # never fails the run
             _warn_unwritten("the compilation database", path, exc)
