@@ -9,6 +9,7 @@ package, so every layer may use it.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "root_relative",
     "stage_dir",
     "target_dir",
+    "user_cache_home",
 ]
 
 #: doit's dependency database, at the project root (``dep_file`` in ``DOIT_CONFIG``).
@@ -62,6 +64,16 @@ SMOKE_TASK = "smoke"
 CHECK_TASK = "check"
 #: The task that stands for the whole tree when it does not resolve.
 TREE_TASK = "(tree)"
+
+
+def user_cache_home(environ: Mapping[str, str]) -> Path | None:
+    """The user's cache directory (``XDG_CACHE_HOME``, else ``~/.cache``), or None when
+    the environment names neither (pure)."""
+    xdg = environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return Path(xdg)
+    home = environ.get("HOME")
+    return Path(home) / ".cache" if home else None
 
 
 def target_dir(build_dir: Path, hardware: str, model: str, quant: str) -> Path:

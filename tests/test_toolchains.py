@@ -259,7 +259,7 @@ def test_a_new_build_directory_takes_the_toolkit_hashes_from_the_users_file(
     monkeypatch.setattr(probe_mod, "file_hash", counting)
     first = probe_toolchain(nvcc, program, env, state_dir=tmp_path / "a").identity
     assert str(program.resolve()) in read
-    shared = json.loads((tmp_path / ".cache/metrale-orch/toolchain-hashes.json").read_text())
+    shared = json.loads((tmp_path / ".cache/metrale-orch-probes/toolchain-hashes.json").read_text())
     assert str(program.resolve()) in shared
     read.clear()
     assert probe_toolchain(nvcc, program, env, state_dir=tmp_path / "b").identity == first
@@ -275,7 +275,7 @@ def test_a_new_build_directory_takes_the_toolkit_hashes_from_the_users_file(
     other = probe_toolchain(nvcc, program, env, state_dir=tmp_path / "d").identity
     assert other != first and read == [str(program.resolve())]
     # A damaged file is only a miss.
-    (tmp_path / ".cache/metrale-orch/toolchain-hashes.json").write_text("{")
+    (tmp_path / ".cache/metrale-orch-probes/toolchain-hashes.json").write_text("{")
     assert probe_toolchain(nvcc, program, env, state_dir=tmp_path / "e").identity == other
 
 

@@ -544,10 +544,13 @@ def named_failures(root: Path, specs: Sequence[BuildSpec], names: Iterable[str])
     if not missing:
         return []
     # The tree package only here: a no-op names no missing target, and never imports it.
-    from metrale_orch.tree import LayoutError, Target, TreeSnapshot, discover
+    from metrale_orch.tree import LayoutError, Target, TreeSnapshot, discover, walk
 
     tree = next((s.message for s in specs if s.target == TREE_TASK), None)
     snap = TreeSnapshot(root)
+    # The tree's targets, not only those generated (a run scoped to some has no others).
+    with contextlib.suppress(LayoutError):
+        have = have | {str(t) for t in walk(root, snap)}
     out: list[BuildSpec] = []
     for name in missing:
         canonical = False

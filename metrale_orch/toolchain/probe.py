@@ -3,7 +3,7 @@
 :func:`probe_toolchain` runs the compiler's version and dry-run probes and
 hashes the real binaries they name (see its docstring); only those content
 hashes are remembered across processes (``<state_dir>/file-hashes.json``, and the
-user's ``toolchain-hashes.json`` beside the local cache).
+user's ``~/.cache/metrale-orch-probes/toolchain-hashes.json``).
 Within one run a :class:`ProbeMemo` (held by the run's session, passed in)
 probes each compiler once, however many threads ask at the same time.
 :func:`find_toolchain` locates and probes (what the task cache compares is
@@ -26,8 +26,8 @@ from typing import Any
 
 import xxhash
 
-from metrale_orch.config import default_local_cache
 from metrale_orch.fsutil import file_hash, write_atomic
+from metrale_orch.paths import user_cache_home
 from metrale_orch.proc import ProcessError
 from metrale_orch.toolchain.argv import keyed_environment, toolchain_environ
 from metrale_orch.toolchain.definitions import Toolchain
@@ -221,18 +221,15 @@ def probe_toolchain(
 
 _FILE_HASHES = "file-hashes.json"
 _FILE_HASHES_MAX = 256
-#: The user's copy beside the local cache (every build directory of this user reads it).
-_SHARED_HASHES = "toolchain-hashes.json"
+#: The user's copy, under the user's cache directory (every build directory reads it;
+#: not in the artefact cache, which holds artefacts only).
+_SHARED_HASHES = ("metrale-orch-probes", "toolchain-hashes.json")
 
 
-def _shared_hashes(environ: Mapping[str, str]) -> Path:
-    """The user's file of toolkit hashes: in ``METRALE_ORCH_LOCAL_CACHE``, else the default
-    local cache directory (a ``local_cache`` set only in ``pyproject.toml`` is not read
-    here: this is only a memo)."""
-    cache = environ.get("METRALE_ORCH_LOCAL_CACHE")
-    return (Path(os.path.expanduser(cache)) if cache else default_local_cache(environ)) / (
-        _SHARED_HASHES
-    )
+def _shared_hashes(environ: Mapping[str, str]) -> Path | None:
+    """The user's file of toolkit hashes, or None (no ``XDG_CACHE_HOME`` nor ``HOME``)."""
+    home = user_cache_home(environ)
+    return None if home is None else home.joinpath(*_SHARED_HASHES)
 
 
 class _FileHashes:
