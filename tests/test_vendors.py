@@ -1020,3 +1020,63 @@ def test_write_mirror_rewrites_only_what_changed(tmp_path: Path) -> None:
     assert (stage / MIRROR_DIR / "common/c.cuh").read_text() == (
         "unsigned long long m = __activemask();\n"
     )
+
+
+def _counting(program: Path, log: Path) -> Path:
+    """Wrap ``program`` so that every run of it (probes included) adds a line to ``log``."""
+    real = program.with_name(program.name + ".real")
+    program.rename(real)
+    program.write_text(f'#!/bin/sh\necho run >> "{log}"\nexec "{real}" "$@"\n')
+    program.chmod(0o755)
+    return log
+
+
+def test_scale_stamp_runs_only_the_compilers_of_the_arches_its_targets_build_for(
+    tmp_path: Path,
+) -> None:
+    """With the targets' arches known, a SCALE root's other compilers (an arch with no
+    target, the real tree's gfx1201) are not run, and an arch without a compiler is a
+    row of its own; without them (the first run) every compiler is stamped."""
+    scale = builtin_toolchains()["scale"]
+    root = scale_root(tmp_path / "scale", ("gfx1151", "gfx1201"))
+    runs = _counting(root / "targets/gfx1201/bin/nvcc", tmp_path / "gfx1201.log")
+    env = {"SCALE_HOME": str(root), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path / "home")}
+    every = toolchain_stamp(scale, env)[2]
+    assert [row[0] for row in every] == ["gfx1151", "gfx1201"] and runs.exists()
+    runs.unlink()
+    assert toolchain_stamp(scale, env, arches=["gfx1151"])[2] == [every[0]]
+    assert toolchain_stamp(scale, env, arches=["gfx942", "gfx1151"])[2] == [
+        every[0],
+        ["gfx942", "absent"],
+    ]
+    assert not runs.exists()
+
+
+def test_a_scale_compiler_no_target_uses_changes_no_task(tmp_path: Path) -> None:
+    """The task cache keys the compilers of the arches the targets build for: another
+    arch's compiler changing stays a hit and is never run; the used one's misses."""
+    from metrale_orch.tasks.specs import cached_build_specs
+
+    root = tmp_path / "proj"
+    for rel, text in _STRIX.items():
+        write(root, rel, text)
+    write(root, "dodo.py", "from metrale_orch.dodo import *  # noqa: F403\n")
+    sc = scale_root(tmp_path / "scale", ("gfx1151", "gfx1201"))
+    runs = _counting(sc / "targets/gfx1201/bin/nvcc", tmp_path / "gfx1201.log")
+    env = {
+        "SCALE_HOME": str(sc),
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path / "home"),
+        "FAKE_LOG": str(tmp_path / "scale.log"),
+        "METRALE_ORCH_LOCAL_CACHE": str(tmp_path / "cache"),
+    }
+    assert cached_build_specs(root, env)[1] == "no cache file"
+    assert cached_build_specs(root, env)[1] == "hit"
+    assert not runs.exists()  # never run: no target builds for gfx1201
+    real = sc / "targets/gfx1201/bin/nvcc.real"
+    real.write_text(real.read_text() + "\n# rebuilt\n")
+    assert cached_build_specs(root, env)[1] == "hit"
+    used = sc / "targets/gfx1151/bin/nvcc"
+    used.write_text(used.read_text() + "\n# rebuilt\n")
+    assert cached_build_specs(root, env)[1] == "no cache file"
+    assert not runs.exists()

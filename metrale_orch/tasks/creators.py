@@ -53,7 +53,7 @@ from metrale_orch.tasks.doit_api import doit_version
 from metrale_orch.toolchain import earlyruns
 from metrale_orch.toolchain.definitions import Toolchain, load_toolchains
 from metrale_orch.toolchain.probe import ProbeMemo
-from metrale_orch.toolchain.stamps import Stamp, probed_per_arch, toolchain_stamps
+from metrale_orch.toolchain.stamps import Stamp, stamped_per_arch, toolchain_stamps
 
 if TYPE_CHECKING:
     from metrale_orch.tree import Target
@@ -221,8 +221,8 @@ def _of_per_arch(
     arches: Mapping[str, Sequence[str]], toolchains: Mapping[str, Toolchain]
 ) -> dict[str, Sequence[str]]:
     """``arches`` (toolchain name -> the arches its targets build for) of the toolchains
-    stamped per arch (:func:`~metrale_orch.toolchain.stamps.probed_per_arch`)."""
-    return {n: a for n, a in arches.items() if n in toolchains and probed_per_arch(toolchains[n])}
+    stamped per arch (:func:`~metrale_orch.toolchain.stamps.stamped_per_arch`)."""
+    return {n: a for n, a in arches.items() if n in toolchains and stamped_per_arch(toolchains[n])}
 
 
 class _Early:
@@ -435,8 +435,14 @@ def _stored_key(
 
 
 def _stamped_arches(stamp: Stamp) -> list[str]:
-    """The arches a found toolchain's stamp holds per-arch identities of (sorted)."""
-    per_arch = stamp[3] if len(stamp) > 3 else []
+    """The arches a found toolchain's stamp holds per-arch rows of (sorted): its fourth
+    item, or the third of one under ``{root}`` (:data:`~metrale_orch.toolchain.stamps.Stamp`)."""
+    if len(stamp) > 3:
+        per_arch = stamp[3]
+    elif len(stamp) == 3 and isinstance(stamp[2], list):
+        per_arch = stamp[2]
+    else:
+        per_arch = []
     return sorted(str(row[0]) for row in per_arch if isinstance(row, list) and row)
 
 

@@ -24,12 +24,19 @@ from metrale_orch.toolchain.errors import ArchUnsupported
 from metrale_orch.toolchain.locate import executable, find_program, find_root
 from metrale_orch.toolchain.probe import ProbeMemo, probe_toolchain
 
-__all__ = ["Stamp", "probed_per_arch", "toolchain_stamp", "toolchain_stamps"]
+__all__ = ["Stamp", "probed_per_arch", "stamped_per_arch", "toolchain_stamp", "toolchain_stamps"]
 
 #: :func:`toolchain_stamp`'s JSON-ready value: ``["missing"]``, ``["error", text]``,
 #: ``["found", program, identity]`` (with ``[[arch, identity], ...]`` after it for a
 #: toolchain probed per arch) or ``["found", root, [[arch, identity], ...]]``.
 Stamp = list[str | list[list[str]]]
+
+
+def stamped_per_arch(toolchain: Toolchain) -> bool:
+    """Whether ``toolchain``'s stamp holds a row per arch its targets build for (and the
+    task cache keeps those arches as a hint): one under ``{root}``, whose every arch has a
+    compiler of its own, or one :func:`probed_per_arch`."""
+    return "{root}" in toolchain.program or probed_per_arch(toolchain)
 
 
 def probed_per_arch(toolchain: Toolchain) -> bool:
@@ -70,7 +77,7 @@ def toolchain_stamp(
     """
     try:
         if "{root}" in toolchain.program:
-            return _root_stamp(toolchain, environ, state_dir, memo)
+            return _root_stamp(toolchain, environ, state_dir, memo, arches)
         program = find_program(toolchain, environ, site_dirs=site_dirs)
         if program is None:
             return ["missing"]
@@ -143,8 +150,17 @@ def toolchain_stamps(
 
 
 def _root_stamp(
-    toolchain: Toolchain, environ: Mapping[str, str], state_dir: Path | None, memo: ProbeMemo | None
+    toolchain: Toolchain,
+    environ: Mapping[str, str],
+    state_dir: Path | None,
+    memo: ProbeMemo | None,
+    arches: Iterable[str] = (),
 ) -> Stamp:
+    """``["found", root, rows]``: a row per arch, ``[arch, identity]`` (or the arch
+    check's ``"unsupported"``, or ``"error"``), for each of ``arches`` (those the targets
+    build for; ``[arch, "absent"]`` where the root has no compiler for one: its targets
+    are skipped), or for every arch the root has a compiler for when ``arches`` is empty
+    (not known yet). A compiler no target uses is not run."""
     root = find_root(toolchain, environ)
     if root is None:
         return ["missing"]
@@ -170,11 +186,16 @@ def _root_stamp(
             return [arch, "error", str(exc)]
         return [arch, found.identity]
 
+    wanted = sorted(set(arches))
+    if wanted:
+        path_of = dict(programs)
+        programs = [(a, path_of[a]) for a in wanted if a in path_of]
     # Each arch's compiler as generation finds it, by its own path (a driver finds its
     # resources from the path it was called by, so two arches' links to one file are two
     # compilers); probed at once, like the toolchains.
     workers = max(1, len(programs))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="metrale-arch") as pool:
-        identities = list(pool.map(probe, programs))
-    stamps: list[list[str]] = identities
-    return ["found", str(root), stamps]
+        rows = {row[0]: row for row in pool.map(probe, programs)}
+    if not wanted:
+        return ["found", str(root), list(rows.values())]
+    return ["found", str(root), [rows.get(a, [a, "absent"]) for a in wanted]]
