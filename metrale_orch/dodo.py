@@ -70,7 +70,7 @@ from metrale_orch.tasks.scope import run_scope  # noqa: E402
 
 # The toolchains are probed on every run; started first, they run while the rest loads.
 # A run that selects some build sub-tasks only probes what their targets select.
-start_probes(Path.cwd(), os.environ, run_scope())
+start_probes(Path.cwd(), os.environ, run_scope(guess=True))
 
 from metrale_orch.paths import BUILD_TASK, DB_NAME  # noqa: E402
 from metrale_orch.tasks.actions import (  # noqa: E402

@@ -515,3 +515,24 @@ def test_a_hip_entry_runs_as_it_is_with_the_toolchains_environment(tmp_path: Pat
     assert done.returncode == 0, done.stderr
     text = Path(entry["output"]).read_text(errors="replace")  # type: ignore[arg-type]
     assert "scale_k" in text and "*= 64" in text  # LANES from the tree's lanes.cuh
+
+
+def test_a_run_of_some_targets_never_brings_back_a_target_the_tree_lost(
+    fake_project: tuple[Path, dict[str, str]],
+) -> None:
+    """A run naming targets merges the parts of the tree's other targets as they are on
+    disk, but only of targets the tree still has: a removed target's part (still on
+    disk) never wins an entry again."""
+    root, env = fake_project
+    assert doit(root, ["build"], env).returncode == 0
+    assert any("gb10" in d for d in _where(root, _database(root)).values())
+    shutil.rmtree(root / "kernels/gb10")
+    mul = root / "kernels/hopper/qwen/w8/mul.cu"
+    mul.write_text(mul.read_text() + "// edited\n")
+    assert doit(root, ["build"], env).returncode == 0
+    whole = _where(root, _database(root))
+    assert not any("gb10" in d for d in whole.values()), whole
+    mul.write_text(mul.read_text() + "// edited again\n")
+    run = doit(root, ["build:hopper/qwen/w8"], env)
+    assert run.returncode == 0 and "1 built" in run.out, run.text
+    assert _where(root, _database(root)) == whole

@@ -804,3 +804,23 @@ def test_doit_runs_of_some_targets_build_those_and_leave_the_rest_whole(
         rest.text
     )
     assert log.exists()
+
+
+def test_a_dodo_with_a_task_of_its_own_is_never_scoped(
+    fake_project: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """A task of the project's own may depend on any build sub-task, and doit checks every
+    loaded task's dependencies: with one in the dodo file, a run naming targets still has
+    every task (and runs only the named one)."""
+    root, env = fake_project
+    log = _logging_xcrun(tmp_path / "bin")
+    (root / "dodo.py").write_text(
+        "from metrale_orch.dodo import *  # noqa: F403\n\n\n"
+        "def task_bundle():\n"
+        '    return {"actions": None, "task_dep": ["build:hopper/qwen/w4", "build:gb10/qwen/w4"]}\n'
+    )
+    run = doit(root, ["build:hopper/qwen/w4"], env)
+    assert run.returncode == 0 and "1 built" in run.out, run.text
+    assert log.exists()  # the whole tree was generated: the apple target's xcrun ran
+    both = doit(root, ["build:hopper/qwen/w4", "bundle"], env)
+    assert both.returncode == 0 and "1 built" in both.out, both.text

@@ -25,6 +25,7 @@ which mypy sees as ``Any`` (the honest exception to concrete types).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sqlite3
 import sys
 from collections.abc import Iterator
@@ -38,6 +39,7 @@ from doit.cmd_base import DoitCmdBase
 from doit.cmd_run import Run
 from doit.dependency import DatabaseException, Dependency, SqliteDB
 from doit.doit_cmd import DoitConfig
+from doit.loader import TASK_STRING, task_params
 from doit.task import Task, dict_to_task
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "read_config_file",
     "running_backend",
     "running_selection",
+    "running_task_creators",
     "store_state",
     "store_values",
     "stored_records",
@@ -124,25 +127,54 @@ def running_backend() -> object:
 _EXECUTE_CODE = DoitCmdBase.execute.__code__
 
 
+def _running_command() -> tuple[object, object] | None:
+    """``(command, args)`` of the doit command loading this process's tasks, read from
+    the frame of ``DoitCmdBase.execute`` (which imports the dodo file and calls the task
+    creators: doit hands neither to any extension point a dodo file sees), or None."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code is _EXECUTE_CODE:
+            return frame.f_locals.get("self"), frame.f_locals.get("args")
+        frame = frame.f_back
+    return None
+
+
 def running_selection() -> tuple[str, ...] | None:
     """The task selection of the doit ``run`` command (``doit``, ``doit run``) that is
     loading this process's tasks, as doit parsed its command line: the positional words
     (task names and wildcards, unexpanded; empty for the default tasks). None under any
     other command (``list``, ``clean``, ``strace``...) or none at all (doit's API without
     a command, a test calling the task creators): every task may then be asked for.
-
-    Read from the frame of ``DoitCmdBase.execute``, which imports the dodo file and calls
-    the task creators: doit hands the selection to no extension point a dodo file sees.
     """
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code is _EXECUTE_CODE:
-            command, args = frame.f_locals.get("self"), frame.f_locals.get("args")
-            if type(command) is not Run or not isinstance(args, list):
-                return None
-            return tuple(str(a) for a in args)
-        frame = frame.f_back
-    return None
+    running = _running_command()
+    if running is None:
+        return None
+    command, args = running
+    if type(command) is not Run or not isinstance(args, list):
+        return None
+    return tuple(str(a) for a in args)
+
+
+def running_task_creators() -> tuple[object, ...] | None:
+    """The task creators of the namespace the running doit command loads its tasks from
+    (the dodo module's ``task_*`` functions and objects with ``create_doit_tasks``, as
+    doit's loader picks them), or None when that is not known (no command on the stack,
+    or the dodo file is still being imported: doit reads its namespace after)."""
+    running = _running_command()
+    if running is None:
+        return None
+    namespace = getattr(getattr(running[0], "loader", None), "namespace", None)
+    if not isinstance(namespace, dict):
+        return None
+    creators: list[object] = []
+    for name, ref in namespace.items():
+        if ref is task_params:
+            continue
+        if name.startswith(TASK_STRING) and (inspect.isfunction(ref) or inspect.ismethod(ref)):
+            creators.append(ref)
+        elif hasattr(ref, "create_doit_tasks"):
+            creators.append(ref.create_doit_tasks)
+    return tuple(creators)
 
 
 def make_task(task: dict[str, object]) -> Task:

@@ -50,6 +50,7 @@ why; it never fails the run.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -622,12 +623,12 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
     def _write_compdb(self) -> None:
         """Merge the parts of every buildable target of the tree (selected or not, built
         now or before) into compile_commands.json (:mod:`metrale_orch.steps.compdb`). A
-        run scoped to some targets (:mod:`~metrale_orch.tasks.scope`) knows no other
-        target of the tree: it merges every part on disk with its own (the next run of
-        the whole tree drops those of targets it no longer builds)."""
+        run scoped to some targets (:mod:`~metrale_orch.tasks.scope`) generated no other:
+        it takes the parts on disk of the tree's other targets (as walked now; a part of
+        a target the tree lost is never merged)."""
         # Imported only after a run that built: a no-op never needs the database.
         from metrale_orch.steps.compdb import stored_targets, write_database_from_parts
-        from metrale_orch.tree import Target
+        from metrale_orch.tree import LayoutError, Target, walk
 
         path = Path(COMPDB_NAME)
         try:
@@ -639,7 +640,10 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
                 if name.startswith(_BASE) and _kind(task) == "build"
             ]
             if run_scope() is not None:
-                targets = sorted(set(targets) | set(stored_targets(config.build_dir)), key=str)
+                with contextlib.suppress(LayoutError):  # a tree that fails to walk: none
+                    tree = set(walk(config.root))
+                    stored = {t for t in stored_targets(config.build_dir) if t in tree}
+                    targets = sorted(set(targets) | stored, key=str)
             write_database_from_parts(config.root, config.build_dir, targets)
         except (MetraleError, OSError, ValueError) as exc:  # never fails the run
             _warn_unwritten("the compilation database", path, exc)

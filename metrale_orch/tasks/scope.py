@@ -13,15 +13,36 @@ import fnmatch
 from collections.abc import Sequence
 
 from metrale_orch.paths import BUILD_TASK
-from metrale_orch.tasks.doit_api import running_selection
+from metrale_orch.tasks.doit_api import running_selection, running_task_creators
+
+#: The package's dodo module (its task creators' ``__module__``).
+_DODO = "metrale_orch.dodo"
 
 __all__ = ["build_scope", "in_scope", "run_scope"]
 
 
-def run_scope() -> tuple[str, ...] | None:
+#: The task creators of the package's dodo (what ``from metrale_orch.dodo import *`` takes).
+_OURS = frozenset({"task_build", "task_check"})
+
+
+def run_scope(*, guess: bool = False) -> tuple[str, ...] | None:
     """The scope of the doit command loading this process's tasks (I/O: reads doit's
-    state): :func:`build_scope` of its selection."""
-    return build_scope(running_selection())
+    state): :func:`build_scope` of its selection, when the dodo file's task creators are
+    the package's alone. Another creator's task may depend on any build sub-task (doit
+    checks every loaded task's dependencies), so the whole tree is generated then, and
+    when the creators are not known yet; ``guess``: assume them the package's (while the
+    dodo file is imported: only the early probes' head start rides on it)."""
+    scope = build_scope(running_selection())
+    if scope is None:
+        return None
+    creators = running_task_creators()
+    if creators is None:
+        return scope if guess else None
+    for creator in creators:
+        module, name = getattr(creator, "__module__", None), getattr(creator, "__name__", None)
+        if module != _DODO or name not in _OURS:
+            return None
+    return scope
 
 
 def build_scope(selection: Sequence[str] | None) -> tuple[str, ...] | None:
