@@ -244,9 +244,18 @@ def test_a_new_build_directory_takes_the_toolkit_hashes_from_the_users_file(
 ) -> None:
     """A fresh state directory (a new clone, ``rm -rf build``) reads no binary the
     user's ``toolchain-hashes.json`` holds by the same stamp; a changed binary is read."""
+    from metrale_orch import fsutil
     from metrale_orch.toolchain import probe as probe_mod
 
     env = fake_toolchain_env(tmp_path / "bin")
+    # A binary changed within the racy window of its reading is not remembered ...
+    probe_toolchain(
+        builtin_toolchains()["nvcc"], tmp_path / "bin/nvcc", env, state_dir=tmp_path / "z"
+    )
+    assert not (tmp_path / ".cache/metrale-orch-probes/toolchain-hashes.json").exists()
+    assert not (tmp_path / "z/file-hashes.json").exists()
+    # ... the rest of this test trusts every stamp at once.
+    monkeypatch.setattr(fsutil, "RACY_NS", 0)
     nvcc = builtin_toolchains()["nvcc"]
     program = tmp_path / "bin/nvcc"
     read: list[str] = []
@@ -279,7 +288,12 @@ def test_a_new_build_directory_takes_the_toolkit_hashes_from_the_users_file(
     assert probe_toolchain(nvcc, program, env, state_dir=tmp_path / "e").identity == other
 
 
-def test_probe_runs_once_per_run_and_sees_every_change(tmp_path: Path) -> None:
+def test_probe_runs_once_per_run_and_sees_every_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from metrale_orch import fsutil
+
+    monkeypatch.setattr(fsutil, "RACY_NS", 0)  # the fakes were just written: trust them
     env = fake_toolchain_env(tmp_path / "bin")
     nvcc = builtin_toolchains()["nvcc"]
     program = tmp_path / "bin/nvcc"

@@ -18,6 +18,7 @@ import os
 import shutil
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from typing import Any
 
 import xxhash
 
-from metrale_orch.fsutil import file_hash, write_atomic
+from metrale_orch.fsutil import file_hash, settled_change, write_atomic
 from metrale_orch.paths import user_cache_home
 from metrale_orch.proc import ProcessError
 from metrale_orch.toolchain.argv import keyed_environment, toolchain_environ
@@ -252,7 +253,10 @@ class _FileHashes:
         self.shared_new: dict[str, list[int | str]] = {}
 
     def digest(self, path: str) -> str | None:
-        """xxh3-128 of the file at ``path`` (links followed), or None when it is not a file."""
+        """xxh3-128 of the file at ``path`` (links followed), or None when it is not a file.
+        A hash is remembered only for a settled stamp (its ctime older than the racy
+        window when the file was read): a binary rewritten within one timestamp tick of
+        being read keeps its stamp, so it is read again until then."""
         real = os.path.realpath(path)
         try:
             st = os.stat(real)
@@ -269,11 +273,15 @@ class _FileHashes:
         mine = self.shared_known.get(real)
         if mine is not None and len(mine) == 6 and mine[:5] == shared_stamp:
             digest = str(mine[5])
+            self.shared_new[real] = mine  # used: kept among the newest
         else:
+            taken = time.time_ns()
             try:
                 digest = file_hash(real)
             except OSError:
                 return None
+            if settled_change(st, taken) == 0:
+                return digest  # too fresh to be known by its stamp: not remembered
             self.shared_new[real] = [*shared_stamp, digest]
         self.known[real] = self.used[real] = [*stamp, digest]
         self.dirty = True
@@ -285,9 +293,15 @@ class _FileHashes:
             _write_hashes(self.path, self.known, self.used)
         if self.shared is not None and self.shared_new:
             # Read again: other builds of this user may have written theirs meanwhile.
+            # The entries used last come last and the oldest go first when it is full.
             current = _read_hashes(self.shared)
+            for real in self.shared_new:
+                current.pop(real, None)
             current.update(self.shared_new)
-            _write_hashes(self.shared, current, self.shared_new)
+            kept = list(current.items())[-_FILE_HASHES_MAX:]
+            with contextlib.suppress(OSError):
+                self.shared.parent.mkdir(parents=True, exist_ok=True)
+                write_atomic(self.shared, json.dumps(dict(kept), indent=1).encode())
 
 
 def _read_hashes(path: Path | None) -> dict[str, list[int | str]]:
