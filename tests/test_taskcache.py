@@ -824,3 +824,20 @@ def test_a_dodo_with_a_task_of_its_own_is_never_scoped(
     assert log.exists()  # the whole tree was generated: the apple target's xcrun ran
     both = doit(root, ["build:hopper/qwen/w4", "bundle"], env)
     assert both.returncode == 0 and "1 built" in both.out, both.text
+
+
+def test_runs_of_many_scopes_never_evict_the_whole_tree_s_entry(
+    fake_project: tuple[Path, dict[str, str]], trusting: None
+) -> None:
+    """Scoped entries and hints are kept apart from the whole tree's, KEEP of each: a loop
+    over more targets than that (an editor's, a CI job's) leaves the whole tree a hit."""
+    root, env = fake_project
+    primed(root, env)
+    for i in range(taskcache.KEEP + 2):
+        assert _scoped(root, env, (f"build:hw{i}/*",))[2] == "no cache file"
+    scoped = [p for p in entries(root) if p.name.startswith("build-tasks.scope-")]
+    assert len(scoped) == taskcache.KEEP and len(entries(root)) == taskcache.KEEP + 1
+    assert taskcache.read_uses(root / STATE, _base(root, env)) is not None
+    assert lookup(root, env) == "hit"
+    assert _scoped(root, env, (f"build:hw{taskcache.KEEP + 1}/*",))[2] == "hit"
+    assert _scoped(root, env, ("build:hw0/*",))[2] == "no cache file"  # the oldest went

@@ -128,7 +128,12 @@ def cached_tasks(
     # doit imported the dodo file) finish; when it cannot answer, the work generation
     # does before it needs a toolchain is done meanwhile (_Early).
     last = taskcache.last_key(state_dir, base)
-    found = None if last is None else taskcache.lookup(taskcache.cache_path(state_dir, last), last)
+    scoped = scope is not None
+    found = (
+        None
+        if last is None
+        else taskcache.lookup(taskcache.cache_path(state_dir, last, scoped=scoped), last)
+    )
     early = (
         None
         if found is not None and found.specs is not None
@@ -143,11 +148,11 @@ def cached_tasks(
     _keep_plan(state_dir, environ)
     key = _key_of(base, stamps)
     if found is None or key != last:
-        found = taskcache.lookup(taskcache.cache_path(state_dir, key), key)
+        found = taskcache.lookup(taskcache.cache_path(state_dir, key, scoped=scoped), key)
     if found.specs is not None:
         if key != last:  # the hint named another entry (or none): name this one next time
             per_arch = {n: a for n, a in arches.items() if n in stamps}
-            taskcache.write_uses(state_dir, base, sorted(stamps), key, per_arch)
+            taskcache.write_uses(state_dir, base, sorted(stamps), key, per_arch, scoped=scoped)
         explicit = explicit_targets(argv)
         specs = [_from_cached(root, c, explicit) for c in found.specs]
         return specs, replay_task_dicts(found.extra), found.reason
@@ -168,7 +173,7 @@ def cached_tasks(
         if smoke is None:
             smoke = made.smoke_task_dicts(root, environ, specs)
         chosen = made.used_toolchains(specs, toolchains)
-        _store(state_dir, base, stamps, early.scanned, specs, smoke, chosen, toolchains)
+        _store(state_dir, base, stamps, early.scanned, specs, smoke, chosen, toolchains, scoped)
     return specs, smoke, found.reason
 
 
@@ -198,6 +203,7 @@ def _store(
     smoke: Sequence[TaskDict],
     chosen: Mapping[str, Sequence[str]],
     toolchains: Mapping[str, Toolchain],
+    scoped: bool,
 ) -> None:
     """Store what a generation made under the toolchains its targets did select, ``chosen``
     (and the arches they build for, of those probed per arch; see :func:`_stored_key`),
@@ -208,13 +214,13 @@ def _store(
     stored = _stored_key(base, stamps, selected, per_arch)
     if stored is not None:
         taskcache.store(
-            taskcache.cache_path(state_dir, stored),
+            taskcache.cache_path(state_dir, stored, scoped=scoped),
             stored,
             scanned,
             [_to_cached(s) for s in specs],
             None if recorded is None else [recorded],
         )
-    taskcache.write_uses(state_dir, base, selected, stored, per_arch)
+    taskcache.write_uses(state_dir, base, selected, stored, per_arch, scoped=scoped)
 
 
 def _of_per_arch(

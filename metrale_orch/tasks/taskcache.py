@@ -87,9 +87,9 @@ SCHEMA = 4
 #: File names under ``<build_dir>/.state``: ``build-tasks.<key prefix>.cache``, one per
 #: key (so shells with different environments do not evict each other's entry).
 CACHE_GLOB = "build-tasks.*.cache"
-#: How many entries (keys) are kept; older ones are removed when one is written. A run
-#: scoped to some targets keeps an entry of its own (``doit build:hopper/m/q`` beside
-#: ``doit build``), so a few scopes and environments fit beside the whole tree's.
+#: How many entries (keys) of each kind are kept, the whole tree's and those of runs
+#: scoped to some targets (``doit build:hopper/m/q``, see :func:`cache_path`); older ones
+#: of the same kind are removed when one is written.
 KEEP = 8
 #: Which toolchains the targets of each base's last generation selected, and the key its
 #: entry was stored under (hints: see :func:`read_uses` and :func:`last_key`).
@@ -298,16 +298,27 @@ def _write(path: Path, data: bytes) -> None:
         _log.debug("task cache: cannot write %s: %s", path, exc)
 
 
-def cache_path(state_dir: Path, key: str) -> Path:
-    """The cache file of ``key`` under ``state_dir`` (pure)."""
-    return Path(state_dir) / f"build-tasks.{key[:16]}.cache"
+#: The name prefix of a scoped run's entry (see :func:`cache_path`).
+_SCOPED = "scope-"
+
+
+def cache_path(state_dir: Path, key: str, *, scoped: bool = False) -> Path:
+    """The cache file of ``key`` under ``state_dir`` (pure); ``scoped``: a run's that named
+    some targets (``build-tasks.scope-<key>.cache``), kept apart from the whole tree's
+    entries so that runs of many scopes never evict those (:func:`store`)."""
+    return Path(state_dir) / f"build-tasks.{_SCOPED if scoped else ''}{key[:16]}.cache"
+
+
+def _scoped_name(path: Path) -> bool:
+    return path.name.startswith(f"build-tasks.{_SCOPED}")
 
 
 def store(
     path: Path, key: str, scanned: Scan, specs: Sequence[CachedSpec], extra: object = None
 ) -> None:
     """Write the cache file (temporary file + rename; errors are ignored), then remove
-    all but the :data:`KEEP` most recently written entries beside it.
+    all but the :data:`KEEP` most recently written entries of its kind beside it (the
+    whole tree's, or scoped runs', :func:`cache_path`).
 
     ``extra``: anything ``marshal`` writes (lists, tuples, dicts, strings,
     numbers, booleans, None), handed back by :func:`lookup` as ``Lookup.extra``.
@@ -318,8 +329,11 @@ def store(
         body = _encode_body(specs)
     _write(path, _pack(key, scanned.started_ns, scanned.watches, body))
     try:
+        kind = _scoped_name(path)
         entries = sorted(
-            (p.stat().st_mtime_ns, p) for p in path.parent.glob(CACHE_GLOB) if p != path
+            (p.stat().st_mtime_ns, p)
+            for p in path.parent.glob(CACHE_GLOB)
+            if p != path and _scoped_name(p) == kind
         )
         for _mtime, old in entries[: max(0, len(entries) - (KEEP - 1))]:
             old.unlink()
@@ -387,10 +401,13 @@ def write_uses(
     names: Iterable[str],
     key: str | None = None,
     arches: Mapping[str, Iterable[str]] | None = None,
+    *,
+    scoped: bool = False,
 ) -> None:
     """Remember ``names`` as the toolchains of ``base``, ``key`` as the key its entry was
     stored under (None: none was stored) and ``arches`` (see :func:`read_arches`); the
-    newest :data:`KEEP` bases are kept and errors are ignored, as for the cache files."""
+    newest :data:`KEEP` bases of each kind (``scoped``: a run's that named some targets,
+    or the whole tree's) are kept and errors are ignored, as for the cache files."""
     path = Path(state_dir) / USES_NAME
     try:
         doc = json.loads(path.read_bytes())
@@ -403,8 +420,12 @@ def write_uses(
         "toolchains": sorted(names),
         "key": key,
         "arches": {n: sorted(set(a)) for n, a in sorted((arches or {}).items())},
+        "scoped": scoped,
     }
-    kept = dict(list(doc.items())[-KEEP:])
+    items = list(doc.items())
+    of_kind = [b for b, v in items if (isinstance(v, dict) and v.get("scoped") is True) == scoped]
+    dropped = set(of_kind[:-KEEP])
+    kept = {b: v for b, v in items if b not in dropped}
     _write(path, json.dumps(kept, indent=1).encode() + b"\n")
 
 
