@@ -40,6 +40,7 @@ from metrale_orch.tasks.specs import (
     resolve_build_specs,
     smoke_task_dicts,
 )
+from metrale_orch.toolchain import earlyruns
 from metrale_orch.toolchain.definitions import load_toolchains
 from metrale_orch.toolchain.probe import ProbeMemo
 from tests.support.project import doit
@@ -804,6 +805,15 @@ def test_doit_runs_of_some_targets_build_those_and_leave_the_rest_whole(
         rest.text
     )
     assert log.exists()
+    # Each kind of run keeps its own plan of early dry runs: the whole tree's (xcrun's
+    # among them) is not started by a run of the named targets, nor replaced by its plan.
+    state = root / STATE
+    whole = (state / earlyruns.PLAN_NAME).read_bytes()
+    assert b"xcrun" in whole
+    log.unlink()
+    noop = doit(root, ["build:hopper/qwen/w4", "build:gb10/qwen/*"], env)
+    assert noop.returncode == 0 and "3 up to date" in noop.out, noop.text
+    assert not log.exists() and (state / earlyruns.PLAN_NAME).read_bytes() == whole
 
 
 def test_a_dodo_with_a_task_of_its_own_is_never_scoped(

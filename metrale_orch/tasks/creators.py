@@ -35,7 +35,6 @@ import xxhash
 import metrale_orch
 from metrale_orch.config import EXECUTION_KEYS, Config, load_config
 from metrale_orch.errors import MetraleError, printable
-from metrale_orch.fsutil import write_atomic
 from metrale_orch.paths import STATE_DIR, TREE_TASK
 from metrale_orch.steps.hip_mirror import scan_hip_compat
 from metrale_orch.tasks import taskcache
@@ -145,7 +144,7 @@ def cached_tasks(
     # The toolchains are observed here, before generation asks for any of them, and an
     # entry is only ever keyed by these observations (see _stored_key).
     stamps = _stamps(config, environ, toolchains, probes, used, arches)
-    _keep_plan(state_dir, environ)
+    _keep_plan(state_dir, environ, scope)
     key = _key_of(base, stamps)
     if found is None or key != last:
         found = taskcache.lookup(taskcache.cache_path(state_dir, key, scoped=scoped), key)
@@ -177,21 +176,13 @@ def cached_tasks(
     return specs, smoke, found.reason
 
 
-def _keep_plan(state_dir: Path, environ: Mapping[str, str]) -> None:
-    """Leave the dry runs the stamps asked for as the next run's plan
-    (:mod:`~metrale_orch.toolchain.earlyruns`), when it changed."""
+def _keep_plan(state_dir: Path, environ: Mapping[str, str], scope: Sequence[str] | None) -> None:
+    """Leave the dry runs the stamps asked for as the next run's plan of this kind (the
+    whole tree's, or this scope's: :mod:`~metrale_orch.toolchain.earlyruns`)."""
     if not earlyruns.asked():
         return
     plan = earlyruns.plan_bytes(environ)
-    path = state_dir / earlyruns.PLAN_NAME
-    try:
-        if path.read_bytes() == plan:
-            return
-    except OSError:
-        pass
-    # Only a head start: a read-only build dir starts nothing early.
-    with contextlib.suppress(OSError):
-        write_atomic(path, plan)
+    earlyruns.keep_plan(state_dir / earlyruns.plan_name(scope), plan)
 
 
 def _store(

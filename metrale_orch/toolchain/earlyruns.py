@@ -25,6 +25,8 @@ anything else of the package loads.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -41,15 +43,20 @@ __all__ = [
     "PROBE_SOURCE",
     "EarlyRun",
     "asked",
+    "keep_plan",
     "plan_bytes",
+    "plan_name",
     "reset",
     "start_plan",
     "take",
     "waiting",
 ]
 
-#: The plan's file in the build's state directory.
+#: The plan's file in the build's state directory (a run of the whole tree's; a run
+#: scoped to some targets keeps its own, :func:`plan_name`).
 PLAN_NAME = "probe-plan.json"
+#: The most plans of scoped runs kept beside the whole tree's.
+_SCOPED_PLANS = 8
 #: The dry run's throw-away source (its name and text), in a directory of its own.
 PROBE_SOURCE = "metrale_probe.cu"
 PROBE_KERNEL = 'extern "C" __global__ void metrale_probe() {}\n'
@@ -105,11 +112,49 @@ def _key(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> _Key:
     return tuple(str(a) for a in argv), tuple(sorted(env.items())), cwd
 
 
-def start_plan(state_dir: Path, environ: Mapping[str, str]) -> int:
-    """Start the commands of ``state_dir``'s plan in ``environ`` with the plan's changes
-    (I/O); how many started. A missing or malformed plan starts nothing."""
+def plan_name(scope: Sequence[str] | None) -> str:
+    """The plan file of a run scoped to ``scope`` (None: the whole tree), pure: each kind
+    of run starts the dry runs it asked for last, not another kind's."""
+    if scope is None:
+        return PLAN_NAME
+    words = "\0".join(sorted(set(scope))).encode("utf-8", "surrogateescape")
+    return f"probe-plan.scope-{hashlib.blake2b(words, digest_size=8).hexdigest()}.json"
+
+
+def keep_plan(path: Path, plan: bytes) -> None:
+    """Write ``plan`` to ``path`` unless it holds it already; a scoped plan removes all but
+    the newest of the others (I/O; only a head start: errors are ignored)."""
     try:
-        runs = json.loads((Path(state_dir) / PLAN_NAME).read_bytes())["runs"]
+        if path.read_bytes() == plan:
+            return
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
+        _write(path, plan)
+        if path.name != PLAN_NAME:
+            others = sorted(
+                (p.stat().st_mtime_ns, p)
+                for p in path.parent.glob("probe-plan.scope-*.json")
+                if p != path
+            )
+            for _mtime, old in others[: max(0, len(others) - (_SCOPED_PLANS - 1))]:
+                old.unlink()
+
+
+def _write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def start_plan(
+    state_dir: Path, environ: Mapping[str, str], scope: Sequence[str] | None = None
+) -> int:
+    """Start the commands of ``state_dir``'s plan for ``scope`` (:func:`plan_name`) in
+    ``environ`` with the plan's changes (I/O); how many started. A missing or malformed
+    plan starts nothing."""
+    try:
+        runs = json.loads((Path(state_dir) / plan_name(scope)).read_bytes())["runs"]
     except (OSError, ValueError, KeyError, TypeError):
         return 0
     if not isinstance(runs, list):
