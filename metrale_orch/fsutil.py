@@ -21,6 +21,7 @@ refreshed) on its next check.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import stat
 import threading
@@ -106,6 +107,19 @@ __all__ = [
     "write_atomic",
     "write_if_changed",
 ]
+
+
+def read_json_object(path: Path) -> dict[str, object]:
+    """The JSON object in the file at ``path`` (its string keys only), or {} when the file
+    cannot be read, is not JSON or holds something else: for state files that are only a
+    memo, where damage costs the work they spare."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str)}
 
 
 def write_atomic(path: Path, data: bytes) -> None:

@@ -55,3 +55,15 @@ def test_write_if_changed_writes_only_different_bytes(tmp_path: Path) -> None:
     assert write_if_changed(path, b"abdd") is True
     assert path.read_bytes() == b"abdd"
     assert _entries(path.parent) == ["f"]
+
+
+def test_read_json_object_is_the_object_or_nothing(tmp_path: Path) -> None:
+    from metrale_orch.fsutil import read_json_object
+
+    path = tmp_path / "state.json"
+    assert read_json_object(path) == {}  # missing
+    for text in ("{", "[1]", '"x"', "\xff"):
+        path.write_text(text, encoding="latin-1")
+        assert read_json_object(path) == {}, text
+    path.write_text('{"a": [1, "b"], "c": "d"}')
+    assert read_json_object(path) == {"a": [1, "b"], "c": "d"}

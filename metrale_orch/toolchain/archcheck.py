@@ -33,7 +33,7 @@ from pathlib import Path
 import xxhash
 
 from metrale_orch.errors import MetraleError
-from metrale_orch.fsutil import write_atomic
+from metrale_orch.fsutil import read_json_object, write_atomic
 from metrale_orch.proc import ProcessError, run_process
 from metrale_orch.toolchain.argv import toolchain_environ
 from metrale_orch.toolchain.definitions import Toolchain
@@ -114,13 +114,7 @@ def _memo_key(toolchain: Toolchain, program: Path, identity: str, arch: str) -> 
 
 
 def _read_verdicts(path: Path) -> dict[str, str]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}
+    return {k: v for k, v in read_json_object(path).items() if isinstance(v, str)}
 
 
 def arch_problem(

@@ -27,7 +27,7 @@ from typing import Any
 
 import xxhash
 
-from metrale_orch.fsutil import file_hash, settled_change, write_atomic
+from metrale_orch.fsutil import file_hash, read_json_object, settled_change, write_atomic
 from metrale_orch.paths import user_cache_home
 from metrale_orch.proc import ProcessError
 from metrale_orch.toolchain.argv import keyed_environment, toolchain_environ
@@ -305,15 +305,8 @@ class _FileHashes:
 
 
 def _read_hashes(path: Path | None) -> dict[str, list[int | str]]:
-    if path is None:
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, list)}
+    data = {} if path is None else read_json_object(path)
+    return {k: v for k, v in data.items() if isinstance(v, list)}
 
 
 def _write_hashes(
