@@ -25,6 +25,7 @@ import json
 import os
 import stat
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 import xxhash
@@ -102,6 +103,8 @@ __all__ = [
     "file_digest",
     "file_hash",
     "file_state",
+    "read_json_object",
+    "remove_all_but_newest",
     "settled_change",
     "unchanged_since",
     "write_atomic",
@@ -120,6 +123,14 @@ def read_json_object(path: Path) -> dict[str, object]:
     if not isinstance(data, dict):
         return {}
     return {k: v for k, v in data.items() if isinstance(k, str)}
+
+
+def remove_all_but_newest(paths: Iterable[Path], keep: int) -> None:
+    """Remove all but the ``keep`` most recently modified of ``paths`` (a memo's older
+    entries). Raises OSError."""
+    entries = sorted((p.stat().st_mtime_ns, p) for p in paths)
+    for _mtime, old in entries[: max(0, len(entries) - keep)]:
+        old.unlink()
 
 
 def write_atomic(path: Path, data: bytes) -> None:

@@ -67,3 +67,18 @@ def test_read_json_object_is_the_object_or_nothing(tmp_path: Path) -> None:
         assert read_json_object(path) == {}, text
     path.write_text('{"a": [1, "b"], "c": "d"}')
     assert read_json_object(path) == {"a": [1, "b"], "c": "d"}
+
+
+def test_remove_all_but_newest_keeps_the_most_recently_modified(tmp_path: Path) -> None:
+    from metrale_orch.fsutil import remove_all_but_newest
+
+    paths = []
+    for i in range(5):
+        path = tmp_path / f"e{i}"
+        path.write_text(str(i))
+        os.utime(path, ns=(i * 10**9, i * 10**9))
+        paths.append(path)
+    remove_all_but_newest(reversed(paths), 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e3", "e4"]
+    remove_all_but_newest(paths[3:], 5)  # fewer than kept: nothing goes
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e3", "e4"]

@@ -131,7 +131,7 @@ def _running_command() -> tuple[object, object] | None:
     """``(command, args)`` of the doit command loading this process's tasks, read from
     the frame of ``DoitCmdBase.execute`` (which imports the dodo file and calls the task
     creators: doit hands neither to any extension point a dodo file sees), or None."""
-    frame: FrameType | None = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code is _EXECUTE_CODE:
             return frame.f_locals.get("self"), frame.f_locals.get("args")

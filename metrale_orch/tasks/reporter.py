@@ -277,6 +277,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         self._selected: set[str] = set()
         #: Every target the tree has (the kept compile times of the others are dropped).
         self._alive: set[str] = set()
+        self._scoped = False  # a run of some build sub-tasks (tasks/scope.py)
         self._count_lock = threading.Lock()
         #: Where the compile actions ran (remote execution), added up over the targets.
         self._remote: dict[str, object] = {}
@@ -311,8 +312,10 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         self._selected = names
         # The tree's targets, whose kept compile times stay; a run scoped to some targets
         # knows no other (see tasks/scope.py): it drops none.
-        scoped = run_scope() is not None
-        self._alive = set() if scoped else {n[len(_BASE) :] for n in tasks if n.startswith(_BASE)}
+        self._scoped = run_scope() is not None
+        self._alive = (
+            set() if self._scoped else {n[len(_BASE) :] for n in tasks if n.startswith(_BASE)}
+        )
         self._tasks = tasks  # the targets whose parts make the compilation database
         if self._tty:
             self._expected = _expected_target_seconds()
@@ -639,7 +642,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
                 for name, task in self._tasks.items()
                 if name.startswith(_BASE) and _kind(task) == "build"
             ]
-            if run_scope() is not None:
+            if self._scoped:
                 with contextlib.suppress(LayoutError):  # a tree that fails to walk: none
                     tree = set(walk(config.root))
                     stored = {t for t in stored_targets(config.build_dir) if t in tree}

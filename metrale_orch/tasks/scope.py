@@ -15,13 +15,12 @@ from collections.abc import Sequence
 from metrale_orch.paths import BUILD_TASK
 from metrale_orch.tasks.doit_api import running_selection, running_task_creators
 
-#: The package's dodo module (its task creators' ``__module__``).
-_DODO = "metrale_orch.dodo"
-
 __all__ = ["build_scope", "in_scope", "run_scope"]
 
 
-#: The task creators of the package's dodo (what ``from metrale_orch.dodo import *`` takes).
+#: The package's dodo module and its task creators (what ``from metrale_orch.dodo import *``
+#: takes): a dodo file with any other may depend on any build sub-task.
+_DODO = "metrale_orch.dodo"
 _OURS = frozenset({"task_build", "task_check"})
 
 

@@ -62,7 +62,14 @@ from types import MappingProxyType
 
 import xxhash
 
-from metrale_orch.fsutil import RACY_NS, change_ns, file_digest, write_atomic
+from metrale_orch.fsutil import (
+    RACY_NS,
+    change_ns,
+    file_digest,
+    read_json_object,
+    remove_all_but_newest,
+    write_atomic,
+)
 
 __all__ = [
     "CACHE_GLOB",
@@ -330,13 +337,8 @@ def store(
     _write(path, _pack(key, scanned.started_ns, scanned.watches, body))
     try:
         kind = _scoped_name(path)
-        entries = sorted(
-            (p.stat().st_mtime_ns, p)
-            for p in path.parent.glob(CACHE_GLOB)
-            if p != path and _scoped_name(p) == kind
-        )
-        for _mtime, old in entries[: max(0, len(entries) - (KEEP - 1))]:
-            old.unlink()
+        others = (p for p in path.parent.glob(CACHE_GLOB) if p != path and _scoped_name(p) == kind)
+        remove_all_but_newest(others, KEEP - 1)
     except OSError:
         pass
 
@@ -385,11 +387,7 @@ def read_arches(state_dir: Path, base: str) -> dict[str, tuple[str, ...]]:
 def _read_hint(state_dir: Path, base: str) -> dict[str, object]:
     """``base``'s record in the uses file (``{"toolchains": [...], "key": ...}``; a list
     alone, as written before the key was kept, is the toolchains), else {}."""
-    try:
-        doc = json.loads((Path(state_dir) / USES_NAME).read_bytes())
-        value = doc[base]
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
+    value = read_json_object(Path(state_dir) / USES_NAME).get(base)
     if isinstance(value, list):
         return {"toolchains": value}
     return value if isinstance(value, dict) else {}
@@ -409,12 +407,7 @@ def write_uses(
     newest :data:`KEEP` bases of each kind (``scoped``: a run's that named some targets,
     or the whole tree's) are kept and errors are ignored, as for the cache files."""
     path = Path(state_dir) / USES_NAME
-    try:
-        doc = json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        doc = {}
-    if not isinstance(doc, dict):
-        doc = {}
+    doc = read_json_object(path)
     doc.pop(base, None)
     doc[base] = {
         "toolchains": sorted(names),

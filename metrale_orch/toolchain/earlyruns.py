@@ -25,7 +25,6 @@ anything else of the package loads.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import hashlib
 import json
 import os
@@ -41,9 +40,9 @@ __all__ = [
     "PLAN_NAME",
     "PROBE_KERNEL",
     "PROBE_SOURCE",
+    "SCOPED_PLAN_GLOB",
     "EarlyRun",
     "asked",
-    "keep_plan",
     "plan_bytes",
     "plan_name",
     "reset",
@@ -55,8 +54,8 @@ __all__ = [
 #: The plan's file in the build's state directory (a run of the whole tree's; a run
 #: scoped to some targets keeps its own, :func:`plan_name`).
 PLAN_NAME = "probe-plan.json"
-#: The most plans of scoped runs kept beside the whole tree's.
-_SCOPED_PLANS = 8
+#: The plans of scoped runs (:func:`plan_name`), beside the whole tree's.
+SCOPED_PLAN_GLOB = "probe-plan.scope-*.json"
 #: The dry run's throw-away source (its name and text), in a directory of its own.
 PROBE_SOURCE = "metrale_probe.cu"
 PROBE_KERNEL = 'extern "C" __global__ void metrale_probe() {}\n'
@@ -119,32 +118,6 @@ def plan_name(scope: Sequence[str] | None) -> str:
         return PLAN_NAME
     words = "\0".join(sorted(set(scope))).encode("utf-8", "surrogateescape")
     return f"probe-plan.scope-{hashlib.blake2b(words, digest_size=8).hexdigest()}.json"
-
-
-def keep_plan(path: Path, plan: bytes) -> None:
-    """Write ``plan`` to ``path`` unless it holds it already; a scoped plan removes all but
-    the newest of the others (I/O; only a head start: errors are ignored)."""
-    try:
-        if path.read_bytes() == plan:
-            return
-    except OSError:
-        pass
-    with contextlib.suppress(OSError):
-        _write(path, plan)
-        if path.name != PLAN_NAME:
-            others = sorted(
-                (p.stat().st_mtime_ns, p)
-                for p in path.parent.glob("probe-plan.scope-*.json")
-                if p != path
-            )
-            for _mtime, old in others[: max(0, len(others) - (_SCOPED_PLANS - 1))]:
-                old.unlink()
-
-
-def _write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def start_plan(
