@@ -43,7 +43,9 @@ generation would give. Deleting the files only costs one regeneration.
 ``task_build`` also keeps the cyclic garbage collector out of generation and
 freezes what it loaded (``gc.freeze``) so doit's later collections skip it.
 
-At import time three things run: the dry runs the last run's probes asked for start
+At import time four things run: the compiled code of the package's dataclass methods is
+kept from run to run (:mod:`metrale_orch.dataclass_code`, installed before any of them is
+made), the dry runs the last run's probes asked for start
 (:mod:`metrale_orch.toolchain.earlyruns`), the toolchain probes start on a background
 thread (:mod:`metrale_orch.tasks.probes`: a no-op waits for them less), and the ``jobs``
 setting is read (doit takes its default ``num_process`` from ``DOIT_CONFIG`` before
@@ -60,7 +62,13 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from metrale_orch.tasks.earlystart import start_early_runs
+from metrale_orch.dataclass_code import install as keep_dataclass_code
+from metrale_orch.paths import user_cache_home
+
+# The generated methods of the package's dataclasses are compiled once, not on each run.
+keep_dataclass_code(user_cache_home(os.environ))
+
+from metrale_orch.tasks.earlystart import start_early_runs  # noqa: E402
 
 # The probes' dry runs the last run asked for start before anything else loads.
 start_early_runs(Path.cwd(), os.environ)

@@ -28,6 +28,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "manifest": frozenset(),
     "cache_schema": frozenset(),
     "canonical": frozenset(),
+    # The kept code of the dataclass methods: installed by the doit entry module alone.
+    "dataclass_code": frozenset(),
     "config": frozenset(),
     "tree": frozenset(),
     "defaults": frozenset(),
@@ -44,7 +46,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "tasks": frozenset(
         {"steps", "toolchain", "executor", "cache", "config", "defaults", "smoke", "tree"}
     ),
-    "dodo": frozenset({"tasks"}),
+    "dodo": frozenset({"tasks", "dataclass_code"}),
     "cli": frozenset(
         {
             "tasks",

@@ -1,0 +1,156 @@
+"""The compiled code of this package's dataclass methods, kept across runs (start-up speed).
+
+CPython 3.11's :mod:`dataclasses` writes the source of every method it generates
+(``__init__``, ``__repr__``, ``__eq__``, ``__hash__``, a frozen class's ``__setattr__`` and
+``__delattr__``) and compiles it each time a class is made. The package's ~70 value and
+error classes do that on every import: ~30 ms of the ~270 ms a cold ``doit list`` of the
+real-shaped tree takes, more than resolving its 60 targets (BENCHMARKS.md, "Cold generation,
+fifth round"). Python keeps a module's bytecode in ``__pycache__``; this keeps the code of
+those generated methods the same way: one file of code objects, keyed by the exact source
+text :mod:`dataclasses` generated, for this interpreter's bytecode (its magic number and
+optimisation level), under the user's cache directory (read only when the user owns it
+and no one else may write it). A class made with it is the class made without it: the
+same source compiled the same way (``tests/test_dataclass_code.py`` compares every
+method's code object).
+
+It rests on one detail of the standard library, so it lives here alone: the doit entry
+module installs it (:func:`install`) before it imports anything with a dataclass, and no
+other module knows of it. :mod:`dataclasses` compiles the generated source with the
+built-in ``exec``; :func:`install` gives that module an ``exec`` of its own, which takes
+the code of a source it has seen from the file and passes everything else to the
+built-in (another library's classes, and this package's on an interpreter that makes
+classes another way). The test fails loudly when a Python upgrade stops using it.
+
+Only the standard library is imported here (and, at exit, :mod:`metrale_orch.fsutil`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import builtins
+import contextlib
+import dataclasses
+import importlib.util
+import marshal
+import os
+import sys
+import threading
+from pathlib import Path
+from types import CodeType
+
+__all__ = ["CodeCache", "cache_file", "install"]
+
+#: The modules whose classes' generated code is kept (this package's).
+PACKAGE = "metrale_orch"
+#: Most sources kept in the file: a file that grew past it (many edits of the package's
+#: classes) keeps only the sources this process used.
+ENTRIES_MAX = 2048
+#: The file's first bytes; then the interpreter's tag, then marshal data.
+_MAGIC = b"metrale-orch dataclass code 1\n"
+
+
+def _tag() -> bytes:
+    """What a code object's validity depends on: the bytecode format and ``-O``."""
+    return importlib.util.MAGIC_NUMBER + f" {sys.flags.optimize}\n".encode()
+
+
+def cache_file(cache_home: Path) -> Path:
+    """The file of this interpreter under the user's cache directory ``cache_home``."""
+    name = f"dataclass-code.{sys.implementation.cache_tag or 'python'}.marshal"
+    return cache_home / "metrale-orch-code" / name
+
+
+class CodeCache:
+    """The code objects of the generated sources seen: those read from ``path``, and those
+    compiled by this process (written back by :meth:`save` when there are any)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._code: dict[str, CodeType] = _read(path)
+        self._used: set[str] = set()
+        self._lock = threading.Lock()
+        #: Sources answered from the file, and compiled here.
+        self.hits = 0
+        self.compiled = 0
+
+    def code(self, source: str) -> CodeType:
+        """The code of ``source`` (what ``exec(source)`` compiles it to)."""
+        got = self._code.get(source)
+        if got is None:
+            # As exec compiles a string: file name "<string>", no future flags inherited
+            # (this module's ``annotations`` import must not reach the generated code).
+            got = compile(source, "<string>", "exec", dont_inherit=True)
+            with self._lock:
+                self._code[source] = got
+                self.compiled += 1
+        else:
+            self.hits += 1
+        self._used.add(source)
+        return got
+
+    def save(self) -> None:
+        """Write the file when this process compiled anything (atomically; a failure to
+        write only costs the next run the compiles)."""
+        with self._lock:
+            if not self.compiled:
+                return
+            code = dict(self._code)
+            if len(code) > ENTRIES_MAX:
+                code = {s: c for s, c in code.items() if s in self._used}
+        from metrale_orch.fsutil import write_atomic  # at exit only
+
+        with contextlib.suppress(OSError, ValueError):
+            write_atomic(self.path, _MAGIC + _tag() + marshal.dumps(code))
+
+
+def _read(path: Path) -> dict[str, CodeType]:
+    """The file's code objects, or none when it is missing, damaged, another
+    interpreter's, or one that another user owns or may write (its code would run here)."""
+    try:
+        with open(path, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if st.st_uid != os.getuid() or st.st_mode & 0o022:
+                return {}
+            data = fh.read()
+    except OSError:
+        return {}
+    head = _MAGIC + _tag()
+    if not data.startswith(head):
+        return {}
+    try:
+        code = marshal.loads(data[len(head) :])
+    except (EOFError, ValueError, TypeError):
+        return {}
+    if not isinstance(code, dict):
+        return {}
+    return {s: c for s, c in code.items() if isinstance(s, str) and isinstance(c, CodeType)}
+
+
+def _ours(namespace: object) -> bool:
+    """Whether ``namespace`` is the globals of a module of this package."""
+    name = namespace.get("__name__") if isinstance(namespace, dict) else None
+    return isinstance(name, str) and (name == PACKAGE or name.startswith(PACKAGE + "."))
+
+
+def install(cache_home: Path | None) -> CodeCache | None:
+    """Keep the compiled code of this package's dataclass methods in the file under
+    ``cache_home`` (the user's cache directory; None: nothing is kept) from now on, and
+    write it back when the process exits. The cache installed, or None (no directory,
+    or installed already)."""
+    if cache_home is None or getattr(dataclasses, "exec", None) is not None:
+        return None
+    cache = CodeCache(cache_file(cache_home))
+    owner = os.getpid()
+
+    def exec_(source: object, globals: object = None, locals: object = None, /) -> None:
+        if type(source) is str and _ours(globals):
+            source = cache.code(source)
+        builtins.exec(source, globals, locals)  # type: ignore[arg-type]
+
+    def save() -> None:
+        if os.getpid() == owner:  # a forked worker leaves the file to its parent
+            cache.save()
+
+    dataclasses.exec = exec_  # type: ignore[attr-defined]
+    atexit.register(save)
+    return cache
