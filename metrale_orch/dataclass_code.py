@@ -21,10 +21,11 @@ the code of a source it has seen from the file and passes everything else to the
 built-in (another library's classes, and this package's on an interpreter that makes
 classes another way). The test fails loudly when a Python upgrade stops using it.
 
-Only the standard library is imported here (and, at exit, :mod:`metrale_orch.fsutil`).
+Only the standard library is imported here. The module has no ``from __future__`` import:
+a source of another module's class goes to the built-in ``exec`` from this module's frame,
+whose future flags that compile would take (postponed annotations would change such a
+class's ``__init__``).
 """
-
-from __future__ import annotations
 
 import atexit
 import builtins
@@ -46,7 +47,7 @@ PACKAGE = "metrale_orch"
 #: classes) keeps only the sources this process used.
 ENTRIES_MAX = 2048
 #: The file's first bytes; then the interpreter's tag, then marshal data.
-_MAGIC = b"metrale-orch dataclass code 1\n"
+_MAGIC = b"metrale-orch dataclass code 2\n"
 
 
 def _tag() -> bytes:
@@ -55,57 +56,87 @@ def _tag() -> bytes:
 
 
 def cache_file(cache_home: Path) -> Path:
-    """The file of this interpreter under the user's cache directory ``cache_home``."""
-    name = f"dataclass-code.{sys.implementation.cache_tag or 'python'}.marshal"
+    """The file of this interpreter under the user's cache directory ``cache_home`` (one per
+    optimisation level, as ``__pycache__`` names them: runs with and without ``-O`` do not
+    replace each other's)."""
+    opt = f".opt-{sys.flags.optimize}" if sys.flags.optimize else ""
+    name = f"dataclass-code.{sys.implementation.cache_tag or 'python'}{opt}.marshal"
     return cache_home / "metrale-orch-code" / name
 
 
 class CodeCache:
-    """The code objects of the generated sources seen: those read from ``path``, and those
-    compiled by this process (written back by :meth:`save` when there are any)."""
+    """The code objects of the generated sources seen: those read from ``path`` (each kept
+    marshalled until a class asks for it: a run makes a few hundred of the package's ~850
+    methods, and reading all of them cost ~3 ms), and those compiled by this process
+    (written back by :meth:`save` when there are any).
+
+    No lock: a thread's store into a dict is atomic, and a lock held by another thread
+    when doit forks a worker would stay held in the worker for good."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._code: dict[str, CodeType] = _read(path)
+        #: Source -> its code, marshalled (as read) or not (compiled or read here).
+        self._code: dict[str, bytes | CodeType] = _read(path)
         self._used: set[str] = set()
-        self._lock = threading.Lock()
-        #: Sources answered from the file, and compiled here.
+        #: Sources answered from the file, and compiled here (counted without a lock:
+        #: only whether any was compiled matters).
         self.hits = 0
         self.compiled = 0
 
     def code(self, source: str) -> CodeType:
         """The code of ``source`` (what ``exec(source)`` compiles it to)."""
         got = self._code.get(source)
-        if got is None:
-            # As exec compiles a string: file name "<string>", no future flags inherited
-            # (this module's ``annotations`` import must not reach the generated code).
-            got = compile(source, "<string>", "exec", dont_inherit=True)
-            with self._lock:
-                self._code[source] = got
-                self.compiled += 1
-        else:
+        if isinstance(got, bytes):
+            with contextlib.suppress(EOFError, ValueError, TypeError):
+                loaded = marshal.loads(got)
+                if isinstance(loaded, CodeType):
+                    self._code[source] = loaded
+                    got = loaded
+        if isinstance(got, CodeType):
             self.hits += 1
+        else:  # new, or a damaged entry
+            # As exec compiles a string: file name "<string>", no future flags inherited.
+            got = self._code[source] = compile(source, "<string>", "exec", dont_inherit=True)
+            self.compiled += 1
         self._used.add(source)
         return got
 
     def save(self) -> None:
-        """Write the file when this process compiled anything (atomically; a failure to
-        write only costs the next run the compiles)."""
-        with self._lock:
-            if not self.compiled:
-                return
-            code = dict(self._code)
-            if len(code) > ENTRIES_MAX:
-                code = {s: c for s, c in code.items() if s in self._used}
-        from metrale_orch.fsutil import write_atomic  # at exit only
-
+        """Write the file when this process compiled anything (atomically, readable and
+        writable by the user alone; a failure to write only costs the next run the
+        compiles)."""
+        if not self.compiled:
+            return
+        kept = dict(self._code)
+        if len(kept) > ENTRIES_MAX:
+            kept = {s: c for s, c in kept.items() if s in self._used}
         with contextlib.suppress(OSError, ValueError):
-            write_atomic(self.path, _MAGIC + _tag() + marshal.dumps(code))
+            blobs = {s: c if isinstance(c, bytes) else marshal.dumps(c) for s, c in kept.items()}
+            _write_private(self.path, _MAGIC + _tag() + marshal.dumps(blobs))
 
 
-def _read(path: Path) -> dict[str, CodeType]:
-    """The file's code objects, or none when it is missing, damaged, another
-    interpreter's, or one that another user owns or may write (its code would run here)."""
+def _write_private(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically, mode 0600 whatever the umask (a file group
+    or others may write is never read), through a temporary file that must be new (no
+    link followed). Raises OSError."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(tmp, flags, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _read(path: Path) -> dict[str, bytes | CodeType]:
+    """The file's marshalled code objects by source, or none when it is missing, damaged,
+    another interpreter's, or one that another user owns or may write (its code would run
+    here)."""
     try:
         with open(path, "rb") as fh:
             st = os.fstat(fh.fileno())
@@ -118,12 +149,12 @@ def _read(path: Path) -> dict[str, CodeType]:
     if not data.startswith(head):
         return {}
     try:
-        code = marshal.loads(data[len(head) :])
+        blobs = marshal.loads(data[len(head) :])
     except (EOFError, ValueError, TypeError):
         return {}
-    if not isinstance(code, dict):
+    if not isinstance(blobs, dict):
         return {}
-    return {s: c for s, c in code.items() if isinstance(s, str) and isinstance(c, CodeType)}
+    return {s: b for s, b in blobs.items() if isinstance(s, str) and isinstance(b, bytes)}
 
 
 def _ours(namespace: object) -> bool:
@@ -136,7 +167,7 @@ def install(cache_home: Path | None) -> CodeCache | None:
     """Keep the compiled code of this package's dataclass methods in the file under
     ``cache_home`` (the user's cache directory; None: nothing is kept) from now on, and
     write it back when the process exits. The cache installed, or None (no directory,
-    or installed already)."""
+    or installed already: another ``exec`` is never replaced)."""
     if cache_home is None or getattr(dataclasses, "exec", None) is not None:
         return None
     cache = CodeCache(cache_file(cache_home))

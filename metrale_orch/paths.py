@@ -68,9 +68,10 @@ TREE_TASK = "(tree)"
 
 def user_cache_home(environ: Mapping[str, str]) -> Path | None:
     """The user's cache directory (``XDG_CACHE_HOME``, else ``~/.cache``), or None when
-    the environment names neither (pure)."""
+    the environment names neither (pure). A relative ``XDG_CACHE_HOME`` is ignored, as the
+    XDG specification says (it would name a directory under wherever a run starts)."""
     xdg = environ.get("XDG_CACHE_HOME")
-    if xdg:
+    if xdg and os.path.isabs(xdg):
         return Path(xdg)
     home = environ.get("HOME")
     return Path(home) / ".cache" if home else None
