@@ -14,12 +14,13 @@ with it is the class made without it: the same source compiled the same way
 (``tests/test_dataclass_code.py`` compares every method's code object).
 
 It rests on one detail of the standard library, so it lives here alone: the doit entry
-module installs it (:func:`install`) before it imports anything with a dataclass, and no
-other module knows of it. :mod:`dataclasses` compiles the generated source with the
-built-in ``exec``; :func:`install` gives that module an ``exec`` of its own, which takes
-the code of a source it has seen from the file and passes everything else to the
-built-in (another library's classes, and this package's on an interpreter that makes
-classes another way). The test fails loudly when a Python upgrade stops using it.
+module and the command's (:mod:`metrale_orch.console`) install it (:func:`install`) before
+they import anything with a dataclass, and no other module knows of it.
+:mod:`dataclasses` compiles the generated source with the built-in ``exec``;
+:func:`install` gives that module an ``exec`` of its own, which takes the code of a
+source it has seen from the file and passes everything else to the built-in (another
+library's classes, and this package's on an interpreter that makes classes another way).
+The test fails loudly when a Python upgrade stops using it.
 
 Only the standard library is imported here. The module has no ``from __future__`` import:
 a source of another module's class goes to the built-in ``exec`` from this module's frame,

@@ -62,12 +62,14 @@ ALLOWED: dict[str, frozenset[str]] = {
             "tree",
         }
     ),
-    "__main__": frozenset({"cli"}),
+    # The command's entry point: the kept dataclass code, then the CLI.
+    "console": frozenset({"cli", "dataclass_code"}),
+    "__main__": frozenset({"console"}),
     "__init__": frozenset(),
 }
 
 #: Areas that run without doit (STYLE: a build step is callable without doit).
-WITHOUT_DOIT = frozenset(ALLOWED) - {"tasks", "dodo", "cli", "__main__"}
+WITHOUT_DOIT = frozenset(ALLOWED) - {"tasks", "dodo", "cli", "console", "__main__"}
 
 
 def _area(module: str) -> str:
