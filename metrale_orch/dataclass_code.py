@@ -22,7 +22,8 @@ source it has seen from the file and passes everything else to the built-in (ano
 library's classes, and this package's on an interpreter that makes classes another way).
 The test fails loudly when a Python upgrade stops using it.
 
-Only the standard library is imported here. The module has no ``from __future__`` import:
+Only the standard library is imported here, and :mod:`metrale_orch.fsutil` when the file
+is written back (at exit, after every class was made). The module has no ``from __future__`` import:
 a source of another module's class goes to the built-in ``exec`` from this module's frame,
 whose future flags that compile would take (postponed annotations would change such a
 class's ``__init__``).
@@ -36,7 +37,6 @@ import importlib.util
 import marshal
 import os
 import sys
-import threading
 from pathlib import Path
 from types import CodeType
 
@@ -111,27 +111,12 @@ class CodeCache:
         kept = dict(self._code)
         if len(kept) > ENTRIES_MAX:
             kept = {s: c for s, c in kept.items() if s in self._used}
+        from metrale_orch.fsutil import write_atomic  # at exit only: see the docstring
+
         with contextlib.suppress(OSError, ValueError):
             blobs = {s: c if isinstance(c, bytes) else marshal.dumps(c) for s, c in kept.items()}
-            _write_private(self.path, _MAGIC + _tag() + marshal.dumps(blobs))
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically, mode 0600 whatever the umask (a file group
-    or others may write is never read), through a temporary file that must be new (no
-    link followed). Raises OSError."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(tmp, flags, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+            # Private: a file group or others may write is never read (_read).
+            write_atomic(self.path, _MAGIC + _tag() + marshal.dumps(blobs), private=True)
 
 
 def _read(path: Path) -> dict[str, bytes | CodeType]:

@@ -27,6 +27,7 @@ import stat
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+from typing import BinaryIO
 
 import xxhash
 
@@ -133,18 +134,22 @@ def remove_all_but_newest(paths: Iterable[Path], keep: int) -> None:
         old.unlink()
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically, creating its directory. Raises OSError."""
+def write_atomic(path: Path, data: bytes, *, private: bool = False) -> None:
+    """Replace ``path`` with ``data`` atomically, creating its directory. Raises OSError.
+
+    ``private``: for a file whose content this user's runs will trust (code): it is
+    readable and writable by the user alone whatever the umask, and its temporary file
+    must be new (no link at its name is followed)."""
     # Called for every staged and installed file: the directory is created only when the
     # first open says it is missing, and a finished write removes nothing.
     name = os.fspath(path)
     head, tail = os.path.split(name)
     tmp = os.path.join(head, f".{tail}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        fh = open(tmp, "wb")  # noqa: SIM115 (closed below, before the rename)
+        fh = _open_new(tmp, private)
     except FileNotFoundError:
         os.makedirs(head or ".", exist_ok=True)
-        fh = open(tmp, "wb")  # noqa: SIM115
+        fh = _open_new(tmp, private)
     try:
         with fh:
             fh.write(data)
@@ -153,6 +158,14 @@ def write_atomic(path: Path, data: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _open_new(tmp: str, private: bool) -> BinaryIO:
+    """The temporary file of :func:`write_atomic`, open for writing."""
+    if not private:
+        return open(tmp, "wb")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    return os.fdopen(os.open(tmp, flags, 0o600), "wb")
 
 
 def write_if_changed(path: Path, data: bytes) -> bool:

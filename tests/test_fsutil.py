@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,22 @@ def test_remove_all_but_newest_keeps_the_most_recently_modified(tmp_path: Path) 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e3", "e4"]
     remove_all_but_newest(paths[3:], 5)  # fewer than kept: nothing goes
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e3", "e4"]
+
+
+def test_a_private_write_is_the_user_s_alone_and_follows_no_link(tmp_path: Path) -> None:
+    """``private``: mode 0600 whatever the umask, and a link planted at the temporary's name
+    (which is predictable) is refused rather than followed into another file."""
+    path = tmp_path / "sub" / "code.bin"
+    old = os.umask(0o002)
+    try:
+        write_atomic(path, b"one", private=True)
+    finally:
+        os.umask(old)
+    assert path.read_bytes() == b"one" and (path.stat().st_mode & 0o777) == 0o600
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"kept")
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
+    tmp.symlink_to(victim)
+    with pytest.raises(OSError):
+        write_atomic(path, b"two", private=True)
+    assert victim.read_bytes() == b"kept" and path.read_bytes() == b"one"
