@@ -69,16 +69,19 @@ from metrale_orch.paths import user_cache_home
 keep_dataclass_code(user_cache_home(os.environ))
 
 from metrale_orch.tasks.earlystart import start_early_runs  # noqa: E402
-
-# The probes' dry runs the last run asked for start before anything else loads.
-start_early_runs(Path.cwd(), os.environ)
-
-from metrale_orch.tasks.probes import run_probes, start_probes  # noqa: E402
 from metrale_orch.tasks.scope import run_scope  # noqa: E402
 
+# A run that selects some build sub-tasks starts and probes only what their targets
+# select (doit reads the dodo file's task creators after this import: a guess).
+_GUESSED_SCOPE = run_scope(guess=True)
+
+# The probes' dry runs the last run asked for start before anything else loads.
+start_early_runs(Path.cwd(), os.environ, _GUESSED_SCOPE)
+
+from metrale_orch.tasks.probes import run_probes, start_probes  # noqa: E402
+
 # The toolchains are probed on every run; started first, they run while the rest loads.
-# A run that selects some build sub-tasks only probes what their targets select.
-start_probes(Path.cwd(), os.environ, run_scope(guess=True))
+start_probes(Path.cwd(), os.environ, _GUESSED_SCOPE)
 
 from metrale_orch.paths import BUILD_TASK, DB_NAME  # noqa: E402
 from metrale_orch.tasks.actions import (  # noqa: E402

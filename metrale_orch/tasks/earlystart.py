@@ -9,19 +9,20 @@ before the rest of the package loads.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from metrale_orch.paths import STATE_DIR
-from metrale_orch.tasks.scope import run_scope
 from metrale_orch.toolchain.earlyruns import start_plan
 
 __all__ = ["start_early_runs"]
 
 
-def start_early_runs(root: Path, environ: Mapping[str, str]) -> int:
+def start_early_runs(
+    root: Path, environ: Mapping[str, str], scope: Sequence[str] | None = None
+) -> int:
     """Start the plan's dry runs for the project at ``root`` (the plan of this run's kind:
-    the whole tree's, or that of the targets it names, :mod:`~metrale_orch.tasks.scope`);
+    the whole tree's, or that of the targets ``scope`` names, :mod:`~metrale_orch.tasks.scope`);
     how many started."""
     build_dir = Path(os.path.expanduser(environ.get("METRALE_ORCH_BUILD_DIR") or "build"))
-    return start_plan(root / build_dir / STATE_DIR, environ, run_scope(guess=True))
+    return start_plan(root / build_dir / STATE_DIR, environ, scope)

@@ -300,7 +300,6 @@ class _FileHashes:
             current.update(self.shared_new)
             kept = list(current.items())[-_FILE_HASHES_MAX:]
             with contextlib.suppress(OSError):
-                self.shared.parent.mkdir(parents=True, exist_ok=True)
                 write_atomic(self.shared, json.dumps(dict(kept), indent=1).encode())
 
 
@@ -318,7 +317,6 @@ def _write_hashes(
     keep = {k: known[k] for k in others[:room]}
     keep.update(used)
     with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(dict(sorted(keep.items())), indent=1).encode())
 
 
