@@ -30,6 +30,7 @@ from metrale_orch.remote.errors import (
     CorruptBlob,
     RemoteAuthError,
     RemoteError,
+    RemoteRejected,
 )
 from metrale_orch.remote.errors import RemoteUnavailable as ClientUnavailable
 
@@ -124,6 +125,8 @@ class ReapiBackend:
             raise RemoteUnavailable(_reason(exc)) from None
         except (BlobMissing, CorruptBlob) as exc:
             raise RemoteUnavailable(f"bad result: {exc}") from None
+        except RemoteRejected as exc:
+            raise RemoteUnavailable(_rejected(exc, timeout)) from None
         except RemoteError as exc:
             raise RemoteUnavailable(str(exc)) from None
         except OSError as exc:
@@ -237,3 +240,15 @@ def _stages(done: object, upload: float) -> dict[str, tuple[float, float]]:
         end = time.time() - (timings.wall or 0.0)
         out["uploading inputs"] = (end - upload, end)
     return out
+
+
+def _rejected(exc: RemoteRejected, timeout: float) -> str:
+    """Why the server refused an action: its answer, and when the answer is about the
+    action's timeout, the setting that sets it (pure)."""
+    if exc.call == "Execute" and "timeout" in exc.detail.lower():
+        return (
+            f"the server refused the action timeout of {timeout:g} s "
+            f"({exc.code}: {exc.detail}); set compile_timeout at or below the server's "
+            "maximum execution timeout"
+        )
+    return str(exc)

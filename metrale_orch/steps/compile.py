@@ -57,11 +57,7 @@ if TYPE_CHECKING:
 from metrale_orch.executor import Action, RemoteForm
 from metrale_orch.proc import ProcessError, format_argv
 
-__all__ = ["COMPILE_TIMEOUT", "BuildContext", "run_compile", "step_argv", "sweep_tmp"]
-
-#: Seconds one compile may take before it is killed and reported.
-COMPILE_TIMEOUT = 900.0
-
+__all__ = ["BuildContext", "run_compile", "step_argv", "sweep_tmp"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BuildContext:
@@ -91,6 +87,8 @@ class BuildContext:
     #: ``require_hits``: a module every cache tier misses fails (:class:`MissRefused`)
     #: instead of compiling.
     require_hits: bool = False
+    #: ``compile_timeout``: seconds one compile step may run, here or remotely.
+    compile_timeout: float
     #: Held while a module writes the stage's HIP mirror (the target's modules compile
     #: in parallel; the mirror and its record are one directory).
     mirror_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -430,7 +428,7 @@ def _run_steps(
             argv=step,
             cwd=steps.cwd,
             env=ctx.environ,
-            timeout=COMPILE_TIMEOUT,
+            timeout=ctx.compile_timeout,
             expected=expected,
             label=f"{target} {module.name}",
             remote=remote if len(steps.argvs) == 1 else None,

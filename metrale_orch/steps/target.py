@@ -395,6 +395,7 @@ def _prepare(
             layer_includes=layer_includes,
             includes=includes,
             require_hits=config.require_hits,
+            compile_timeout=config.compile_timeout,
             words={
                 cwd: effective_flags(
                     plan,
