@@ -42,6 +42,7 @@ __all__ = [
     "load_config",
     "parse_public_key_line",
     "read_pyproject",
+    "setting_variables",
     "source_label",
 ]
 
@@ -123,6 +124,9 @@ class Config:
     remote_strict: bool = False
     #: Seconds an action may wait for a worker (queued) before it runs locally instead.
     remote_queue_timeout: float = 60.0
+    #: Seconds one compile may run before it is stopped, here and as the remote Action's
+    #: ``timeout``.
+    compile_timeout: float = 900.0
     #: A container image the workers must run the compile in ("" for none).
     remote_container_image: str = ""
     #: A PEM file of the certificate authorities a ``grpcs://`` server is checked against
@@ -163,6 +167,7 @@ class Config:
             "remote_jobs": self.remote_jobs,
             "remote_strict": self.remote_strict,
             "remote_queue_timeout": self.remote_queue_timeout,
+            "compile_timeout": self.compile_timeout,
             "remote_container_image": self.remote_container_image,
             "remote_ca_file": "" if self.remote_ca_file is None else str(self.remote_ca_file),
             "require_hits": self.require_hits,
@@ -201,6 +206,7 @@ _KEYS: dict[str, tuple[str | None, str]] = {
     "remote_jobs": ("METRALE_ORCH_REMOTE_JOBS", "jobs"),
     "remote_strict": ("METRALE_ORCH_REMOTE_STRICT", "bool"),
     "remote_queue_timeout": ("METRALE_ORCH_REMOTE_QUEUE_TIMEOUT", "seconds"),
+    "compile_timeout": ("METRALE_ORCH_COMPILE_TIMEOUT", "seconds"),
     "remote_container_image": ("METRALE_ORCH_REMOTE_CONTAINER_IMAGE", "str"),
     "remote_ca_file": ("METRALE_ORCH_REMOTE_CA_FILE", "optpath"),
     "require_hits": ("METRALE_ORCH_REQUIRE_HITS", "bool"),
@@ -219,6 +225,7 @@ EXECUTION_KEYS = frozenset(
         "remote_jobs",
         "remote_strict",
         "remote_queue_timeout",
+        "compile_timeout",
         "remote_container_image",
         "remote_ca_file",
         "require_hits",
@@ -245,6 +252,27 @@ _TEXT_KINDS = ("seconds", "count", "table", "jobs", "bool", "headers", "public_k
 ENV_VARS: Mapping[str, str] = MappingProxyType(
     {env: key for key, (env, _) in _KEYS.items() if env is not None}
 )
+
+
+def setting_variables(overrides: Mapping[str, str]) -> dict[str, str]:
+    """The environment variables that carry command-line ``overrides`` into a process that
+    reads its settings from the environment (a doit run); pure. Raises
+    :class:`ConfigError` for an unknown key or one no variable carries."""
+    out: dict[str, str] = {}
+    for key, value in sorted(overrides.items()):
+        if key not in _KEYS:
+            known = ", ".join(sorted(_KEYS))
+            raise ConfigError("command line", key, f"unknown setting (known keys: {known})")
+        var = _KEYS[key][0]
+        if var is None:
+            raise ConfigError(
+                "command line",
+                key,
+                "cannot be set for a doit run (no environment variable carries it); "
+                "set it in pyproject.toml [tool.metrale-orch]",
+            )
+        out[var] = value
+    return out
 
 
 def default_jobs() -> int:

@@ -62,4 +62,5 @@ def run_doit(args: Sequence[str]) -> int:
     """``doit ARGS`` in the working directory, after :func:`read_doit_config`; returns
     doit's exit status. Raises ``ConfigError``."""
     read_doit_config()
-    return int(_Main().run(list(args)))
+    status = _Main().run(list(args))
+    return 0 if status is None else int(status)  # some commands (forget) return None
