@@ -34,11 +34,15 @@ from metrale_orch.errors import MetraleError
 __all__ = [
     "CACHE_MODES",
     "ENV_VARS",
+    "LOCAL_KEY",
     "Config",
     "ConfigError",
     "build_dir_problem",
     "default_local_cache",
+    "default_local_key",
     "find_root",
+    "key_line_name",
+    "key_line_problem",
     "load_config",
     "parse_public_key_line",
     "read_pyproject",
@@ -66,12 +70,18 @@ Setting = str | Path | float | int | Mapping[str, object] | tuple[str, ...] | No
 #: How a public key line starts (``metrale-orch cache keygen`` prints one).
 PUBLIC_KEY_PREFIX = "ed25519:"
 _PEM_START = "-----BEGIN"
+#: This user's own local signing key, under the user's configuration directory
+#: (:func:`default_local_key`): never in the local cache, which others may share.
+LOCAL_KEY = Path("keys") / "local-ed25519.pem"
+#: A label shown in a message about its line: short, and nothing like key material.
+_SHOWN_LABEL = re.compile(r"[A-Za-z0-9][\w.@:-]{0,31}")
 
 
 def parse_public_key_line(text: str) -> tuple[bytes, str]:
     """(32 raw Ed25519 public key bytes, label) of ``ed25519:<base64> [label]`` (pure).
 
-    Raises ``ValueError`` saying what is wrong (never echoing more than the line).
+    Raises ``ValueError`` saying what is wrong, never quoting the line (it may be a
+    private key pasted by mistake).
     """
     body, _, label = text.strip().partition(" ")
     if not body.startswith(PUBLIC_KEY_PREFIX):
@@ -83,6 +93,42 @@ def parse_public_key_line(text: str) -> tuple[bytes, str]:
     if len(raw) != 32:
         raise ValueError(f"the key is {len(raw)} bytes, an Ed25519 public key is 32")
     return raw, label.strip()
+
+
+def _looks_private(text: str) -> bool:
+    """Whether ``text`` looks like a private key (PEM, or anything over several lines)."""
+    return _PEM_START in text or "PRIVATE" in text.upper() or "\n" in text.strip()
+
+
+def key_line_name(index: int, line: str) -> str:
+    """How a message names the ``index``-th (0-based) line of ``cache_trusted_keys``: by
+    its position, and its label when it has a short one (pure). Never any of its text
+    but such a label: the line may be a private key."""
+    name = f"line {index + 1} of cache_trusted_keys"
+    _, _, label = line.strip().partition(" ")
+    label = label.strip()
+    if not _looks_private(line) and _SHOWN_LABEL.fullmatch(label):
+        name += f" (label {label})"
+    return name
+
+
+def key_line_problem(line: str) -> str:
+    """What is wrong with ``line`` as a ``cache_trusted_keys`` line, or "" (pure); says
+    what to paste instead and never quotes the line."""
+    if _looks_private(line):
+        return (
+            "looks like a private key, not a public key line (not shown): a private key "
+            "never goes in cache_trusted_keys; paste the line `metrale-orch cache keygen` "
+            "printed, ed25519:<base64> [label] (and make a new key if this one was shared)"
+        )
+    try:
+        parse_public_key_line(line)
+    except ValueError as exc:
+        return (
+            f"not a public key line ({exc}): paste the line `metrale-orch cache keygen` "
+            "printed, ed25519:<base64> [label]"
+        )
+    return ""
 
 
 def _empty() -> Mapping[str, T]:
@@ -141,6 +187,8 @@ class Config:
     #: Public key lines (``ed25519:<base64> [label]``) whose signatures a remote entry
     #: needs before it is served; empty: entries are not checked for a signer.
     cache_trusted_keys: tuple[str, ...] = ()
+    #: This user's own local signing key (:func:`default_local_key`; not a setting).
+    local_key: Path
     #: key -> "default" | "pyproject" | "env" | "cli"
     sources: Mapping[str, str] = field(default_factory=_empty)
 
@@ -298,6 +346,22 @@ def default_local_cache(environ: Mapping[str, str]) -> Path:
     return Path(platformdirs.user_cache_dir("metrale-orch"))
 
 
+def default_local_key(environ: Mapping[str, str]) -> Path:
+    """This user's own local signing key, ``metrale-orch/keys/local-ed25519.pem`` in the
+    user's configuration directory (``XDG_CONFIG_HOME`` when absolute, as the XDG
+    specification says, else ``~/.config``), never in the local cache (a directory
+    others may share). I/O only without either variable."""
+    xdg = environ.get("XDG_CONFIG_HOME")
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "metrale-orch" / LOCAL_KEY
+    home = environ.get("HOME")
+    if home:
+        return Path(home) / ".config" / "metrale-orch" / LOCAL_KEY
+    import platformdirs  # as in default_local_cache: only without the variables
+
+    return Path(platformdirs.user_config_dir("metrale-orch")) / LOCAL_KEY
+
+
 def find_root(start: Path) -> Path:
     """The nearest ancestor of ``start`` (itself included) holding ``dodo.py`` or ``kernels/``."""
     start = start.resolve()
@@ -415,6 +479,14 @@ def _signing_key(value: object, where: str, key: str, root: Path) -> str:
     text = value.strip()
     if not text or text.startswith(_PEM_START):
         return text
+    if text.startswith(PUBLIC_KEY_PREFIX):
+        raise ConfigError(
+            where,
+            key,
+            "is a public key line (ed25519:...); this setting takes a private key: the path "
+            "of a PEM file `metrale-orch cache keygen` wrote, or its text (public key lines "
+            "go in cache_trusted_keys)",
+        )
     if "\n" in text:
         raise ConfigError(
             where, key, "is neither a path nor a PEM private key (-----BEGIN PRIVATE KEY-----)"
@@ -440,15 +512,9 @@ def _public_keys(value: object, where: str, key: str, from_text: bool) -> tuple[
         )
     lines: list[str] = []
     for i, line in enumerate(value):
-        try:
-            parse_public_key_line(line)
-        except ValueError as exc:
-            raise ConfigError(
-                where,
-                f"{key}[{i}]",
-                f"{line.strip()[:60]!r} is not a public key line ({exc}): paste the line "
-                "`metrale-orch cache keygen` printed, ed25519:<base64> [label]",
-            ) from None
+        problem = key_line_problem(line)
+        if problem:  # named by position, never quoted: it may be a private key
+            raise ConfigError(where, key_line_name(i, line), problem)
         lines.append(" ".join(line.split()))
     return tuple(sorted(set(lines)))
 
@@ -522,7 +588,9 @@ def load_config(
         )
     # One keyword per setting in _KEYS, each converted to its field's type by _convert.
     make: Callable[..., Config] = Config
-    return make(root=root, sources=MappingProxyType(sources), **values)
+    return make(
+        root=root, local_key=default_local_key(env), sources=MappingProxyType(sources), **values
+    )
 
 
 def source_label(config: Config, key: str) -> str:

@@ -22,8 +22,9 @@ source it has seen from the file and passes everything else to the built-in (ano
 library's classes, and this package's on an interpreter that makes classes another way).
 The test fails loudly when a Python upgrade stops using it.
 
-Only the standard library is imported here, and :mod:`metrale_orch.fsutil` when the file
-is written back (at exit, after every class was made). The module has no ``from __future__`` import:
+Only the standard library is imported here, :mod:`metrale_orch.ownership` (which imports
+nothing else), and :mod:`metrale_orch.fsutil` when the file is written back (at exit,
+after every class was made). The module has no ``from __future__`` import:
 a source of another module's class goes to the built-in ``exec`` from this module's frame,
 whose future flags that compile would take (postponed annotations would change such a
 class's ``__init__``).
@@ -39,6 +40,8 @@ import os
 import sys
 from pathlib import Path
 from types import CodeType
+
+from metrale_orch.ownership import read_own
 
 __all__ = ["CodeCache", "cache_file", "install"]
 
@@ -111,12 +114,12 @@ class CodeCache:
         kept = dict(self._code)
         if len(kept) > ENTRIES_MAX:
             kept = {s: c for s, c in kept.items() if s in self._used}
-        from metrale_orch.fsutil import write_atomic  # at exit only: see the docstring
+        from metrale_orch.fsutil import write_own  # at exit only: see the docstring
 
         with contextlib.suppress(OSError, ValueError):
             blobs = {s: c if isinstance(c, bytes) else marshal.dumps(c) for s, c in kept.items()}
-            # Private: a file group or others may write is never read (_read).
-            write_atomic(self.path, _MAGIC + _tag() + marshal.dumps(blobs), private=True)
+            # The user's own: a file anyone else owns or may write is never read (_read).
+            write_own(self.path, _MAGIC + _tag() + marshal.dumps(blobs))
 
 
 def _read(path: Path) -> dict[str, bytes | CodeType]:
@@ -124,11 +127,7 @@ def _read(path: Path) -> dict[str, bytes | CodeType]:
     another interpreter's, or one that another user owns or may write (its code would run
     here)."""
     try:
-        with open(path, "rb") as fh:
-            st = os.fstat(fh.fileno())
-            if st.st_uid != os.getuid() or st.st_mode & 0o022:
-                return {}
-            data = fh.read()
+        data = read_own(path)  # the user's own file only
     except OSError:
         return {}
     head = _MAGIC + _tag()

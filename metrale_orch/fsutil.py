@@ -16,11 +16,17 @@ tick the same one. The change time (POSIX ``ctime``) is set by every write, rena
 ``utime`` or ``chmod`` and cannot be set back; an unsettled one is recorded as ``0``,
 which no real change time equals, so that state is compared by content (and then
 refreshed) on its next check.
+
+A memo whose content can change what a build serves or how it keys is read with
+:func:`read_own` (or :func:`read_json_object`) and written with :func:`write_own`: it is
+used only when it is the user's own (:func:`metrale_orch.ownership.not_own`), and
+rebuilt as the user's own file otherwise.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import stat
@@ -30,6 +36,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 import xxhash
+
+from metrale_orch.ownership import not_own, read_own
 
 _BLOCK = 1 << 20
 
@@ -110,15 +118,34 @@ __all__ = [
     "unchanged_since",
     "write_atomic",
     "write_if_changed",
+    "write_own",
 ]
 
 
-def read_json_object(path: Path) -> dict[str, object]:
-    """The JSON object in the file at ``path`` (its string keys only), or {} when the file
-    cannot be read, is not JSON or holds something else: for state files that are only a
-    memo, where damage costs the work they spare."""
+def write_own(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` as the user's own file (:func:`write_atomic`, private:
+    mode 0600 whatever the umask, a new temporary, no link followed), into a directory the
+    user owns (made 0700 when missing): a memo :func:`read_own` will trust. Raises
+    OSError: ``PermissionError`` when the directory is another user's (nothing written)."""
+    head = os.path.dirname(os.fspath(path)) or "."
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        st = os.stat(head)
+    except FileNotFoundError:
+        os.makedirs(head, mode=0o700, exist_ok=True)
+        st = os.stat(head)
+    problem = not_own(st, directory=True)
+    if problem:
+        raise PermissionError(errno.EPERM, f"the directory is {problem}", head)
+    write_atomic(path, data, private=True)
+
+
+def read_json_object(path: Path) -> dict[str, object]:
+    """The JSON object in the user's own file at ``path`` (:func:`read_own`; its string
+    keys only), or {} when the file cannot be read, is anyone else's, is not JSON or holds
+    something else: for state files that are only a memo, where damage costs the work
+    they spare."""
+    try:
+        data = json.loads(read_own(path))
     except (OSError, ValueError):
         return {}
     if not isinstance(data, dict):

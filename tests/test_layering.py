@@ -16,14 +16,18 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "metrale_orch"
 
-#: Shared helpers every area may import; they import nothing of the package but errors.
-SHARED = frozenset({"errors", "paths", "fsutil", "proc", "manifest", "cache_schema", "canonical"})
+#: Shared helpers every area may import; they import nothing of the package but errors
+#: and the ownership check (standard library only, the one test of a file's owner).
+SHARED = frozenset(
+    {"errors", "paths", "fsutil", "proc", "manifest", "cache_schema", "canonical", "ownership"}
+)
 
 #: What each area may import besides :data:`SHARED` (and itself).
 ALLOWED: dict[str, frozenset[str]] = {
     "errors": frozenset(),
     "paths": frozenset(),
     "fsutil": frozenset(),
+    "ownership": frozenset(),
     "proc": frozenset(),
     "manifest": frozenset(),
     "cache_schema": frozenset(),
@@ -134,6 +138,7 @@ def test_the_shared_helpers_import_nothing_of_the_package_but_errors() -> None:
         if _area(module) in SHARED | {"config"}:
             used = {_area(t) for _, t in _imports(path) if t.startswith("metrale_orch.")} - {
                 "errors",
+                "ownership",
                 _area(module),
             }
             assert not used, f"{module} imports {sorted(used)}"

@@ -54,12 +54,16 @@ def keypair(tmp: Path, name: str) -> tuple[Path, str]:
     pem, public = generate_key_pair(name)
     path = tmp / f"{name}.pem"
     path.write_bytes(pem)
+    path.chmod(0o600)  # a private key others may read is refused, as ssh does
     return path, public.line()
 
 
 def settings(tmp: Path, name: str, remote: str = "", **kw: Any) -> CacheSettings:
     local = tmp / f"local-{name}"
-    return CacheSettings(local_dir=local, remote=remote, background_uploads=False, **kw)
+    key = tmp / f"config-{name}" / LOCAL_KEY  # each user's own configuration directory
+    return CacheSettings(
+        local_dir=local, remote=remote, background_uploads=False, local_key=key, **kw
+    )
 
 
 def get(cache: Cache, key: str = KEY) -> Mapping[str, bytes] | None:
@@ -240,7 +244,9 @@ def test_writer_without_key_publishes_nothing_and_says_so_once(tmp_path: Path) -
     assert not bucket.exists() or not any(p.is_file() for p in bucket.rglob("*"))
     # the local tier is private, its key too
     assert stat.S_IMODE(dev.local_dir.stat().st_mode) == 0o700
-    assert stat.S_IMODE((dev.local_dir / LOCAL_KEY).stat().st_mode) == 0o600
+    assert dev.local_key is not None and not (dev.local_dir / LOCAL_KEY).exists()
+    assert stat.S_IMODE(dev.local_key.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(dev.local_key.stat().st_mode) == 0o600
     # another user's reader trusts only the listed keys: this user's local entry is not one
     other = settings(tmp_path, "other", trusted_keys=(ci_line,))
     shutil.copytree(dev.local_dir / "objects", other.local_dir / "objects")
@@ -258,7 +264,7 @@ def test_without_trusted_keys_unsigned_and_signed_entries_read(tmp_path: Path) -
     with Cache(settings(tmp_path, "dev", remote)) as reader:
         assert get(reader) == OUT and get(reader, KEY2) == OUT
         assert reader.stats.verified == reader.stats.unsigned == 0
-    assert not (tmp_path / "local-dev" / LOCAL_KEY).exists()  # no key work without keys
+    assert not (tmp_path / "config-dev" / LOCAL_KEY).exists()  # no key work without keys
 
 
 def test_verify_reports_untrusted_local_entries(tmp_path: Path) -> None:
@@ -269,7 +275,7 @@ def test_verify_reports_untrusted_local_entries(tmp_path: Path) -> None:
     with Cache(CacheSettings(local_dir=local, signing_key=str(ci_key))) as ci:
         ci.put(KEY2, OUT, META)
     signing = Signing(
-        trusted_keys=(ci_line,), signing_key="", signing_key_where="x", local_dir=local
+        trusted_keys=(ci_line,), signing_key="", signing_key_where="x", local_key=None
     )
     result = verify_local(local, trust=signing.local_trust())
     assert (result.checked, result.ok, result.verified, len(result.bad)) == (2, 1, 1, 0)
@@ -294,7 +300,7 @@ def test_config_keys_and_their_errors(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError) as bad:
         load_config(tmp_path, {})
-    assert "pyproject.toml" in str(bad.value) and "cache_trusted_keys[1]" in str(bad.value)
+    assert "pyproject.toml" in str(bad.value) and "line 2 of cache_trusted_keys" in str(bad.value)
     (tmp_path / "pyproject.toml").write_text('[tool.metrale-orch]\ncache_signing_key = "no.pem"\n')
     config = load_config(tmp_path, {})
     with pytest.raises(SigningKeyError) as missing:
@@ -322,9 +328,7 @@ def test_keygen_writes_a_private_key_and_prints_its_line(tmp_path: Path) -> None
     assert "PRIVATE KEY" not in run.out
     line = json.loads(lines[0].split(" = ", 1)[1])[0]
     signed = encode_object(KEY, OUT, META, load_signer(str(tmp_path / "ci.pem"), "t").section)
-    reader = Signing(
-        trusted_keys=(line,), signing_key="", signing_key_where="x", local_dir=tmp_path
-    )
+    reader = Signing(trusted_keys=(line,), signing_key="", signing_key_where="x", local_key=None)
     assert reader.remote.check(decode_object(KEY, signed))[0] == "verified"
     again = orch_run(tmp_path, ["cache", "keygen", "ci.pem"], env)
     assert again.returncode == 2 and "exists" in again.err and "Traceback" not in again.err

@@ -17,6 +17,7 @@ __all__ = [
     "CacheStatsError",
     "SigningKeyError",
     "SizeError",
+    "TrustedKeyError",
     "why",
 ]
 
@@ -64,6 +65,16 @@ class SigningKeyError(CacheError):
         "{where}: cache_signing_key: {problem} (write one with `metrale-orch cache keygen`, "
         "or unset cache_signing_key to publish unsigned)"
     )
+
+
+class TrustedKeyError(CacheError):
+    """A ``trusted_keys`` line is not a public key line: named by its position (and
+    label), never quoted, for it may be a private key pasted by mistake."""
+
+    line: str
+    problem: str
+
+    template = "cache setting trusted_keys, {line}: {problem}"
 
 
 class SizeError(CacheError):

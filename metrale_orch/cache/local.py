@@ -98,8 +98,10 @@ def not_regular(kind: EntryKind) -> str:
 
 
 def make_private_dir(path: Path) -> None:
-    """Create ``path`` (and missing parents) with the last level mode 0700: only this user
-    may plant or read what the local cache holds. An existing directory is left as it is."""
+    """Create ``path`` (and missing parents) with the last level mode 0700: by default only
+    this user reads what the local cache holds. An existing directory is left as it is (a
+    team may share one: nothing that decides trust lives there, see
+    :mod:`~metrale_orch.cache.signing`)."""
     if not path.is_dir():
         path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileExistsError):

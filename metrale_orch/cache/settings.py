@@ -12,9 +12,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from metrale_orch.cache.errors import CacheSettingsError
+from metrale_orch.cache.errors import CacheSettingsError, TrustedKeyError
 from metrale_orch.cache.local import DEFAULT_MAX_OBJECT_SIZE
-from metrale_orch.config import CACHE_MODES, Config, parse_public_key_line, source_label
+from metrale_orch.config import (
+    CACHE_MODES,
+    Config,
+    key_line_name,
+    key_line_problem,
+    source_label,
+)
 
 __all__ = ["CacheSettings"]
 
@@ -44,6 +50,11 @@ class CacheSettings:
     signing_key: str = field(default="", repr=False)
     #: Where ``signing_key`` was set, for messages (its file or variable, never its text).
     signing_key_where: str = "cache_signing_key"
+    #: This user's own key, which signs what is compiled here when no ``signing_key`` is
+    #: set and trusted keys are (:func:`~metrale_orch.config.default_local_key`: under the
+    #: user's configuration directory, never the local cache, which others may share).
+    #: None: none, so such entries are unsigned and not served on later runs.
+    local_key: Path | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in CACHE_MODES:
@@ -65,12 +76,14 @@ class CacheSettings:
                 "max_object_size", self.max_object_size, "must be a positive number of bytes"
             )
         for i, line in enumerate(self.trusted_keys):
-            try:
-                parse_public_key_line(line)
-            except (ValueError, AttributeError) as exc:
-                raise CacheSettingsError(f"trusted_keys[{i}]", line, str(exc)) from None
+            text = line if isinstance(line, str) else ""
+            problem = key_line_problem(text) if text else "not a public key line"
+            if problem:  # never quoted: it may be a private key
+                raise TrustedKeyError(key_line_name(i, text), problem)
         object.__setattr__(self, "trusted_keys", tuple(sorted(set(self.trusted_keys))))
         object.__setattr__(self, "local_dir", Path(self.local_dir))
+        if self.local_key is not None:
+            object.__setattr__(self, "local_key", Path(self.local_key))
         object.__setattr__(self, "storage_options", MappingProxyType(dict(self.storage_options)))
 
     @classmethod
@@ -86,4 +99,5 @@ class CacheSettings:
             trusted_keys=config.cache_trusted_keys,
             signing_key=config.cache_signing_key,
             signing_key_where=source_label(config, "cache_signing_key"),
+            local_key=config.local_key,
         )

@@ -12,14 +12,19 @@ it then uses, and the payload against that header's hashes.
 Trust (:class:`Trust`, :class:`Signing`): once ``cache_trusted_keys`` is set, an
 entry from a remote tier is served only when a listed key signed it. The local
 tier trusts those keys and this user's own: the signing key, and the key that
-:func:`local_signer` keeps in the private local cache directory, which signs
-what this user compiles when no ``cache_signing_key`` is set. An entry copied
-from a remote into the local tier keeps its signature, so copying never
-launders an unsigned one; an object planted in the local tier is not signed by
-the local key (only this user can read it).
+:func:`local_signer` keeps under the user's configuration directory
+(:data:`~metrale_orch.config.LOCAL_KEY`), which signs what this user compiles when
+no ``cache_signing_key`` is set. Nothing that decides trust lives in the local cache
+directory, so others may share it: an entry there signed by any other key is a miss
+(counted, warned once), and a key file left there (where older versions kept the
+local key) is never read. An entry copied from a remote into the local tier keeps
+its signature, so copying never launders an unsigned one.
 
-``cryptography`` is imported only when a key is used: a build without keys pays
-nothing. No private key is ever shown, logged or written but by :func:`write_key_pair`.
+A private key file is used only when it is the user's own and no one else may read it
+(:func:`~metrale_orch.ownership.not_own`, as ssh asks); otherwise it is refused with
+the path and the ``chmod 600`` to run. ``cryptography`` is imported only when a key is
+used: a build without keys pays nothing. No private key is ever shown, logged or
+written but by :func:`write_key_pair`.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import errno
 import os
 import threading
 import uuid
@@ -37,7 +43,8 @@ from typing import TYPE_CHECKING, Literal
 
 from metrale_orch.cache.errors import SigningKeyError, why
 from metrale_orch.cache.local import make_private_dir
-from metrale_orch.config import PUBLIC_KEY_PREFIX, parse_public_key_line
+from metrale_orch.config import LOCAL_KEY, PUBLIC_KEY_PREFIX, parse_public_key_line
+from metrale_orch.ownership import not_own
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import (
@@ -60,8 +67,6 @@ __all__ = [
     "write_key_pair",
 ]
 
-#: Where the local tier keeps this user's own key, under the local cache directory.
-LOCAL_KEY = Path("keys") / "local-ed25519.pem"
 _PEM_START = b"-----BEGIN"
 
 #: How a checked entry stands: signed by a trusted key, not signed, or signed otherwise
@@ -138,16 +143,42 @@ def _signer_from_pem(data: bytes, where: str) -> Signer:
     return Signer(private)
 
 
+class _KeyRefused(PermissionError):
+    """A private key file that is not the user's own; its text names the path and the fix."""
+
+
+def _read_key_file(path: Path) -> bytes:
+    """The bytes of the private key file at ``path`` when it is the user's own: owned by
+    this user and read or written by no one else (ssh's rule for a private key). Raises
+    OSError: :class:`_KeyRefused` saying what is wrong and what to run."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        problem = not_own(st, secret=True)
+        if problem:
+            fix = (
+                f"run `chmod 600 {path}`"
+                if st.st_uid == os.getuid()
+                else "a private key must be a file of your own: copy it and `chmod 600` the copy"
+            )
+            raise _KeyRefused(errno.EPERM, f"the key file {path} is {problem}: {fix}")
+        return fh.read()
+
+
 def load_signer(spec: str, where: str) -> Signer:
     """The signer of ``spec``: PEM text, or the path of a PEM file (I/O).
 
     ``where`` names the setting's source in messages (never the key itself). Raises
-    :class:`SigningKeyError` for an unreadable file or anything but an Ed25519 key.
+    :class:`SigningKeyError` for an unreadable file, one that is not the user's own
+    (another user's, or readable or writable by group or others: the message names the
+    ``chmod 600`` to run), or anything but an Ed25519 key.
     """
     data = spec.encode()
     if not data.lstrip().startswith(_PEM_START):
         try:
-            data = Path(spec).read_bytes()
+            data = _read_key_file(Path(spec))
+        except _KeyRefused as exc:
+            raise SigningKeyError(where, str(exc.strerror)) from None
         except OSError as exc:
             raise SigningKeyError(where, f"cannot read the key file {spec} ({why(exc)})") from None
         where = f"{where} (key file {spec})"
@@ -193,16 +224,16 @@ def write_key_pair(path: Path, label: str = "") -> PublicKey:
     return public
 
 
-def local_signer(local_dir: Path) -> Signer:
-    """This user's own key in ``local_dir`` (made on first use, mode 0600 in a 0700
-    directory); raises ``OSError`` or :class:`SigningKeyError` when it cannot be used."""
-    path = local_dir / LOCAL_KEY
-    make_private_dir(local_dir)
+def local_signer(path: Path) -> Signer:
+    """This user's own key at ``path`` (:func:`~metrale_orch.config.default_local_key`;
+    made on first use, mode 0600 in a 0700 directory). Raises ``OSError`` (one that is
+    not the user's own: its text names the path and what to run) or
+    :class:`SigningKeyError` when it cannot be used."""
     make_private_dir(path.parent)
     if not path.exists():
         pem, _ = generate_key_pair()
         _create_private_file(path, pem)
-    return _signer_from_pem(path.read_bytes(), f"local cache key {path}")
+    return _signer_from_pem(_read_key_file(path), f"local signing key {path}")
 
 
 class Trust:
@@ -247,8 +278,9 @@ class Trust:
 
 
 class Signing:
-    """One cache's signer and trust, from its settings. Thread-safe; the local key is read
-    (or made) on first use, and a local key that cannot be used is ``local_problem``."""
+    """One cache's signer and trust, from its settings. Thread-safe; this user's local key
+    (``local_key``, None for none) is read (or made) on first use, and one that cannot be
+    used is ``local_problem``."""
 
     def __init__(
         self,
@@ -256,13 +288,13 @@ class Signing:
         trusted_keys: Sequence[str],
         signing_key: str,
         signing_key_where: str,
-        local_dir: Path,
+        local_key: Path | None,
     ) -> None:
         self.trusted = frozenset(PublicKey.from_line(line).raw for line in trusted_keys)
         self.verifying = bool(self.trusted)
         self.own = load_signer(signing_key, signing_key_where) if signing_key else None
         self.remote = Trust(self.trusted)
-        self._local_dir = local_dir
+        self._local_key = local_key
         self._lock = threading.Lock()
         self._local: tuple[Signer | None, Trust] | None = None
         self.local_problem = ""
@@ -278,11 +310,14 @@ class Signing:
         with self._lock:
             if self._local is None:
                 mine: Signer | None = None
+                path = self._local_key
                 try:
-                    mine = local_signer(self._local_dir)
+                    mine = None if path is None else local_signer(path)
+                except _KeyRefused as exc:
+                    self.local_problem = str(exc.strerror)
                 except (OSError, SigningKeyError) as exc:
                     detail = why(exc) if isinstance(exc, OSError) else str(exc)
-                    self.local_problem = f"{self._local_dir / LOCAL_KEY}: {detail}"
+                    self.local_problem = f"{path}: {detail}"
                 keys = set(self.trusted)
                 keys.update(s.public.raw for s in (self.own, mine) if s is not None)
                 self._local = (mine, Trust(keys))

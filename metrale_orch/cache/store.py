@@ -120,7 +120,7 @@ class Cache:
                 trusted_keys=settings.trusted_keys,
                 signing_key=settings.signing_key,
                 signing_key_where=settings.signing_key_where,
-                local_dir=settings.local_dir,
+                local_key=settings.local_key,
             )
         #: Keys whose local entry was refused as not trusted: the next fill or put replaces it.
         self._untrusted_local: set[str] = set()
@@ -347,12 +347,17 @@ class Cache:
                 f"{place} holds entries that no key in cache_trusted_keys signed; they are not "
                 f"served and compile here instead (first: {key}, {reason})"
             )
-        if signing.local_problem and remote is None:
-            self._warn(
-                f"the local cache key {signing.local_problem}: entries compiled here are not "
-                "trusted on later runs"
-            )
+        if remote is None:
+            self._warn_local_key(signing)
         return False
+
+    def _warn_local_key(self, signing: Signing) -> None:
+        """Warn (once) that this user's local key was refused or cannot be read."""
+        if signing.local_problem:
+            self._warn(
+                f"your local signing key cannot be used ({signing.local_problem}): entries "
+                "compiled here are not trusted on later runs"
+            )
 
     def _dir(self) -> str:
         return str(self.settings.local_dir)
@@ -360,6 +365,8 @@ class Cache:
     def _sign_fn(self) -> SignFn | None:
         signing = self._signing
         signer = None if signing is None else signing.signer()
+        if signer is None and signing is not None:
+            self._warn_local_key(signing)
         return None if signer is None else signer.section
 
     def _may_upload(self) -> bool:

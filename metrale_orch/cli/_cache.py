@@ -123,7 +123,7 @@ def _local_trust(config: Config) -> Trust | None:
         trusted_keys=config.cache_trusted_keys,
         signing_key=config.cache_signing_key,
         signing_key_where=source_label(config, "cache_signing_key"),
-        local_dir=config.local_cache,
+        local_key=config.local_key,
     ).local_trust()
 
 

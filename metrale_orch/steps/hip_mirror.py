@@ -51,7 +51,8 @@ from types import MappingProxyType
 
 import xxhash
 
-from metrale_orch.fsutil import write_atomic, write_if_changed
+from metrale_orch.fsutil import write_if_changed, write_own
+from metrale_orch.ownership import read_own
 from metrale_orch.paths import COMMON_DIR  # not staging's import chain: the no-op needs none
 
 __all__ = [
@@ -218,7 +219,7 @@ def write_mirror(stage_dir: Path, files: Sequence[str], hashes: Mapping[str, str
                     changed = True
     if changed:
         doc = {"version": MIRROR_VERSION, "files": dict(sorted(known.items()))}
-        write_atomic(record, json.dumps(doc, separators=(",", ":")).encode())
+        write_own(record, json.dumps(doc, separators=(",", ":")).encode())
 
 
 _RECORD = ".mirrored.json"
@@ -234,7 +235,7 @@ def _stamp(path: Path) -> list[int]:
 
 def _read_record(path: Path) -> dict[str, list[int | str]]:
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = json.loads(read_own(path))  # the user's own record only
     except (OSError, ValueError):
         return {}
     if not isinstance(doc, dict) or doc.get("version") != MIRROR_VERSION:

@@ -35,7 +35,8 @@ import xxhash
 import metrale_orch
 from metrale_orch.config import EXECUTION_KEYS, Config, load_config
 from metrale_orch.errors import MetraleError, printable
-from metrale_orch.fsutil import remove_all_but_newest, write_atomic
+from metrale_orch.fsutil import remove_all_but_newest, write_own
+from metrale_orch.ownership import read_own
 from metrale_orch.paths import STATE_DIR, TREE_TASK
 from metrale_orch.steps.hip_mirror import scan_hip_compat
 from metrale_orch.tasks import taskcache
@@ -185,13 +186,13 @@ def _keep_plan(state_dir: Path, environ: Mapping[str, str], scope: Sequence[str]
     plan = earlyruns.plan_bytes(environ)
     path = state_dir / earlyruns.plan_name(scope)
     try:
-        if path.read_bytes() == plan:
+        if read_own(path) == plan:  # anyone else's file is rewritten as this user's
             return
     except OSError:
         pass
     # Only a head start: a read-only build dir starts nothing early.
     with contextlib.suppress(OSError):
-        write_atomic(path, plan)
+        write_own(path, plan)
         if scope is not None:  # the newest scoped plans are kept, as the scoped entries are
             others = (p for p in state_dir.glob(earlyruns.SCOPED_PLAN_GLOB) if p != path)
             remove_all_but_newest(others, taskcache.KEEP - 1)

@@ -68,8 +68,9 @@ from metrale_orch.fsutil import (
     file_digest,
     read_json_object,
     remove_all_but_newest,
-    write_atomic,
+    write_own,
 )
+from metrale_orch.ownership import read_own
 
 __all__ = [
     "CACHE_GLOB",
@@ -299,7 +300,7 @@ def _encode_body(specs: Sequence[CachedSpec], extra: object = None) -> bytes:
 
 def _write(path: Path, data: bytes) -> None:
     try:
-        write_atomic(path, data)
+        write_own(path, data)
     except OSError as exc:
         # Only a speed-up: a read-only build dir regenerates on every run.
         _log.debug("task cache: cannot write %s: %s", path, exc)
@@ -505,7 +506,9 @@ def lookup(path: Path, key: str) -> Lookup:
     rewrites the header. I/O; never raises for a bad or missing file.
     """
     try:
-        data = path.read_bytes()
+        data = read_own(path)
+    except PermissionError as exc:  # anyone else's: never unmarshalled
+        return _miss(f"cache file not this user's own ({exc.strerror})")
     except OSError:
         return _miss("no cache file")
     started = time.time_ns()

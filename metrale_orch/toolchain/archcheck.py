@@ -33,7 +33,7 @@ from pathlib import Path
 import xxhash
 
 from metrale_orch.errors import MetraleError
-from metrale_orch.fsutil import read_json_object, write_atomic
+from metrale_orch.fsutil import read_json_object, write_own
 from metrale_orch.proc import ProcessError, run_process
 from metrale_orch.toolchain.argv import toolchain_environ
 from metrale_orch.toolchain.definitions import Toolchain
@@ -153,7 +153,7 @@ def _keep_verdict(path: Path, key: str, problem: str) -> None:
         kept = dict(sorted(kept.items()))
         # Only a speed-up: a read-only build dir checks again in the next process.
         with contextlib.suppress(OSError):
-            write_atomic(path, json.dumps(kept, indent=1).encode())
+            write_own(path, json.dumps(kept, indent=1).encode())
 
 
 def _built_key(toolchain: Toolchain, program: Path, arch: str) -> str:

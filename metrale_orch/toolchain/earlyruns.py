@@ -18,8 +18,9 @@ installed now: what it prints is what the probe would have seen a few
 milliseconds later. The plan is only a guess of what will be asked; a wrong or
 unreadable plan costs those runs, never a result.
 
-Only the standard library is imported here: :func:`start_plan` runs before
-anything else of the package loads.
+Only the standard library is imported here (and :mod:`metrale_orch.ownership`, which
+imports nothing else): :func:`start_plan` runs before anything else of the package
+loads. A plan that is not the user's own file is not read.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from metrale_orch.ownership import read_own
 
 __all__ = [
     "PLAN_NAME",
@@ -127,7 +130,7 @@ def start_plan(
     ``environ`` with the plan's changes (I/O); how many started. A missing or malformed
     plan starts nothing."""
     try:
-        runs = json.loads((Path(state_dir) / plan_name(scope)).read_bytes())["runs"]
+        runs = json.loads(read_own(Path(state_dir) / plan_name(scope)))["runs"]
     except (OSError, ValueError, KeyError, TypeError):
         return 0
     if not isinstance(runs, list):

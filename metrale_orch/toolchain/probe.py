@@ -27,7 +27,7 @@ from typing import Any
 
 import xxhash
 
-from metrale_orch.fsutil import file_hash, read_json_object, settled_change, write_atomic
+from metrale_orch.fsutil import file_hash, read_json_object, settled_change, write_own
 from metrale_orch.paths import user_cache_home
 from metrale_orch.proc import ProcessError
 from metrale_orch.toolchain.argv import keyed_environment, toolchain_environ
@@ -300,7 +300,7 @@ class _FileHashes:
             current.update(self.shared_new)
             kept = list(current.items())[-_FILE_HASHES_MAX:]
             with contextlib.suppress(OSError):
-                write_atomic(self.shared, json.dumps(dict(kept), indent=1).encode())
+                write_own(self.shared, json.dumps(dict(kept), indent=1).encode())
 
 
 def _read_hashes(path: Path | None) -> dict[str, list[int | str]]:
@@ -317,7 +317,7 @@ def _write_hashes(
     keep = {k: known[k] for k in others[:room]}
     keep.update(used)
     with contextlib.suppress(OSError):
-        write_atomic(path, json.dumps(dict(sorted(keep.items())), indent=1).encode())
+        write_own(path, json.dumps(dict(sorted(keep.items())), indent=1).encode())
 
 
 #: The probe commands that show what really runs (see :mod:`.records`): a run with a

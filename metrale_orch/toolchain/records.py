@@ -24,7 +24,8 @@ compile runs those very programs with those very flags.
 
 Records live in ``<state_dir>/probes/<digest>.json``, one per probe (no two
 writers share a file), at most :data:`MAX_RECORDS`; a record made by other code
-of this package (``_CODE`` files) is never used.
+of this package (``_CODE`` files), or in a file that is not the user's own
+(:mod:`metrale_orch.ownership`), is never used.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ from pathlib import Path
 
 import xxhash
 
-from metrale_orch.fsutil import RACY_NS, change_ns, write_atomic
+from metrale_orch.fsutil import RACY_NS, change_ns, write_own
+from metrale_orch.ownership import read_own
 
 __all__ = ["MAX_RECORDS", "RECORDS_DIR", "ProbeRecord", "RecordStore", "dir_states", "file_stamps"]
 
@@ -174,7 +176,7 @@ class RecordStore:
 
     def load(self) -> ProbeRecord | None:
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            data = json.loads(read_own(self.path))
         except (OSError, ValueError):
             return None
         return ProbeRecord.from_json(data)
@@ -186,7 +188,7 @@ class RecordStore:
             return
         text = json.dumps(record.to_json(), sort_keys=True, indent=1)
         with contextlib.suppress(OSError):
-            write_atomic(self.path, text.encode("utf-8", "surrogateescape"))
+            write_own(self.path, text.encode("utf-8", "surrogateescape"))
             self._prune()
 
     def _prune(self) -> None:

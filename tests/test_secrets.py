@@ -1,0 +1,155 @@
+"""Secrets are never printed, not even in part (issue 35).
+
+A private key pasted into ``cache_trusted_keys`` is named by its line's position, never
+quoted: no 8 characters of its base64 body appear in the error or in the command's
+output. ``cache_signing_key`` given a public key line says so. A private key file others
+may read (or another user's) is refused with the path and the ``chmod 600`` to run, as
+ssh refuses one.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+from pathlib import Path
+
+import pytest
+
+from metrale_orch.cache import Cache, CacheSettings
+from metrale_orch.cache.errors import SigningKeyError, TrustedKeyError
+from metrale_orch.cache.signing import LOCAL_KEY, generate_key_pair
+from metrale_orch.config import ConfigError, load_config
+from tests.support.trust import base_env, orch_run
+
+KEY = "0123456789abcdef0123456789abcdef"
+OUT = {"k.ptx": b"// PTX\n", "k.d": b"k.ptx: k.cu\n"}
+
+
+def _body(pem: bytes) -> str:
+    """The base64 body of a PEM (its secret part), on one line."""
+    return "".join(line for line in pem.decode().splitlines() if not line.startswith("-----"))
+
+
+def leaks(text: str, pem: bytes) -> list[str]:
+    """Every 8-character run of ``pem``'s body that ``text`` shows."""
+    body = _body(pem)
+    return sorted({body[i : i + 8] for i in range(len(body) - 7) if body[i : i + 8] in text})
+
+
+def _key_file(path: Path, mode: int) -> tuple[Path, bytes]:
+    pem, _ = generate_key_pair()
+    path.write_bytes(pem)
+    path.chmod(mode)
+    return path, pem
+
+
+# ------------------------------------------------------------------------------ cache_trusted_keys
+
+
+def test_a_private_key_pasted_into_trusted_keys_is_never_shown(tmp_path: Path) -> None:
+    pem, public = generate_key_pair("ci-2026")
+    (tmp_path / "pyproject.toml").write_text(
+        f"[tool.metrale-orch]\ncache_trusted_keys = [\"{public.line()}\", '''{pem.decode()}''']\n"
+    )
+    with pytest.raises(ConfigError) as bad:
+        load_config(tmp_path, {})
+    text = str(bad.value)
+    assert "line 2 of cache_trusted_keys" in text and "private key" in text, text
+    assert "pyproject.toml" in text and "\n" not in text
+    assert not leaks(text, pem), leaks(text, pem)
+    # the same through the command: one line, exit 2, nothing of the key anywhere
+    run = orch_run(tmp_path, ["cache", "verify"], base_env(tmp_path / "cache"))
+    assert run.returncode == 2 and "line 2 of cache_trusted_keys" in run.err, run.text
+    assert not leaks(run.out + run.err, pem) and "Traceback" not in run.err, run.text
+    # from the environment, and in settings made by hand
+    env = {"METRALE_ORCH_CACHE_TRUSTED_KEYS": pem.decode()}
+    with pytest.raises(ConfigError) as from_env:
+        load_config(tmp_path / "elsewhere", env)
+    assert "line 1 of cache_trusted_keys" in str(from_env.value)
+    assert not leaks(str(from_env.value), pem)
+    with pytest.raises(TrustedKeyError) as by_hand:
+        CacheSettings(local_dir=tmp_path / "c", trusted_keys=(public.line(), pem.decode()))
+    assert "line 2 of cache_trusted_keys" in str(by_hand.value)
+    assert not leaks(str(by_hand.value) + repr(by_hand.value), pem)
+
+
+def test_a_malformed_key_line_is_named_by_position_and_label(tmp_path: Path) -> None:
+    pem, public = generate_key_pair()
+    # a line that does not look private (the key's base64 after the prefix) is not quoted
+    pasted = f"ed25519:{_body(pem)} laptop"
+    env = {"METRALE_ORCH_CACHE_TRUSTED_KEYS": f"{public.line()},{pasted}"}
+    with pytest.raises(ConfigError) as bad:
+        load_config(tmp_path, env)
+    text = str(bad.value)
+    assert "line 2 of cache_trusted_keys (label laptop)" in text, text
+    assert "an Ed25519 public key is 32" in text and not leaks(text, pem), text
+
+
+# ------------------------------------------------------------------------------ cache_signing_key
+
+
+def test_a_public_key_line_as_the_signing_key_says_so(tmp_path: Path) -> None:
+    _, public = generate_key_pair("ci")
+    for env in (
+        {"METRALE_ORCH_CACHE_SIGNING_KEY": public.line()},
+        {"METRALE_ORCH_CACHE_SIGNING_KEY": public.line().split()[0]},
+    ):
+        with pytest.raises(ConfigError) as bad:
+            load_config(tmp_path, env)
+        text = str(bad.value)
+        assert "METRALE_ORCH_CACHE_SIGNING_KEY" in text and "cache_signing_key" in text
+        assert "is a public key line" in text and "takes a private key" in text, text
+        assert "cannot read" not in text and public.line().split()[0] not in text
+
+
+def test_a_signing_key_file_others_may_read_is_refused_with_the_chmod(tmp_path: Path) -> None:
+    path, pem = _key_file(tmp_path / "ci.pem", 0o644)
+    config = load_config(tmp_path, {"METRALE_ORCH_CACHE_SIGNING_KEY": str(path)})
+    with pytest.raises(SigningKeyError) as refused:
+        Cache(CacheSettings.from_config(config))
+    text = str(refused.value)
+    assert f"`chmod 600 {path}`" in text and "readable by group or others" in text, text
+    assert "METRALE_ORCH_CACHE_SIGNING_KEY" in text and "\n" not in text
+    assert not leaks(text, pem)
+    path.chmod(0o600)  # as the message says: then it is used
+    with Cache(CacheSettings.from_config(config)) as cache:
+        cache.put(KEY, OUT, {"command": ["nvcc"]})
+    path.chmod(0o660)
+    with pytest.raises(SigningKeyError, match="writable by group or others"):
+        Cache(CacheSettings.from_config(config))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="planting another user's file needs root")
+def test_a_signing_key_of_another_user_is_refused(tmp_path: Path) -> None:
+    path, _ = _key_file(tmp_path / "theirs.pem", 0o600)
+    os.chown(path, pwd.getpwnam("nobody").pw_uid, -1)
+    config = load_config(tmp_path, {"METRALE_ORCH_CACHE_SIGNING_KEY": str(path)})
+    with pytest.raises(SigningKeyError, match=r"owned by uid .* a file of your own"):
+        Cache(CacheSettings.from_config(config))
+
+
+def test_the_local_key_others_may_read_is_refused_and_said_once(tmp_path: Path) -> None:
+    """This user's local key (under the config directory) made world-readable is not
+    used: what is compiled is stored unsigned, and one warning names the chmod."""
+    _, ci = generate_key_pair("ci")
+    config = load_config(
+        tmp_path,
+        {
+            "XDG_CONFIG_HOME": str(tmp_path / "config"),
+            "METRALE_ORCH_LOCAL_CACHE": str(tmp_path / "cache"),
+            "METRALE_ORCH_CACHE_TRUSTED_KEYS": ci.line(),
+        },
+    )
+    key = tmp_path / "config" / "metrale-orch" / LOCAL_KEY
+    assert config.local_key == key
+    with Cache(CacheSettings.from_config(config)) as cache:
+        cache.put(KEY, OUT, {"command": ["nvcc"]})
+        assert cache.get(KEY) is not None and cache.warnings() == []
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    key.chmod(0o644)
+    with Cache(CacheSettings.from_config(config)) as cache:
+        assert cache.get(KEY) is None  # signed by the refused key: no longer trusted
+        cache.put(KEY, OUT, {"command": ["nvcc"]}, replace=True)
+        warned = [w for w in cache.warnings() if "local signing key" in w]
+    assert len(warned) == 1 and f"`chmod 600 {key}`" in warned[0], warned
