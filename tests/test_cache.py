@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metrale_orch.cache import (
+    RUN_META,
     SCHEMA,
     CacheKeyError,
     CacheSettings,
@@ -391,6 +392,30 @@ def test_stats_round_trip_add_and_summary(tmp_path: Path) -> None:
     path.write_text('{"misses": -1}')
     with pytest.raises(CacheStatsError, match=r"cache-stats\.json"):
         read_stats(path)
+
+
+def test_stats_count_shared_lookups_in_their_own_words(tmp_path: Path) -> None:
+    # Issue 35: the modules another target obtained in the run were left out of the line.
+    stats = CacheStats(local_hits=2, remote_hits=1, shared=120, misses=69) + CacheStats(shared=1)
+    assert stats.lookups == 2 + 1 + 121 + 69
+    line = stats.summary_line()
+    assert line.startswith("cache: 2 local hits, 1 remote hit, 121 shared, 69 misses; "), line
+    path = tmp_path / "cache-stats.json"
+    write_stats(path, stats)
+    assert read_stats(path) == stats and json.loads(path.read_text())["shared"] == 121
+
+
+def test_an_entry_this_run_stored_is_shared_not_a_hit(tmp_path: Path) -> None:
+    # Another worker process of the same run compiled it: served, counted as shared.
+    cache = open_cache(_local(tmp_path))
+    key = "0" * 32
+    cache.put(key, {"a.ptx": b"x"}, {"compile_seconds": 2.0, RUN_META: "run-1"})
+    with cache.track() as mine:
+        same = cache.get(key, run="run-1")
+        other = cache.get(key, run="run-2")
+        cache.count_shared()
+    assert same is not None and same.shared and other is not None and not other.shared
+    assert (mine.shared, mine.local_hits, mine.seconds_saved) == (2, 1, 2.0)
 
 
 # -- housekeeping -------------------------------------------------------------------------------

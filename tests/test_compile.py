@@ -491,6 +491,28 @@ def test_identical_modules_compile_once_per_session(
     assert len(compiles(log)) == 4
 
 
+def test_a_module_another_target_compiled_is_shared_not_from_cache(
+    tmp_path: Path, fake: tuple[dict[str, str], Path]
+) -> None:
+    # Issue 35: q3's common modules were said "from cache" though no cache served them.
+    from metrale_orch.tasks.actions import summarise_result
+    from metrale_orch.tasks.reporter import format_modules
+
+    env, _log = fake
+    _session, build = _one_session(tmp_path, env)
+    first, second = build("q2"), build("q3")
+    assert {m.name: m.shared for m in first.modules} == {
+        "vector_add": "", "only": "", "scale": "",
+    }  # fmt: skip
+    assert {m.name: m.shared for m in second.modules} == {
+        "vector_add": "compiled", "only": "", "scale": "compiled",
+    }  # fmt: skip
+    values = summarise_result(second)
+    assert values == {"outcome": "built", "modules": {"compiled": 1, "shared": 2}}
+    assert format_modules(values["modules"]) == "3 module(s), 1 compiled, 2 shared"
+    assert format_modules({"local": 2, "remote": 1}) == "3 module(s), 0 compiled, 3 from cache"
+
+
 def test_a_memoised_artefact_is_verified_before_reuse(
     tmp_path: Path, fake: tuple[dict[str, str], Path]
 ) -> None:

@@ -142,6 +142,29 @@ def test_summary_lists_the_slowest_compiles_and_the_totals() -> None:
     assert list(got.steps) == ["build", "compile", "lookup"]
 
 
+def test_summary_counts_the_compiler_s_time_apart_from_the_wait_for_a_slot() -> None:
+    # Issue 35: a 1.5 s compile that waited 10.6 s for a slot was listed at 12.1 s.
+    spans = [
+        span("build", 0, 13_000_000_000, target="a/m/q"),
+        span("compile", 0, 12_100_000, module="x", outcome="compiled", seconds=0.0015, wait=0.0106),
+        span("compile", 0, 3_000_000, module="y", outcome="compiled", seconds=0.0029, wait=0.0),
+        span("lookup", 0, 1_000, module="z", outcome="local", source="memo", bytes=3),
+        span("lookup", 0, 1_000, module="v", outcome="local", source="run", bytes=3),
+        span("lookup", 0, 1_000, module="w", outcome="local", source="cache", bytes=2),
+    ]
+    events = trace_document(spans, origin_ns=0, main_pid=1)["traceEvents"]
+    assert isinstance(events, list)
+    got = summarize_profile(events)
+    assert [(c.module, c.seconds, c.wait) for c in got.slowest] == [
+        ("y", 0.0029, 0.0),
+        ("x", 0.0015, 0.0106),
+    ]
+    assert got.steps["compile"] == pytest.approx(0.0044)
+    assert got.steps["wait"] == pytest.approx(0.0106)
+    # Lookups another target of the run answered are shared, not hits, restoring nothing.
+    assert (got.shared, got.outcomes["local"], got.restored_bytes) == (2, 1, 2)
+
+
 def test_read_profile_says_what_is_wrong(tmp_path: Path) -> None:
     with pytest.raises(ProfileMissing, match=r"^no build profile yet: run doit build$"):
         read_profile(tmp_path / "profile.json")
@@ -327,10 +350,43 @@ def test_profile_command(fake: tuple[Path, dict[str, str]], tmp_path: Path) -> N
     seconds = [float(r[2]) for r in rows]
     assert seconds == sorted(seconds, reverse=True)
     assert lines[5].startswith("targets: 2 in ") and lines[5].endswith(" s on 2 workers")
-    assert lines[6].startswith("modules: 2 compiled, 1 local hit, 0 remote hits, 1 failed; ")
+    # The other target's add was shared in the run (an empty cache served nothing).
+    assert lines[6].startswith(
+        "modules: 2 compiled, 0 local hits, 0 remote hits, 1 shared, 1 failed; "
+    )
     assert lines[7].startswith("time by step: ") and "compile " in lines[7]
     code, out, _ = run_cli(root, env, "profile", "--top", "1")
     assert code == 0 and len(out.splitlines()) == 6
+
+
+def test_compile_times_fit_in_jobs_times_wall(tmp_path: Path) -> None:
+    # Issue 35: the compile spans hold the wait for a slot, so their sum (119 s) passed
+    # jobs x wall (a 12.4 s build). A sleeping compiler, 2 jobs, 4 targets at once and 7
+    # compiles: most wait; the compilers' own seconds still fit in 2 x wall.
+    root = make_project(tmp_path / "proj")
+    use_fake_compiler(root, tmp_path / "bin")
+    env = project_env(tmp_path, fake_bin=tmp_path / "bin")
+    env.update(METRALE_ORCH_JOBS="2", FAKECC_DELAY="0.3")
+    run = doit(root, ["-n", "4", "-P", "thread", "build"], env)
+    assert run.returncode == 0, run.text
+    assert len(fake_compiles(tmp_path)) == 7
+    events = complete_events(trace(root))
+    summary = summarize_profile(events)
+    assert len(summary.slowest) == 7
+    assert summary.steps["compile"] <= 2 * summary.wall_seconds, summary
+    assert sum(c.seconds for c in summary.slowest) == pytest.approx(summary.steps["compile"])
+    # Each compile's span holds its wait and its compiler's time, said apart.
+    for e in events:
+        if e["cat"] == "compile":
+            args = e["args"]
+            assert args["seconds"] >= 0.3 and args["wait"] >= 0, e
+            assert args["seconds"] + args["wait"] <= e["dur"] / 1e6 + 0.002, e
+    assert summary.steps["wait"] > 0.3, summary  # 7 compiles, 2 slots: some waited
+    code, out, err = run_cli(root, env, "profile")
+    assert (code, err) == (0, ""), err
+    listed = [float(line.split()[2]) for line in out.splitlines()[2:9]]
+    assert sum(listed) <= 2 * summary.wall_seconds + 0.07, out
+    assert "waiting for a compile slot " in out, out
 
 
 # ------------------------------------------------------------------------------ real nvcc

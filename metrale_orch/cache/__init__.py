@@ -75,6 +75,7 @@ from metrale_orch.cache.stats import (
     write_stats,
 )
 from metrale_orch.cache.store import (
+    RUN_META,
     Accept,
     Cache,
     Hit,
@@ -84,6 +85,7 @@ from metrale_orch.cache.store import (
 
 __all__ = [
     "DEFAULT_MAX_OBJECT_SIZE",
+    "RUN_META",
     "SCHEMA",
     "Accept",
     "BadObject",

@@ -20,6 +20,7 @@ __all__ = ["CacheStats", "read_stats", "write_stats"]
 _COUNTERS = (
     "local_hits",
     "remote_hits",
+    "shared",
     "misses",
     "rejected",
     "errors",
@@ -45,6 +46,10 @@ class CacheStats:
 
     local_hits: int = 0
     remote_hits: int = 0
+    #: Lookups another target of the run answered: an artefact it compiled or fetched
+    #: (the build session's memo), or a cache entry this run stored (another worker
+    #: process's compile). Neither a hit nor a miss: no cache tier served it.
+    shared: int = 0
     misses: int = 0
     #: Misses where an entry verified but ``accept`` refused it (stale for the current inputs).
     rejected: int = 0
@@ -108,13 +113,16 @@ class CacheStats:
 
     @property
     def lookups(self) -> int:
-        return self.local_hits + self.remote_hits + self.misses
+        """Every module lookup, counted once: hits, shared in the run, misses."""
+        return self.local_hits + self.remote_hits + self.shared + self.misses
 
     def summary_line(self) -> str:
-        """One line, e.g. ``cache: 12 local hits, 3 remote hits, 2 misses; ...``."""
+        """One line, e.g. ``cache: 12 local hits, 3 remote hits, 40 shared, 2 misses; ...``
+        (``shared`` only when some lookup was: the four add up to :attr:`lookups`)."""
         parts = [
             f"{self.local_hits} local hit{_s(self.local_hits)}",
             f"{self.remote_hits} remote hit{_s(self.remote_hits)}",
+            *([f"{self.shared} shared"] if self.shared else []),
             f"{self.misses} miss{'es' if self.misses != 1 else ''}",
         ]
         if self.rejected:

@@ -37,7 +37,7 @@ from metrale_orch.cache.settings import CacheSettings
 from metrale_orch.cache.signing import Signing
 from metrale_orch.cache.stats import CacheStats
 
-__all__ = ["Accept", "Cache", "Hit", "cache_key", "open_cache"]
+__all__ = ["RUN_META", "Accept", "Cache", "Hit", "cache_key", "open_cache"]
 
 # Named for the package, as before the split: the shared log file shows the logger's name.
 log = logging.getLogger("metrale_orch.cache")
@@ -71,6 +71,18 @@ class Hit:
     meta: Mapping[str, object]
     #: "local" | "remote"
     tier: str
+    #: Stored by the caller's own run (:data:`RUN_META`): served, but counted as
+    #: ``shared`` (another target compiled it in this run), not as a hit.
+    shared: bool = False
+
+
+#: The ``meta`` field naming the run that stored an entry (see :meth:`Cache.get`'s ``run``).
+RUN_META = "run"
+
+
+def _of_run(meta: Mapping[str, object], run: str) -> bool:
+    """Whether an entry with ``meta`` was stored by the run ``run`` ("": none)."""
+    return bool(run) and meta.get(RUN_META) == run
 
 
 #: A verified entry is valid for the caller's current inputs (called with its ``meta``).
@@ -161,6 +173,13 @@ class Cache:
                     if delta:
                         setattr(stats, name, getattr(stats, name) + delta)
 
+    def count_shared(self) -> None:
+        """Count one module lookup that another target of the run answered from memory
+        (the build session's memo): one of the run's lookups, neither a hit nor a miss.
+        Nothing is counted with the cache off (its lookups count nothing either)."""
+        if self._enabled:
+            self._count(shared=1)
+
     def _count_failure(self, exc: RemoteFailure) -> None:
         if exc.timeout:
             self._count(timeouts=1)
@@ -208,7 +227,7 @@ class Cache:
 
     # -- lookups --
 
-    def get(self, key: str, *, accept: Accept | None = None) -> Hit | None:
+    def get(self, key: str, *, accept: Accept | None = None, run: str = "") -> Hit | None:
         """The verified entry of ``key``: local tier first, then one remote GET; None on a miss.
 
         With ``accept``, a verified entry counts only if ``accept(meta)`` is
@@ -216,17 +235,20 @@ class Cache:
         ``put(..., replace=True)``) and the remote is asked, a rejected remote
         entry is not copied to the local tier. A rejected lookup counts as a
         miss and as ``rejected``. A remote hit is written to the local tier.
+        With ``run``, an entry whose meta names that run (:data:`RUN_META`: another
+        worker process of the same build stored it) is returned with ``shared`` set and
+        counted as ``shared``, not as a hit (it saved no compile).
         Raises only :class:`CacheKeyError` (and whatever ``accept`` raises).
         """
         _check_key(key)
         if not self._enabled or self._local is None:
             return None
-        hit, rejected = self._get_local(self._local, key, accept)
+        hit, rejected = self._get_local(self._local, key, accept, run)
         if hit is None and self._remote is not None:
             with self._lock:
                 replace = rejected or key in self._untrusted_local
             hit, remote_rejected = self._get_remote(
-                self._remote, self._local, key, accept, replace_local=replace
+                self._remote, self._local, key, accept, replace_local=replace, run=run
             )
             rejected = rejected or remote_rejected
         if hit is None:
@@ -234,7 +256,7 @@ class Cache:
         return hit
 
     def _get_local(
-        self, local: LocalTier, key: str, accept: Accept | None
+        self, local: LocalTier, key: str, accept: Accept | None, run: str
     ) -> tuple[Hit | None, bool]:
         """(hit, rejected by ``accept``)."""
         try:
@@ -257,8 +279,12 @@ class Cache:
         if accept is not None and not accept(obj.meta):
             return None, True
         local.touch(key)
-        self._count(local_hits=1, seconds_saved=_seconds(obj.meta))
-        return Hit(key=key, outputs=obj.outputs, meta=obj.meta, tier="local"), False
+        shared = _of_run(obj.meta, run)
+        if shared:
+            self._count(shared=1)
+        else:
+            self._count(local_hits=1, seconds_saved=_seconds(obj.meta))
+        return Hit(key=key, outputs=obj.outputs, meta=obj.meta, tier="local", shared=shared), False
 
     def _drop_local(self, local: LocalTier, key: str, problem: str) -> None:
         """Remove a bad local entry; warn once (per process and key) either way."""
@@ -281,6 +307,7 @@ class Cache:
         accept: Accept | None,
         *,
         replace_local: bool,
+        run: str = "",
     ) -> tuple[Hit | None, bool]:
         """(hit, rejected by ``accept``); ``replace_local``: overwrite a rejected local entry."""
         try:
@@ -321,8 +348,12 @@ class Cache:
         except OSError as exc:
             self._count(errors=1)
             self._warn(f"local cache {local.dir} cannot be written ({why(exc)}); not filling it")
-        self._count(remote_hits=1, seconds_saved=_seconds(obj.meta))
-        return Hit(key=key, outputs=obj.outputs, meta=obj.meta, tier="remote"), False
+        shared = _of_run(obj.meta, run)
+        if shared:
+            self._count(shared=1)
+        else:
+            self._count(remote_hits=1, seconds_saved=_seconds(obj.meta))
+        return Hit(key=key, outputs=obj.outputs, meta=obj.meta, tier="remote", shared=shared), False
 
     def _trusted(self, obj: DecodedObject, key: str, remote: RemoteStore | None) -> bool:
         """Whether ``obj`` (from ``remote``, or the local tier when None) may be served:

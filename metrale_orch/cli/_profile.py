@@ -2,7 +2,8 @@
 
 Reads ``<build_dir>/profile.json`` (written by every ``doit build`` that ran
 something; open it in Perfetto or ``chrome://tracing`` for the timeline) and
-prints the slowest compiles (target, module, seconds, outcome) and the totals.
+prints the slowest compiles (target, module, the compiler's own seconds, outcome) and
+the totals, where the compiles' wait for a slot is a step of its own.
 The reading and adding up live in :mod:`metrale_orch.steps.profile`; this
 module parses the arguments and formats the summary.
 """
@@ -67,15 +68,20 @@ def format_summary(summary: ProfileSummary, shown: str) -> str:
         f"targets: {summary.targets} in {summary.wall_seconds:.1f} s"
         f"{workers if summary.workers else ''}"
     )
+    shared = f"{summary.shared} shared, " if summary.shared else ""
     lines.append(
         f"modules: {o.get('compiled', 0)} compiled, {_hits(o.get('local', 0), 'local')}, "
-        f"{_hits(o.get('remote', 0), 'remote')}, {o.get('failed', 0)} failed; "
+        f"{_hits(o.get('remote', 0), 'remote')}, {shared}{o.get('failed', 0)} failed; "
         f"{_human(summary.compiled_bytes)} compiled, {_human(summary.restored_bytes)} restored"
     )
-    steps = [(k, v) for k, v in summary.steps.items() if k != "build"]
+    steps = [(_STEP_WORDS.get(k, k), v) for k, v in summary.steps.items() if k != "build"]
     if steps:
         lines.append("time by step: " + ", ".join(f"{k} {v:.2f} s" for k, v in steps))
     return "\n".join(lines) + "\n"
+
+
+#: How ``time by step`` names a step whose name alone would mislead.
+_STEP_WORDS = {"wait": "waiting for a compile slot"}
 
 
 def _hits(n: int, tier: str) -> str:

@@ -59,6 +59,7 @@ from metrale_orch.proc import ProcessError, format_argv
 
 __all__ = ["BuildContext", "run_compile", "step_argv", "sweep_tmp"]
 
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BuildContext:
     """What every module of one target's build shares."""
@@ -149,6 +150,9 @@ class Ran:
     where: str = ""
     #: The remote engine's stages: name -> (start, end) in ``time.time()`` seconds.
     stages: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    #: Seconds the steps waited for an executor slot before their compiler started:
+    #: the part of the executor's time that is not the compiler's own (the profile's).
+    waited: float = 0.0
 
 
 def run_compile(
@@ -413,6 +417,7 @@ def _run_steps(
     texts: list[str] = []
     returncode = 0
     ran = Ran()
+    waited = 0.0
     # The toolchain's env_set is part of the command (HIP_PLATFORM=amd hipcc ...).
     assigned = set_environment_line(ctx.plan.toolchain)
     for step in steps.argvs:
@@ -434,13 +439,16 @@ def _run_steps(
             remote=remote if len(steps.argvs) == 1 else None,
             owner=target,
         )
+        asked = time.perf_counter()
         try:
             done = ctx.session.executor.run(action)
         except ProcessError as exc:
             raise _failure(ctx, module, exc.returncode, exc.output)(step, exc.reason) from None
+        # What the executor took beyond the compiler's own seconds: the wait for a slot.
+        waited += max(0.0, time.perf_counter() - asked - done.seconds)
         seconds += done.seconds
         returncode = done.returncode
-        ran = Ran(where=done.where, stages=done.stages)
+        ran = Ran(where=done.where, stages=done.stages, waited=waited)
         texts.append((done.stdout + done.stderr).strip())
         first = step is steps.argvs[0]
         if steps.intermediate is not None and first and not steps.intermediate.is_file():

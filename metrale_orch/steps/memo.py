@@ -11,16 +11,22 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Literal
 
-__all__ = ["ArtefactMemo", "Obtained"]
+__all__ = ["ArtefactMemo", "Obtained", "Origin"]
+
+#: How the first target to need an artefact got it: compiled in this run, or from a tier.
+Origin = Literal["compiled", "local", "remote"]
 
 
 @dataclass(frozen=True, slots=True)
 class Obtained:
-    """An artefact and the inputs its compile read (``[kind, path, hash]``)."""
+    """An artefact, the inputs its compile read (``[kind, path, hash]``), and how the run
+    got it (a target reusing it built from this run's compile, or from a cache)."""
 
     data: bytes
     inputs: tuple[tuple[str, str, str], ...]
+    origin: Origin = "compiled"
 
 
 class ArtefactMemo:

@@ -7,7 +7,10 @@ step of a target (``build`` around ``plan``, ``stage``, then per module
 reporter, which writes them all, with :func:`trace_document` and
 :func:`encode_profile`, to ``<build_dir>/profile.json``: the trace-event format
 Perfetto and ``chrome://tracing`` open (complete events ``"ph": "X"``, times in
-microseconds, plus ``"M"`` events naming each worker process and thread).
+microseconds, plus ``"M"`` events naming each worker process and thread). A
+``compile`` span holds the module's wait for an executor slot before its compiler
+started: its args say how long each took (``seconds``: the compiler's own, ``wait``:
+the slot's), and :func:`summarize_profile` counts them apart.
 :func:`read_profile` and :func:`summarize_profile` read it back for
 ``metrale-orch profile``.
 
@@ -55,6 +58,8 @@ ArgValue = str | int | float
 SpanArgs = dict[str, ArgValue]
 
 _STEPS: frozenset[str] = frozenset(get_args(Step))
+#: A ``lookup`` span's ``source`` when another target of the run obtained the artefact.
+_SHARED_SOURCES = ("memo", "run")
 #: ``otherData.version`` of the file; bumped when the events' meaning changes.
 PROFILE_VERSION = 1
 
@@ -64,8 +69,10 @@ class Span:
     """One step of one target's build, on the worker (process, thread) that ran it.
 
     ``module`` is "" for a step of the whole target. ``args`` hold the outcome
-    (``lookup``: local, remote or miss; ``compile``: compiled or failed;
-    ``build``: built, cached or failed) and the bytes moved.
+    (``lookup``: local, remote or miss, with its ``source``: ``cache``, or ``memo`` /
+    ``run`` for an artefact another target of the run obtained; ``compile``: compiled
+    or failed, the compiler's ``seconds`` and the ``wait`` for a slot; ``build``: built,
+    cached or failed) and the bytes moved.
     """
 
     step: Step
@@ -261,19 +268,21 @@ def read_profile(path: Path) -> list[dict[str, object]]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CompileTime:
-    """One compile of the profile: which module of which target, how long, how it ended."""
+    """One compile of the profile: which module of which target, how long its compiler ran
+    (:func:`compile_seconds`), how long it waited for a slot first, how it ended."""
 
     target: str
     module: str
     seconds: float
     outcome: str
+    wait: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProfileSummary:
     """What ``metrale-orch profile`` shows (:func:`summarize_profile`)."""
 
-    #: The slowest compiles, slowest first.
+    #: The slowest compiles by the compiler's own time, slowest first.
     slowest: tuple[CompileTime, ...]
     #: Targets built (``build`` spans) and the worker threads they ran on.
     targets: int
@@ -281,17 +290,23 @@ class ProfileSummary:
     #: From the run's start to the end of its last span.
     wall_seconds: float
     #: Module outcomes: compiled and failed (``compile`` spans), local and remote hits
-    #: (``lookup`` spans).
+    #: (``lookup`` spans that a cache tier answered).
     outcomes: Mapping[str, int]
-    #: Seconds spent in each step, all workers added up.
+    #: Seconds spent in each step, all workers added up: ``compile`` is the compilers'
+    #: own time (never more than jobs x wall), ``wait`` the compiles' waits for a slot
+    #: (part of their spans, counted apart).
     steps: Mapping[str, float]
     #: Bytes compiled and bytes restored from a cache.
     compiled_bytes: int
     restored_bytes: int
+    #: Lookups another target of the run answered (``lookup`` spans from its memo or
+    #: from a cache entry this run stored): neither hits nor compiles.
+    shared: int = 0
 
 
 def summarize_profile(events: Sequence[Mapping[str, object]], *, top: int = 10) -> ProfileSummary:
-    """The slowest ``top`` compiles and the totals of a profile's events (pure).
+    """The slowest ``top`` compiles (by the compiler's own time) and the totals of a
+    profile's events (pure).
 
     Ties are broken by target then module, so the listing is deterministic.
     """
@@ -299,7 +314,7 @@ def summarize_profile(events: Sequence[Mapping[str, object]], *, top: int = 10) 
     outcomes = {"compiled": 0, "local": 0, "remote": 0, "failed": 0}
     steps: dict[str, float] = {}
     workers: set[tuple[int, int]] = set()
-    targets = compiled_bytes = restored_bytes = 0
+    targets = compiled_bytes = restored_bytes = shared = 0
     end_us = 0
     for event in events:
         if event.get("ph") != "X":
@@ -310,22 +325,30 @@ def summarize_profile(events: Sequence[Mapping[str, object]], *, top: int = 10) 
         args = event.get("args")
         args = args if isinstance(args, Mapping) else {}
         outcome = str(args.get("outcome", ""))
-        steps[step] = steps.get(step, 0.0) + dur / 1e6
+        # A compile span holds its wait for a slot: the step's time is the compiler's.
+        took = compile_seconds(event) if step == "compile" else dur / 1e6
+        steps[step] = steps.get(step, 0.0) + took
         if step == "build":
             targets += 1
             workers.add((_num(event.get("pid", 0)), _num(event.get("tid", 0))))
         elif step == "compile":
+            waited = _seconds_arg(args, "wait")
+            if waited:
+                steps["wait"] = steps.get("wait", 0.0) + waited
             compiles.append(
                 CompileTime(
                     target=str(args.get("target", "")),
                     module=str(args.get("module", "")),
-                    seconds=dur / 1e6,
+                    seconds=took,
                     outcome=outcome,
+                    wait=waited,
                 )
             )
             if outcome in outcomes:
                 outcomes[outcome] += 1
             compiled_bytes += _num(args.get("bytes", 0))
+        elif step == "lookup" and args.get("source") in _SHARED_SOURCES:
+            shared += 1
         elif step == "lookup" and outcome in ("local", "remote"):
             outcomes[outcome] += 1
             restored_bytes += _num(args.get("bytes", 0))
@@ -339,6 +362,7 @@ def summarize_profile(events: Sequence[Mapping[str, object]], *, top: int = 10) 
         steps=MappingProxyType(dict(sorted(steps.items(), key=lambda kv: (-kv[1], kv[0])))),
         compiled_bytes=compiled_bytes,
         restored_bytes=restored_bytes,
+        shared=shared,
     )
 
 
@@ -377,9 +401,17 @@ def _list(value: object) -> list[object]:
 
 def compile_seconds(event: Mapping[str, object]) -> float:
     """How long a ``compile`` event's compiler ran: its ``seconds`` arg (the span also
-    holds the wait for an executor slot), else the span's duration (older profiles)."""
+    holds the wait for an executor slot), else the span's duration (older profiles, and a
+    compile that failed)."""
     args = event.get("args")
     seconds = args.get("seconds") if isinstance(args, Mapping) else None
     if isinstance(seconds, int | float) and not isinstance(seconds, bool):
         return float(seconds)
     return _num(event.get("dur", 0)) / 1e6
+
+
+def _seconds_arg(args: Mapping[str, object], name: str) -> float:
+    value = args.get(name)
+    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    return 0.0

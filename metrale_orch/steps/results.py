@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from types import MappingProxyType
+from typing import Literal
 
 from metrale_orch.fsutil import FileState
 from metrale_orch.manifest import ManifestModule, ModuleOutcome
 from metrale_orch.steps.errors import MissRefused, ModuleFailure
+from metrale_orch.steps.memo import Origin
 from metrale_orch.steps.profile import Span
 
 __all__ = ["ModuleResult", "TargetResult"]
@@ -21,7 +23,13 @@ __all__ = ["ModuleResult", "TargetResult"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModuleResult:
-    """How one module was obtained in this run."""
+    """How one module was obtained in this run.
+
+    ``outcome`` is what the manifest records: where the bytes were found. ``shared`` is
+    set when another target of the run obtained them (this process's memo, or a cache
+    entry this run stored): how that target got them (``compiled``, ``local``,
+    ``remote``); such a module is shared, not a cache hit, whatever ``outcome`` says.
+    """
 
     name: str
     stem: str
@@ -31,6 +39,7 @@ class ModuleResult:
     outcome: ModuleOutcome
     xxh3: str = ""
     seconds: float = 0.0
+    shared: Origin | Literal[""] = ""
 
     def to_dict(self) -> dict[str, object]:
         """The fields in their order, ``seconds`` rounded to the microsecond."""
@@ -50,7 +59,8 @@ class TargetResult:
     modules: tuple[ModuleResult, ...]
     #: The modules that failed: a compiler error, or a miss ``require_hits`` refused.
     failures: tuple[ModuleFailure, ...] = ()
-    #: Per-target counts: compiled, local, remote, failed (+ memo: reused in-process).
+    #: Per-target counts: compiled, local, remote, failed, and the modules shared in the
+    #: run (memo: reused in-process; run: a cache entry another worker process stored).
     cache_stats: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     seconds: float = 0.0
     #: Root-relative path of the manifest written, or "" when the build failed.

@@ -5,8 +5,10 @@ that runs their compile actions (``jobs`` at a time), the artefacts already
 obtained (so two targets sharing a key compile it once), the toolchain
 identities probed, the hashes of files outside the stage, the temporary
 directories already swept, the last build's compile times (longest work
-first) and the live counters a progress line reads. The doit integration
-makes one per process; a caller of
+first), the live counters a progress line reads, and the run it belongs to
+(``run``: every worker process of one doit run names the same, and the cache
+entries the run stores carry it, so a target that finds one counts it as shared in
+the run, not as a hit). The doit integration makes one per process; a caller of
 :func:`~metrale_orch.steps.target.build_target` without one gets a private one.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -47,6 +50,8 @@ class Progress:
     total: int = 0
     done: int = 0
     hits: int = 0
+    #: Modules another target of the run obtained (not a hit: no cache served them).
+    shared: int = 0
     compiled: int = 0
     failed: int = 0
     #: Expected seconds of the modules not yet done (the last build's times).
@@ -59,6 +64,7 @@ class Progress:
                 "total": self.total,
                 "done": self.done,
                 "hits": self.hits,
+                "shared": self.shared,
                 "compiled": self.compiled,
                 "failed": self.failed,
                 "expected_left": self.expected_left,
@@ -77,6 +83,8 @@ class Progress:
                 self.failed += 1
             elif outcome == "compiled":
                 self.compiled += 1
+            elif outcome == "shared":
+                self.shared += 1
             else:
                 self.hits += 1
 
@@ -99,8 +107,12 @@ class BuildSession:
         remote: bool = False,
         container_image: str = "",
         probes: ProbeMemo | None = None,
+        run: str = "",
     ) -> None:
         self.executor = executor
+        #: The build run this session serves (a new one when not given): the cache entries
+        #: it stores name it, and one found so named was compiled in this run.
+        self.run = run or uuid.uuid4().hex
         #: The toolchain identities probed in this run (shared with task generation).
         self.probes = ProbeMemo() if probes is None else probes
         #: Whether the executor can send compiles elsewhere (then each action carries
@@ -151,6 +163,7 @@ class BuildSession:
         expected: Mapping[str, float] | None = None,
         by_module: Mapping[tuple[str, str], float] | None = None,
         probes: ProbeMemo | None = None,
+        run: str = "",
     ) -> BuildSession:
         """A session running compiles on this machine, ``jobs`` at once across every process
         of the build (slot files under ``build_dir``)."""
@@ -159,6 +172,7 @@ class BuildSession:
             expected=expected,
             by_module=by_module,
             probes=probes,
+            run=run,
         )
 
     @contextlib.contextmanager

@@ -31,9 +31,10 @@ from typing import Literal
 
 import xxhash
 
-from metrale_orch.cache import Cache
+from metrale_orch.cache import RUN_META, Cache
 from metrale_orch.config import Config
 from metrale_orch.fsutil import FileState, file_digest
+from metrale_orch.manifest import ModuleOutcome
 from metrale_orch.paths import STATE_DIR, TMP_DIR, stage_dir, target_dir
 from metrale_orch.steps.compdb import (
     Difference,
@@ -77,7 +78,7 @@ from metrale_orch.steps.includes import (
 )
 from metrale_orch.steps.install import install
 from metrale_orch.steps.keys import checkout_of, module_key
-from metrale_orch.steps.memo import Obtained
+from metrale_orch.steps.memo import Obtained, Origin
 from metrale_orch.steps.plan import ModulePlan, PlanMemo, TargetPlan, config_docs, plan_target
 from metrale_orch.steps.profile import SpanRecorder
 from metrale_orch.steps.results import ModuleResult, TargetResult
@@ -102,8 +103,11 @@ __all__ = ["build_target", "stage_target"]
 
 _log = logging.getLogger("metrale_orch.steps")
 
-#: How :func:`_obtain` got an artefact: this process's memo, a cache tier, or the compiler.
-Obtainment = Literal["memo", "local", "remote", "compiled"]
+#: How :func:`_obtain` got an artefact: this process's memo, a cache entry this run stored
+#: (another worker process compiled it), a cache tier, or the compiler. The first two are
+#: shared in the run: another target obtained the artefact, no cache served it.
+Obtainment = Literal["memo", "run", "local", "remote", "compiled"]
+_SHARED: frozenset[str] = frozenset(("memo", "run"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -281,14 +285,15 @@ def _build(
                 dropped=prep.drops,
             )
             install_args["bytes"] = sum(len(d) for d in outputs.values())
-        counts = {"compiled": 0, "local": 0, "remote": 0, "memo": 0, "failed": 0}
+        counts = {"compiled": 0, "local": 0, "remote": 0, "memo": 0, "run": 0, "failed": 0}
         for o in obtained:
             counts[o.outcome] += 1
         totals.update(
             modules=len(obtained),
             compiled=counts["compiled"],
-            local=counts["local"] + counts["memo"],
+            local=counts["local"],
             remote=counts["remote"],
+            shared=counts["memo"] + counts["run"],
             failed=counts["failed"],
         )
     log.info(
@@ -508,26 +513,38 @@ def _pipeline(
     t0 = time.perf_counter()
     progress = ctx.session.progress
     outcome: Obtainment | Literal["failed"] = "failed"
+    origin: Origin = "compiled"
     failure: ModuleFailure | None = None
     try:
-        data, outcome, inputs = _obtain(ctx, module, key, rec, expected)
+        data, outcome, inputs, origin = _obtain(ctx, module, key, rec, expected)
     except (CompileError, MissRefused) as exc:
         failure = exc
         ctx.log.error("%s", exc)
         data, inputs = None, ()
     finally:
-        progress.finished(outcome, expected)
+        progress.finished("shared" if outcome in _SHARED else outcome, expected)
+    shared = outcome in _SHARED
     result = ModuleResult(
         name=module.name,
         stem=module.stem,
         source=module.source_rel,
         artefact=module.artefact,
         key=key,
-        outcome="local" if outcome == "memo" else outcome,
+        # The manifest says where the bytes were found (a shared artefact: "local").
+        outcome="local" if shared else outcome,  # type: ignore[arg-type]  # not shared
         xxh3="" if data is None else xxhash.xxh3_128_hexdigest(data),
         seconds=time.perf_counter() - t0,
+        shared=origin if shared else "",
     )
     return _Obtained(result=result, data=data, inputs=inputs, outcome=outcome, failure=failure)
+
+
+def _recorded(outcome: Obtainment | Literal["failed"]) -> ModuleOutcome:
+    """The manifest's outcome: where the bytes were found (a shared artefact: "local",
+    the first target's; ``ModuleResult.shared`` says it was shared)."""
+    if outcome == "memo" or outcome == "run":
+        return "local"
+    return outcome
 
 
 def _target_result(
@@ -656,9 +673,10 @@ def _beyond_stamps(
 
 def _obtain(
     ctx: BuildContext, module: ModulePlan, key: str, rec: SpanRecorder, expected: float
-) -> tuple[bytes, Obtainment, tuple[tuple[str, str, str], ...]]:
-    """The artefact bytes of ``module``, how they were obtained (memo|local|remote|compiled)
-    and the inputs its compile read.
+) -> tuple[bytes, Obtainment, tuple[tuple[str, str, str], ...], Origin]:
+    """The artefact bytes of ``module``, how they were obtained (memo|run|local|remote|
+    compiled), the inputs its compile read, and how the run first got them (compiled, or
+    from a tier: a shared artefact's first target's; the outcome itself otherwise).
 
     A memoised or cached artefact is taken only when every file its compile
     read still has the content it had (:func:`metrale_orch.steps.deps.inputs_match`);
@@ -666,7 +684,9 @@ def _obtain(
     One pipeline per key at a time in this session, and one per key across processes
     while a cache is open (its key lock): a target whose module shares a key with one
     in flight waits for that result and verifies it. Records the ``lookup`` span
-    (which includes that wait), then ``compile`` and ``store`` on a miss, in ``rec``.
+    (which includes that wait; its ``source`` is ``memo``, ``run`` or ``cache`` for an
+    artefact found), then ``compile`` and ``store`` on a miss, in ``rec``. A lookup shared
+    in the run (memo, run) is counted by the cache as ``shared``, never as a hit.
     Raises :class:`CompileError` when the compiler fails, and :class:`MissRefused` instead
     of compiling when ``ctx.require_hits`` is set.
     """
@@ -686,14 +706,19 @@ def _obtain(
             got = session.memo.get(key, module.artefact)
             if got is not None and still_valid([list(i) for i in got.inputs]):
                 args.update(outcome="local", source="memo", bytes=len(got.data))
-                return got.data, "memo", got.inputs
+                if ctx.cache is not None:
+                    ctx.cache.count_shared()
+                return got.data, "memo", got.inputs, got.origin
             if ctx.cache is not None:
                 held.enter_context(ctx.cache.key_lock(key))  # until stored, see above
             hit, rejected = _cache_lookup(ctx, module, key, still_valid)
             if hit is not None:
-                data, tier, inputs = hit
-                args.update(outcome=tier, source="cache", bytes=len(data))
-                return data, tier, inputs
+                data, tier, _inputs, _origin = hit
+                if tier == "run":  # another worker process of this run compiled it
+                    args.update(outcome="local", source="run", bytes=len(data))
+                else:
+                    args.update(outcome=tier, source="cache", bytes=len(data))
+                return hit
             args["outcome"] = "miss"
             if ctx.require_hits:
                 args["outcome"] = "refused"
@@ -706,7 +731,7 @@ def _obtain(
                     rejected,
                 )
         data, inputs = _compile_and_store(ctx, module, key, rec, expected, rejected)
-        return data, "compiled", inputs
+        return data, "compiled", inputs, "compiled"
 
 
 def _cache_lookup(
@@ -714,9 +739,9 @@ def _cache_lookup(
     module: ModulePlan,
     key: str,
     still_valid: Callable[[object], bool],
-) -> tuple[tuple[bytes, Obtainment, tuple[tuple[str, str, str], ...]] | None, bool]:
-    """The cached artefact of ``key`` whose recorded inputs still hold (or None), and
-    whether an entry was rejected for other inputs."""
+) -> tuple[tuple[bytes, Obtainment, tuple[tuple[str, str, str], ...], Origin] | None, bool]:
+    """The cached artefact of ``key`` whose recorded inputs still hold, as :func:`_obtain`
+    returns it (or None), and whether an entry was rejected for other inputs."""
     cache = ctx.cache
     if cache is None:
         return None, False
@@ -728,14 +753,18 @@ def _cache_lookup(
         rejected = rejected or not ok
         return ok
 
-    hit = cache.get(key, accept=accept)
+    hit = cache.get(key, accept=accept, run=ctx.session.run)
     if hit is not None and module.artefact in hit.outputs:
         data = bytes(hit.outputs[module.artefact])
-        tier: Obtainment = "remote" if hit.tier == "remote" else "local"
+        origin: Origin = "remote" if hit.tier == "remote" else "local"
+        # An entry this run stored (another worker process compiled it) is shared.
+        tier: Obtainment = "run" if hit.shared else origin
+        if hit.shared:
+            origin = "compiled"
         inputs = _as_inputs(hit.meta.get("inputs"))
-        ctx.session.memo.put(key, module.artefact, Obtained(data, inputs))
+        ctx.session.memo.put(key, module.artefact, Obtained(data, inputs, origin))
         ctx.log.info("%s: %s from the %s cache (%s)", ctx.plan.target, module.name, hit.tier, key)
-        return (data, tier, inputs), rejected
+        return (data, tier, inputs, origin), rejected
     if rejected:
         ctx.log.info(
             "%s: %s: the cached entry %s was compiled from other inputs; recompiling",
@@ -760,8 +789,14 @@ def _compile_and_store(
     with rec.span("compile", module=module.name, key=key) as args:
         args["outcome"] = "failed"
         data, seconds, inputs, ran = run_compile(ctx, module, expected=expected)
-        # The span also holds the wait for an executor slot; "seconds" is the compiler's.
-        args.update(outcome="compiled", bytes=len(data), seconds=round(seconds, 6))
+        # The span also holds the wait for an executor slot ("wait"); "seconds" is the
+        # compiler's own time.
+        args.update(
+            outcome="compiled",
+            bytes=len(data),
+            seconds=round(seconds, 6),
+            wait=round(ran.waited, 6),
+        )
         if ran.where:
             args["where"] = ran.where
     for name, (begin, end) in ran.stages.items():  # the remote engine's, as it reported
@@ -784,10 +819,11 @@ def _compile_and_store(
                     "producer": f"metrale-orch {plan.target} {module.name}",
                     "compile_seconds": round(seconds, 6),
                     "inputs": [list(i) for i in inputs],
+                    RUN_META: ctx.session.run,
                 },
                 replace=replace,
             )
-    ctx.session.memo.put(key, module.artefact, Obtained(data, inputs))
+    ctx.session.memo.put(key, module.artefact, Obtained(data, inputs, "compiled"))
     return data, inputs
 
 

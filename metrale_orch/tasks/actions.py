@@ -32,6 +32,7 @@ import signal
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import FrameType, ModuleType
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LOG_NAME",
     "REFUSED_KEY",
+    "RUN_ENV",
     "BuildFailed",
     "begin_run",
     "build_action",
@@ -96,6 +98,12 @@ REMOTE_TARGET_THREADS = 32
 
 #: The value key of a target's modules that ``require_hits`` did not compile (a count).
 REFUSED_KEY = "refused"
+
+#: The environment variable naming the doit run (:func:`begin_run`): the build sessions
+#: of its worker processes (forked, spawned alike) take it as theirs, so a cache entry one
+#: stored counts as shared in the run for the others (``steps.session``). Not a setting,
+#: and outside ``METRALE_*``, which task generation reads.
+RUN_ENV = "_METRALE_ORCH_RUN"
 
 #: The values of a target that a stopped run did not build.
 STOPPED: dict[str, object] = {"outcome": "stopped"}
@@ -192,14 +200,17 @@ class _Stop:
 
 def begin_run() -> None:
     """doit's loop starts in this process (the reporter's ``initialize``): from here a
-    first Ctrl-C or SIGTERM stops the run gracefully (:func:`_sigterm`)."""
+    first Ctrl-C or SIGTERM stops the run gracefully (:func:`_sigterm`). The run gets its
+    identity (:data:`RUN_ENV`), which every worker process it starts inherits."""
     _Stop.signum = 0
     _Stop.owner = os.getpid()
+    os.environ[RUN_ENV] = uuid.uuid4().hex
 
 
 def end_run() -> None:
     """doit's loop has ended (the reporter's ``complete_run``)."""
     _Stop.owner = 0
+    os.environ.pop(RUN_ENV, None)
     if _Stop.timer is not None:
         _Stop.timer.cancel()
         _Stop.timer = None
@@ -357,6 +368,7 @@ def _session(config: Config, build_dir: Path) -> BuildSession:
                 expected=expected,
                 by_module=by_module,
                 probes=run_probes(),
+                run=os.environ.get(RUN_ENV, ""),
             )
         _SESSIONS[key] = session
         return session
@@ -387,6 +399,7 @@ def _remote_session(
         remote=True,
         container_image=config.remote_container_image,
         probes=run_probes(),
+        run=os.environ.get(RUN_ENV, ""),
     )
 
 
@@ -402,19 +415,24 @@ def _remote_counts(session: BuildSession, target: str) -> dict[str, object]:
 def summarise_result(result: TargetResult) -> dict[str, object]:
     """The small JSON value a build task saves and the reporter aggregates (pure).
 
-    ``outcome``: ``built`` (at least one module compiled), ``cached`` (every
-    module restored from a cache), ``failed``.
+    ``outcome``: ``built`` (at least one module compiled in this run, by this target or
+    by another that shared it), ``cached`` (every module restored from a cache, by this
+    target or by another that shared it), ``failed``. ``modules``: how many were
+    compiled, local or remote hits, ``shared`` (another target of the run obtained
+    them: never counted as hits), failed.
     """
-    outcomes = [str(m.outcome) for m in result.modules]
+    counts: dict[str, int] = {}
+    for m in result.modules:
+        name = "shared" if m.shared else str(m.outcome) or "unknown"
+        counts[name] = counts.get(name, 0) + 1
     if result.failed:
         outcome = "failed"
-    elif outcomes and all(o in ("local", "remote") for o in outcomes):
+    elif result.modules and all(
+        m.outcome in ("local", "remote") and m.shared != "compiled" for m in result.modules
+    ):
         outcome = "cached"
     else:
         outcome = "built"
-    counts: dict[str, int] = {}
-    for o in outcomes:
-        counts[o or "unknown"] = counts.get(o or "unknown", 0) + 1
     return {"outcome": outcome, "modules": dict(sorted(counts.items()))}
 
 

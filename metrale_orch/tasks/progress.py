@@ -37,12 +37,15 @@ def format_eta(seconds: float) -> str:
 
 
 def progress_text(counts: Mapping[str, float], elapsed: float, eta: float | None) -> str:
-    """The line's text (pure): ``counts`` has done, total, in_flight, hits, failed."""
+    """The line's text (pure): ``counts`` has done, total, in_flight, hits, shared (said
+    only when some module was: shared in the run, not a hit), failed."""
     done, total = int(counts.get("done", 0)), int(counts.get("total", 0))
+    shared = int(counts.get("shared", 0))
     parts = [
         f"modules {done}/{total}",
         f"{int(counts.get('in_flight', 0))} in flight",
         f"{int(counts.get('hits', 0))} hits",
+        *([f"{shared} shared"] if shared else []),
         f"{int(counts.get('failed', 0))} failed",
         format_eta(elapsed),
     ]

@@ -10,6 +10,13 @@ of its targets is, which says nothing). A failure prints its one-line message
     skipped 4 targets: toolchain 'metal' is not installed: ... (apple/*)
     cache: <the cache's own summary line>
 
+A finished target's line counts its modules compiled, restored ``from cache`` (its own
+local and remote hits) and ``shared`` (obtained by another target of the run, which
+compiled or fetched them): the ``cache:`` line counts each module of every target once
+in the same words (local hits, remote hits, shared, misses). A target is ``built`` when
+its modules were compiled in this run (by it or by a target it shares them with), ``from
+cache`` when every one came from a cache tier.
+
 With ``require_hits`` set, the modules it refused to compile (every cache tier
 missed them) are counted on a line of their own after the summary
 (:func:`format_refused`); each such target failed.
@@ -104,6 +111,7 @@ __all__ = [
     "end_interrupted",
     "exit_status",
     "format_interrupted",
+    "format_modules",
     "format_refused",
     "format_summary",
 ]
@@ -124,6 +132,22 @@ def format_summary(counts: dict[str, int], seconds: float) -> str:
     if counts.get("ignored"):
         parts.append(f"{counts['ignored']} ignored")
     return f"build: {', '.join(parts)} in {seconds:.1f} s"
+
+
+def format_modules(counts: Mapping[str, object]) -> str:
+    """A finished target's modules (pure), e.g. ``9 module(s), 2 compiled, 3 from cache,
+    4 shared``: ``from cache`` are its local and remote hits, ``shared`` the modules
+    another target of the run obtained (each said only when there is one)."""
+    compiled, hits, shared = (
+        sum(int(v) for k, v in counts.items() if k in names and isinstance(v, int))
+        for names in (("compiled",), ("local", "remote"), ("shared",))
+    )
+    line = f"{compiled + hits + shared} module(s), {compiled} compiled"
+    if hits:
+        line += f", {hits} from cache"
+    if shared:
+        line += f", {shared} shared"
+    return line
 
 
 def format_refused(refused: Mapping[str, int]) -> str:
@@ -422,15 +446,10 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         """One line per finished target: its modules' outcomes and its time."""
         self._finished.add(name)
         modules = values.get("modules")
-        counts = modules if isinstance(modules, dict) else {}
-        compiled = int(counts.get("compiled", 0))
-        hits = sum(int(v) for k, v in counts.items() if k in ("local", "remote"))
         seconds = values.get("seconds")
         took = f" in {seconds:.1f} s" if isinstance(seconds, int | float) else ""
-        self.write(
-            f"done {name}: {compiled + hits} module(s), {compiled} compiled, {hits} from cache"
-            f"{took}\n"
-        )
+        counts = modules if isinstance(modules, dict) else {}
+        self.write(f"done {name}: {format_modules(counts)}{took}\n")
 
     def _progress_text(self) -> str:
         counts, jobs = progress_counts()
