@@ -96,8 +96,10 @@ def parse_public_key_line(text: str) -> tuple[bytes, str]:
 
 
 def _looks_private(text: str) -> bool:
-    """Whether ``text`` looks like a private key (PEM, or anything over several lines)."""
-    return _PEM_START in text or "PRIVATE" in text.upper() or "\n" in text.strip()
+    """Whether ``text`` looks like a private key: PEM armour (``-----BEGIN``, ``PRIVATE
+    KEY-----``), or anything over several lines. A label is free text: ``private-ci`` is
+    not armour, and a line `metrale-orch cache keygen --label private-ci` printed parses."""
+    return _PEM_START in text or "KEY-----" in text.upper() or "\n" in text.strip()
 
 
 def key_line_name(index: int, line: str) -> str:
@@ -293,6 +295,10 @@ _INTEGERS: dict[str, tuple[int, str, str]] = {
     "jobs": (1, "a positive integer (compiles at once)", "a positive integer (compiles at once)"),
 }
 
+#: The longest a deadline may be: a year (Python's waits overflow past ~9.2e9 s, and a
+#: REAPI Duration past ~3.2e11 s).
+_MAX_SECONDS = 366 * 24 * 3600.0
+
 #: Kinds whose command-line value may come as text to be parsed.
 _TEXT_KINDS = ("seconds", "count", "table", "jobs", "bool", "headers", "public_keys")
 
@@ -404,6 +410,10 @@ def _convert(
                 ) from None
         if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
             raise ConfigError(where, key, f"must be a positive number of seconds, got {value!r}")
+        if not value <= _MAX_SECONDS:  # inf, or past what a process wait can take
+            raise ConfigError(
+                where, key, f"must be at most {_MAX_SECONDS:.0f} seconds (a year), got {value!r}"
+            )
         return float(value)
     if kind in _INTEGERS:
         least, not_a_number, out_of_range = _INTEGERS[kind]

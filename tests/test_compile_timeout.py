@@ -8,6 +8,7 @@ the scriptable REAPI server in the test process for a server with a lower maximu
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -97,3 +98,38 @@ def test_compile_timeout_is_the_remote_actions_timeout(tmp_path: Path) -> None:
     assert run.returncode == 0, run.text
     assert seen and set(seen) == {300.0}, seen
     assert "compile_timeout" not in run.text
+
+
+def test_a_timeout_no_wait_can_take_is_refused_in_one_line(tmp_path: Path) -> None:
+    root, env = _project(tmp_path)
+    for value in ("inf", "1e12", "nan", "0"):
+        env["METRALE_ORCH_COMPILE_TIMEOUT"] = value
+        run = doit(root, [f"build:{TARGET}"], env, timeout=60)
+        assert run.returncode != 0, run.text
+        assert "METRALE_ORCH_COMPILE_TIMEOUT" in run.text and "compile_timeout" in run.text
+        assert "Traceback" not in run.text, run.text
+
+
+def test_a_compile_whose_daemon_keeps_its_output_open_still_stops(tmp_path: Path) -> None:
+    """A compiler that starts a process in a session of its own (a cache daemon) that holds
+    its output open: past compile_timeout the compile fails within seconds, not when the
+    daemon exits."""
+    root, env = _project(tmp_path, METRALE_ORCH_COMPILE_TIMEOUT="1")
+    fake = tmp_path / "bin" / "fakecc"
+    real = fake.read_text()
+    marker = tmp_path / "daemon-done"
+    fake.write_text(
+        real.replace(
+            "import time\n",
+            "import time, subprocess\n"
+            f"subprocess.Popen(['setsid', 'sh', '-c', 'sleep 60; touch {marker}'])\n"
+            "time.sleep(30)\n",
+            1,
+        )
+    )
+    try:
+        run = doit(root, [f"build:{TARGET}"], env, timeout=120)
+        assert run.returncode != 0 and "timed out after 1 s" in run.text, run.text
+        assert not marker.exists()  # the build ended while the daemon still held the pipes
+    finally:
+        subprocess.run(["pkill", "-f", f"touch {marker}"], check=False)

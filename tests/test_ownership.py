@@ -268,3 +268,49 @@ def test_a_shared_local_cache_never_serves_another_users_entries(tmp_path: Path)
     assert text.count("no key in cache_trusted_keys signed") == 1, run.text
     stats = json.loads((second / "build" / "cache-stats.json").read_text())
     assert stats["untrusted"] >= 1 and stats["local_hits"] == 0, stats
+
+
+@as_root
+def test_doit_s_database_of_another_user_decides_nothing(tmp_path: Path) -> None:
+    """doit's records say which targets are up to date: another user's (or one others may
+    write) is ignored with a warning, made anew as this user's own, and every target is
+    checked again rather than taken as up to date on its word."""
+    from tests.support.project import doit, make_project, project_env, use_fake_compiler
+
+    root = make_project(tmp_path / "proj")
+    use_fake_compiler(root, tmp_path / "bin")
+    env = project_env(tmp_path, fake_bin=tmp_path / "bin")
+    first = doit(root, ["build:hopper/qwen/w8"], env)
+    assert first.returncode == 0, first.text
+    db = root / ".doit.db"
+    assert mine(db)  # made private, whatever the umask
+    again = doit(root, ["build:hopper/qwen/w8"], env)
+    assert "1 up to date" in again.text, again.text  # the records hold
+    give_away(db)
+    db.chmod(0o666)
+    run = doit(root, ["build:hopper/qwen/w8"], env)
+    assert run.returncode == 0, run.text
+    assert "warning: doit's database" in run.text and "ignored and made anew" in run.text
+    assert "0 up to date" in run.text, run.text
+    assert mine(db)
+
+
+def test_a_local_cache_others_may_write_without_trusted_keys_is_warned(tmp_path: Path) -> None:
+    """Without cache_trusted_keys nothing says who wrote a local entry: a local cache that
+    others may write is then said, once, with what to do."""
+    from tests.support.project import doit, make_project, project_env, use_fake_compiler
+
+    root = make_project(tmp_path / "proj")
+    use_fake_compiler(root, tmp_path / "bin")
+    env = project_env(tmp_path, fake_bin=tmp_path / "bin")
+    shared = Path(env["METRALE_ORCH_LOCAL_CACHE"])
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    run = doit(root, ["build:hopper/qwen/w8"], env)
+    assert run.returncode == 0, run.text
+    said = [line for line in run.text.splitlines() if "writable by group or others" in line]
+    assert len(said) == 1 and "cache_trusted_keys is not set" in said[0], run.text
+    shared.chmod(0o700)
+    run = doit(root, ["forget"], env)
+    run = doit(root, ["build:hopper/qwen/w8"], env)
+    assert "writable by group or others" not in run.text, run.text

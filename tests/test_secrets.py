@@ -9,6 +9,7 @@ ssh refuses one.
 
 from __future__ import annotations
 
+import io
 import os
 import pwd
 import stat
@@ -153,3 +154,37 @@ def test_the_local_key_others_may_read_is_refused_and_said_once(tmp_path: Path) 
         cache.put(KEY, OUT, {"command": ["nvcc"]}, replace=True)
         warned = [w for w in cache.warnings() if "local signing key" in w]
     assert len(warned) == 1 and f"`chmod 600 {key}`" in warned[0], warned
+
+
+# ------------------------------------------------------------------------------ review findings
+
+
+def test_a_one_line_key_as_the_signing_key_is_never_shown(tmp_path: Path) -> None:
+    """A PEM body without its armour (a common way to keep a CI secret) is no file name:
+    the error says the value is not shown, and shows none of it."""
+    pem, _ = generate_key_pair()
+    body = _body(pem)
+    config = load_config(tmp_path, {"METRALE_ORCH_CACHE_SIGNING_KEY": body})
+    with pytest.raises(SigningKeyError) as refused:
+        Cache(CacheSettings.from_config(config))
+    text = str(refused.value)
+    assert "not shown" in text and "METRALE_ORCH_CACHE_SIGNING_KEY" in text, text
+    assert not leaks(text, pem), leaks(text, pem)
+
+
+def test_a_malformed_set_shows_no_value(tmp_path: Path) -> None:
+    from metrale_orch.cli import main
+
+    pem, _ = generate_key_pair()
+    for item in (pem.decode(), f"cache_signing_key:{_body(pem)}"):
+        err = io.StringIO()
+        code = main(["--root", str(tmp_path), "--set", item, "layout"], err=err, environ={})
+        text = err.getvalue()
+        assert code == 2 and "expected KEY=VALUE" in text, text
+        assert not leaks(text, pem), leaks(text, pem)
+
+
+def test_a_keygen_label_with_private_in_it_still_parses(tmp_path: Path) -> None:
+    _, public = generate_key_pair("private-ci")
+    config = load_config(tmp_path, {"METRALE_ORCH_CACHE_TRUSTED_KEYS": public.line()})
+    assert config.cache_trusted_keys == (public.line(),)

@@ -180,7 +180,14 @@ def load_signer(spec: str, where: str) -> Signer:
         except _KeyRefused as exc:
             raise SigningKeyError(where, str(exc.strerror)) from None
         except OSError as exc:
-            raise SigningKeyError(where, f"cannot read the key file {spec} ({why(exc)})") from None
+            # Not quoted: a one-line value that is no file may be the key itself (a PEM
+            # body without its armour, a base64 seed).
+            raise SigningKeyError(
+                where,
+                f"cannot read it as a key file ({why(exc)}); the value is not shown, as it "
+                "may be a key: give the path of a PEM file, or the PEM text with its "
+                "-----BEGIN PRIVATE KEY----- lines",
+            ) from None
         where = f"{where} (key file {spec})"
     return _signer_from_pem(data, where)
 

@@ -15,10 +15,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import os
 import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from metrale_orch.cache.errors import CacheKeyError, why
 from metrale_orch.cache.local import LocalTier, key_lock
@@ -36,6 +38,7 @@ from metrale_orch.cache.remote import RemoteFailure, RemoteOff, RemoteStore
 from metrale_orch.cache.settings import CacheSettings
 from metrale_orch.cache.signing import Signing
 from metrale_orch.cache.stats import CacheStats
+from metrale_orch.ownership import not_own
 
 __all__ = ["RUN_META", "Accept", "Cache", "Hit", "cache_key", "open_cache"]
 
@@ -134,12 +137,28 @@ class Cache:
                 signing_key_where=settings.signing_key_where,
                 local_key=settings.local_key,
             )
+        if self._enabled and self._signing is None:
+            self._warn_shared_local(settings.local_dir)
         #: Keys whose local entry was refused as not trusted: the next fill or put replaces it.
         self._untrusted_local: set[str] = set()
         self._trust_warned: set[str] = set()
         self._uploads: queue.Queue[_UploadJob | None] = queue.Queue()
         self._uploader: threading.Thread | None = None
         self._closed = False
+
+    def _warn_shared_local(self, local_dir: Path) -> None:
+        """Warn when a local cache that others may write is read with no trusted keys:
+        its entries are then served whoever wrote them (I/O: one ``stat``)."""
+        try:
+            problem = not_own(os.stat(local_dir))
+        except OSError:
+            return
+        if problem:
+            self._warn(
+                f"the local cache {local_dir} is {problem}, and cache_trusted_keys is not "
+                "set: whoever can write there decides what this build serves; set "
+                "cache_trusted_keys (docs/guarantees.md) or use a private local_cache"
+            )
 
     # -- warnings and counters --
 

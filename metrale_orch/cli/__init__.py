@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import traceback
 from collections.abc import Mapping, Sequence
@@ -165,12 +166,22 @@ def main(
         return 1
 
 
+#: What a setting's name looks like (only such a word of a bad ``--set`` is shown).
+_SETTING_NAME = re.compile(r"[a-z][a-z0-9_]{0,40}")
+
+
 def _parse_settings(items: Sequence[str]) -> dict[str, str]:
     """``KEY=VALUE`` strings to a mapping; the last of a repeated key wins."""
     settings: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise UsageError(f"--set {item!r}: expected KEY=VALUE, e.g. --set cache_mode=off")
+            # Only a name is quoted: the rest may be a secret (a key, a header value).
+            name = re.split(r"[=:\s]", item, maxsplit=1)[0]
+            shown = f" {name!r}" if _SETTING_NAME.fullmatch(name) else ""
+            raise UsageError(
+                f"--set{shown}: expected KEY=VALUE, e.g. --set cache_mode=off (the value "
+                "is not shown)"
+            )
         settings[key.strip()] = value
     return settings

@@ -97,8 +97,7 @@ class LocalExecutor:
                 out, err = proc.communicate(timeout=action.timeout)
             except subprocess.TimeoutExpired:
                 _signal_group(proc, signal.SIGKILL)
-                out, err = proc.communicate()
-                raise timed_out(args, out, err, action.timeout) from None
+                raise timed_out(args, *_drain(proc), action.timeout) from None
         finally:
             with self._lock:
                 self._running.pop(proc.pid, None)
@@ -108,6 +107,24 @@ class LocalExecutor:
         if self._stopped.is_set():
             raise ActionStopped(f"{action.label or args[0]}: stopped")
         return finished(args, proc.returncode, out, err, time.perf_counter() - start)
+
+
+#: Seconds to read what a killed compiler printed: a process it started in a session of
+#: its own (a daemon) may hold its pipes open forever.
+_DRAIN_SECONDS = 5.0
+
+
+def _drain(proc: subprocess.Popen[bytes]) -> tuple[bytes | None, bytes | None]:
+    """What the killed ``proc`` printed, read for at most :data:`_DRAIN_SECONDS`; then its
+    pipes are closed, whoever still holds them."""
+    try:
+        return proc.communicate(timeout=_DRAIN_SECONDS)
+    except subprocess.TimeoutExpired as exc:
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        proc.wait()
+        return exc.stdout, exc.stderr
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from metrale_orch.errors import EXIT_FAILURE, MetraleError, printable
+from metrale_orch.ownership import not_own
 from metrale_orch.tasks.checker import result_digest
 from metrale_orch.tasks.doit_api import DatabaseException, SavedOnceSqliteDB
 
@@ -108,6 +109,7 @@ class Database(SavedOnceSqliteDB):
         #: Why the final save failed, once it has (see :meth:`report_at_end`).
         self.failure: DatabaseUnwritable | None = None
         try:
+            _drop_foreign(name)
             super().__init__(name, codec, module_name=module_name)
         except (DatabaseException, sqlite3.Error) as exc:
             reason = unwritable_reason(exc)
@@ -138,6 +140,42 @@ class Database(SavedOnceSqliteDB):
             self.failure = DatabaseUnwritable(shown, reason, unsaved, self._defer)
         if self.failure is not None and not self._defer:
             _end(self.failure)
+
+
+#: The files sqlite reads as the database's content: the file and its journals.
+_SQLITE_FILES = ("", "-journal", "-wal", "-shm")
+
+
+def _drop_foreign(name: str) -> None:
+    """Remove doit's database ``name`` (and sqlite's journals of it) when it is not the
+    user's own (:func:`~metrale_orch.ownership.not_own`): its records decide which targets
+    are up to date, so anyone else's is ignored, with one warning, and made anew, private
+    (every target is checked again; artefacts come from the cache). A new database is
+    created private whatever the umask. One that cannot be removed ends the command with
+    one line (:class:`DatabaseUnwritable`)."""
+    for suffix in _SQLITE_FILES:
+        path = name + suffix
+        try:
+            problem = not_own(os.stat(path))
+        except FileNotFoundError:
+            continue
+        if problem:
+            try:
+                os.unlink(path)
+            except OSError as exc:
+                reason = f"it is {problem} and cannot be removed ({exc.strerror})"
+                _end(DatabaseUnwritable(_shown(path), reason, None))
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write(
+                    printable(
+                        f"metrale-orch: warning: doit's database {_shown(path)} is {problem}:"
+                        " ignored and made anew (every target is checked again)"
+                    )
+                    + "\n"
+                )
+    # Made here, private; where it cannot be, sqlite's open says why (as before).
+    with contextlib.suppress(OSError):
+        os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
 
 
 def _shown(name: str) -> Path:
