@@ -4,7 +4,7 @@ CPython 3.11's :mod:`dataclasses` writes the source of every method it generates
 (``__init__``, ``__repr__``, ``__eq__``, ``__hash__``, a frozen class's ``__setattr__`` and
 ``__delattr__``) and compiles it each time a class is made. The package's ~70 value and
 error classes do that on every import: ~30 ms of the ~270 ms a cold ``doit list`` of the
-real-shaped tree takes, more than resolving its 60 targets (BENCHMARKS.md, "Start-up
+real-shaped tree takes, more than resolving its 60 targets (bench/HISTORY.md, "Start-up
 without compiling the dataclasses' methods"). Python keeps a module's bytecode in
 ``__pycache__``; this keeps the code of those generated methods the same way: one file of
 code objects, keyed by the exact source text :mod:`dataclasses` generated, for this

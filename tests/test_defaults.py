@@ -1815,30 +1815,14 @@ def test_docs_defaults_md_is_generated() -> None:
     )
 
 
-def test_the_readme_block_is_generated() -> None:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    block = re.search(
-        re.escape(D.DOCS_BEGIN) + r"\n(.*?)" + re.escape(D.DOCS_END), text, flags=re.DOTALL
-    )
-    assert block is not None, "README.md lost its defaults block markers"
-    assert block[1] == render_docs(), (
-        "the README defaults block is stale: run "
-        "`.venv/bin/python -c 'from metrale_orch.defaults import write_docs; write_docs(\".\")'`"
-    )
-
-
-def test_write_docs_regenerates_both_and_is_idempotent(tmp_path: Path) -> None:
-    (tmp_path / "README.md").write_text(
-        f"# x\n\n{D.DOCS_BEGIN}\nstale\n{D.DOCS_END}\n\ntail\n", encoding="utf-8"
-    )
-    changed = write_docs(tmp_path)
-    assert changed == (tmp_path / "docs" / "defaults.md", tmp_path / "README.md")
-    readme = (tmp_path / "README.md").read_text(encoding="utf-8")
-    assert readme == f"# x\n\n{D.DOCS_BEGIN}\n{render_docs()}{D.DOCS_END}\n\ntail\n"
+def test_write_docs_regenerates_the_page_and_is_idempotent(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "defaults.md").write_text("stale\n", encoding="utf-8")
+    (tmp_path / "README.md").write_text("# x\n", encoding="utf-8")
+    assert write_docs(tmp_path) == (tmp_path / "docs" / "defaults.md",)
+    assert (tmp_path / "docs" / "defaults.md").read_text(encoding="utf-8") == render_docs()
+    assert (tmp_path / "README.md").read_text(encoding="utf-8") == "# x\n"  # links, no copy
     assert write_docs(tmp_path) == ()
-    (tmp_path / "README.md").write_text("# no markers\n", encoding="utf-8")
-    with pytest.raises(DefaultsError, match=r"README\.md"):
-        write_docs(tmp_path)
 
 
 # --------------------------------------------------------------------------- CLI

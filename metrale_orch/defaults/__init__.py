@@ -47,8 +47,6 @@ from metrale_orch.defaults.declaration import (
     read_defaults,
 )
 from metrale_orch.defaults.docs import (
-    DOCS_BEGIN,
-    DOCS_END,
     render_docs,
     write_docs,
 )
@@ -105,8 +103,6 @@ from metrale_orch.defaults.tree_levers import (
 __all__ = [
     "BASELINE_BATCHM_MAX",
     "DENSE_GEMV_BATCHM_MAX_M",
-    "DOCS_BEGIN",
-    "DOCS_END",
     "LEVERS",
     "LEVERS_TOML",
     "AlreadyResolvedError",

@@ -138,7 +138,7 @@ class BuildSession:
         # Planning and staging a target is Python and file work: as many at once as this
         # process has CPUs. All of doit's target threads preparing together made each
         # take as long as all of them, and the first compile waited for the first to end
-        # (E3 in BENCHMARKS.md); one after another, compiles start early and stay fed.
+        # (E3 in bench/HISTORY.md); one after another, compiles start early and stay fed.
         self._preparing = threading.BoundedSemaphore(default_jobs())
         # Verifying a target's artefacts obtained earlier in the run and installing it
         # feed no compile: one target at a time, so the interpreter stays with the targets
@@ -149,7 +149,7 @@ class BuildSession:
         # Module pipelines (lookup, compile, store) of every target in flight. A pipeline
         # mostly waits: for an executor slot, or for the pipeline of another target that
         # owns the same key. More threads than this only contend for the interpreter
-        # (measured: E3 in BENCHMARKS.md, 1024 threads were 2.5x slower than 128).
+        # (measured while E3 was tuned: 1024 threads were 2.5x slower than 128).
         self._pool = ThreadPoolExecutor(
             max_workers=max(PIPELINES, 4 * executor.jobs), thread_name_prefix="metrale-module"
         )

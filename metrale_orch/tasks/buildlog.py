@@ -7,7 +7,7 @@ workers) from interleaving or losing lines while rotating. Writing in the
 logging thread itself held the handler's lock across a file lock and half a
 dozen system calls, and with a hundred module threads each needing the
 interpreter back after every call that lock became a convoy every compile start
-queued behind (E3 in BENCHMARKS.md).
+queued behind (E3 in bench/HISTORY.md).
 
 The records of a target are on disk when its doit action returns
 (:func:`flush_build_log`), and everything else when the process exits (the
