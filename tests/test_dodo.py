@@ -492,8 +492,8 @@ def test_the_probes_start_before_task_generation_and_are_not_repeated(
     """start_probes (run when doit imports the dodo file) probes into the run's memo:
     task generation then finds every toolchain probed and runs no compiler."""
     from metrale_orch.config import load_config
-    from metrale_orch.tasks.creators import generation_key
     from metrale_orch.tasks.probes import reset_run_probes, run_probes, start_probes
+    from metrale_orch.tasks.taskkey import generation_key
     from metrale_orch.toolchain.definitions import load_toolchains
 
     root, env = fake_project
@@ -520,7 +520,7 @@ def test_the_early_probes_end_quietly_whatever_fails_in_them(
     the probe is run again where it is asked for."""
     import threading
 
-    from metrale_orch.tasks import creators
+    from metrale_orch.tasks import taskkey
     from metrale_orch.tasks.probes import reset_run_probes, start_probes
 
     calls: list[object] = []
@@ -531,7 +531,7 @@ def test_the_early_probes_end_quietly_whatever_fails_in_them(
 
     raised: list[object] = []
     monkeypatch.setattr(threading, "excepthook", raised.append)
-    monkeypatch.setattr(creators, "stamp_wanted", refused)
+    monkeypatch.setattr(taskkey, "stamp_wanted", refused)
     root, env = fake_project
     reset_run_probes()
     try:
@@ -547,7 +547,11 @@ NOOP_UNNEEDED = (
     "metrale_orch.tree",
     "metrale_orch.tasks.specs",
     "metrale_orch.steps.target",
+    "metrale_orch.steps.pipeline",
+    "metrale_orch.steps.tree_reach",
     "metrale_orch.steps.plan",
+    "metrale_orch.steps.plan_values",
+    "metrale_orch.steps.signature",
     "metrale_orch.cache",
 )
 

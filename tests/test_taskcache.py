@@ -24,14 +24,7 @@ from metrale_orch.paths import TREE_TASK
 from metrale_orch.tasks import actions, taskcache
 from metrale_orch.tasks.actions import nonzero_counters
 from metrale_orch.tasks.checker import SignatureCheck
-from metrale_orch.tasks.creators import (
-    cached_tasks,
-    generation_base,
-    generation_key,
-    record_task_dicts,
-    replay_task_dicts,
-    stamp_wanted,
-)
+from metrale_orch.tasks.creators import cached_tasks, record_task_dicts, replay_task_dicts
 from metrale_orch.tasks.dicts import BuildSpec
 from metrale_orch.tasks.scope import in_scope
 from metrale_orch.tasks.specs import (
@@ -40,6 +33,7 @@ from metrale_orch.tasks.specs import (
     resolve_build_specs,
     smoke_task_dicts,
 )
+from metrale_orch.tasks.taskkey import generation_base, generation_key, stamp_wanted
 from metrale_orch.toolchain import earlyruns
 from metrale_orch.toolchain.definitions import load_toolchains
 from metrale_orch.toolchain.probe import ProbeMemo

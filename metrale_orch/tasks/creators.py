@@ -21,24 +21,18 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import json
-import os
-import sys
 import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import xxhash
-
 import metrale_orch
-from metrale_orch.config import EXECUTION_KEYS, Config, load_config
+from metrale_orch.config import Config, load_config
 from metrale_orch.errors import MetraleError, printable
 from metrale_orch.fsutil import remove_all_but_newest, write_own
 from metrale_orch.ownership import read_own
 from metrale_orch.paths import STATE_DIR, TREE_TASK
-from metrale_orch.steps.hip_mirror import scan_hip_compat
 from metrale_orch.tasks import taskcache
 from metrale_orch.tasks.checker import SignatureCheck
 from metrale_orch.tasks.dicts import (
@@ -50,11 +44,17 @@ from metrale_orch.tasks.dicts import (
     plan_error_task,
     plan_skip_task,
 )
-from metrale_orch.tasks.doit_api import doit_version
+from metrale_orch.tasks.taskkey import (
+    generation_base,
+    key_of,
+    scoped_base,
+    stamps_of,
+    stored_key,
+)
 from metrale_orch.toolchain import earlyruns
 from metrale_orch.toolchain.definitions import Toolchain, load_toolchains
 from metrale_orch.toolchain.probe import ProbeMemo
-from metrale_orch.toolchain.stamps import Stamp, stamped_per_arch, toolchain_stamps
+from metrale_orch.toolchain.stamps import Stamp, stamped_per_arch
 
 if TYPE_CHECKING:
     from metrale_orch.tree import Target
@@ -62,11 +62,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Generation",
     "cached_tasks",
-    "generation_base",
-    "generation_key",
     "named_failures",
-    "scoped_base",
-    "stamp_wanted",
     "start_order",
 ]
 
@@ -111,8 +107,9 @@ def cached_tasks(
     ``scope``: a run that selects these ``build`` sub-tasks and no other task
     (:func:`~metrale_orch.tasks.dicts.build_scope`) gets the specs of the targets in it
     alone, and no smoke task: only the toolchains those targets select are probed, and
-    its entry is cached under a base of its own (:func:`scoped_base`). A spec is the
-    same whatever else is generated beside it."""
+    its entry is cached under a base of its own
+    (:func:`~metrale_orch.tasks.taskkey.scoped_base`). A spec is the same whatever else is
+    generated beside it."""
     if probes is None:
         probes = ProbeMemo()
     try:
@@ -144,10 +141,10 @@ def cached_tasks(
         resolved = early.generation.resolved_toolchains(early.resolution, toolchains)
         used, arches = tuple(resolved), _of_per_arch(resolved, toolchains)
     # The toolchains are observed here, before generation asks for any of them, and an
-    # entry is only ever keyed by these observations (see _stored_key).
-    stamps = _stamps(config, environ, toolchains, probes, used, arches)
+    # entry is only ever keyed by these observations (see stored_key).
+    stamps = stamps_of(config, environ, toolchains, probes, used, arches)
     _keep_plan(state_dir, environ, scope)
-    key = _key_of(base, stamps)
+    key = key_of(base, stamps)
     if found is None or key != last:
         found = taskcache.lookup(taskcache.cache_path(state_dir, key, scoped=scoped), key)
     if found.specs is not None:
@@ -210,12 +207,13 @@ def _store(
     scoped: bool,
 ) -> None:
     """Store what a generation made under the toolchains its targets did select, ``chosen``
-    (and the arches they build for, of those probed per arch; see :func:`_stored_key`),
-    and the hints the next run reads first."""
+    (and the arches they build for, of those probed per arch; see
+    :func:`~metrale_orch.tasks.taskkey.stored_key`), and the hints the next run reads
+    first."""
     recorded = record_task_dicts(smoke)
     selected = sorted(chosen)
     per_arch = _of_per_arch(chosen, toolchains)
-    stored = _stored_key(base, stamps, selected, per_arch)
+    stored = stored_key(base, stamps, selected, per_arch)
     if stored is not None:
         taskcache.store(
             taskcache.cache_path(state_dir, stored, scoped=scoped),
@@ -333,176 +331,6 @@ def replay_task_dicts(extra: object) -> list[TaskDict] | None:
         return [task for task in map(_replay_value, extra[0]) if isinstance(task, dict)]
     except (ImportError, AttributeError):
         return None
-
-
-def generation_base(
-    root: Path, environ: Mapping[str, str], config: Config, toolchains: Mapping[str, Toolchain]
-) -> str:
-    """Digest of what task generation depends on besides the watched files and the
-    toolchains' programs (no compiler runs): versions, root, configuration, every
-    toolchain's definition, and the environment variables any of them reads."""
-    names = {"PATH", "HOME", "XDG_CACHE_HOME"}
-    names.update(k for k in environ if k.startswith("METRALE_"))
-    for tc in toolchains.values():
-        names.update(tc.home_env)
-        names.update(tc.env_allowlist)
-        if tc.env_prefixes:
-            names.update(k for k in environ if k.startswith(tc.env_prefixes))
-        if tc.host_compiler_env:
-            names.add(tc.host_compiler_env)
-    doc = {
-        "schema": taskcache.SCHEMA,
-        "python": [sys.version, sys.executable],
-        "doit": doit_version(),
-        "package": metrale_orch.__version__,
-        "root": os.fspath(root),
-        "build_dir": os.fspath(config.build_dir),
-        "config": _generation_config(config),
-        "env": {name: environ.get(name) for name in sorted(names)},
-        "toolchains": {name: tc.to_dict() for name, tc in sorted(toolchains.items())},
-        # The HIP targets' file deps and identity list its files: a new one regenerates.
-        "hip_compat": scan_hip_compat(root, config.hip_compat_dir).digest,
-    }
-    return _digest(doc)
-
-
-def generation_key(
-    root: Path,
-    environ: Mapping[str, str],
-    config: Config,
-    toolchains: Mapping[str, Toolchain],
-    probes: ProbeMemo | None = None,
-    used: Iterable[str] | None = None,
-) -> str:
-    """Digest of what task generation depends on besides the watched files (I/O: finds
-    and probes toolchains): :func:`generation_base`, and the programs of the toolchains
-    ``used`` (default: those the last generation under the same base selected, else
-    all), with their names.
-
-    Probed on every invocation (a wrapper can switch the real compiler without a change
-    any stat would see); only the real binaries' hashes are remembered. A toolchain no
-    target selects changes no task, so it is not probed: hipcc on a tree of NVIDIA
-    targets costs a no-op nothing (:func:`~metrale_orch.tasks.taskcache.read_uses`).
-    """
-    base = generation_base(root, environ, config, toolchains)
-    state_dir = config.build_dir / STATE_DIR
-    if used is None:
-        used = taskcache.read_uses(state_dir, base)
-    arches = taskcache.read_arches(state_dir, base)
-    return _key_of(base, _stamps(config, environ, toolchains, probes, used, arches))
-
-
-def _stamps(
-    config: Config,
-    environ: Mapping[str, str],
-    toolchains: Mapping[str, Toolchain],
-    probes: ProbeMemo | None,
-    used: Iterable[str] | None,
-    arches: Mapping[str, Iterable[str]],
-) -> dict[str, Stamp]:
-    """The stamps of the toolchains ``used`` (None: all of them), those probed per arch
-    also for their ``arches``, probed now."""
-    state_dir = config.build_dir / STATE_DIR
-    probed = _selected(toolchains, used)
-    return toolchain_stamps(probed, environ, state_dir=state_dir, memo=probes, arches=arches)
-
-
-def scoped_base(base: str, scope: Sequence[str] | None) -> str:
-    """``base`` (:func:`generation_base`) of a run scoped to ``scope`` (the whole tree:
-    ``base`` itself): a scoped entry is another entry, with hints of its own."""
-    return base if scope is None else _digest({"base": base, "scope": sorted(set(scope))})
-
-
-def _key_of(base: str, stamps: Mapping[str, Stamp]) -> str:
-    """The key of ``base`` with these toolchains' stamps."""
-    return _digest({"base": base, "used": sorted(stamps), "programs": dict(stamps)})
-
-
-def _stored_key(
-    base: str,
-    stamps: Mapping[str, Stamp],
-    selected: Sequence[str],
-    per_arch: Mapping[str, Sequence[str]],
-) -> str | None:
-    """The key an entry generated after ``stamps`` were taken is stored under: that of
-    the toolchains its targets ``selected``, from those same stamps; None (not stored)
-    when a selected toolchain was not stamped before generation, or one probed per arch
-    and found was not stamped for exactly the arches its targets build for (``per_arch``).
-
-    Stamping it afterwards would pair what generation saw with a later look at the
-    toolchain: a compiler installed, or put earlier on ``PATH``, while the targets were
-    planned would give the entry the key of the new compiler and specs made for the
-    old one (a skip, or another identity in every plan), and the next run would hit
-    it. Not storing costs one more generation: the next run's hint names the toolchain
-    (and the arches) and stamps it first."""
-    if not set(selected) <= set(stamps):
-        return None
-    for name, arches in per_arch.items():
-        stamp = stamps[name]
-        if stamp[0] == "found" and _stamped_arches(stamp) != sorted(set(arches)):
-            return None
-    return _key_of(base, {name: stamps[name] for name in selected})
-
-
-def _stamped_arches(stamp: Stamp) -> list[str]:
-    """The arches a found toolchain's stamp holds per-arch rows of (sorted): its fourth
-    item, or the third of one under ``{root}`` (:data:`~metrale_orch.toolchain.stamps.Stamp`)."""
-    if len(stamp) > 3:
-        per_arch = stamp[3]
-    elif len(stamp) == 3 and isinstance(stamp[2], list):
-        per_arch = stamp[2]
-    else:
-        per_arch = []
-    return sorted(str(row[0]) for row in per_arch if isinstance(row, list) and row)
-
-
-def _selected(
-    toolchains: Mapping[str, Toolchain], used: Iterable[str] | None
-) -> dict[str, Toolchain]:
-    """The toolchains named in ``used`` that are defined (all when ``used`` is None)."""
-    if used is None:
-        return dict(toolchains)
-    return {n: toolchains[n] for n in sorted(set(used) & set(toolchains))}
-
-
-def _digest(doc: object) -> str:
-    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
-    return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogateescape"))
-
-
-def stamp_wanted(
-    root: Path,
-    environ: Mapping[str, str],
-    config: Config,
-    probes: ProbeMemo,
-    scope: Sequence[str] | None = None,
-) -> dict[str, Stamp]:
-    """The stamps the task cache's key of a run at ``root`` (scoped to ``scope``, see
-    :func:`cached_tasks`) will ask ``probes`` for: those of the toolchains the last
-    generation's targets selected, with the arches they built for (I/O; the early start
-    of :mod:`metrale_orch.tasks.probes`). When that is not known: every toolchain for
-    the whole tree, none for a scope (its generation finds which its targets select
-    before it probes any). Raises MetraleError (toolchain definitions)."""
-    toolchains = load_toolchains(root)
-    base = scoped_base(generation_base(root, environ, config, toolchains), scope)
-    state_dir = config.build_dir / STATE_DIR
-    used = taskcache.read_uses(state_dir, base)
-    if used is None and scope is not None:
-        return {}
-    wanted = _selected(toolchains, used)
-    arches = taskcache.read_arches(state_dir, base)
-    return toolchain_stamps(wanted, environ, state_dir=state_dir, memo=probes, arches=arches)
-
-
-def _generation_config(config: Config) -> dict[str, object]:
-    """The configuration as the generated tasks depend on it: everything but where and how
-    many compiles run (``jobs``, the remote executor: :data:`EXECUTION_KEYS`), which
-    changes no task."""
-    doc = {k: v for k, v in config.to_dict().items() if k not in EXECUTION_KEYS}
-    sources = doc.get("sources")
-    if isinstance(sources, dict):
-        doc["sources"] = {k: v for k, v in sources.items() if k not in EXECUTION_KEYS}
-    return doc
 
 
 def _to_cached(spec: BuildSpec) -> taskcache.CachedSpec:

@@ -5,7 +5,7 @@ compiler without a change any ``stat`` would see), but it need not wait for
 them: :func:`start_probes`, called first thing when doit imports the dodo
 file, runs the probes of the toolchains the targets selected last time, for the
 arches they built for (every toolchain the first time:
-:func:`~metrale_orch.tasks.creators.stamp_wanted`) on a background thread while
+:func:`~metrale_orch.tasks.taskkey.stamp_wanted`) on a background thread while
 the rest of the package is imported and doit reads its configuration. Task generation
 then asks the same :class:`~metrale_orch.toolchain.probe.ProbeMemo` and gets
 the probes already run or waits for the ones in flight; the builds of the run
@@ -50,7 +50,7 @@ def start_probes(
 
     def run() -> None:
         from metrale_orch.config import load_config
-        from metrale_orch.tasks.creators import stamp_wanted
+        from metrale_orch.tasks.taskkey import stamp_wanted
 
         # Only an early start: whatever fails here is met again, with its own message,
         # where the probe is asked for. That includes what a run ending under this
