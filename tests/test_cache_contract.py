@@ -18,8 +18,8 @@ import fsspec.core
 import pytest
 
 from metrale_orch.cache import Cache, CacheSettings, cache_key, open_cache
+from metrale_orch.cache.bucket import RemoteStore, remote_object_path
 from metrale_orch.cache.objects import CorruptObject, decode_object, encode_object
-from metrale_orch.cache.remote import RemoteStore, remote_object_path
 from tests.support.servers import (
     DNS_FAILURE_ENDPOINT,
     ObjectServer,

@@ -38,9 +38,9 @@ from metrale_orch.cache import (
     read_stats,
     verify_local,
 )
+from metrale_orch.cache import bucket as remote_mod
 from metrale_orch.cache import local as local_mod
 from metrale_orch.cache import maintenance as maintenance_mod
-from metrale_orch.cache import remote as remote_mod
 from metrale_orch.cache.objects import decode_object, encode_object
 from metrale_orch.cli import main
 from tests.support.servers import (

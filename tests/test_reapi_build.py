@@ -339,7 +339,7 @@ def test_stop_ends_remote_actions_in_flight_at_once(
     from concurrent.futures import ThreadPoolExecutor
 
     from metrale_orch.executor import Action, ActionStopped, LocalExecutor
-    from metrale_orch.executor.remote import RemoteExecutor
+    from metrale_orch.executor.offload import RemoteExecutor
 
     stack, workers = farm
     form = script_form(tmp_path, "slow.sh", "sleep 30\n")
@@ -367,7 +367,7 @@ def test_a_file_changed_since_staging_is_never_sent(
 ) -> None:
     """The input root's digests come from the bytes on disk and must match what was staged
     (the stage's xxh3): other bytes are never sent under the staged file's identity."""
-    from metrale_orch.executor.remote import RemoteUnavailable
+    from metrale_orch.executor.offload import RemoteUnavailable
 
     stack, _ = farm
     form = script_form(tmp_path, "k.sh", "# edited after staging\n", staged="# as staged\n")

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch.cache.reapi import ReapiObjects
-from metrale_orch.cache.remote import remote_object_path
+from metrale_orch.cache.bucket import remote_object_path
+from metrale_orch.cache.reapi_tier import ReapiObjects
 from metrale_orch.remote.client import RemoteClient
 from tests.support.reapi_cas_server import CasServer, bgd_command, cas_server
 from tests.support.reapi_deps import StackUnavailable

@@ -53,10 +53,10 @@ from metrale_orch.remote import (
     RemoteConfigError,
     RemoteRejected,
     RemoteUnavailable,
-    build_action,
     build_input_root,
     digest_bytes,
     digest_file,
+    encode_action,
     parse_digest,
     regen,
 )
@@ -282,7 +282,7 @@ def _action(**overrides: object) -> tuple[Digest, re_pb2.Command, re_pb2.Action]
         "timeout": 90.5,
     }
     args.update(overrides)
-    digest, blobs = build_action(**args)
+    digest, blobs = encode_action(**args)
     action = re_pb2.Action.FromString(blobs[digest])
     command_blob = blobs[Digest(action.command_digest.hash, action.command_digest.size_bytes)]
     return digest, re_pb2.Command.FromString(command_blob), action
@@ -570,7 +570,7 @@ def test_a_file_changed_after_hashing_is_never_committed(
 
 
 def test_action_cache_round_trip_after_its_blobs(client: RemoteClient) -> None:
-    digest, blobs = build_action(
+    digest, blobs = encode_action(
         ["true"], {}, "", ["out.o"], build_input_root({"a": os.urandom(8)}), {}, 10
     )
     assert client.get_action_result(digest) is None

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from metrale_orch.executor import Action, ActionStopped, LocalExecutor, RemoteForm
-from metrale_orch.executor.remote import (
+from metrale_orch.executor.offload import (
     BREAKER_FAILURES,
     RemoteExecutor,
     RemoteRun,

@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from metrale_orch.cache.bucket import RemoteStore
+from metrale_orch.cache.bucket_failures import RemoteFailure, RemoteOff
 from metrale_orch.cache.errors import CacheKeyError, why
 from metrale_orch.cache.local import LocalTier, key_lock
 from metrale_orch.cache.objects import (
@@ -34,7 +36,6 @@ from metrale_orch.cache.objects import (
     encode_object,
     key_of,
 )
-from metrale_orch.cache.remote import RemoteFailure, RemoteOff, RemoteStore
 from metrale_orch.cache.settings import CacheSettings
 from metrale_orch.cache.signing import Signing
 from metrale_orch.cache.stats import CacheStats

@@ -91,8 +91,8 @@ def _platform(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def _check(args: argparse.Namespace, ctx: Context) -> int:
+    from metrale_orch.executor.offload import RemoteUnavailable
     from metrale_orch.executor.reapi import open_backend
-    from metrale_orch.executor.remote import RemoteUnavailable
     from metrale_orch.steps.remote_form import OUT_DIR, remote_form
     from metrale_orch.toolchain.argv import compile_argv
 

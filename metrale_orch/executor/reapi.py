@@ -1,6 +1,6 @@
 """The REAPI glue of the remote executor: one remote form in, its outputs written here.
 
-:class:`ReapiBackend` is the :class:`~metrale_orch.executor.remote.RemoteBackend` on a
+:class:`ReapiBackend` is the :class:`~metrale_orch.executor.offload.RemoteBackend` on a
 :class:`~metrale_orch.remote.client.RemoteClient`. Per action it builds the input root
 (SHA-256 of each staged file found once per content through the stage's xxh3 hashes;
 directory digests memoised by content, so the subtrees thousands of actions share are
@@ -8,7 +8,7 @@ hashed and uploaded once), the Command and Action, uploads what the CAS lacks
 (FindMissingBlobs first; digests already known present this run are not asked
 about again), executes, and writes each declared output to its local path, verified
 against its SHA-256 as it is downloaded. Errors map onto the executor's two kinds:
-infrastructure (:class:`~metrale_orch.executor.remote.RemoteUnavailable`, run here
+infrastructure (:class:`~metrale_orch.executor.offload.RemoteUnavailable`, run here
 instead) and a compile that ran and failed (a :class:`RemoteRun` with its exit code).
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from metrale_orch.executor.action import RemoteForm
-from metrale_orch.executor.remote import RemoteRun, RemoteUnavailable
+from metrale_orch.executor.offload import RemoteRun, RemoteUnavailable
 from metrale_orch.remote.digest import Digest
 from metrale_orch.remote.errors import (
     BlobMissing,
@@ -89,7 +89,7 @@ class ReapiBackend:
         self.client.close()
 
     def run(self, form: RemoteForm, *, timeout: float, cancel: threading.Event) -> RemoteRun:
-        from metrale_orch.remote.action import build_action
+        from metrale_orch.remote.action import encode_action
 
         start = time.perf_counter()
         try:
@@ -97,7 +97,7 @@ class ReapiBackend:
             outputs = {
                 posixpath.relpath(rel, form.cwd): local for rel, local in form.outputs.items()
             }
-            action = build_action(
+            action = encode_action(
                 form.argv, form.env, form.cwd, outputs, root, form.platform, timeout
             )
             self._upload(action.blobs)

@@ -36,7 +36,7 @@ from metrale_orch.remote.errors import (
 )
 
 if TYPE_CHECKING:
-    from metrale_orch.remote.action import ActionBlobs, build_action
+    from metrale_orch.remote.action import ActionBlobs, encode_action
     from metrale_orch.remote.cas import UploadStats
     from metrale_orch.remote.client import Capabilities, RemoteClient
     from metrale_orch.remote.execution import ExecuteResult, Timings
@@ -67,17 +67,17 @@ __all__ = [
     "RemoteUnavailable",
     "Timings",
     "UploadStats",
-    "build_action",
     "build_input_root",
     "digest_bytes",
     "digest_file",
+    "encode_action",
     "parse_digest",
 ]
 
 #: Names loaded on first use -> the module that defines them (each needs the extra).
 _LAZY = {
     "ActionBlobs": "action",
-    "build_action": "action",
+    "encode_action": "action",
     "UploadStats": "cas",
     "Capabilities": "client",
     "RemoteClient": "client",

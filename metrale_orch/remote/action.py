@@ -1,6 +1,6 @@
 """REAPI ``Command`` and ``Action`` messages for one compile (pure; hashing only).
 
-:func:`build_action` is the canonical encoding: arguments as given, environment
+:func:`encode_action` is the canonical encoding: arguments as given, environment
 variables sorted by name, output paths sorted, platform properties sorted by name
 then value (set on both the ``Command`` and, for REAPI 2.2 servers, the ``Action``),
 the working directory relative to the input root. The same compile always gets
@@ -23,7 +23,7 @@ from metrale_orch.remote.errors import ActionSpecError
 from metrale_orch.remote.merkle import Blob, InputRoot
 from metrale_orch.remote.wire import digest_message
 
-__all__ = ["ActionBlobs", "build_action", "command_message", "platform_message"]
+__all__ = ["ActionBlobs", "command_message", "encode_action", "platform_message"]
 
 
 class ActionBlobs(NamedTuple):
@@ -33,7 +33,7 @@ class ActionBlobs(NamedTuple):
     blobs: Mapping[Digest, Blob]
 
 
-def build_action(
+def encode_action(
     argv: Sequence[str],
     env: Mapping[str, str],
     cwd_rel: str,

@@ -382,8 +382,8 @@ def _remote_session(
 ) -> BuildSession:
     """A session whose compiles go to ``config.remote_executor`` (raises the one-line
     error of a missing ``remote`` extra)."""
+    from metrale_orch.executor.offload import RemoteExecutor
     from metrale_orch.executor.reapi import open_backend
-    from metrale_orch.executor.remote import RemoteExecutor
     from metrale_orch.steps.session import BuildSession, local_executor
 
     executor = RemoteExecutor(

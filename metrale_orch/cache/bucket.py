@@ -36,26 +36,36 @@ One :class:`RemoteStore` per cache. Invariants:
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import inspect
 import logging
 import os
-import queue
 import re
 import socket
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import xxhash
 
+from metrale_orch.cache.bucket_failures import (
+    MissingBucket,
+    RemoteFailure,
+    RemoteOff,
+    WriteRefused,
+    bucket_of,
+    describe,
+    error_code,
+    is_forbidden,
+    is_missing_bucket,
+)
+from metrale_orch.cache.deadline import DeadlineWorker
 from metrale_orch.cache.local import DEFAULT_MAX_OBJECT_SIZE, publish_atomic, read_object_file
 from metrale_orch.cache.objects import SCHEMA, CorruptObject, ObjectTooLarge
 
-__all__ = ["RemoteFailure", "RemoteStore", "extra_for", "remote_object_path"]
+__all__ = ["RemoteStore", "extra_for", "remote_object_path"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -74,31 +84,6 @@ _SAFE_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _CHUNK = 8 * 1024 * 1024
 #: Longest TCP connect of the diagnosis that follows a timeout.
 _DIAGNOSE_SECONDS = 1.0
-
-
-class RemoteFailure(Exception):
-    """A remote call failed (``timeout`` True when it ran past its deadline)."""
-
-    def __init__(self, detail: str, *, timeout: bool = False) -> None:
-        self.detail = detail
-        self.timeout = timeout
-        super().__init__(detail)
-
-
-class _WriteRefused(Exception):
-    def __init__(self, cause: BaseException) -> None:
-        self.cause = cause
-        super().__init__(str(cause))
-
-
-class _MissingBucket(Exception):
-    def __init__(self, cause: BaseException) -> None:
-        self.cause = cause
-        super().__init__(str(cause))
-
-
-class RemoteOff(Exception):
-    """The remote is switched off (breaker open, missing extra, bad URL)."""
 
 
 def extra_for(url: str) -> tuple[str, str] | None:
@@ -122,118 +107,8 @@ def remote_object_path(root: str, namespace: str, key: str) -> str:
     return f"{base}/{namespace_segment(namespace)}/v{SCHEMA}/{key[:2]}/{key}"
 
 
-#: A blocking call and the future that receives its result.
-_Job = tuple[Callable[[], object], concurrent.futures.Future[object]]
-
-
-class _Worker:
-    """One daemon thread running blocking calls; abandoned (never joined) if a call overruns."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-
-    def call(self, fn: Callable[[], T], timeout: float) -> T:
-        fut: concurrent.futures.Future[object] = concurrent.futures.Future()
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=_work, args=(self._jobs,), name="metrale-cache-io", daemon=True
-                )
-                self._thread.start()
-            jobs = self._jobs
-            jobs.put((fn, fut))
-        try:
-            return cast(T, fut.result(timeout))  # the future holds what fn returned
-        except concurrent.futures.TimeoutError:
-            with self._lock:
-                if self._jobs is jobs:  # the thread is stuck: leave it, start afresh next time
-                    fut.cancel()
-                    jobs.put((_stop, concurrent.futures.Future()))
-                    self._jobs = queue.SimpleQueue()
-                    self._thread = None
-            raise TimeoutError(f"no answer within {timeout:g} s") from None
-
-    def close(self) -> None:
-        with self._lock:
-            if self._thread is not None:
-                self._jobs.put((_stop, concurrent.futures.Future()))
-                self._thread = None
-
-
-class _Stop(Exception):
-    pass
-
-
-def _stop() -> None:
-    raise _Stop
-
-
-def _work(
-    jobs: queue.SimpleQueue[_Job],
-) -> None:
-    while True:
-        fn, fut = jobs.get()
-        if not fut.set_running_or_notify_cancel():
-            continue
-        try:
-            fut.set_result(fn())
-        except _Stop:
-            fut.set_result(None)
-            return
-        except BaseException as exc:
-            fut.set_exception(exc)
-
-
 def _not_open(*args: object, **kwargs: object) -> object:
     raise AssertionError("the remote store is used before it is opened")
-
-
-def _is_forbidden(exc: BaseException) -> bool:
-    # s3fs maps 403 to PermissionError; gcsfs raises OSError("Forbidden: ...").
-    return isinstance(exc, PermissionError) or (
-        isinstance(exc, OSError) and str(exc).startswith("Forbidden")
-    )
-
-
-def _describe(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    if len(text) > 160:
-        text = text[:157] + "..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    seen: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and current not in seen and len(seen) < 8:
-        seen.append(current)
-        current = current.__cause__ or current.__context__
-    return seen
-
-
-def _error_code(exc: BaseException) -> str:
-    """The service's error code (botocore ``ClientError``) behind ``exc``, or ""."""
-    for link in _chain(exc):
-        response = getattr(link, "response", None)
-        if isinstance(response, Mapping):
-            error = response.get("Error")
-            if isinstance(error, Mapping) and error.get("Code"):
-                return str(error["Code"])
-    return ""
-
-
-def _is_missing_bucket(exc: BaseException) -> bool:
-    # s3fs maps NoSuchBucket to FileNotFoundError (like a missing key); gcsfs says it in words.
-    if _error_code(exc) == "NoSuchBucket":
-        return True
-    return any("bucket does not exist" in str(link).lower() for link in _chain(exc))
-
-
-def _bucket_of(url: str) -> str:
-    rest = url.split("://", 1)[1] if "://" in url else url
-    return rest.split("/", 1)[0]
 
 
 def _connect(host: str, port: int, timeout: float) -> None:
@@ -275,7 +150,7 @@ class RemoteStore:
         self._sync: Callable[..., object] = _not_open
         self._root = ""
         self._protocol = ""
-        self._worker = _Worker()
+        self._worker = DeadlineWorker()
 
     # -- public operations -------------------------------------------------------------------
 
@@ -327,22 +202,22 @@ class RemoteStore:
             except CorruptObject as exc:  # it answered, with garbage: a failure, not a proof
                 self._failed(f"an answer failed verification: {exc.reason}", exc, at_once=False)
                 raise
-            except _WriteRefused as exc:  # the remote answered: not a breaker failure
-                raise RemoteFailure(_describe(exc.cause)) from None
+            except WriteRefused as exc:  # the remote answered: not a breaker failure
+                raise RemoteFailure(describe(exc.cause)) from None
             except TimeoutError as exc:
                 detail, timed_out = self._diagnose_timeout()
                 self._failed(detail, exc)
                 raise RemoteFailure(detail, timeout=timed_out) from None
             except Exception as exc:
-                detail = _describe(exc.cause if isinstance(exc, _MissingBucket) else exc)
-                if isinstance(exc, _MissingBucket) or _is_missing_bucket(exc):
+                detail = describe(exc.cause if isinstance(exc, MissingBucket) else exc)
+                if isinstance(exc, MissingBucket) or is_missing_bucket(exc):
                     self._switch_off(
-                        f"remote cache {self.url}: bucket {_bucket_of(self.url)!r} does not exist "
+                        f"remote cache {self.url}: bucket {bucket_of(self.url)!r} does not exist "
                         f"({detail}); create it or fix the cache URL; off for the rest of this "
                         "run, using the local cache only",
                         exc,
                     )
-                elif _is_forbidden(exc):
+                elif is_forbidden(exc):
                     self._switch_off(
                         f"remote cache {self.url} denies access ({detail}): check its credentials "
                         "(storage_options or the environment) and permissions; off for the rest "
@@ -402,7 +277,7 @@ class RemoteStore:
         except TimeoutError:
             return no_answer, True
         except OSError as exc:
-            return f"cannot connect to {host}:{port} ({exc.strerror or _describe(exc)})", False
+            return f"cannot connect to {host}:{port} ({exc.strerror or describe(exc)})", False
         return no_answer, True
 
     def _endpoint(self) -> tuple[str, int] | None:
@@ -466,7 +341,7 @@ class RemoteStore:
         except ValueError as exc:  # unknown protocol, malformed URL
             self.disabled = True
             self._warn(
-                f"remote cache {self.url} cannot be opened ({_describe(exc)}); "
+                f"remote cache {self.url} cannot be opened ({describe(exc)}); "
                 "using the local cache only"
             )
             raise RemoteOff(str(exc)) from None
@@ -482,8 +357,8 @@ class RemoteStore:
         self._opened = True
 
     def _open_reapi(self) -> None:
-        """A REAPI action cache and CAS (:mod:`metrale_orch.cache.reapi`) as the store."""
-        from metrale_orch.cache.reapi import ReapiObjects
+        """A REAPI action cache and CAS (:mod:`metrale_orch.cache.reapi_tier`) as the store."""
+        from metrale_orch.cache.reapi_tier import ReapiObjects
         from metrale_orch.remote.client import RemoteClient
 
         options = dict(self._options)
@@ -520,7 +395,7 @@ class RemoteStore:
         try:
             data = self._fetch(path)
         except (FileNotFoundError, NotADirectoryError) as exc:
-            if _is_missing_bucket(exc):
+            if is_missing_bucket(exc):
                 raise
             return None
         if data is None:
@@ -560,7 +435,7 @@ class RemoteStore:
                 "get_object", Bucket=bucket, Key=key, Range=f"bytes=0-{limit - 1}"
             )
         except OSError as exc:
-            if _error_code(exc) in ("InvalidRange", "416"):
+            if error_code(exc) in ("InvalidRange", "416"):
                 return b""  # S3 answers 416 to any range of an empty object
             raise
         body = resp["Body"]
@@ -597,11 +472,11 @@ class RemoteStore:
             if self._protocol in ("memory", "file", "local"):
                 raise
             # an object store fails a create with "not found" only when the bucket is missing
-            raise _MissingBucket(exc) from exc
+            raise MissingBucket(exc) from exc
         except Exception as exc:
-            if _is_forbidden(exc):
+            if is_forbidden(exc):
                 self._refuse_writes(exc)
-                raise _WriteRefused(exc) from exc
+                raise WriteRefused(exc) from exc
             raise
         return True
 
@@ -611,7 +486,7 @@ class RemoteStore:
                 return
             self.writable = False
         self._warn(
-            f"remote cache {self.url} refuses writes ({_describe(exc)}); "
+            f"remote cache {self.url} refuses writes ({describe(exc)}); "
             "reading from it but not uploading for the rest of this run"
         )
 
@@ -626,9 +501,9 @@ class RemoteStore:
             else:
                 self._run(fs.rm_file, path)
         except FileNotFoundError as exc:
-            if _is_missing_bucket(exc):
+            if is_missing_bucket(exc):
                 raise
         except Exception as exc:
-            if _is_forbidden(exc):  # many policies allow create but not delete: keep going
-                raise _WriteRefused(exc) from exc
+            if is_forbidden(exc):  # many policies allow create but not delete: keep going
+                raise WriteRefused(exc) from exc
             raise

@@ -10,7 +10,7 @@ ActionResult, then the blob, verified against its SHA-256, then decoded and veri
 by the cache like any object of any tier (key, header, every output's hash). The
 action cache has no delete: a corrupt entry is refused, never removed.
 
-Errors are those of the fsspec stores, so :class:`~metrale_orch.cache.remote.RemoteStore`
+Errors are those of the fsspec stores, so :class:`~metrale_orch.cache.bucket.RemoteStore`
 keeps one circuit breaker and one set of warnings for every kind of remote:
 ``PermissionError`` for refused credentials, ``CorruptObject`` for a blob that fails
 its digest, ``OSError`` for the rest.
@@ -53,9 +53,9 @@ class ReapiObjects:
 
     def action_of(self, path: str) -> Digest:
         """The synthetic Action digest that keys ``path``'s object (pure but for protobuf)."""
-        from metrale_orch.remote.action import build_action
+        from metrale_orch.remote.action import encode_action
 
-        return build_action(
+        return encode_action(
             ["metrale-orch-cache-object", path], {}, "", [OBJECT_OUTPUT], _empty_root(), {}, None
         ).digest
 
