@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from metrale_orch.canonical import canonical_json, canonical_list, canonical_strings
 from metrale_orch.errors import MetraleError
 from metrale_orch.paths import root_relative
-from metrale_orch.steps.plan import PlanMemo, RootRel, check_plan, plan_target
+from metrale_orch.steps.plan import check_plan, plan_target
+from metrale_orch.steps.plan_values import PlanMemo, RootRel
 from metrale_orch.tasks.checker import signature_parts
 from metrale_orch.tasks.dicts import plan_build_task, rel_posix, target_plan_task
 from metrale_orch.toolchain.definitions import load_toolchains

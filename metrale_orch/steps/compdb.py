@@ -63,7 +63,7 @@ from metrale_orch.fsutil import write_if_changed
 from metrale_orch.paths import COMPDB_NAME, compdb_part, root_relative, stage_dir, target_dir
 from metrale_orch.steps.compile import step_argv
 from metrale_orch.steps.includes import Includes
-from metrale_orch.steps.plan import ModulePlan, TargetPlan
+from metrale_orch.steps.plan_values import ModulePlan, TargetPlan
 from metrale_orch.steps.staging import StagedTarget
 from metrale_orch.tree import Target
 

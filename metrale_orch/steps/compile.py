@@ -42,7 +42,7 @@ from metrale_orch.steps.includes import (
     resolve_closure,
     scan_includes,
 )
-from metrale_orch.steps.plan import ModulePlan, TargetPlan
+from metrale_orch.steps.plan_values import ModulePlan, TargetPlan
 from metrale_orch.steps.remote_form import OUT_DIR, remote_form
 from metrale_orch.steps.staging import StagedTarget
 from metrale_orch.toolchain.argv import (

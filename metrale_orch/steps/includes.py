@@ -25,7 +25,7 @@ from pathlib import Path
 
 from metrale_orch.steps.deps import flag_files, flag_values
 from metrale_orch.steps.errors import StageError
-from metrale_orch.steps.plan import ModulePlan, TargetPlan
+from metrale_orch.steps.plan_values import ModulePlan, TargetPlan
 from metrale_orch.steps.staging import StagedTarget
 from metrale_orch.tree.beyond import DIRECTIVE, SPLICE_RE
 

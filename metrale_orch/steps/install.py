@@ -21,8 +21,9 @@ from metrale_orch.manifest import Manifest, ManifestShadow
 from metrale_orch.paths import MANIFEST_NAME, root_relative, target_dir
 from metrale_orch.steps.dropped import Drop
 from metrale_orch.steps.errors import StageError
-from metrale_orch.steps.plan import TargetPlan, shadow_dict
+from metrale_orch.steps.plan_values import TargetPlan
 from metrale_orch.steps.results import ModuleResult
+from metrale_orch.steps.signature import shadow_dict
 from metrale_orch.tree import Layout
 
 __all__ = ["DEFAULTS_HEADER", "DEFAULTS_JSON", "install", "plan_manifest"]

@@ -23,7 +23,8 @@ from collections.abc import Mapping, Sequence
 from metrale_orch import cache as cache_mod
 from metrale_orch.steps.deps import FileHasher
 from metrale_orch.steps.includes import EdgeMemo, Includes, effective_flags, module_closure
-from metrale_orch.steps.plan import PLAN_SCHEMA, ModulePlan, TargetPlan
+from metrale_orch.steps.plan import PLAN_SCHEMA
+from metrale_orch.steps.plan_values import ModulePlan, TargetPlan
 from metrale_orch.steps.staging import StagedTarget
 
 __all__ = ["checkout_of", "embeds_paths", "module_key", "module_key_parts"]

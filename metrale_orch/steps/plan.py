@@ -8,286 +8,52 @@ machine-independent compile argv, the baked defaults, the file dependencies
 and a JSON signature of everything file dependencies cannot see. It reads only
 the already-parsed manifests (``*.doc``) and, once per :class:`PlanMemo`,
 ``kernels/LEVERS.toml``. Plans made with a memo equal those made without.
+
+The plan's values and the memo live in :mod:`metrale_orch.steps.plan_values`, the
+parts of its signature in :mod:`metrale_orch.steps.signature`.
 """
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
 from metrale_orch.cache_schema import CACHE_SCHEMA
-from metrale_orch.canonical import canonical_list, canonical_strings
+from metrale_orch.canonical import canonical_list
 from metrale_orch.defaults import (
     DeclaredLevers,
     TargetDefaults,
-    parse_defaults,
-    read_tree_levers,
-    render_defaults_json,
 )
 from metrale_orch.defaults.levers import JsonValue
-from metrale_orch.paths import root_relative
 from metrale_orch.steps.errors import BuildConfigError
 from metrale_orch.steps.hip_mirror import MIRROR_DIR, HipCompat, hip_identity, mirrored_source
+from metrale_orch.steps.plan_values import ModuleKey, ModulePlan, PlanMemo, RootRel, TargetPlan
+from metrale_orch.steps.signature import PlanSignature, layout_signature, toolchain_signature
 from metrale_orch.steps.staging import role_dir
 from metrale_orch.toolchain.argv import (
     Switches,
     compile_argv,
     env_switches,
-    keyed_environment,
     link_argv,
 )
 from metrale_orch.toolchain.definitions import Toolchain, select_toolchain
-from metrale_orch.tree import Entry, Hardware, Layout, Role, Shadow, Target
+from metrale_orch.tree import Entry, Hardware, Layout, Role
 
 __all__ = [
     "PLAN_SCHEMA",
-    "ModulePlan",
-    "PlanMemo",
-    "PlanSignature",
-    "RootRel",
-    "TargetPlan",
     "check_plan",
     "config_docs",
     "merge_flags",
     "module_names",
-    "module_signature",
     "plan_target",
-    "shadow_dict",
 ]
 
 #: Version of the plan/key layout defined here; part of every key and signature.
 PLAN_SCHEMA = 2
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ModulePlan:
-    """One module of a target: what is compiled, where, into which artefact."""
-
-    stem: str
-    #: The stem after ``[modules]`` renames (the artefact's base name).
-    name: str
-    role: str
-    #: The entry (file) name in its role directory.
-    entry: str
-    source: Path
-    #: ``source`` relative to the root (POSIX): how manifests and errors name it.
-    source_rel: str
-    #: Staged path of the source, relative to the stage root (POSIX).
-    staged: str
-    #: The role directory relative to the stage root: the compile's cwd.
-    cwd: str
-    #: ``<name>.<ext>``
-    artefact: str
-    #: The compile argv, machine-independent: program name, cwd-relative paths,
-    #: output = the artefact's file name.
-    argv: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TargetPlan:
-    """Everything a build of one target needs, decided before any file is touched."""
-
-    target: Target
-    hardware: str
-    arch: str
-    toolchain: Toolchain
-    identity: str
-    flags: tuple[str, ...]
-    modules: tuple[ModulePlan, ...]
-    defaults: TargetDefaults
-    #: Environment allow-list values (name -> value) of the toolchain, sorted.
-    env: Mapping[str, str]
-    #: Files whose content decides the build: inputs, manifests read, toolchain file;
-    #: ordered by their root-relative spelling.
-    file_deps: tuple[Path, ...]
-    #: JSON-ready: what file deps cannot see (layout map, flags, names, toolchain, defaults).
-    signature: Mapping[str, object]
-    #: ``file_deps`` as doit's ``file_dep`` spells them: root-relative POSIX text for a
-    #: file under the root (else the path as given), unique, sorted.
-    file_dep_rels: tuple[str, ...] = ()
-    #: The project's HIP compat directory, for a toolchain of the ``hip`` dialect.
-    hip_compat: HipCompat | None = None
-    #: The canonical JSON text (:func:`~metrale_orch.canonical.canonical_json`) of some
-    #: parts of ``signature``, made from pieces the plans of one memo share: the same
-    #: text as encoding the part (``modules``: each module's piece is encoded once).
-    signature_json: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-
-    @property
-    def toolchain_name(self) -> str:
-        return self.toolchain.name
-
-
-#: A module plan's fields: stem, name, role, entry, source, cwd, artefact, argv.
-_ModuleKey = tuple[str, str, str, str, Path, str, str, tuple[str, ...]]
-
-
-class RootRel:
-    """Root-relative spellings of paths under one root, by string work (no ``Path`` math).
-
-    ``__call__`` is :func:`~metrale_orch.paths.root_relative`; :meth:`dep` is
-    :func:`~metrale_orch.paths.rel_posix`
-    (what doit's ``file_dep`` holds). Both equal their slow definitions. Each path's
-    spellings are kept (the targets of a pass share their file objects).
-    """
-
-    __slots__ = ("_dep_prefix", "_deps", "_n", "_prefix", "_rels", "root")
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        text = os.fspath(root)
-        self._prefix = text if text.endswith(os.sep) else text + os.sep
-        self._n = len(self._prefix)
-        self._dep_prefix = root.as_posix().rstrip("/") + "/"
-        self._rels: dict[Path, str] = {}
-        self._deps: dict[Path, str] = {}
-
-    def __call__(self, path: Path) -> str:
-        got = self._rels.get(path)
-        if got is None:
-            text = os.fspath(path)
-            if text.startswith(self._prefix) and len(text) > self._n:
-                text = text[self._n :]
-                got = text if os.sep == "/" else text.replace(os.sep, "/")
-            else:
-                got = root_relative(path, self.root)
-            self._rels[path] = got
-        return got
-
-    def dep(self, path: Path) -> str:
-        got = self._deps.get(path)
-        if got is None:
-            text = os.fspath(path)
-            if os.sep != "/":
-                text = text.replace(os.sep, "/")
-            if text.startswith("/") and text.startswith(self._dep_prefix):
-                text = text[len(self._dep_prefix) :]
-            got = self._deps[path] = text
-        return got
-
-
-class PlanMemo:
-    """What the plans of one resolution pass share, so each is computed once.
-
-    Root-relative spellings, compile argvs and module plans (a module of one entry
-    name, arch, flags and toolchain recurs across models and quants), the tree's own levers
-    (``kernels/LEVERS.toml``, read once) and each hardware's parsed and
-    rendered defaults. Plans made with a memo equal those made without. Use
-    one memo per tree snapshot (manifests are told apart by the identity of
-    their parsed documents, which the memo keeps alive); not thread-safe.
-    """
-
-    __slots__ = (
-        "_argvs",
-        "_defaults",
-        "_envs",
-        "_keep",
-        "_levers",
-        "_module_json",
-        "_modules",
-        "_plain",
-        "_tokens",
-        "rel",
-        "root",
-    )
-
-    def __init__(self, root: Path) -> None:
-        self.root = Path(root)
-        self.rel = RootRel(self.root)
-        self._envs: dict[tuple[int, int], Mapping[str, str]] = {}
-        self._argvs: dict[tuple[int, str, tuple[str, ...], str, str], tuple[str, ...]] = {}
-        self._defaults: dict[tuple[str, int], tuple[TargetDefaults, dict[str, JsonValue]]] = {}
-        self._levers: DeclaredLevers | None = None
-        self._modules: dict[_ModuleKey, ModulePlan] = {}
-        #: The module plans of targets whose argv is the plain compile step
-        #: (``_ArgvSteps.plain``), by (plain token, stem, name, whether the role is common
-        #: (one of two), entry, source, cwd): given the token's toolchain, arch and flags
-        #: these fields decide the whole plan (kept with its signature entry's JSON).
-        self._plain: dict[tuple[int, str, str, bool, str, Path, str], tuple[ModulePlan, str]] = {}
-        #: (id(toolchain), arch, flags) -> a small number naming them (a plain token).
-        self._tokens: dict[tuple[int, str, tuple[str, ...]], int] = {}
-        #: id(module plan) -> the canonical JSON of its signature entry.
-        self._module_json: dict[int, str] = {}
-        #: Objects whose id() keys an entry above, kept alive so no id is reused.
-        self._keep: dict[int, object] = {}
-
-    def argv(
-        self, toolchain: Toolchain, arch: str, flags: tuple[str, ...], source: str, output: str
-    ) -> tuple[str, ...]:
-        """:func:`~metrale_orch.toolchain.argv.compile_argv` with the program name, memoised."""
-        key = (id(toolchain), arch, flags, source, output)
-        got = self._argvs.get(key)
-        if got is None:
-            got = compile_argv(
-                toolchain, arch=arch, flags=flags, include=".", source=source, output=output
-            )
-            self._keep[id(toolchain)] = toolchain
-            self._argvs[key] = got
-        return got
-
-    def plain_token(self, toolchain: Toolchain, arch: str, flags: tuple[str, ...]) -> int:
-        """A number standing for (toolchain, arch, flags) in this memo's plain-module keys."""
-        key = (id(toolchain), arch, flags)
-        got = self._tokens.get(key)
-        if got is None:
-            got = self._tokens[key] = len(self._tokens)
-            self._keep[id(toolchain)] = toolchain
-        return got
-
-    def module(self, key: _ModuleKey, make: Callable[[], ModulePlan]) -> ModulePlan:
-        """The module plan of ``key`` (its fields), made once: a module recurs, plan and
-        all, across the targets of one hardware."""
-        got = self._modules.get(key)
-        if got is None:
-            got = self._modules[key] = make()
-        return got
-
-    def module_json(self, plan: ModulePlan) -> str:
-        """The canonical JSON of ``plan``'s entry in a target's signature, encoded once
-        per module plan (a frozen value, kept alive here so its id is not reused)."""
-        got = self._module_json.get(id(plan))
-        if got is None:
-            got = canonical_strings(_module_fields(plan))
-            self._keep[id(plan)] = plan
-            self._module_json[id(plan)] = got
-        return got
-
-    def env(self, toolchain: Toolchain, environ: Mapping[str, str]) -> Mapping[str, str]:
-        """:func:`~metrale_orch.toolchain.definitions.keyed_environment`, memoised."""
-        key = (id(toolchain), id(environ))
-        got = self._envs.get(key)
-        if got is None:
-            got = MappingProxyType(keyed_environment(toolchain, environ))
-            self._keep[id(toolchain)] = toolchain
-            self._keep[id(environ)] = environ
-            self._envs[key] = got
-        return got
-
-    def tree_levers(self) -> DeclaredLevers:
-        """``kernels/LEVERS.toml`` of the root, read and validated once.
-
-        Raises:
-            DefaultsError: the file is bad (:func:`~metrale_orch.defaults.read_tree_levers`).
-        """
-        if self._levers is None:
-            self._levers = read_tree_levers(self.root / "kernels")
-        return self._levers
-
-    def defaults(self, hw: Hardware) -> tuple[TargetDefaults, dict[str, JsonValue]]:
-        """The hardware's parsed defaults (with the tree's own levers) and a fresh copy
-        of their JSON rendering."""
-        key = (hw.name, id(hw.doc))
-        got = self._defaults.get(key)
-        if got is None:
-            parsed = parse_defaults(hw.name, hw.doc, levers=self.tree_levers().levers)
-            got = (parsed, dict(render_defaults_json(parsed)))
-            self._keep[id(hw.doc)] = hw.doc
-            self._defaults[key] = got
-        return got[0], dict(got[1])
 
 
 def config_docs(layout: Layout) -> list[tuple[Path, Mapping[str, object]]]:
@@ -453,10 +219,10 @@ def plan_target(
         "cache_schema": CACHE_SCHEMA,
         "target": str(layout.target),
         "arch": arch,
-        "toolchain": _toolchain_signature(toolchain, identity),
+        "toolchain": toolchain_signature(toolchain, identity),
         "env": dict(env),
         "flags": list(flags),
-        "layout": _layout_signature(layout, rel),
+        "layout": layout_signature(layout, rel),
         "defaults": got.defaults_doc,
         "levers": got.tree_levers.to_dict(),
     }
@@ -478,56 +244,6 @@ def plan_target(
             {"modules": canonical_list([text for _m, text in planned])}
         ),
     )
-
-
-class PlanSignature(Mapping[str, object]):
-    """A plan's signature (read-only): its parts, and ``modules`` (one
-    :func:`module_signature` per module) built on first access.
-
-    A generation never reads ``modules``: the task's digest of that part comes from the
-    plan's ``signature_json`` (each module's text encoded once per memo), and building
-    one dict per (target, module) pair cost a cold generation of the real-shaped tree
-    ~20 ms of its ~120 ms of planning.
-    """
-
-    __slots__ = ("_modules", "_parts", "_planned")
-
-    def __init__(self, parts: Mapping[str, object], modules: tuple[ModulePlan, ...]) -> None:
-        self._parts = dict(parts)
-        self._planned = modules
-        self._modules: list[dict[str, object]] | None = None
-
-    def __getitem__(self, key: str) -> object:
-        if key == "modules":
-            if self._modules is None:
-                self._modules = [module_signature(m) for m in self._planned]
-            return self._modules
-        return self._parts[key]
-
-    def __iter__(self) -> Iterator[str]:
-        yield from self._parts
-        yield "modules"
-
-    def __len__(self) -> int:
-        return len(self._parts) + 1
-
-    def __repr__(self) -> str:
-        return f"PlanSignature({dict(self)!r})"
-
-
-def module_signature(module: ModulePlan) -> dict[str, object]:
-    """One module as a target's signature records it (a fresh dict)."""
-    return {**_module_fields(module), "argv": list(module.argv)}
-
-
-def _module_fields(module: ModulePlan) -> dict[str, str | Sequence[str]]:
-    """:func:`module_signature`, the argv as the plan's tuple (for :func:`canonical_strings`)."""
-    return {
-        "stem": module.stem,
-        "name": module.name,
-        "staged": module.staged,
-        "argv": module.argv,
-    }
 
 
 def check_plan(
@@ -696,7 +412,7 @@ def _plan_module(
     return made
 
 
-def _new_module_plan(key: _ModuleKey, rel: RootRel) -> ModulePlan:
+def _new_module_plan(key: ModuleKey, rel: RootRel) -> ModulePlan:
     stem, name, role, entry, source, cwd, artefact, argv = key
     return ModulePlan(
         stem=stem,
@@ -758,38 +474,3 @@ def _keyed_file_deps(
     if tree_levers.file is not None:
         deps.add(tree_levers.file)
     return sorted([(dep_of(p), p) for p in deps])
-
-
-def _toolchain_signature(toolchain: Toolchain, identity: str) -> dict[str, object]:
-    """The toolchain as the plan's signature records it."""
-    return {
-        "name": toolchain.name,
-        "identity": identity,
-        "argv": list(toolchain.argv),
-        "link_argv": list(toolchain.link_argv),
-        "output": toolchain.output,
-        "extension": toolchain.extension,
-    }
-
-
-def _layout_signature(layout: Layout, rel: RootRel) -> dict[str, object]:
-    """The resolved layout map (root-relative) as the plan's signature records it."""
-    return {
-        "source_model": layout.source_model,
-        "leaf": {n: rel(e.source) for n, e in layout.leaf.items()},
-        "common": {n: rel(e.source) for n, e in layout.common.items()},
-        "leaf_subdirs": {n: rel(p) for n, p in layout.leaf_subdirs.items()},
-        "common_subdirs": {n: rel(p) for n, p in layout.common_subdirs.items()},
-        "shadows": [shadow_dict(s, rel) for s in layout.shadows],
-    }
-
-
-def shadow_dict(shadow: Shadow, root: Path | RootRel) -> dict[str, str]:
-    rel = root if isinstance(root, RootRel) else RootRel(Path(root))
-    return {
-        "role": shadow.role.value,
-        "name": shadow.name,
-        "winner": rel(shadow.winner),
-        "loser": rel(shadow.loser),
-        "reason": shadow.reason,
-    }

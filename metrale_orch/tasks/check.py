@@ -62,7 +62,8 @@ from metrale_orch.smoke import scan_cases
 from metrale_orch.steps.dropped import shadow_exemptions
 from metrale_orch.steps.errors import BuildConfigError, ToolchainMissing
 from metrale_orch.steps.hip_mirror import HipCompat, scan_hip_compat
-from metrale_orch.steps.plan import PlanMemo, check_plan, merge_flags, module_names
+from metrale_orch.steps.plan import check_plan, merge_flags, module_names
+from metrale_orch.steps.plan_values import PlanMemo
 from metrale_orch.steps.staging import (
     beyond_layout,
     containment_error,

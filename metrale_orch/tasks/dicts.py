@@ -40,7 +40,7 @@ from metrale_orch.tasks import actions as _actions
 from metrale_orch.tasks.checker import SignatureCheck, signature_parts
 
 if TYPE_CHECKING:
-    from metrale_orch.steps.plan import TargetPlan
+    from metrale_orch.steps.plan_values import TargetPlan
     from metrale_orch.tree import Layout, LayoutError
 
 __all__ = [

@@ -31,7 +31,8 @@ from metrale_orch.paths import (
 )
 from metrale_orch.steps.errors import ToolchainMissing
 from metrale_orch.steps.hip_mirror import HipCompat, scan_hip_compat
-from metrale_orch.steps.plan import PlanMemo, plan_target
+from metrale_orch.steps.plan import plan_target
+from metrale_orch.steps.plan_values import PlanMemo
 from metrale_orch.steps.staging import beyond_layout
 from metrale_orch.steps.subshell import check_compile_paths
 from metrale_orch.tasks.creators import Generation, cached_tasks, named_failures

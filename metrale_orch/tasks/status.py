@@ -29,7 +29,8 @@ from typing import Literal
 from metrale_orch.errors import MetraleError, UsageError
 from metrale_orch.paths import BUILD_TASK, DB_NAME, TREE_TASK, rel_posix
 from metrale_orch.steps.includes import Includes, module_closure, parse_includes
-from metrale_orch.steps.plan import TargetPlan, plan_target
+from metrale_orch.steps.plan import plan_target
+from metrale_orch.steps.plan_values import TargetPlan
 from metrale_orch.steps.staging import plan_stage
 from metrale_orch.tasks import specs as generation
 from metrale_orch.tasks.check import UNPROBED

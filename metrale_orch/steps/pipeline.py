@@ -1,0 +1,262 @@
+"""One module's pipeline: from the run's memo or the cache, else compiled and stored.
+
+:func:`run_pipeline` obtains one keyed module of a target (on a session thread) and
+records what it got: :func:`obtain` looks in the session's memo, then the cache (under
+the cache's key lock), and compiles on a miss (:func:`~metrale_orch.steps.compile.run_compile`)
+then publishes to the cache and the memo. A memoised or cached artefact is taken only
+when every file its compile read still has the content it had. The target's steps
+around it live in :mod:`~metrale_orch.steps.target`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import xxhash
+
+from metrale_orch.cache import RUN_META
+from metrale_orch.manifest import ModuleOutcome
+from metrale_orch.steps.compile import BuildContext, run_compile
+from metrale_orch.steps.deps import (
+    inputs_match,
+)
+from metrale_orch.steps.errors import (
+    CompileError,
+    MissRefused,
+    ModuleFailure,
+)
+from metrale_orch.steps.memo import Obtained, Origin
+from metrale_orch.steps.plan_values import ModulePlan
+from metrale_orch.steps.profile import SpanRecorder
+from metrale_orch.steps.results import ModuleResult
+
+__all__ = ["ModuleObtained", "Obtainment", "obtain", "run_pipeline"]
+
+#: How :func:`obtain` got an artefact: this process's memo, a cache entry this run stored
+#: (another worker process compiled it), a cache tier, or the compiler. The first two are
+#: shared in the run: another target obtained the artefact, no cache served it.
+Obtainment = Literal["memo", "run", "local", "remote", "compiled"]
+
+
+_SHARED: frozenset[str] = frozenset(("memo", "run"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModuleObtained:
+    """One module's pipeline result: its record, bytes, the inputs its compile read."""
+
+    result: ModuleResult
+    data: bytes | None
+    inputs: tuple[tuple[str, str, str], ...]
+    outcome: Obtainment | Literal["failed"]
+    failure: ModuleFailure | None = None
+
+
+def run_pipeline(
+    ctx: BuildContext, module: ModulePlan, key: str, expected: float, rec: SpanRecorder
+) -> ModuleObtained:
+    """One module: from the memo or the cache, else compiled (on a session thread);
+    ``expected`` is its compile's seconds in the last build (0 when unknown)."""
+    t0 = time.perf_counter()
+    progress = ctx.session.progress
+    outcome: Obtainment | Literal["failed"] = "failed"
+    origin: Origin = "compiled"
+    failure: ModuleFailure | None = None
+    try:
+        data, outcome, inputs, origin = obtain(ctx, module, key, rec, expected)
+    except (CompileError, MissRefused) as exc:
+        failure = exc
+        ctx.log.error("%s", exc)
+        data, inputs = None, ()
+    finally:
+        progress.finished("shared" if outcome in _SHARED else outcome, expected)
+    shared = outcome in _SHARED
+    result = ModuleResult(
+        name=module.name,
+        stem=module.stem,
+        source=module.source_rel,
+        artefact=module.artefact,
+        key=key,
+        # The manifest says where the bytes were found (a shared artefact: "local").
+        outcome="local" if shared else outcome,  # type: ignore[arg-type]  # not shared
+        xxh3="" if data is None else xxhash.xxh3_128_hexdigest(data),
+        seconds=time.perf_counter() - t0,
+        shared=origin if shared else "",
+    )
+    return ModuleObtained(result=result, data=data, inputs=inputs, outcome=outcome, failure=failure)
+
+
+def _recorded(outcome: Obtainment | Literal["failed"]) -> ModuleOutcome:
+    """The manifest's outcome: where the bytes were found (a shared artefact: "local",
+    the first target's; ``ModuleResult.shared`` says it was shared)."""
+    if outcome == "memo" or outcome == "run":
+        return "local"
+    return outcome
+
+
+def obtain(
+    ctx: BuildContext, module: ModulePlan, key: str, rec: SpanRecorder, expected: float
+) -> tuple[bytes, Obtainment, tuple[tuple[str, str, str], ...], Origin]:
+    """The artefact bytes of ``module``, how they were obtained (memo|run|local|remote|
+    compiled), the inputs its compile read, and how the run first got them (compiled, or
+    from a tier: a shared artefact's first target's; the outcome itself otherwise).
+
+    A memoised or cached artefact is taken only when every file its compile
+    read still has the content it had (:func:`metrale_orch.steps.deps.inputs_match`);
+    otherwise the module is compiled and the new entry replaces the local one.
+    One pipeline per key at a time in this session, and one per key across processes
+    while a cache is open (its key lock): a target whose module shares a key with one
+    in flight waits for that result and verifies it. Records the ``lookup`` span
+    (which includes that wait; its ``source`` is ``memo``, ``run`` or ``cache`` for an
+    artefact found), then ``compile`` and ``store`` on a miss, in ``rec``. A lookup shared
+    in the run (memo, run) is counted by the cache as ``shared``, never as a hit.
+    Raises :class:`CompileError` when the compiler fails, and :class:`MissRefused` instead
+    of compiling when ``ctx.require_hits`` is set.
+    """
+    session = ctx.session
+
+    def still_valid(inputs: object) -> bool:
+        return inputs_match(
+            inputs,
+            module_cwd=module.cwd,
+            staged=ctx.staged.hashes,
+            roots=ctx.roots,
+            hasher=session.hasher,
+        )
+
+    with session.memo.claim(key), contextlib.ExitStack() as held:
+        with rec.span("lookup", module=module.name, key=key) as args:
+            got = session.memo.get(key, module.artefact)
+            if got is not None and still_valid([list(i) for i in got.inputs]):
+                args.update(outcome="local", source="memo", bytes=len(got.data))
+                if ctx.cache is not None:
+                    ctx.cache.count_shared()
+                return got.data, "memo", got.inputs, got.origin
+            if ctx.cache is not None:
+                held.enter_context(ctx.cache.key_lock(key))  # until stored, see above
+            hit, rejected = _cache_lookup(ctx, module, key, still_valid)
+            if hit is not None:
+                data, tier, _inputs, _origin = hit
+                if tier == "run":  # another worker process of this run compiled it
+                    args.update(outcome="local", source="run", bytes=len(data))
+                else:
+                    args.update(outcome=tier, source="cache", bytes=len(data))
+                return hit
+            args["outcome"] = "miss"
+            if ctx.require_hits:
+                args["outcome"] = "refused"
+                raise MissRefused(
+                    str(ctx.plan.target),
+                    module.name,
+                    module.source_rel,
+                    key,
+                    "no tier, as there is no cache" if ctx.cache is None else ctx.cache.tiers(),
+                    rejected,
+                )
+        data, inputs = _compile_and_store(ctx, module, key, rec, expected, rejected)
+        return data, "compiled", inputs, "compiled"
+
+
+def _cache_lookup(
+    ctx: BuildContext,
+    module: ModulePlan,
+    key: str,
+    still_valid: Callable[[object], bool],
+) -> tuple[tuple[bytes, Obtainment, tuple[tuple[str, str, str], ...], Origin] | None, bool]:
+    """The cached artefact of ``key`` whose recorded inputs still hold, as :func:`obtain`
+    returns it (or None), and whether an entry was rejected for other inputs."""
+    cache = ctx.cache
+    if cache is None:
+        return None, False
+    rejected = False
+
+    def accept(meta: Mapping[str, object]) -> bool:
+        nonlocal rejected
+        ok = still_valid(meta.get("inputs"))
+        rejected = rejected or not ok
+        return ok
+
+    hit = cache.get(key, accept=accept, run=ctx.session.run)
+    if hit is not None and module.artefact in hit.outputs:
+        data = bytes(hit.outputs[module.artefact])
+        origin: Origin = "remote" if hit.tier == "remote" else "local"
+        # An entry this run stored (another worker process compiled it) is shared.
+        tier: Obtainment = "run" if hit.shared else origin
+        if hit.shared:
+            origin = "compiled"
+        inputs = _as_inputs(hit.meta.get("inputs"))
+        ctx.session.memo.put(key, module.artefact, Obtained(data, inputs, origin))
+        ctx.log.info("%s: %s from the %s cache (%s)", ctx.plan.target, module.name, hit.tier, key)
+        return (data, tier, inputs, origin), rejected
+    if rejected:
+        ctx.log.info(
+            "%s: %s: the cached entry %s was compiled from other inputs; recompiling",
+            ctx.plan.target,
+            module.name,
+            key,
+        )
+    return None, rejected
+
+
+def _compile_and_store(
+    ctx: BuildContext,
+    module: ModulePlan,
+    key: str,
+    rec: SpanRecorder,
+    expected: float,
+    replace: bool,
+) -> tuple[bytes, tuple[tuple[str, str, str], ...]]:
+    """Compile ``module`` (``compile`` span), publish it to the cache (``store``) and the
+    session's memo. Raises :class:`CompileError`."""
+    plan = ctx.plan
+    with rec.span("compile", module=module.name, key=key) as args:
+        args["outcome"] = "failed"
+        data, seconds, inputs, ran = run_compile(ctx, module, expected=expected)
+        # The span also holds the wait for an executor slot ("wait"); "seconds" is the
+        # compiler's own time.
+        args.update(
+            outcome="compiled",
+            bytes=len(data),
+            seconds=round(seconds, 6),
+            wait=round(ran.waited, 6),
+        )
+        if ran.where:
+            args["where"] = ran.where
+    for name, (begin, end) in ran.stages.items():  # the remote engine's, as it reported
+        rec.add_between(
+            "remote",
+            int(begin * 1e9),
+            int(end * 1e9),
+            module=module.name,
+            stage=name,
+            key=key,
+        )
+    if ctx.cache is not None:
+        with rec.span("store", module=module.name, bytes=len(data), key=key):
+            ctx.cache.put(
+                key,
+                {module.artefact: data},
+                {
+                    "command": list(module.argv),
+                    "toolchain": {"name": plan.toolchain.name, "identity": plan.identity},
+                    "producer": f"metrale-orch {plan.target} {module.name}",
+                    "compile_seconds": round(seconds, 6),
+                    "inputs": [list(i) for i in inputs],
+                    RUN_META: ctx.session.run,
+                },
+                replace=replace,
+            )
+    ctx.session.memo.put(key, module.artefact, Obtained(data, inputs, "compiled"))
+    return data, inputs
+
+
+def _as_inputs(value: object) -> tuple[tuple[str, str, str], ...]:
+    if not isinstance(value, list):
+        return ()
+    return tuple(
+        (str(i[0]), str(i[1]), str(i[2])) for i in value if isinstance(i, list) and len(i) == 3
+    )
