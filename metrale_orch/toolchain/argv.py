@@ -16,8 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from metrale_orch.toolchain.definitions import LIST_PLACEHOLDERS, Toolchain
+from metrale_orch.toolchain.definitions import Toolchain
 from metrale_orch.toolchain.errors import ToolchainError
+from metrale_orch.toolchain.fields import LIST_PLACEHOLDERS
 
 __all__ = [
     "Switches",
