@@ -93,7 +93,8 @@ from metrale_orch.tasks.checker import ContentChecker, TaskDataCodec  # noqa: E4
 from metrale_orch.tasks.creators import Generation, cached_tasks, named_failures, start_order  # noqa: E402
 from metrale_orch.tasks.database import BACKEND  # noqa: E402
 from metrale_orch.tasks.dicts import TaskDict, explicit_targets  # noqa: E402
-from metrale_orch.tasks.reporter import BuildReporter, end_interrupted  # noqa: E402
+from metrale_orch.tasks.reporter import BuildReporter  # noqa: E402
+from metrale_orch.tasks.run_end import end_interrupted  # noqa: E402
 
 __all__ = ["DOIT_CONFIG", "task_build", "task_check"]  # what `import *` takes
 

@@ -18,7 +18,7 @@ import pytest
 from metrale_orch.cache import CacheSettings, open_cache
 from metrale_orch.config import EXECUTION_KEYS, ConfigError, load_config
 from metrale_orch.steps.errors import MissRefused
-from metrale_orch.tasks.reporter import format_refused
+from metrale_orch.tasks.report_lines import format_refused
 from tests.support.project import (
     DoitRun,
     doit,

@@ -10,20 +10,8 @@ of its targets is, which says nothing). A failure prints its one-line message
     skipped 4 targets: toolchain 'metal' is not installed: ... (apple/*)
     cache: <the cache's own summary line>
 
-A finished target's line counts its modules compiled, restored ``from cache`` (its own
-local and remote hits) and ``shared`` (obtained by another target of the run, which
-compiled or fetched them): the ``cache:`` line counts each module of every target once
-in the same words (local hits, remote hits, shared, misses). A target is ``built`` when
-its modules were compiled in this run (by it or by a target it shares them with), ``from
-cache`` when every one came from a cache tier.
-
-With ``require_hits`` set, the modules it refused to compile (every cache tier
-missed them) are counted on a line of their own after the summary
-(:func:`format_refused`); each such target failed.
-
-With ignored targets the line counts them too (``…, 1 failed, 2 ignored in …``,
-only then, so the common line keeps its shape) and one more line names them and
-how to undo the mark.
+The words of each line are :mod:`~metrale_orch.tasks.report_lines`; how the run ends,
+:mod:`~metrale_orch.tasks.run_end`.
 
 Each build task returns a small value (``outcome``, module outcomes, this
 task's cache statistics, cache warnings, its profile spans); the reporter adds
@@ -41,11 +29,11 @@ How a run ends is decided here too, since doit's runner calls
 
 - stopped by Ctrl-C or SIGTERM (the runner is unwinding a ``KeyboardInterrupt``):
   one line, ``interrupted; N targets finished and kept``, and exit 130 or 143
-  instead of doit's traceback (:func:`end_interrupted`);
+  instead of doit's traceback (:func:`~metrale_orch.tasks.run_end.end_interrupted`);
 - failed: exit 1 when every failure is a target that ran and failed (a
   compile error), 2 when one is a tree, configuration or doit error. doit
   alone would say 2 whenever the group ``build`` ran, since it counts the
-  group's unmet dependencies as errors (:func:`exit_status`);
+  group's unmet dependencies as errors (:func:`~metrale_orch.tasks.run_end.exit_status`);
 - doit's database could not be saved (a full disk): the summary, then one
   ``error:`` line naming the file and why, and at least exit 1
   (:class:`~metrale_orch.tasks.database.Database` keeps the failure for this).
@@ -59,13 +47,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import NoReturn, TextIO
+from typing import TextIO
 
 from doit.exceptions import TaskFailed, UnmetDependency
 from doit.reporter import ConsoleReporter
@@ -76,7 +63,6 @@ from metrale_orch.errors import (
     EXIT_USAGE,
     Interrupted,
     MetraleError,
-    interrupt_exit_code,
     printable,
 )
 from metrale_orch.fsutil import write_atomic
@@ -103,157 +89,23 @@ from metrale_orch.tasks.database import Database
 from metrale_orch.tasks.dicts import KIND
 from metrale_orch.tasks.doit_api import Task, running_backend
 from metrale_orch.tasks.progress import LiveLine, progress_text
+from metrale_orch.tasks.report_lines import (
+    add_remote_counts,
+    brief,
+    format_modules,
+    format_refused,
+    format_remote,
+    format_summary,
+    remote_totals,
+)
+from metrale_orch.tasks.run_end import end_interrupted, exit_status
 from metrale_orch.tasks.runlock import BuildLock
 from metrale_orch.tasks.scope import run_scope
 
-__all__ = [
-    "BuildReporter",
-    "end_interrupted",
-    "exit_status",
-    "format_interrupted",
-    "format_modules",
-    "format_refused",
-    "format_summary",
-]
+__all__ = ["BuildReporter"]
 
 _BASE = BUILD_TASK + ":"
 _SMOKE_BASE = SMOKE_TASK + ":"
-
-
-def format_summary(counts: dict[str, int], seconds: float) -> str:
-    """The final summary line (pure)."""
-    parts = [
-        f"{counts.get('built', 0)} built",
-        f"{counts.get('cached', 0)} from cache",
-        f"{counts.get('uptodate', 0)} up to date",
-        f"{counts.get('skipped', 0)} skipped",
-        f"{counts.get('failed', 0)} failed",
-    ]
-    if counts.get("ignored"):
-        parts.append(f"{counts['ignored']} ignored")
-    return f"build: {', '.join(parts)} in {seconds:.1f} s"
-
-
-def format_modules(counts: Mapping[str, object]) -> str:
-    """A finished target's modules (pure), e.g. ``9 module(s), 2 compiled, 3 from cache,
-    4 shared``: ``from cache`` are its local and remote hits, ``shared`` the modules
-    another target of the run obtained (each said only when there is one)."""
-    compiled, hits, shared = (
-        sum(int(v) for k, v in counts.items() if k in names and isinstance(v, int))
-        for names in (("compiled",), ("local", "remote"), ("shared",))
-    )
-    line = f"{compiled + hits + shared} module(s), {compiled} compiled"
-    if hits:
-        line += f", {hits} from cache"
-    if shared:
-        line += f", {shared} shared"
-    return line
-
-
-def format_refused(refused: Mapping[str, int]) -> str:
-    """The ``require_hits`` line (pure): how many modules of which targets missed every
-    cache tier and were not compiled; ``refused`` maps ``build:<target>`` to its count."""
-    modules = sum(refused.values())
-    targets = sorted(name.removeprefix(_BASE) for name in refused)
-    return (
-        f"require_hits: {modules} module(s) of {len(targets)} target(s) not in the shared "
-        f"cache, NOT compiled ({_brief(targets)}): the build job for this hardware must run "
-        "first and share the cache"
-    )
-
-
-def add_remote_counts(total: dict[str, object], counts: Mapping[str, object]) -> None:
-    """Add one target's ``remote`` value (where its compile actions ran) to ``total``."""
-    for name in ("remote", "action_cache"):
-        value = counts.get(name, 0)
-        if isinstance(value, int) and value:
-            old = total.get(name, 0)
-            total[name] = (old if isinstance(old, int) else 0) + value
-    local = counts.get("local")
-    if isinstance(local, dict) and local:
-        mine = total.setdefault("local", {})
-        assert isinstance(mine, dict)
-        for reason, n in local.items():
-            if isinstance(n, int):
-                mine[str(reason)] = mine.get(str(reason), 0) + n
-
-
-def remote_totals(total: Mapping[str, object]) -> tuple[int, int, int]:
-    """(ran remotely, from the action cache, ran here) of :func:`add_remote_counts`'s total."""
-    remote, cached = total.get("remote", 0), total.get("action_cache", 0)
-    local = total.get("local")
-    here = sum(n for n in local.values() if isinstance(n, int)) if isinstance(local, dict) else 0
-    return (
-        remote if isinstance(remote, int) else 0,
-        cached if isinstance(cached, int) else 0,
-        here,
-    )
-
-
-def format_remote(total: Mapping[str, object]) -> str:
-    """The summary's remote execution line (pure), e.g. ``remote: 48 ran remotely (12 from
-    the action cache), 3 ran here: no worker for platform … (3)``."""
-    remote, cached, here = remote_totals(total)
-    line = f"remote: {remote + cached} ran remotely"
-    if cached:
-        line += f" ({cached} from the action cache)"
-    local = total.get("local")
-    if isinstance(local, dict) and local:
-        reasons = sorted(local.items(), key=lambda kv: (-int(kv[1]), str(kv[0])))
-        shown = "; ".join(f"{reason} ({n})" for reason, n in reasons[:3])
-        more = f"; {len(reasons) - 3} other reasons" if len(reasons) > 3 else ""
-        line += f", {here} ran here: {shown}{more}"
-    return line
-
-
-def format_interrupted(finished: int) -> str:
-    """The one line a run stopped by Ctrl-C or SIGTERM ends with (pure)."""
-    noun = "target" if finished == 1 else "targets"
-    return f"interrupted; {finished} {noun} finished and kept"
-
-
-def end_interrupted(exc: BaseException, finished: int, stream: TextIO) -> NoReturn:
-    """Print :func:`format_interrupted` on ``stream`` and exit 130 (Ctrl-C) or 143 (SIGTERM).
-
-    A second Ctrl-C while the line is written is ignored: the run is already ending.
-    """
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        stream.write(format_interrupted(finished) + "\n")
-        stream.flush()
-    except (OSError, ValueError):  # a closed pipe must not turn into a traceback
-        pass
-    raise SystemExit(interrupt_exit_code(exc)) from None
-
-
-def exit_status(failures: Iterable[tuple[str, object]]) -> int | None:
-    """The exit status of a run from its failures, ``(task kind, doit failure)`` each (pure).
-
-    None without failures. A dependency left unmet (the group ``build`` after
-    a failed target, ``smoke:<hw>`` after its builds) follows from another
-    failure and is never more than 1 itself. A target that ran and failed is 1;
-    a target that could not be planned (kind ``error``: tree or configuration
-    error) or any other doit error is 2. A failure's values may name its own
-    status (``exit_code``: the package error's).
-    """
-    status: int | None = None
-    for kind, fail in failures:
-        if isinstance(fail, UnmetDependency):
-            code = EXIT_FAILURE
-        elif isinstance(fail, TaskFailed):
-            values = getattr(fail, "values", None)
-            declared = values.get("exit_code") if isinstance(values, dict) else None
-            if kind == "error":
-                code = EXIT_USAGE
-            elif declared in (EXIT_FAILURE, EXIT_USAGE):
-                code = int(declared)
-            else:
-                code = EXIT_FAILURE
-        else:
-            code = EXIT_USAGE
-        status = code if status is None else max(status, code)
-    return status
 
 
 def _is_build(task: Task) -> bool:
@@ -527,11 +379,11 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         if self._refused:
             self.write(format_refused(self._refused) + "\n")
         for reason, targets in sorted(self._skipped.items()):
-            self.write(f"skipped {len(targets)} target(s): {reason} ({_brief(targets)})\n")
+            self.write(f"skipped {len(targets)} target(s): {reason} ({brief(targets)})\n")
         if self._ignored:
             self.write(
                 f"ignored {len(self._ignored)} target(s) marked by `doit ignore` "
-                f"({_brief(self._ignored)}); `doit forget {_BASE}<target>` builds one again\n"
+                f"({brief(self._ignored)}); `doit forget {_BASE}<target>` builds one again\n"
             )
         for warning in self._warnings:
             self.write(f"warning: {warning}\n")
@@ -715,13 +567,6 @@ def _expected_target_seconds() -> dict[str, float]:
         name = f"{_BASE}{args.get('target', '')}"
         out[name] = out.get(name, 0.0) + compile_seconds(event)
     return out
-
-
-def _brief(targets: list[str]) -> str:
-    shown = sorted(targets)
-    if len(shown) <= 3:
-        return ", ".join(shown)
-    return f"{', '.join(shown[:3])}, … {len(shown) - 3} more"
 
 
 def _take_build_lock() -> BuildLock | None:
