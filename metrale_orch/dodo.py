@@ -24,8 +24,11 @@ selected broadly — the group ``build``, a wildcard such as ``build:metal/*``,
 the default tasks, or a dependency of ``smoke:<hw>`` — and *fails* with what to
 install when its full name was given on the command line (``doit
 build:metal/m/q``). doit expands wildcards before any task sees the selection,
-so the task loader reads the command line (``sys.argv``) to tell the two
-apart; callers driving doit through its API get the broad behaviour.
+so the run is told what doit was asked: by the package's task loader
+(:mod:`metrale_orch.tasks.loader`, doit's documented door: ``metrale-orch doit``, or a
+``pyproject.toml`` naming it), else off doit's frame (plain ``doit`` with this file
+alone; :func:`~metrale_orch.tasks.doit_api.loading_run`); callers driving doit through
+its API without either get the broad behaviour.
 
 Every view shows why: an error or skip sub-task's doc carries its reason (``doit
 list --status`` prints it on the target's line), and a target named on the
@@ -45,11 +48,13 @@ freezes what it loaded (``gc.freeze``) so doit's later collections skip it.
 
 At import time four things run: the compiled code of the package's dataclass methods is
 kept from run to run (:mod:`metrale_orch.dataclass_code`, installed before any of them is
-made), the dry runs the last run's probes asked for start
-(:mod:`metrale_orch.toolchain.earlyruns`), the toolchain probes start on a background
-thread (:mod:`metrale_orch.tasks.probes`: a no-op waits for them less), and the ``jobs``
-setting is read (doit takes its default ``num_process`` from ``DOIT_CONFIG`` before
-any task is made); the rest of the config only names classes. The logic
+made), and, unless the package's loader will tell the selection later, the dry runs the
+last run's probes asked for start (:mod:`metrale_orch.toolchain.earlyruns`) and the
+toolchain probes start on a background thread (:mod:`metrale_orch.tasks.probes`: a no-op
+waits for them less); and the run's configuration is read for ``jobs`` (doit takes its
+default ``num_process`` from ``DOIT_CONFIG`` before any task is made); the rest of the
+config only names classes. The run (:class:`~metrale_orch.tasks.run.Run`) made then is
+the one the tasks load into. The logic
 lives in :mod:`metrale_orch.tasks`; this module only wires it to doit, and it is
 the one place with a deferred import (:func:`_generation`, see there).
 """
@@ -68,20 +73,31 @@ from metrale_orch.paths import user_cache_home
 # The generated methods of the package's dataclasses are compiled once, not on each run.
 keep_dataclass_code(user_cache_home(os.environ))
 
+from metrale_orch.tasks.doit_api import (  # noqa: E402
+    current_run,
+    guessed_selection,
+    loader_present,
+    loading_run,
+)
 from metrale_orch.tasks.earlystart import start_early_runs  # noqa: E402
-from metrale_orch.tasks.scope import run_scope  # noqa: E402
+from metrale_orch.tasks.scope import selection_scope  # noqa: E402
 
 # A run that selects some build sub-tasks starts and probes only what their targets
-# select (doit reads the dodo file's task creators after this import: a guess).
-_GUESSED_SCOPE = run_scope(guess=True)
+# select. With the package's task loader, doit tells what it was asked only after this
+# import, so nothing starts here (the probes run when the tasks load); a plain `doit`
+# shows it in its frame (the task creators are read after this import: a guess).
+_HEAD_START = not loader_present()
+_GUESSED_SCOPE = selection_scope(guessed_selection(), guess=True) if _HEAD_START else None
 
 # The probes' dry runs the last run asked for start before anything else loads.
-start_early_runs(Path.cwd(), os.environ, _GUESSED_SCOPE)
+if _HEAD_START:
+    start_early_runs(Path.cwd(), os.environ, _GUESSED_SCOPE)
 
-from metrale_orch.tasks.probes import run_probes, start_probes  # noqa: E402
+from metrale_orch.tasks.probes import start_probes  # noqa: E402
 
 # The toolchains are probed on every run; started first, they run while the rest loads.
-start_probes(Path.cwd(), os.environ, _GUESSED_SCOPE)
+if _HEAD_START:
+    start_probes(current_run(), _GUESSED_SCOPE)
 
 from metrale_orch.paths import BUILD_TASK, DB_NAME  # noqa: E402
 from metrale_orch.tasks.actions import (  # noqa: E402
@@ -118,7 +134,7 @@ DOIT_CONFIG: dict[str, object] = {
     # `jobs` of them at a time, so cores never idle while any target has work left.
     # `doit -n N -P process` still works: its workers share `jobs` machine slots.
     "par_type": "thread",
-    "num_process": default_target_threads(os.environ),
+    "num_process": default_target_threads(current_run()),
 }
 
 
@@ -137,26 +153,27 @@ def _generation() -> Generation:
 def task_build() -> Iterator[TaskDict]:
     """Build kernel targets: build:<hw>/<model>/<quant> (wildcards: 'build:hopper/*')."""
     install_sigterm_handler()
-    root = Path.cwd()
+    run = loading_run()  # what doit was asked, from the package's loader or doit's frame
+    root = run.root
     # Loading allocates much and frees little: no cyclic-GC passes until the tasks are
     # made (doit turns each yielded dict into a Task before asking for the next).
     enabled = gc.isenabled()
     gc.disable()
     try:
-        argv = sys.argv[1:]
-        scope = run_scope()  # a run of some build sub-tasks generates only their targets
-        specs, smoke, _how = cached_tasks(root, os.environ, argv, _generation, run_probes(), scope)
+        words = run.selection.words if run.selection is not None else ()
+        scope = selection_scope(run.selection)  # some build sub-tasks: only their targets
+        specs, smoke, _how = cached_tasks(root, run.environ, words, _generation, run.probes, scope)
         yield {"name": None, "doc": "build every target (skipping those without a toolchain)"}
-        for spec in start_order(root, os.environ, specs):  # longest first
+        for spec in start_order(root, run.environ, specs):  # longest first
             yield dict(spec.task)
         # A target named on the command line but not generated fails with the reason
         # (never doit's "Invalid parameter"); no smoke task depends on it.
-        for spec in named_failures(root, specs, explicit_targets(argv)):
+        for spec in named_failures(root, specs, explicit_targets(words)):
             yield dict(spec.task)
         # HOOK(smoke): smoke:<hw> tasks (see specs.smoke_task_dicts), replayed from the
         # task cache on a hit (the same dicts: plain data and the same action functions).
         if smoke is None:
-            smoke = _generation().smoke_task_dicts(root, os.environ, specs)
+            smoke = _generation().smoke_task_dicts(root, run.environ, specs)
         yield from smoke
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM while the tasks load: one line
         end_interrupted(exc, 0, sys.stderr)

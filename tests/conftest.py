@@ -1,8 +1,9 @@
 """Fixtures shared by the test modules (the plain helpers live in :mod:`tests.support`).
 
-- every test starts and ends with the package's process-wide memos empty
-  (artefacts and file hashes, probed compiler identities, resolved defaults), so
-  no test sees what an earlier one built, probed or resolved;
+- every test starts and ends with a new run (:func:`~metrale_orch.tasks.doit_api.new_run`:
+  its configuration, probed compiler identities, build sessions with their artefacts and
+  file hashes, stop state) and the resolved defaults forgotten, so no test sees what an
+  earlier one built, probed or resolved;
 - ``fake_project``: the five-target project of :mod:`tests.support.project`
   with its recording fake compiler, and the environment to build it in;
 - ``s3`` / ``gcs``: one real local object-store server per test module;
@@ -29,6 +30,7 @@ from typing import Any
 import pytest
 
 from metrale_orch.defaults import reset_resolved
+from metrale_orch.tasks.doit_api import new_run
 from tests.support import reapi
 from tests.support.project import make_project, project_env, use_fake_compiler
 from tests.support.reapi import PostgresCluster, ReapiStack, StackOptions, StackUnavailable
@@ -36,12 +38,13 @@ from tests.support.servers import ObjectServer, gcs_server, s3_server
 
 
 def _forget_process_state() -> None:
+    new_run()
     reset_resolved()
 
 
 @pytest.fixture(autouse=True)
 def fresh_process_state() -> Iterator[None]:
-    """Empty the process-wide memos before and after each test (a few dict clears)."""
+    """A new run, and the resolved defaults forgotten, before and after each test."""
     _forget_process_state()
     yield
     _forget_process_state()

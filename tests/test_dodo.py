@@ -492,23 +492,21 @@ def test_the_probes_start_before_task_generation_and_are_not_repeated(
     """start_probes (run when doit imports the dodo file) probes into the run's memo:
     task generation then finds every toolchain probed and runs no compiler."""
     from metrale_orch.config import load_config
-    from metrale_orch.tasks.probes import reset_run_probes, run_probes, start_probes
+    from metrale_orch.tasks.probes import start_probes
+    from metrale_orch.tasks.run import Run
     from metrale_orch.tasks.taskkey import generation_key
     from metrale_orch.toolchain.definitions import load_toolchains
 
     root, env = fake_project
     probes = tmp_path / "probes.log"
     env = {**env, "FAKECC_PROBES": str(probes)}
-    reset_run_probes()
-    try:
-        start_probes(root, env).join(30)
-        assert len(probes.read_text().splitlines()) == 1
-        key = generation_key(root, env, load_config(root, env), load_toolchains(root), run_probes())
-        assert len(probes.read_text().splitlines()) == 1  # answered from the early probe
-        fresh = generation_key(root, env, load_config(root, env), load_toolchains(root))
-        assert fresh == key and len(probes.read_text().splitlines()) == 2
-    finally:
-        reset_run_probes()
+    run = Run(root, env)
+    start_probes(run).join(30)
+    assert len(probes.read_text().splitlines()) == 1
+    key = generation_key(root, env, load_config(root, env), load_toolchains(root), run.probes)
+    assert len(probes.read_text().splitlines()) == 1  # answered from the early probe
+    fresh = generation_key(root, env, load_config(root, env), load_toolchains(root))
+    assert fresh == key and len(probes.read_text().splitlines()) == 2
 
 
 def test_the_early_probes_end_quietly_whatever_fails_in_them(
@@ -521,7 +519,8 @@ def test_the_early_probes_end_quietly_whatever_fails_in_them(
     import threading
 
     from metrale_orch.tasks import taskkey
-    from metrale_orch.tasks.probes import reset_run_probes, start_probes
+    from metrale_orch.tasks.probes import start_probes
+    from metrale_orch.tasks.run import Run
 
     calls: list[object] = []
 
@@ -533,11 +532,7 @@ def test_the_early_probes_end_quietly_whatever_fails_in_them(
     monkeypatch.setattr(threading, "excepthook", raised.append)
     monkeypatch.setattr(taskkey, "stamp_wanted", refused)
     root, env = fake_project
-    reset_run_probes()
-    try:
-        start_probes(root, env).join(30)
-    finally:
-        reset_run_probes()
+    start_probes(Run(root, env)).join(30)
     assert len(calls) == 1  # the thread did ask (and was refused)
     assert raised == []
 

@@ -161,13 +161,18 @@ def test_doits_config_reader_and_main(tmp_path: Path, monkeypatch: pytest.Monkey
 
 _SELECTION_DODO = """\
 import json
-from metrale_orch.tasks.doit_api import running_selection
+from metrale_orch.tasks.doit_api import guessed_selection, loading_run
 
-SEEN = [running_selection()]  # while doit imports the dodo file
+
+def seen(selection):
+    return None if selection is None else [selection.command, list(selection.words)]
+
+
+SEEN = [seen(guessed_selection())]  # while doit imports the dodo file
 
 
 def task_build():
-    SEEN.append(running_selection())  # while doit calls the task creators
+    SEEN.append(seen(loading_run().selection))  # while doit calls the task creators
     with open("seen.json", "w") as fh:
         json.dump(SEEN, fh)
     for name in ("a", "b", "c/d"):
@@ -178,29 +183,46 @@ def task_other():
     return {"actions": None}
 """
 
+#: The package's task loader, as a project's pyproject.toml names it for plain doit.
+_LOADER_PYPROJECT = """\
+[tool.doit]
+loader = "metrale"
 
+[tool.doit.plugins.loader]
+metrale = "metrale_orch.tasks.loader:Loader"
+"""
+
+
+@pytest.mark.parametrize("door", ["frame", "loader"])
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["build:a"], ["build:a"]),
-        (["run", "-n", "2", "-P", "thread", "build:a", "build:c/*"], ["build:a", "build:c/*"]),
-        ([], []),
-        (["build", "other"], ["build", "other"]),
-        (["list", "build:a"], None),
-        (["clean", "build:a"], None),
-        (["forget", "build:a"], None),
+        (["build:a"], ["run", ["build:a"]]),
+        (
+            ["run", "-n", "2", "-P", "thread", "build:a", "build:c/*"],
+            ["run", ["build:a", "build:c/*"]],
+        ),
+        ([], ["run", []]),
+        (["build", "other"], ["run", ["build", "other"]]),
+        (["list", "build:a"], ["list", ["build:a"]]),
+        (["clean", "build:a"], ["clean", ["build:a"]]),
+        (["forget", "build:a"], ["forget", ["build:a"]]),
     ],
 )
-def test_running_selection_is_what_doit_parsed_for_run_only(
-    tmp_path: Path, args: list[str], expected: list[str] | None
+def test_the_selection_is_what_doit_parsed(
+    tmp_path: Path, door: str, args: list[str], expected: list[object]
 ) -> None:
-    """The selection is read off DoitCmdBase.execute's frame: its ``args`` (options
-    removed, wildcards unexpanded) under ``run``, None under any other command."""
+    """What the command was asked (its name; its words, options removed, wildcards
+    unexpanded) reaches the run: through the package's task loader, doit's documented
+    door (nothing is guessed while the dodo file is imported then), or for a plain
+    ``doit`` without it, off DoitCmdBase.execute's frame."""
     (tmp_path / "dodo.py").write_text(_SELECTION_DODO)
+    if door == "loader":
+        (tmp_path / "pyproject.toml").write_text(_LOADER_PYPROJECT)
     done = subprocess.run(
         [sys.executable, "-m", "doit", *args], cwd=tmp_path, capture_output=True, check=False
     )
     assert done.returncode == 0, done.stderr
     seen = json.loads((tmp_path / "seen.json").read_text())
-    assert seen == [expected, expected]
-    assert doit_api.running_selection() is None  # no doit command on this stack
+    assert seen == [None if door == "loader" else expected, expected]
+    assert doit_api.guessed_selection() is None  # no doit command on this stack

@@ -443,7 +443,8 @@ def test_a_toolchain_no_target_selects_is_not_probed_and_changes_nothing(
 ) -> None:
     """The key holds the programs of the toolchains the targets select: another one
     (hipcc beside a tree of NVIDIA targets) is neither probed nor able to miss."""
-    from metrale_orch.tasks.probes import reset_run_probes, start_probes
+    from metrale_orch.tasks.probes import start_probes
+    from metrale_orch.tasks.run import Run
 
     root, env = fake_project
     log = _spare(root, tmp_path / "bin", "1.0")
@@ -454,12 +455,8 @@ def test_a_toolchain_no_target_selects_is_not_probed_and_changes_nothing(
     assert not log.exists()
     assert lookup(root, env) == "hit"
     probes = tmp_path / "probes.log"
-    reset_run_probes()
-    try:
-        start_probes(root, {**env, "FAKECC_PROBES": str(probes)}).join(30)
-        assert len(probes.read_text().splitlines()) == 1  # the toolchain the targets use
-    finally:
-        reset_run_probes()
+    start_probes(Run(root, {**env, "FAKECC_PROBES": str(probes)})).join(30)
+    assert len(probes.read_text().splitlines()) == 1  # the toolchain the targets use
     assert not log.exists()  # neither the key, the generation nor the early start ran it
     _spare(root, tmp_path / "bin", "2.0")  # another compiler: no target uses it
     assert lookup(root, env) == "hit" and not log.exists()

@@ -7,13 +7,13 @@ the doit-side wrapper of the build steps: the one broad ``except`` for package
 errors (turned into a one-line ``TaskFailed``), the per-process build log and
 cache, and a small JSON-ready value per task that the reporter aggregates.
 
-Per-process state (:data:`_PROCESS`): the opened cache, so a remote tier's
-circuit breaker and connections live once per worker rather than once per
-target, and the build session (:class:`~metrale_orch.steps.session.BuildSession`:
-the executor that runs at most ``jobs`` compiles at once, the artefacts already
-obtained), which every target built by this process shares. It is explicit and
-resettable (:func:`reset_process_state`). Ctrl-C and SIGTERM stop the session's
-compiles at once (:func:`install_sigterm_handler`).
+What the actions of a run share lives on its :class:`~metrale_orch.tasks.run.Run`
+(:func:`~metrale_orch.tasks.doit_api.current_run`): the configuration, the opened cache
+(a remote tier's circuit breaker and connections live once per worker rather than once
+per target), the build session (:class:`~metrale_orch.steps.session.BuildSession`: the
+executor that runs at most ``jobs`` compiles at once, the artefacts already obtained),
+which every target built by this process shares, and the stop state: Ctrl-C and SIGTERM
+stop the session's compiles at once (:func:`install_sigterm_handler`).
 
 Deferred imports: doit imports this module on every invocation (the task dicts
 name its functions), and a no-op run calls none of them; so the build step, the
@@ -31,16 +31,15 @@ import shutil
 import signal
 import sys
 import threading
-import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType, ModuleType
 from typing import TYPE_CHECKING
 
 from doit.exceptions import TaskFailed
 
-from metrale_orch.config import Config, load_config
+from metrale_orch.config import Config
 from metrale_orch.errors import Interrupted, MetraleError, printable
 from metrale_orch.paths import BUILD_TASK, LOG_NAME, compdb_part
 from metrale_orch.tasks.checker import (
@@ -50,7 +49,8 @@ from metrale_orch.tasks.checker import (
     PROFILE_KEY,
     encode_outputs,
 )
-from metrale_orch.tasks.probes import reset_run_probes, run_probes
+from metrale_orch.tasks.doit_api import current_run
+from metrale_orch.tasks.run import Run
 
 if TYPE_CHECKING:
     from metrale_orch.cache import Cache, CacheStats
@@ -74,8 +74,6 @@ __all__ = [
     "flush_build_log",
     "install_sigterm_handler",
     "progress_counts",
-    "reset_process_state",
-    "run_probes",
     "skip_action",
     "stop_builds",
     "stop_requested",
@@ -83,15 +81,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger("metrale_orch.steps")
-
-#: Per-process state; see the module docstring.
-_PROCESS: dict[str, tuple[tuple[object, ...], Cache]] = {}
-_SESSIONS: dict[tuple[str, int, str], BuildSession] = {}
-_SESSIONS_LOCK = threading.Lock()
-#: Build actions running in this process (doit's target threads), and its condition.
-_ACTIVE = [0]
-_ACTIVE_CHANGED = threading.Condition()
-
 
 #: Most targets doit runs at once by default with remote execution.
 REMOTE_TARGET_THREADS = 32
@@ -120,27 +109,12 @@ class BuildFailed(TaskFailed):  # type: ignore[misc]
         self.values = dict(values or {})
 
 
-def reset_process_state() -> None:
-    """Forget this process's cache, build session, log set-up and stop (tests)."""
-    _PROCESS.clear()
-    reset_run_probes()
-    end_run()
-    _Stop.signum = 0
-    with _SESSIONS_LOCK:
-        sessions = list(_SESSIONS.values())
-        _SESSIONS.clear()
-    for session in sessions:
-        session.close()
-
-
 def progress_counts() -> tuple[dict[str, float], int]:
     """The live module counts of this process's build sessions, added up, and the compiles
     they may run at once (for the progress line)."""
     total: dict[str, float] = {}
     jobs = 0
-    with _SESSIONS_LOCK:
-        sessions = list(_SESSIONS.values())
-    for session in sessions:
+    for session in current_run().sessions():
         jobs = max(jobs, session.executor.jobs)
         for name, value in session.progress.snapshot().items():
             total[name] = total.get(name, 0) + value
@@ -152,33 +126,12 @@ def wait_for_builds(timeout: float) -> bool:
     """Wait until no build action runs in this process (after :func:`stop_builds`, so
     a target thread installing its outputs finishes that, or stops, before the
     process exits); True when none runs."""
-    deadline = time.monotonic() + timeout
-    with _ACTIVE_CHANGED:
-        while _ACTIVE[0]:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            _ACTIVE_CHANGED.wait(left)
-    return True
-
-
-@contextlib.contextmanager
-def _active() -> Iterator[None]:
-    with _ACTIVE_CHANGED:
-        _ACTIVE[0] += 1
-    try:
-        yield
-    finally:
-        with _ACTIVE_CHANGED:
-            _ACTIVE[0] -= 1
-            _ACTIVE_CHANGED.notify_all()
+    return current_run().wait_for_builds(timeout)
 
 
 def stop_builds() -> None:
     """Stop every compile this process runs and refuse the rest (Ctrl-C, SIGTERM)."""
-    with _SESSIONS_LOCK:
-        sessions = list(_SESSIONS.values())
-    for session in sessions:
+    for session in current_run().sessions():
         session.stop()
 
 
@@ -189,43 +142,37 @@ def stop_builds() -> None:
 STOP_GRACE = 5.0
 
 
-class _Stop:
-    """The stop of this process's run: which signal asked for it (0: none), the process
-    that runs doit's loop (:func:`begin_run`), and the fallback timer."""
-
-    signum = 0
-    owner = 0
-    timer: threading.Timer | None = None
-
-
 def begin_run() -> None:
     """doit's loop starts in this process (the reporter's ``initialize``): from here a
     first Ctrl-C or SIGTERM stops the run gracefully (:func:`_sigterm`). The run gets its
     identity (:data:`RUN_ENV`), which every worker process it starts inherits."""
-    _Stop.signum = 0
-    _Stop.owner = os.getpid()
+    stop = current_run().stop
+    stop.signum = 0
+    stop.owner = os.getpid()
     os.environ[RUN_ENV] = uuid.uuid4().hex
 
 
 def end_run() -> None:
     """doit's loop has ended (the reporter's ``complete_run``)."""
-    _Stop.owner = 0
+    stop = current_run().stop
+    stop.owner = 0
     os.environ.pop(RUN_ENV, None)
-    if _Stop.timer is not None:
-        _Stop.timer.cancel()
-        _Stop.timer = None
+    if stop.timer is not None:
+        stop.timer.cancel()
+        stop.timer = None
 
 
 def stop_requested() -> int:
     """The signal that stopped this process's run, or 0."""
-    return _Stop.signum
+    return current_run().stop.signum
 
 
 def _sigterm(signum: int, frame: FrameType | None) -> None:
-    first = not _Stop.signum
-    _Stop.signum = _Stop.signum or signum
+    stop = current_run().stop
+    first = not stop.signum
+    stop.signum = stop.signum or signum
     stop_builds()
-    if _Stop.owner != os.getpid():
+    if stop.owner != os.getpid():
         # A worker process of doit's (or no run at all): end what runs here now; a
         # repeat (Ctrl-C reaches the whole group, and the loop forwards) changes nothing.
         if first:
@@ -246,9 +193,9 @@ def _sigterm(signum: int, frame: FrameType | None) -> None:
             os.kill(child.pid or 0, signum)
     import _thread
 
-    _Stop.timer = threading.Timer(STOP_GRACE, _thread.interrupt_main, (signum,))
-    _Stop.timer.daemon = True
-    _Stop.timer.start()
+    stop.timer = threading.Timer(STOP_GRACE, _thread.interrupt_main, (signum,))
+    stop.timer.daemon = True
+    stop.timer.start()
 
 
 def install_sigterm_handler() -> bool:
@@ -313,7 +260,7 @@ def _parse_target(name: str) -> Target:
     return Target.parse(name)
 
 
-def _cache(config: Config, cache_mod: ModuleType) -> Cache:
+def _cache(run: Run, config: Config, cache_mod: ModuleType) -> Cache:
     key = (
         "cache",
         str(config.root),
@@ -323,21 +270,16 @@ def _cache(config: Config, cache_mod: ModuleType) -> Cache:
         config.cache_trusted_keys,
         config.cache_signing_key,
     )
-    got = _PROCESS.get("cache")
-    if got is not None and got[0] == key:
-        return got[1]
-    cache: Cache = cache_mod.open_cache(cache_mod.CacheSettings.from_config(config))
-    _PROCESS["cache"] = (key, cache)
-    return cache
+    return run.cache(key, lambda: cache_mod.open_cache(cache_mod.CacheSettings.from_config(config)))
 
 
-def default_target_threads(environ: Mapping[str, str]) -> int:
-    """How many targets doit runs at once by default: the ``jobs`` setting of the project
-    in the working directory (1 when its configuration cannot be read: the build then
-    reports why); with remote execution enough to keep ``remote_jobs`` actions in flight
-    (up to :data:`REMOTE_TARGET_THREADS` targets: their threads mostly wait)."""
+def default_target_threads(run: Run) -> int:
+    """How many targets doit runs at once by default: the ``jobs`` setting of the run's
+    project (1 when its configuration cannot be read: the build then reports why); with
+    remote execution enough to keep ``remote_jobs`` actions in flight (up to
+    :data:`REMOTE_TARGET_THREADS` targets: their threads mostly wait)."""
     try:
-        config = load_config(Path.cwd(), environ)
+        config = run.config()
     except MetraleError:
         return 1
     if config.remote_executor:
@@ -345,36 +287,32 @@ def default_target_threads(environ: Mapping[str, str]) -> int:
     return max(1, config.jobs)
 
 
-def _session(config: Config, build_dir: Path) -> BuildSession:
-    """This process's build session for ``config`` (made on first use): its compiles are
+def _session(run: Run, config: Config, build_dir: Path) -> BuildSession:
+    """The run's build session for ``config`` (made on first use): its compiles are
     ordered by the kept compile times (:mod:`metrale_orch.steps.times`), longest first."""
     from metrale_orch.paths import STATE_DIR
     from metrale_orch.steps.session import BuildSession  # see the module docstring
     from metrale_orch.steps.times import read_times
 
-    key = (str(build_dir), config.jobs, config.remote_executor)
-    with _SESSIONS_LOCK:
-        got = _SESSIONS.get(key)
-        if got is not None:
-            return got
+    def make() -> BuildSession:
         times = read_times(build_dir / STATE_DIR)
         expected, by_module = times.by_key(), times.by_module()
         if config.remote_executor:
-            session = _remote_session(config, build_dir, expected, by_module)
-        else:
-            session = BuildSession.local(
-                jobs=config.jobs,
-                build_dir=build_dir,
-                expected=expected,
-                by_module=by_module,
-                probes=run_probes(),
-                run=os.environ.get(RUN_ENV, ""),
-            )
-        _SESSIONS[key] = session
-        return session
+            return _remote_session(run, config, build_dir, expected, by_module)
+        return BuildSession.local(
+            jobs=config.jobs,
+            build_dir=build_dir,
+            expected=expected,
+            by_module=by_module,
+            probes=run.probes,
+            run=os.environ.get(RUN_ENV, ""),
+        )
+
+    return run.session((str(build_dir), config.jobs, config.remote_executor), make)
 
 
 def _remote_session(
+    run: Run,
     config: Config,
     build_dir: Path,
     expected: Mapping[str, float],
@@ -398,7 +336,7 @@ def _remote_session(
         by_module=by_module,
         remote=True,
         container_image=config.remote_container_image,
-        probes=run_probes(),
+        probes=run.probes,
         run=os.environ.get(RUN_ENV, ""),
     )
 
@@ -445,7 +383,7 @@ def build_action(root: str, target: str) -> dict[str, object] | TaskFailed:
     states of the files it installed (checked by the next run) and its profile
     spans (written to ``profile.json`` by the reporter, never stored).
     """
-    with _active():
+    with current_run().active():
         try:
             return _build_action(root, target)
         finally:
@@ -457,13 +395,14 @@ def _build_action(root: str, target: str) -> dict[str, object] | TaskFailed:
     stats: CacheStats = cache_mod.CacheStats()
     if stop_requested():  # doit's `--continue` goes on handing out targets
         return BuildFailed(f"{BUILD_TASK}:{target}: not started: the run was stopped", STOPPED)
+    run = current_run()
     try:
-        config = load_config(Path(root), os.environ)
+        config = run.config(Path(root))
         log = configure_build_log(
             config.build_dir, max_bytes=config.log_max_bytes, backups=config.log_backups
         )
-        cache = _cache(config, cache_mod)
-        session = _session(config, Path(config.build_dir))
+        cache = _cache(run, config, cache_mod)
+        session = _session(run, config, Path(config.build_dir))
         with cache.track() as stats:
             result: TargetResult = build.build_target(
                 Path(root),
@@ -542,7 +481,7 @@ def clean_action(root: str, target: str) -> TaskFailed | None:
     """Remove a target's outputs (its artefact directory, its stage and its part of the
     compilation database, which the next build that runs writes without it)."""
     try:
-        config = load_config(Path(root), os.environ)
+        config = current_run().config(Path(root))
     except MetraleError as exc:
         return BuildFailed(f"clean:{target}: {exc}", {"exit_code": exc.exit_code})
     for directory in _output_dirs(config.build_dir, target):

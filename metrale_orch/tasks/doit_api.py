@@ -8,9 +8,9 @@ whether ``doit ignore`` marked it (``Dependency.status_is_ignore``: the mark is 
 record's ``"ignore:"`` key, and doit's sqlite backend writes it *in place of* the
 record, so an ignored task keeps no saved state at all), and closing the sqlite
 backend without doit's final dump (``SqliteDB._conn``), and doit's reader of its
-configuration files (``doit_cmd.DoitConfig.loads``), and the task selection of the
-``run`` command loading the tasks (the ``args`` of ``DoitCmdBase.execute``'s frame:
-:func:`running_selection`). :class:`SavedOnceSqliteDB`
+configuration files (``doit_cmd.DoitConfig.loads``), and, for a plain ``doit`` without
+the package's task loader, what the command loading the tasks was asked (the ``args`` of
+``DoitCmdBase.execute``'s frame: :func:`_frame_selection`). :class:`SavedOnceSqliteDB`
 is doit's sqlite backend with every write held for the final save (its
 ``_cache``, ``_dirty`` and ``_conn``); :mod:`metrale_orch.tasks.database` builds
 the package's backend on it. Every record of the sqlite database (its ``doit``
@@ -20,15 +20,24 @@ upgrade that moves one fails there, by name, rather than deep in a build.
 
 doit ships no type information: its objects are typed by their doit classes,
 which mypy sees as ``Any`` (the honest exception to concrete types).
+
+It also holds the package's one piece of module-level state on the doit side: the
+:class:`~metrale_orch.tasks.run.Run` of this process (:func:`current_run`), begun when
+doit loads the tasks (:func:`loading_run`). What doit was asked comes by doit's
+documented door when the package's task loader (:mod:`metrale_orch.tasks.loader`) loads
+the tasks (:func:`tell_selection`); a plain ``doit`` with the one-line dodo file and no
+loader configured tells nothing, and only then is it read from doit's frame
+(:func:`_frame_selection`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 import sqlite3
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -36,31 +45,38 @@ from types import FrameType
 import doit
 from doit import Globals
 from doit.cmd_base import DoitCmdBase
-from doit.cmd_run import Run
 from doit.dependency import DatabaseException, Dependency, SqliteDB
 from doit.doit_cmd import DoitConfig
 from doit.loader import TASK_STRING, task_params
 from doit.task import Task, dict_to_task
+
+from metrale_orch.tasks.run import Run, Selection
 
 __all__ = [
     "DatabaseException",
     "Dependency",
     "SavedOnceSqliteDB",
     "Task",
+    "current_run",
     "doit_version",
+    "guessed_selection",
     "has_record",
     "is_ignored",
+    "loader_present",
+    "loading_run",
     "make_task",
+    "new_run",
     "open_dependency",
     "read_config_file",
     "running_backend",
-    "running_selection",
-    "running_task_creators",
     "store_state",
     "store_values",
     "stored_records",
     "stored_state",
     "stored_values",
+    "task_creators",
+    "tell_loader_present",
+    "tell_selection",
 ]
 
 
@@ -122,50 +138,69 @@ def running_backend() -> object:
     return None if dep is None else dep.backend
 
 
-#: The code of the method every doit command that loads tasks runs them from: its
-#: frame holds the command (``self``) and its task selection (``args``).
-_EXECUTE_CODE = DoitCmdBase.execute.__code__
+# ------------------------------------------------------------------------------ the run
+
+#: This process's run, the selection the task loader told for the load under way, and
+#: whether the package's loader loads the tasks (see the module docstring).
+_STATE: dict[str, object] = {"run": None, "told": None, "loader": False}
 
 
-def _running_command() -> tuple[object, object] | None:
-    """``(command, args)`` of the doit command loading this process's tasks, read from
-    the frame of ``DoitCmdBase.execute`` (which imports the dodo file and calls the task
-    creators: doit hands neither to any extension point a dodo file sees), or None."""
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code is _EXECUTE_CODE:
-            return frame.f_locals.get("self"), frame.f_locals.get("args")
-        frame = frame.f_back
-    return None
+def current_run() -> Run:
+    """This process's run (made on first need: a worker process doit spawned, a view)."""
+    run = _STATE["run"]
+    if not isinstance(run, Run):
+        run = _STATE["run"] = Run(Path.cwd(), os.environ)
+    return run
 
 
-def running_selection() -> tuple[str, ...] | None:
-    """The task selection of the doit ``run`` command (``doit``, ``doit run``) that is
-    loading this process's tasks, as doit parsed its command line: the positional words
-    (task names and wildcards, unexpanded; empty for the default tasks). None under any
-    other command (``list``, ``clean``, ``strace``...) or none at all (doit's API without
-    a command, a test calling the task creators): every task may then be asked for.
-    """
-    running = _running_command()
-    if running is None:
-        return None
-    command, args = running
-    if type(command) is not Run or not isinstance(args, list):
-        return None
-    return tuple(str(a) for a in args)
+def new_run(root: Path | None = None, environ: Mapping[str, str] | None = None) -> Run:
+    """Begin a new run in this process, the last one's sessions closed (tests)."""
+    old = _STATE["run"]
+    if isinstance(old, Run):
+        old.close()
+    run = Run(Path.cwd() if root is None else root, os.environ if environ is None else environ)
+    _STATE["run"], _STATE["told"] = run, None
+    return run
 
 
-def running_task_creators() -> tuple[object, ...] | None:
-    """The task creators of the namespace the running doit command loads its tasks from
-    (the dodo module's ``task_*`` functions and objects with ``create_doit_tasks``, as
-    doit's loader picks them), or None when that is not known (no command on the stack,
-    or the dodo file is still being imported: doit reads its namespace after)."""
-    running = _running_command()
-    if running is None:
-        return None
-    namespace = getattr(getattr(running[0], "loader", None), "namespace", None)
-    if not isinstance(namespace, dict):
-        return None
+def loading_run() -> Run:
+    """The run whose tasks doit loads now (the dodo file's ``task_build`` asks): the
+    current one when its load has not begun (it was made while the dodo file was
+    imported), else a new one; its selection is what the task loader told, else what
+    doit's frame shows (plain ``doit``, no loader), else unknown."""
+    run = current_run()
+    if run.loading:
+        run = new_run()
+    told = _STATE["told"]
+    _STATE["told"], _STATE["loader"] = None, False
+    run.loading = True
+    run.selection = told if isinstance(told, Selection) else _frame_selection()
+    return run
+
+
+def tell_selection(command: str, words: list[str], namespace: object) -> None:
+    """What the package's task loader was asked (doit's ``load_tasks(cmd, pos_args)``),
+    for the load it is about to start."""
+    creators = task_creators(namespace) if isinstance(namespace, dict) else None
+    _STATE["told"] = Selection(
+        command=command, words=tuple(str(w) for w in words), creators=creators
+    )
+
+
+def tell_loader_present() -> None:
+    """The package's task loader loads this process's tasks: it tells the selection when
+    doit hands it over, after the dodo file is imported."""
+    _STATE["loader"] = True
+
+
+def loader_present() -> bool:
+    """Whether the package's task loader loads this process's tasks."""
+    return bool(_STATE["loader"])
+
+
+def task_creators(namespace: Mapping[str, object]) -> tuple[object, ...]:
+    """The task creators of a dodo namespace as doit's loader picks them: its ``task_*``
+    functions and the objects with ``create_doit_tasks``."""
     creators: list[object] = []
     for name, ref in namespace.items():
         if ref is task_params:
@@ -175,6 +210,41 @@ def running_task_creators() -> tuple[object, ...] | None:
         elif hasattr(ref, "create_doit_tasks"):
             creators.append(ref.create_doit_tasks)
     return tuple(creators)
+
+
+#: The code of the method every doit command that loads tasks runs them from: its
+#: frame holds the command (``self``) and its task selection (``args``).
+_EXECUTE_CODE = DoitCmdBase.execute.__code__
+
+
+def _frame_selection() -> Selection | None:
+    """What the doit command loading this process's tasks was asked, read from the frame
+    of ``DoitCmdBase.execute`` (which imports the dodo file and calls the task creators),
+    or None (no doit command on the stack: doit's API, a test calling the creators).
+
+    Only for a plain ``doit`` without the package's loader: doit hands neither to any
+    extension point a one-line dodo file sees. The task creators are None while the dodo
+    file is still being imported (doit reads its namespace after)."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_code is not _EXECUTE_CODE:
+        frame = frame.f_back
+    if frame is None:
+        return None
+    command, args = frame.f_locals.get("self"), frame.f_locals.get("args")
+    if command is None or not isinstance(args, list):
+        return None
+    namespace = getattr(getattr(command, "loader", None), "namespace", None)
+    return Selection(
+        command=str(getattr(command, "name", "") or ""),
+        words=tuple(str(a) for a in args),
+        creators=task_creators(namespace) if isinstance(namespace, dict) else None,
+    )
+
+
+def guessed_selection() -> Selection | None:
+    """What this run was asked, while the dodo file is imported: unknown (None) when the
+    package's loader will tell it, else what doit's frame shows."""
+    return None if loader_present() else _frame_selection()
 
 
 def make_task(task: dict[str, object]) -> Task:

@@ -8,8 +8,10 @@ package runs before that, so a file doit cannot parse ends ``doit`` in a traceba
 code run at every interpreter start (a ``.pth`` file), there is no earlier hook.
 :func:`run_doit` reads both files first, the way doit will, and raises one
 :class:`~metrale_orch.config.ConfigError` naming the file (for TOML, the line and column);
-then it runs doit's own ``DoitMain`` in this process on the same arguments, so everything
-else (tasks, options, reporter, exit status) is doit's.
+then it runs doit's own ``DoitMain`` in this process on the same arguments, with the
+package's task loader (:mod:`metrale_orch.tasks.loader`, doit's documented door: it tells
+the run what doit was asked), so everything else (tasks, options, reporter, exit status)
+is doit's.
 
 I/O: reads the files in the working directory and runs doit there, as ``doit`` does.
 """
@@ -24,6 +26,7 @@ from doit.doit_cmd import DoitMain
 
 from metrale_orch.config import ConfigError, read_pyproject
 from metrale_orch.tasks.doit_api import read_config_file
+from metrale_orch.tasks.loader import Loader
 
 __all__ = ["DOIT_FILES", "read_doit_config", "run_doit"]
 
@@ -62,5 +65,5 @@ def run_doit(args: Sequence[str]) -> int:
     """``doit ARGS`` in the working directory, after :func:`read_doit_config`; returns
     doit's exit status. Raises ``ConfigError``."""
     read_doit_config()
-    status = _Main().run(list(args))
+    status = _Main(task_loader=Loader()).run(list(args))
     return 0 if status is None else int(status)  # some commands (forget) return None

@@ -57,7 +57,6 @@ from typing import TextIO
 from doit.exceptions import TaskFailed, UnmetDependency
 from doit.reporter import ConsoleReporter
 
-from metrale_orch.config import load_config
 from metrale_orch.errors import (
     EXIT_FAILURE,
     EXIT_USAGE,
@@ -87,7 +86,7 @@ from metrale_orch.tasks.actions import (
 from metrale_orch.tasks.checker import PROFILE_KEY
 from metrale_orch.tasks.database import Database
 from metrale_orch.tasks.dicts import KIND
-from metrale_orch.tasks.doit_api import Task, running_backend
+from metrale_orch.tasks.doit_api import Task, current_run, running_backend
 from metrale_orch.tasks.progress import LiveLine, progress_text
 from metrale_orch.tasks.report_lines import (
     add_remote_counts,
@@ -100,7 +99,7 @@ from metrale_orch.tasks.report_lines import (
 )
 from metrale_orch.tasks.run_end import end_interrupted, exit_status
 from metrale_orch.tasks.runlock import BuildLock
-from metrale_orch.tasks.scope import run_scope
+from metrale_orch.tasks.scope import selection_scope
 
 __all__ = ["BuildReporter"]
 
@@ -188,7 +187,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         self._selected = names
         # The tree's targets, whose kept compile times stay; a run scoped to some targets
         # knows no other (see tasks/scope.py): it drops none.
-        self._scoped = run_scope() is not None
+        self._scoped = selection_scope(current_run().selection) is not None
         self._alive = (
             set() if self._scoped else {n[len(_BASE) :] for n in tasks if n.startswith(_BASE)}
         )
@@ -422,7 +421,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
 
         path = Path(STATS_NAME)
         try:
-            config = load_config(Path.cwd(), os.environ)
+            config = current_run().config()
             path = config.build_dir / STATS_NAME
             total = cache_mod.CacheStats()
             for item in self._stats:
@@ -460,7 +459,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
                     compiled[key] = float(seconds)
         state = Path(STATE_DIR)
         try:
-            state = load_config(Path.cwd(), os.environ).build_dir / STATE_DIR
+            state = current_run().config().build_dir / STATE_DIR
             old = read_times(state)
             # A module another target compiled (or an earlier run did) costs the same here.
             known = {**old.by_key(), **compiled}
@@ -487,7 +486,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
                 continue
         path = Path(PROFILE_NAME)
         try:
-            config = load_config(Path.cwd(), os.environ)
+            config = current_run().config()
             path = config.build_dir / PROFILE_NAME
             doc = trace_document(spans, origin_ns=self._origin_ns, main_pid=os.getpid())
             write_atomic(path, encode_profile(doc))
@@ -506,7 +505,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
 
         path = Path(COMPDB_NAME)
         try:
-            config = load_config(Path.cwd(), os.environ)
+            config = current_run().config()
             path = config.build_dir / COMPDB_NAME
             targets = [
                 Target.parse(name[len(_BASE) :])
@@ -555,7 +554,7 @@ def _expected_target_seconds() -> dict[str, float]:
     from metrale_orch.steps.profile import compile_seconds, read_profile
 
     try:
-        config = load_config(Path.cwd(), os.environ)
+        config = current_run().config()
         events = read_profile(config.build_dir / PROFILE_NAME)
     except (MetraleError, OSError):
         return {}
@@ -574,7 +573,7 @@ def _take_build_lock() -> BuildLock | None:
     configuration is broken (every target then fails with that error) or the build
     directory cannot hold a lock file (said on stderr)."""
     try:
-        config = load_config(Path.cwd(), os.environ)
+        config = current_run().config()
     except MetraleError:
         return None
     lock = BuildLock(config.build_dir)

@@ -1,4 +1,4 @@
-"""Which ``build`` sub-tasks a doit run needs: its scope (pure, but :func:`run_scope`).
+"""Which ``build`` sub-tasks a doit run needs: its scope (pure).
 
 ``doit build:hopper/m/q`` (the edit-build loop of one target) or ``doit 'build:hopper/*'``
 needs those sub-tasks and no other task, so the task generation, the task cache and
@@ -13,9 +13,9 @@ import fnmatch
 from collections.abc import Sequence
 
 from metrale_orch.paths import BUILD_TASK
-from metrale_orch.tasks.doit_api import running_selection, running_task_creators
+from metrale_orch.tasks.run import Selection
 
-__all__ = ["build_scope", "in_scope", "run_scope"]
+__all__ = ["build_scope", "in_scope", "selection_scope"]
 
 
 #: The package's dodo module and its task creators (what ``from metrale_orch.dodo import *``
@@ -24,20 +24,21 @@ _DODO = "metrale_orch.dodo"
 _OURS = frozenset({"task_build", "task_check"})
 
 
-def run_scope(*, guess: bool = False) -> tuple[str, ...] | None:
-    """The scope of the doit command loading this process's tasks (I/O: reads doit's
-    state): :func:`build_scope` of its selection, when the dodo file's task creators are
-    the package's alone. Another creator's task may depend on any build sub-task (doit
-    checks every loaded task's dependencies), so the whole tree is generated then, and
-    when the creators are not known yet; ``guess``: assume them the package's (while the
-    dodo file is imported: only the early probes' head start rides on it)."""
-    scope = build_scope(running_selection())
+def selection_scope(selection: Selection | None, *, guess: bool = False) -> tuple[str, ...] | None:
+    """The scope of a run asked ``selection`` (pure): :func:`build_scope` of a ``run``
+    command's words, when the dodo file's task creators are the package's alone. Another
+    creator's task may depend on any build sub-task (doit checks every loaded task's
+    dependencies), so the whole tree is generated then, and when the creators are not
+    known; ``guess``: assume them the package's (while the dodo file is imported: only the
+    probes' head start rides on it)."""
+    if selection is None or selection.command != "run":
+        return None
+    scope = build_scope(selection.words)
     if scope is None:
         return None
-    creators = running_task_creators()
-    if creators is None:
+    if selection.creators is None:
         return scope if guess else None
-    for creator in creators:
+    for creator in selection.creators:
         module, name = getattr(creator, "__module__", None), getattr(creator, "__name__", None)
         if module != _DODO or name not in _OURS:
             return None
@@ -45,8 +46,8 @@ def run_scope(*, guess: bool = False) -> tuple[str, ...] | None:
 
 
 def build_scope(selection: Sequence[str] | None) -> tuple[str, ...] | None:
-    """The words of a doit ``run`` selection
-    (:func:`~metrale_orch.tasks.doit_api.running_selection`) when it selects ``build``
+    """The words of a doit ``run`` selection (:class:`~metrale_orch.tasks.run.Selection`)
+    when it selects ``build``
     sub-tasks only, sorted and unique: each a sub-task's full
     name (``build:<target>``) or a wildcard of them (``build:hopper/*``). None when it
     may select anything else (pure): no words (the default tasks), the group ``build``,

@@ -1,0 +1,39 @@
+"""The package's doit task loader: doit's documented door (``TaskLoader2``).
+
+doit's default loader imports ``dodo.py`` and calls its task creators, but tells them
+nothing of what the command was asked. This one is the same loader, and hands the
+command and its words (``load_tasks(cmd, pos_args)``) to the run before the creators are
+called, so that a run naming build targets generates, caches and probes those targets
+alone, and a target named in full whose toolchain is missing fails instead of being
+skipped. ``metrale-orch doit`` always uses it; plain ``doit`` uses it when the project's
+``pyproject.toml`` names it::
+
+    [tool.doit]
+    loader = "metrale"
+
+    [tool.doit.plugins.loader]
+    metrale = "metrale_orch.tasks.loader:Loader"
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from doit.cmd_base import DodoTaskLoader
+
+from metrale_orch.tasks.doit_api import tell_loader_present, tell_selection
+
+__all__ = ["Loader"]
+
+
+class Loader(DodoTaskLoader):  # type: ignore[misc]
+    """doit's dodo-file loader that tells the run what the command was asked."""
+
+    def setup(self, opt_values: dict[str, Any]) -> None:
+        tell_loader_present()  # before the dodo file is imported: nothing is guessed then
+        super().setup(opt_values)
+
+    def load_tasks(self, cmd: Any, pos_args: list[str]) -> list[Any]:
+        command = getattr(cmd, "name", "") or type(cmd).__name__.lower()
+        tell_selection(str(command), list(pos_args), self.namespace)
+        return list(super().load_tasks(cmd, pos_args))

@@ -1,0 +1,156 @@
+"""One doit run in this process: what the tasks load once and every part of the run shares.
+
+A :class:`Run` is made when doit loads the tasks and handed, through the doit adapter's
+:func:`~metrale_orch.tasks.doit_api.current_run`, to the task creators, the reporter
+and the actions. It holds:
+
+- what doit was asked (:class:`Selection`: its command and words, the dodo file's task
+  creators), and so the run's scope (:mod:`metrale_orch.tasks.scope`);
+- the configuration, loaded once;
+- the toolchain probes (one :class:`~metrale_orch.toolchain.probe.ProbeMemo`: task
+  generation probes each toolchain once, the builds reuse those identities);
+- the build sessions (the executor running at most ``jobs`` compiles, the artefacts
+  obtained) and the opened cache, which every target this process builds shares;
+- the build actions in flight and the stop state (Ctrl-C, SIGTERM).
+
+A worker process doit forks inherits its parent's run; one it spawns makes its own on
+first need (its selection then unknown). Thread-safe where doit's target threads meet it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from metrale_orch.config import Config, load_config
+from metrale_orch.toolchain.probe import ProbeMemo
+
+if TYPE_CHECKING:
+    from metrale_orch.cache import Cache
+    from metrale_orch.steps.session import BuildSession
+
+__all__ = ["Run", "Selection", "Stop"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Selection:
+    """What a doit command was asked to do, as doit parsed its command line."""
+
+    #: doit's command (``run`` for ``doit`` and ``doit run``, ``list``, ``clean`` ...).
+    command: str
+    #: Its positional words: task names and wildcards (empty: the default tasks).
+    words: tuple[str, ...]
+    #: The task creators of the dodo file's namespace, None when not known.
+    creators: tuple[object, ...] | None = None
+
+
+class Stop:
+    """How the run stands with Ctrl-C and SIGTERM: the signal that stopped it (0: none),
+    the process running doit's loop (0: none), and the fallback timer."""
+
+    __slots__ = ("owner", "signum", "timer")
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self.owner = 0
+        self.timer: threading.Timer | None = None
+
+
+#: A build session's identity: build directory, jobs, remote executor.
+SessionKey = tuple[str, int, str]
+
+
+class Run:
+    """One doit run of this process (see the module docstring)."""
+
+    def __init__(
+        self, root: Path, environ: Mapping[str, str], selection: Selection | None = None
+    ) -> None:
+        self.root = Path(root)
+        self.environ = environ
+        self.selection = selection
+        #: Whether doit has started loading this run's tasks (a new load is a new run).
+        self.loading = False
+        self.probes = ProbeMemo()
+        self.stop = Stop()
+        self._configs: dict[Path, Config] = {}
+        self._lock = threading.Lock()
+        self._sessions: dict[SessionKey, BuildSession] = {}
+        self._cache: tuple[tuple[object, ...], Cache] | None = None
+        self._active = 0
+        self._active_changed = threading.Condition()
+
+    # -- configuration --
+
+    def config(self, root: Path | None = None) -> Config:
+        """The configuration of the project at ``root`` (default: the run's), loaded once
+        per run. Raises :class:`~metrale_orch.config.ConfigError`."""
+        where = self.root if root is None else Path(root)
+        with self._lock:
+            got = self._configs.get(where)
+        if got is None:
+            got = load_config(where, self.environ)
+            with self._lock:
+                got = self._configs.setdefault(where, got)
+        return got
+
+    # -- the shared build state --
+
+    def session(self, key: SessionKey, make: Callable[[], BuildSession]) -> BuildSession:
+        """The build session of ``key``, made by ``make`` on first use."""
+        with self._lock:
+            got = self._sessions.get(key)
+            if got is None:
+                got = self._sessions[key] = make()
+            return got
+
+    def sessions(self) -> list[BuildSession]:
+        """This process's build sessions so far."""
+        with self._lock:
+            return list(self._sessions.values())
+
+    def cache(self, key: tuple[object, ...], make: Callable[[], Cache]) -> Cache:
+        """The cache opened for ``key`` (the settings that name it), made on first use: a
+        remote tier's circuit breaker and connections live once per process."""
+        with self._lock:
+            if self._cache is None or self._cache[0] != key:
+                self._cache = (key, make())
+            return self._cache[1]
+
+    def close(self) -> None:
+        """Close the build sessions (tests that start a new run in the same process)."""
+        with self._lock:
+            sessions = list(self._sessions.values())
+            self._sessions.clear()
+        for session in sessions:
+            session.close()
+
+    # -- the build actions in flight --
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """Count a build action as running for the ``with`` block."""
+        with self._active_changed:
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._active_changed:
+                self._active -= 1
+                self._active_changed.notify_all()
+
+    def wait_for_builds(self, timeout: float) -> bool:
+        """Wait until no build action runs (True), at most ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        with self._active_changed:
+            while self._active:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._active_changed.wait(left)
+        return True
