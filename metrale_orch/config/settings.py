@@ -1,27 +1,12 @@
-"""Project configuration: built-in defaults < ``pyproject.toml`` < environment < command line.
-
-``load_config`` is the one function that reads configuration; everything
-else takes a :class:`Config` value. Every setting remembers where it came
-from (``Config.sources``), so ``metrale-orch`` can say why a value is what it
-is. Unknown keys in ``[tool.metrale-orch]`` and malformed values are
-:class:`ConfigError`\\ s naming the file (or variable) and the key.
-
-``build_dir`` is where the build writes, stages and deletes: it may not be the
-root, ``kernels/``, a directory inside ``kernels/``, or one that contains it
-(compared after resolving symlinks), whichever level set it.
-
-``hip_compat_dir`` (SPEC 3.3) is the project's HIP compat directory, passed to
-hipcc as ``-I``; relative to the root, none by default (an empty value is none).
-When set it must be a directory.
+"""The settings, where each comes from, and :func:`load_config`, the one function that
+reads them: built-in defaults < ``pyproject.toml`` < environment < command line (I/O at
+the edges: the pyproject file, the environment passed in, the build directory's place).
+Each value is checked and converted by :func:`~metrale_orch.config.values.convert`.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import os
-import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,108 +14,29 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TypeVar
 
-from metrale_orch.errors import MetraleError
+from metrale_orch.config.values import ConfigError, Setting, convert
 
 __all__ = [
-    "CACHE_MODES",
     "ENV_VARS",
+    "EXECUTION_KEYS",
     "LOCAL_KEY",
     "Config",
-    "ConfigError",
     "build_dir_problem",
+    "default_jobs",
     "default_local_cache",
     "default_local_key",
     "find_root",
-    "key_line_name",
-    "key_line_problem",
     "load_config",
-    "parse_public_key_line",
     "read_pyproject",
     "setting_variables",
     "source_label",
 ]
 
-CACHE_MODES = ("read-write", "read-only", "off")
-
-
-class ConfigError(MetraleError):
-    """A configuration value is malformed or unknown; names where and which key."""
-
-    where: str
-    key: str
-    problem: str
-
-    template = "{where}: {key}: {problem}"
-
-
 T = TypeVar("T")
-#: A converted setting: text, a path, seconds, a count, a table, key lines, or None.
-Setting = str | Path | float | int | Mapping[str, object] | tuple[str, ...] | None
 
-#: How a public key line starts (``metrale-orch cache keygen`` prints one).
-PUBLIC_KEY_PREFIX = "ed25519:"
-_PEM_START = "-----BEGIN"
 #: This user's own local signing key, under the user's configuration directory
 #: (:func:`default_local_key`): never in the local cache, which others may share.
 LOCAL_KEY = Path("keys") / "local-ed25519.pem"
-#: A label shown in a message about its line: short, and nothing like key material.
-_SHOWN_LABEL = re.compile(r"[A-Za-z0-9][\w.@:-]{0,31}")
-
-
-def parse_public_key_line(text: str) -> tuple[bytes, str]:
-    """(32 raw Ed25519 public key bytes, label) of ``ed25519:<base64> [label]`` (pure).
-
-    Raises ``ValueError`` saying what is wrong, never quoting the line (it may be a
-    private key pasted by mistake).
-    """
-    body, _, label = text.strip().partition(" ")
-    if not body.startswith(PUBLIC_KEY_PREFIX):
-        raise ValueError(f"does not start with {PUBLIC_KEY_PREFIX!r}")
-    try:
-        raw = base64.b64decode(body[len(PUBLIC_KEY_PREFIX) :], validate=True)
-    except (binascii.Error, ValueError):
-        raise ValueError("the key after 'ed25519:' is not base64") from None
-    if len(raw) != 32:
-        raise ValueError(f"the key is {len(raw)} bytes, an Ed25519 public key is 32")
-    return raw, label.strip()
-
-
-def _looks_private(text: str) -> bool:
-    """Whether ``text`` looks like a private key: PEM armour (``-----BEGIN``, ``PRIVATE
-    KEY-----``), or anything over several lines. A label is free text: ``private-ci`` is
-    not armour, and a line `metrale-orch cache keygen --label private-ci` printed parses."""
-    return _PEM_START in text or "KEY-----" in text.upper() or "\n" in text.strip()
-
-
-def key_line_name(index: int, line: str) -> str:
-    """How a message names the ``index``-th (0-based) line of ``cache_trusted_keys``: by
-    its position, and its label when it has a short one (pure). Never any of its text
-    but such a label: the line may be a private key."""
-    name = f"line {index + 1} of cache_trusted_keys"
-    _, _, label = line.strip().partition(" ")
-    label = label.strip()
-    if not _looks_private(line) and _SHOWN_LABEL.fullmatch(label):
-        name += f" (label {label})"
-    return name
-
-
-def key_line_problem(line: str) -> str:
-    """What is wrong with ``line`` as a ``cache_trusted_keys`` line, or "" (pure); says
-    what to paste instead and never quotes the line."""
-    if _looks_private(line):
-        return (
-            "looks like a private key, not a public key line (not shown): a private key "
-            "never goes in cache_trusted_keys; paste the line `metrale-orch cache keygen` "
-            "printed, ed25519:<base64> [label] (and make a new key if this one was shared)"
-        )
-    try:
-        parse_public_key_line(line)
-    except ValueError as exc:
-        return (
-            f"not a public key line ({exc}): paste the line `metrale-orch cache keygen` "
-            "printed, ed25519:<base64> [label]"
-        )
-    return ""
 
 
 def _empty() -> Mapping[str, T]:
@@ -284,21 +190,6 @@ EXECUTION_KEYS = frozenset(
         "cache_signing_key",
     }
 )
-
-_BOOLS = {"true": True, "1": True, "yes": True, "on": True,
-          "false": False, "0": False, "no": False, "off": False}  # fmt: skip
-
-#: Integer kinds: (least value, what a value that is no integer must be, what one below the
-#: least must be).
-_INTEGERS: dict[str, tuple[int, str, str]] = {
-    "count": (0, "an integer", "a non-negative integer"),
-    "jobs": (1, "a positive integer (compiles at once)", "a positive integer (compiles at once)"),
-}
-
-#: The longest a deadline may be: a year (Python's waits overflow past ~9.2e9 s, and a
-#: REAPI Duration past ~3.2e11 s).
-_MAX_SECONDS = 366 * 24 * 3600.0
-
 #: Kinds whose command-line value may come as text to be parsed.
 _TEXT_KINDS = ("seconds", "count", "table", "jobs", "bool", "headers", "public_keys")
 
@@ -377,97 +268,6 @@ def find_root(start: Path) -> Path:
     return start
 
 
-def _convert(
-    kind: str, value: object, where: str, key: str, root: Path, from_text: bool
-) -> Setting:
-    if kind == "str":
-        if not isinstance(value, str):
-            raise ConfigError(where, key, f"must be a string, got {type(value).__name__}")
-        return value
-    if kind == "path":
-        if not isinstance(value, str) or not value.strip():
-            raise ConfigError(where, key, "must be a non-empty path string")
-        p = Path(os.path.expanduser(value))
-        return p if p.is_absolute() else root / p
-    if kind == "optpath":
-        if not isinstance(value, str):
-            raise ConfigError(where, key, f"must be a path string, got {type(value).__name__}")
-        if not value.strip():
-            return None
-        p = Path(os.path.expanduser(value))
-        return p if p.is_absolute() else root / p
-    if kind == "mode":
-        if not isinstance(value, str) or value.strip().lower() not in CACHE_MODES:
-            raise ConfigError(where, key, f"must be one of {', '.join(CACHE_MODES)}, got {value!r}")
-        return value.strip().lower()
-    if kind == "seconds":
-        if from_text and isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                raise ConfigError(
-                    where, key, f"must be a number of seconds, got {value!r}"
-                ) from None
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-            raise ConfigError(where, key, f"must be a positive number of seconds, got {value!r}")
-        if not value <= _MAX_SECONDS:  # inf, or past what a process wait can take
-            raise ConfigError(
-                where, key, f"must be at most {_MAX_SECONDS:.0f} seconds (a year), got {value!r}"
-            )
-        return float(value)
-    if kind in _INTEGERS:
-        least, not_a_number, out_of_range = _INTEGERS[kind]
-        if from_text and isinstance(value, str):
-            try:
-                value = int(value)
-            except ValueError:
-                raise ConfigError(where, key, f"must be {not_a_number}, got {value!r}") from None
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ConfigError(where, key, f"must be {out_of_range}, got {value!r}")
-        return value
-    if kind == "grpc":
-        if not isinstance(value, str):
-            raise ConfigError(where, key, f"must be a string, got {type(value).__name__}")
-        text = value.strip()
-        if text and not re.fullmatch(r"grpcs?://[^/\s]+(:\d+)?/?", text):
-            raise ConfigError(
-                where, key, f"must be grpc://host:port or grpcs://host:port, got {value!r}"
-            )
-        return text.rstrip("/")
-    if kind == "bool":
-        if isinstance(value, str) and from_text and value.strip().lower() in _BOOLS:
-            return _BOOLS[value.strip().lower()]
-        if not isinstance(value, bool):
-            raise ConfigError(where, key, f"must be true or false, got {value!r}")
-        return value
-    if kind == "headers":
-        table = _convert("table", value, where, key, root, from_text)
-        assert isinstance(table, Mapping)
-        for name, header in table.items():
-            if not isinstance(header, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", name):
-                raise ConfigError(
-                    where,
-                    key,
-                    f"header {name!r}: a lower-case gRPC metadata name with a string value "
-                    "is needed",
-                )
-        return table
-    if kind == "signing_key":
-        return _signing_key(value, where, key, root)
-    if kind == "public_keys":
-        return _public_keys(value, where, key, from_text)
-    if kind == "table":
-        if from_text and isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(where, key, f"must be a JSON object: {exc}") from None
-        if not isinstance(value, dict):
-            raise ConfigError(where, key, "must be a table (a JSON object in the environment)")
-        return MappingProxyType(dict(value))
-    raise AssertionError(kind)
-
-
 def read_pyproject(path: Path) -> dict[str, object] | None:
     """``path`` (a project's ``pyproject.toml``) parsed, or None when there is no such file
     (I/O). Raises :class:`ConfigError` naming the file, and for bad TOML the line and
@@ -478,55 +278,6 @@ def read_pyproject(path: Path) -> dict[str, object] | None:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(path.name, "(file)", f"cannot be read: {exc}") from None
-
-
-def _signing_key(value: object, where: str, key: str, root: Path) -> str:
-    """PEM text as is, else the absolute path of a key file ("" for none); never echoes
-    the value (it may be the key itself)."""
-    if not isinstance(value, str):
-        kind = type(value).__name__
-        raise ConfigError(where, key, f"must be a string (a path or a PEM key), got {kind}")
-    text = value.strip()
-    if not text or text.startswith(_PEM_START):
-        return text
-    if text.startswith(PUBLIC_KEY_PREFIX):
-        raise ConfigError(
-            where,
-            key,
-            "is a public key line (ed25519:...); this setting takes a private key: the path "
-            "of a PEM file `metrale-orch cache keygen` wrote, or its text (public key lines "
-            "go in cache_trusted_keys)",
-        )
-    if "\n" in text:
-        raise ConfigError(
-            where, key, "is neither a path nor a PEM private key (-----BEGIN PRIVATE KEY-----)"
-        )
-    p = Path(os.path.expanduser(text))
-    return str(p if p.is_absolute() else root / p)
-
-
-def _public_keys(value: object, where: str, key: str, from_text: bool) -> tuple[str, ...]:
-    """The key lines of a TOML array (a JSON array or comma-separated in the environment)."""
-    if from_text and isinstance(value, str):
-        text = value.strip()
-        if text.startswith("["):
-            try:
-                value = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(where, key, f"must be a JSON array of strings: {exc}") from None
-        else:
-            value = [part for part in text.split(",") if part.strip()]
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(
-            where, key, "must be a list of public key lines (ed25519:<base64> [label])"
-        )
-    lines: list[str] = []
-    for i, line in enumerate(value):
-        problem = key_line_problem(line)
-        if problem:  # named by position, never quoted: it may be a private key
-            raise ConfigError(where, key_line_name(i, line), problem)
-        lines.append(" ".join(line.split()))
-    return tuple(sorted(set(lines)))
 
 
 def load_config(
@@ -559,12 +310,12 @@ def load_config(
             if key not in _KEYS:
                 known = ", ".join(sorted(_KEYS))
                 raise ConfigError(where, key, f"unknown key (known keys: {known})")
-            values[key] = _convert(_KEYS[key][1], value, where, key, root, from_text=False)
+            values[key] = convert(_KEYS[key][1], value, where, key, root, from_text=False)
             sources[key] = "pyproject"
 
     for key, (var, kind) in _KEYS.items():
         if var is not None and var in env:
-            values[key] = _convert(kind, env[var], f"environment {var}", key, root, from_text=True)
+            values[key] = convert(kind, env[var], f"environment {var}", key, root, from_text=True)
             sources[key] = "env"
 
     for key, value in (overrides or {}).items():
@@ -573,7 +324,7 @@ def load_config(
             raise ConfigError("command line", key, f"unknown setting (known keys: {known})")
         if value is None:
             continue
-        values[key] = _convert(
+        values[key] = convert(
             _KEYS[key][1],
             value,
             "command line",
@@ -596,7 +347,7 @@ def load_config(
             f"{_rel(compat, root)!r} is not a directory; create it or point the setting "
             "at the project's HIP compat headers",
         )
-    # One keyword per setting in _KEYS, each converted to its field's type by _convert.
+    # One keyword per setting in _KEYS, each converted to its field's type by convert.
     make: Callable[..., Config] = Config
     return make(
         root=root, local_key=default_local_key(env), sources=MappingProxyType(sources), **values
