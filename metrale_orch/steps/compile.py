@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from metrale_orch.cache import Cache
-from metrale_orch.steps.deps import classify, parse_depfile, record_inputs
+from metrale_orch.steps.deps import Input, classify, parse_depfile, record_inputs
 from metrale_orch.steps.errors import CompileError, StageError
 from metrale_orch.steps.hip_mirror import (
     MIRROR_DIR,
@@ -157,7 +157,7 @@ class Ran:
 
 def run_compile(
     ctx: BuildContext, module: ModulePlan, *, expected: float = 0.0
-) -> tuple[bytes, float, tuple[tuple[str, str, str], ...], Ran]:
+) -> tuple[bytes, float, tuple[Input, ...], Ran]:
     """Compile one module in its staged role directory into a temporary directory.
 
     As the reference drives each compiler (SPEC 3.3): a ``hip``-dialect toolchain
@@ -166,8 +166,8 @@ def run_compile(
     toolchain (Metal) turns the first step's intermediate into the artefact;
     the toolchain's environment switches are those of the plan.
 
-    Returns (artefact bytes, seconds, the inputs the compile read as
-    ``(kind, path, hash)``: from the compiler's dependency list when the
+    Returns (artefact bytes, seconds, the inputs the compile read
+    (:class:`~metrale_orch.steps.deps.Input`): from the compiler's dependency list when the
     toolchain writes one (mirrored files named as the staged files they were
     made from), else the scanned closure, plus the files named by flags; and
     where it ran, :class:`Ran`).
@@ -201,7 +201,7 @@ def run_compile(
             hasher=ctx.session.hasher,
             system_dirs=ctx.system_dirs,
         )
-        return data, seconds, tuple((k, p, h) for k, p, h in recorded), ran
+        return data, seconds, tuple(Input(k, p, h) for k, p, h in recorded), ran
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

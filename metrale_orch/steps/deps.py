@@ -37,11 +37,13 @@ import stat
 import threading
 import time
 from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
+from typing import NamedTuple
 
 from metrale_orch.fsutil import FileState, change_ns, file_hash, settled_change
 
 __all__ = [
     "FileHasher",
+    "Input",
     "classify",
     "external_stamps",
     "flag_files",
@@ -52,6 +54,20 @@ __all__ = [
     "record_inputs",
     "unknown_state",
 ]
+
+
+class Input(NamedTuple):
+    """A file a compile read, as recorded (see the module docstring): a tuple, so a cache
+    entry's JSON (``[kind, path, digest]``) and equality are a plain triple's."""
+
+    #: ``stage``, ``toolkit<i>``, ``system`` or ``abs``.
+    kind: str
+    #: Its path as the kind spells it (relative to the module's directory, below the
+    #: toolkit directory, or absolute).
+    path: str
+    #: The xxh3-128 hex digest of its content ("" when it could not be had).
+    digest: str
+
 
 #: Flags whose value is a file the compiler reads.
 _FILE_FLAGS = (
@@ -323,7 +339,7 @@ def hashed_state(hasher: FileHasher, path: str, digest: str) -> FileState:
     return [mtime, size, digest, settled, ino]
 
 
-def external_stamps(inputs: Iterable[Sequence[str]], hasher: FileHasher) -> dict[str, FileState]:
+def external_stamps(inputs: Iterable[Input], hasher: FileHasher) -> dict[str, FileState]:
     """``path -> FileState`` (xxh3-128) of the ``abs`` inputs among ``inputs``, as they were
     when hashed (verified or recorded) in this process; a file whose stamp is unknown
     gets :func:`unknown_state`, which the next check sees as changed."""

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
+from metrale_orch.steps.deps import Input
+
 __all__ = ["ArtefactMemo", "Obtained", "Origin"]
 
 #: How the first target to need an artefact got it: compiled in this run, or from a tier.
@@ -21,11 +23,11 @@ Origin = Literal["compiled", "local", "remote"]
 
 @dataclass(frozen=True, slots=True)
 class Obtained:
-    """An artefact, the inputs its compile read (``[kind, path, hash]``), and how the run
-    got it (a target reusing it built from this run's compile, or from a cache)."""
+    """An artefact, the inputs its compile read, and how the run got it (a target reusing
+    it built from this run's compile, or from a cache)."""
 
     data: bytes
-    inputs: tuple[tuple[str, str, str], ...]
+    inputs: tuple[Input, ...]
     origin: Origin = "compiled"
 
 

@@ -21,9 +21,7 @@ import xxhash
 from metrale_orch.cache import RUN_META
 from metrale_orch.manifest import ModuleOutcome
 from metrale_orch.steps.compile import BuildContext, run_compile
-from metrale_orch.steps.deps import (
-    inputs_match,
-)
+from metrale_orch.steps.deps import Input, inputs_match
 from metrale_orch.steps.errors import (
     CompileError,
     MissRefused,
@@ -51,7 +49,7 @@ class ModuleObtained:
 
     result: ModuleResult
     data: bytes | None
-    inputs: tuple[tuple[str, str, str], ...]
+    inputs: tuple[Input, ...]
     outcome: Obtainment | Literal["failed"]
     failure: ModuleFailure | None = None
 
@@ -100,7 +98,7 @@ def _recorded(outcome: Obtainment | Literal["failed"]) -> ModuleOutcome:
 
 def obtain(
     ctx: BuildContext, module: ModulePlan, key: str, rec: SpanRecorder, expected: float
-) -> tuple[bytes, Obtainment, tuple[tuple[str, str, str], ...], Origin]:
+) -> tuple[bytes, Obtainment, tuple[Input, ...], Origin]:
     """The artefact bytes of ``module``, how they were obtained (memo|run|local|remote|
     compiled), the inputs its compile read, and how the run first got them (compiled, or
     from a tier: a shared artefact's first target's; the outcome itself otherwise).
@@ -166,7 +164,7 @@ def _cache_lookup(
     module: ModulePlan,
     key: str,
     still_valid: Callable[[object], bool],
-) -> tuple[tuple[bytes, Obtainment, tuple[tuple[str, str, str], ...], Origin] | None, bool]:
+) -> tuple[tuple[bytes, Obtainment, tuple[Input, ...], Origin] | None, bool]:
     """The cached artefact of ``key`` whose recorded inputs still hold, as :func:`obtain`
     returns it (or None), and whether an entry was rejected for other inputs."""
     cache = ctx.cache
@@ -209,7 +207,7 @@ def _compile_and_store(
     rec: SpanRecorder,
     expected: float,
     replace: bool,
-) -> tuple[bytes, tuple[tuple[str, str, str], ...]]:
+) -> tuple[bytes, tuple[Input, ...]]:
     """Compile ``module`` (``compile`` span), publish it to the cache (``store``) and the
     session's memo. Raises :class:`CompileError`."""
     plan = ctx.plan
@@ -254,9 +252,9 @@ def _compile_and_store(
     return data, inputs
 
 
-def _as_inputs(value: object) -> tuple[tuple[str, str, str], ...]:
+def _as_inputs(value: object) -> tuple[Input, ...]:
     if not isinstance(value, list):
         return ()
     return tuple(
-        (str(i[0]), str(i[1]), str(i[2])) for i in value if isinstance(i, list) and len(i) == 3
+        Input(str(i[0]), str(i[1]), str(i[2])) for i in value if isinstance(i, list) and len(i) == 3
     )
