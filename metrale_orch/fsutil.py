@@ -1,5 +1,6 @@
-"""Atomic file writes (the one way this package replaces a file), the file digests, and
-the one rule for trusting a file's stat instead of its bytes.
+"""Atomic file writes (the one way this package replaces a file), the digests (of a file,
+bytes or text: xxh3-64 for file states, xxh3-128 for content), and the one rule for
+trusting a file's stat instead of its bytes.
 
 A reader never sees a partial file: data goes to a temporary name in the same
 directory (unique per process and thread) and is renamed into place. No fsync:
@@ -105,9 +106,28 @@ def _hexdigest(path: str, h: xxhash.xxh3_64 | xxhash.xxh3_128) -> str:
     return h.hexdigest()
 
 
+def bytes_digest(data: bytes | bytearray | memoryview) -> str:
+    """xxh3-64 hex digest of ``data``: :func:`file_digest` of bytes in hand (pure)."""
+    return xxhash.xxh3_64_hexdigest(data)
+
+
+def bytes_hash(data: bytes | bytearray | memoryview) -> str:
+    """xxh3-128 hex digest of ``data``: :func:`file_hash` of bytes in hand (pure), the
+    content hash of artefacts, cache objects and key documents."""
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+def text_hash(text: str) -> str:
+    """:func:`bytes_hash` of ``text`` as UTF-8, lone surrogates (undecodable bytes of a
+    file name or an output) as the bytes they stand for (pure)."""
+    return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogateescape"))
+
+
 __all__ = [
     "RACY_NS",
     "FileState",
+    "bytes_digest",
+    "bytes_hash",
     "change_ns",
     "file_digest",
     "file_hash",
@@ -115,6 +135,7 @@ __all__ = [
     "read_json_object",
     "remove_all_but_newest",
     "settled_change",
+    "text_hash",
     "unchanged_since",
     "write_atomic",
     "write_if_changed",

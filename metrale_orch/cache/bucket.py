@@ -48,8 +48,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-import xxhash
-
 from metrale_orch.cache.bucket_failures import (
     MissingBucket,
     RemoteFailure,
@@ -64,6 +62,7 @@ from metrale_orch.cache.bucket_failures import (
 from metrale_orch.cache.deadline import DeadlineWorker
 from metrale_orch.cache.local import DEFAULT_MAX_OBJECT_SIZE, publish_atomic, read_object_file
 from metrale_orch.cache.objects import SCHEMA, CorruptObject, ObjectTooLarge
+from metrale_orch.fsutil import bytes_digest
 
 __all__ = ["RemoteStore", "extra_for", "remote_object_path"]
 
@@ -98,7 +97,7 @@ def namespace_segment(namespace: str) -> str:
         return "default"
     if _SAFE_SEGMENT.fullmatch(namespace) and namespace != "default":
         return namespace
-    return "ns-" + xxhash.xxh3_64_hexdigest(namespace.encode("utf-8"))
+    return "ns-" + bytes_digest(namespace.encode("utf-8"))
 
 
 def remote_object_path(root: str, namespace: str, key: str) -> str:

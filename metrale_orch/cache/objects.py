@@ -31,6 +31,7 @@ from typing import NamedTuple
 import xxhash
 
 from metrale_orch.cache_schema import CACHE_SCHEMA
+from metrale_orch.fsutil import bytes_hash
 
 __all__ = [
     "KEY_RE",
@@ -147,7 +148,7 @@ def canonical_key_bytes(namespace: str, parts: Mapping[str, object]) -> bytes:
 
 def key_of(namespace: str, parts: Mapping[str, object]) -> str:
     """xxh3-128 hex of :func:`canonical_key_bytes`."""
-    return xxhash.xxh3_128_hexdigest(canonical_key_bytes(namespace, parts))
+    return bytes_hash(canonical_key_bytes(namespace, parts))
 
 
 def _canonical_json(doc: Mapping[str, object]) -> bytes:
@@ -175,7 +176,7 @@ def encode_object(
     blobs = []
     for name in names:
         data = bytes(outputs[name])
-        entries.append({"name": name, "size": len(data), "xxh3": xxhash.xxh3_128_hexdigest(data)})
+        entries.append({"name": name, "size": len(data), "xxh3": bytes_hash(data)})
         blobs.append(data)
     header: dict[str, object] = {
         "schema": SCHEMA,
@@ -294,7 +295,7 @@ def decode_object(key: str, data: bytes) -> DecodedObject:
     outputs: dict[str, bytes] = {}
     for name, size, digest in specs:
         chunk = view[pos : pos + size]
-        if xxhash.xxh3_128_hexdigest(chunk) != digest:
+        if bytes_hash(chunk) != digest:
             raise CorruptObject(f"output {name!r} hash mismatch")
         outputs[name] = bytes(chunk)
         pos += size

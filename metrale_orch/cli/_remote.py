@@ -16,9 +16,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import xxhash
-
 from metrale_orch.errors import UsageError
+from metrale_orch.fsutil import bytes_hash
 from metrale_orch.paths import STATE_DIR
 
 if TYPE_CHECKING:
@@ -116,7 +115,7 @@ def _check(args: argparse.Namespace, ctx: Context) -> int:
         )  # fmt: skip
         local = top / f"check.{tc.output}"
         form = remote_form(
-            root=top, files={"check.cu": xxhash.xxh3_128_hexdigest(source)}, cwd="", argv=argv,
+            root=top, files={"check.cu": bytes_hash(source)}, cwd="", argv=argv,
             outputs={out_rel: local}, toolchain=tc, identity=found.identity,
             environ=ctx.environ, allowed=(*found.roots, *found.system_dirs),
             container_image=config.remote_container_image,

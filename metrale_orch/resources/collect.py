@@ -25,10 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import xxhash
-
 from metrale_orch.errors import MetraleError
-from metrale_orch.fsutil import write_atomic
+from metrale_orch.fsutil import bytes_hash, write_atomic
 from metrale_orch.manifest import Manifest, ManifestError, read_manifest
 from metrale_orch.paths import MANIFEST_NAME, STATE_DIR, rel_posix, target_dir
 from metrale_orch.proc import run_process
@@ -289,7 +287,7 @@ def _artefact_kernels(
     if b".entry" not in data and b".target" not in data:
         raise UnreadableArtefact(shown, "is neither PTX, a cubin nor a fatbin")
     ptxas, stamp = run.find_ptxas(toolchain, arch)
-    key = f"ptx|{arch}|{xxhash.xxh3_128_hexdigest(data)}|{identity}|{stamp}"
+    key = f"ptx|{arch}|{bytes_hash(data)}|{identity}|{stamp}"
     cached = run.cache.get(key)
     if cached is not None:
         run.cache_hits += 1

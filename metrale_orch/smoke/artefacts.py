@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import xxhash
-
+from metrale_orch.fsutil import bytes_digest, bytes_hash
 from metrale_orch.smoke.amdgpu import (
     CodeObjectInfo,
     is_code_object,
@@ -202,5 +201,5 @@ def xxh3_matches(data: bytes, want: str) -> bool:
     """True when ``data`` hashes to ``want``: 16 hex digits for xxh3-64, else xxh3-128."""
     want = want.lower()
     if len(want) == 16:
-        return bool(xxhash.xxh3_64_hexdigest(data) == want)
-    return bool(xxhash.xxh3_128_hexdigest(data) == want)
+        return bool(bytes_digest(data) == want)
+    return bool(bytes_hash(data) == want)

@@ -57,9 +57,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import xxhash
-
-from metrale_orch.fsutil import write_if_changed
+from metrale_orch.fsutil import file_hash, write_if_changed
 from metrale_orch.paths import COMPDB_NAME, compdb_part, root_relative, stage_dir, target_dir
 from metrale_orch.steps.compile import step_argv
 from metrale_orch.steps.includes import Includes
@@ -314,7 +312,7 @@ def _shown(root: Path, staged: StagedTarget, path: str | None) -> str:
 
 def _hash_of(path: Path) -> str:
     try:
-        return xxhash.xxh3_128_hexdigest(path.read_bytes())
+        return file_hash(os.fspath(path))
     except OSError:
         return ""
 

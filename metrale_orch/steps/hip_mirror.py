@@ -49,9 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-import xxhash
-
-from metrale_orch.fsutil import write_if_changed, write_own
+from metrale_orch.fsutil import file_hash, text_hash, write_if_changed, write_own
 from metrale_orch.ownership import read_own
 from metrale_orch.paths import COMMON_DIR  # not staging's import chain: the no-op needs none
 
@@ -274,7 +272,7 @@ class HipCompat:
     def digest(self) -> str:
         """xxh3-128 of its listing and contents."""
         text = json.dumps(sorted(self.files.items()), separators=(",", ":"))
-        return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogateescape"))
+        return text_hash(text)
 
 
 def scan_hip_compat(root: Path, compat_dir: Path | None) -> HipCompat:
@@ -300,7 +298,7 @@ def scan_hip_compat(root: Path, compat_dir: Path | None) -> HipCompat:
                 if not path.is_file():
                     continue
                 rel = path.relative_to(folder).as_posix()
-                files[rel] = xxhash.xxh3_128_hexdigest(path.read_bytes())
+                files[rel] = file_hash(os.fspath(path))
     except OSError as exc:
         return HipCompat(
             dir=folder,

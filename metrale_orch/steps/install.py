@@ -13,10 +13,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import xxhash
-
 from metrale_orch.defaults import render_defaults_header, render_defaults_json
-from metrale_orch.fsutil import FileState, file_state, write_if_changed
+from metrale_orch.fsutil import FileState, bytes_digest, file_state, write_if_changed
 from metrale_orch.manifest import Manifest, ManifestShadow
 from metrale_orch.paths import MANIFEST_NAME, root_relative, target_dir
 from metrale_orch.steps.dropped import Drop
@@ -110,5 +108,5 @@ def install(
             st = path.stat()
         except OSError as exc:
             raise StageError(target, str(path), f"cannot install the artefacts: {exc}") from None
-        states[path] = file_state(st, xxhash.xxh3_64_hexdigest(data), time.time_ns())
+        states[path] = file_state(st, bytes_digest(data), time.time_ns())
     return ("" if failed else root_relative(manifest_path, root)), states

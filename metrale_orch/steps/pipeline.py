@@ -16,9 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-import xxhash
-
 from metrale_orch.cache import RUN_META
+from metrale_orch.fsutil import bytes_hash
 from metrale_orch.manifest import ModuleOutcome
 from metrale_orch.steps.compile import BuildContext, run_compile
 from metrale_orch.steps.deps import Input, inputs_match
@@ -81,7 +80,7 @@ def run_pipeline(
         key=key,
         # The manifest says where the bytes were found (a shared artefact: "local").
         outcome="local" if shared else outcome,  # type: ignore[arg-type]  # not shared
-        xxh3="" if data is None else xxhash.xxh3_128_hexdigest(data),
+        xxh3="" if data is None else bytes_hash(data),
         seconds=time.perf_counter() - t0,
         shared=origin if shared else "",
     )

@@ -26,9 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 
-import xxhash
-
-from metrale_orch.fsutil import write_atomic
+from metrale_orch.fsutil import bytes_digest, bytes_hash, write_atomic
 from metrale_orch.paths import COMMON_DIR, root_relative
 from metrale_orch.steps.errors import ContainmentError, StageError
 from metrale_orch.tree import Layout, Role, redirect_manifest
@@ -304,8 +302,8 @@ def stage(
             data = source.read_bytes()
         except OSError as exc:
             raise StageError(target, rel, f"cannot read {source}: {exc}") from None
-        hashes[rel] = xxhash.xxh3_128_hexdigest(data)
-        digests[source] = xxhash.xxh3_64_hexdigest(data)
+        hashes[rel] = bytes_hash(data)
+        digests[source] = bytes_digest(data)
         dest = stage_dir / rel
         try:
             if _same_bytes(dest, data):

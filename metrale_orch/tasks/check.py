@@ -52,12 +52,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import xxhash
-
 from metrale_orch import tree as lay
 from metrale_orch.config import Config, load_config
 from metrale_orch.defaults import read_tree_levers
 from metrale_orch.errors import MetraleError, is_printable, printable
+from metrale_orch.fsutil import file_hash
 from metrale_orch.smoke import scan_cases
 from metrale_orch.steps.dropped import shadow_exemptions
 from metrale_orch.steps.errors import BuildConfigError, ToolchainMissing
@@ -456,7 +455,7 @@ def _warnings(snap: lay.TreeSnapshot, scan: _Scan, build_keys: Sequence[str]) ->
 
 
 def _digest(path: Path) -> str:
-    return xxhash.xxh3_128_hexdigest(path.read_bytes())
+    return file_hash(os.fspath(path))
 
 
 def _link_message(rel: str) -> str:

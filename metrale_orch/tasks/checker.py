@@ -44,12 +44,13 @@ import time
 from array import array
 from collections.abc import Callable, Mapping, Sequence
 
-import xxhash
 from doit.dependency import FileChangedChecker, UptodateCalculator
 
 from metrale_orch.canonical import canonical_json
 from metrale_orch.fsutil import (
     FileState,
+    bytes_digest,
+    bytes_hash,
     file_digest,
     file_hash,
     file_state,
@@ -122,7 +123,7 @@ def signature_parts(
         text = encoded.get(key) if encoded else None
         if text is None:
             text = canonical_json(signature[key])
-        out[str(key)] = xxhash.xxh3_64_hexdigest(text.encode("utf-8"))
+        out[str(key)] = bytes_digest(text.encode("utf-8"))
     return out
 
 
@@ -135,7 +136,7 @@ def result_digest(result: Mapping[str, object]) -> str:
     (:func:`~metrale_orch.canonical.canonical_json`), its profile spans
     (:data:`PROFILE_KEY`) left out."""
     text = canonical_json({k: v for k, v in result.items() if k != PROFILE_KEY})
-    return _RESULT_TAG + xxhash.xxh3_128_hexdigest(text.encode("utf-8"))
+    return _RESULT_TAG + bytes_hash(text.encode("utf-8"))
 
 
 #: Prefix of a task record written by :class:`TaskDataCodec` (a JSON record starts with "{").
@@ -415,7 +416,7 @@ def _state_row(state: Sequence[int | str]) -> tuple[int, int, str, int, int]:
 
 def _fingerprint(stamps: Sequence[tuple[int, int, int, int]]) -> str:
     flat = array("q", [x for stamp in stamps for x in stamp])
-    return xxhash.xxh3_64_hexdigest(flat.tobytes())
+    return bytes_digest(flat.tobytes())
 
 
 def _settled_fingerprint(stats: Sequence[os.stat_result], taken_ns: int) -> str:

@@ -64,6 +64,8 @@ import xxhash
 
 from metrale_orch.fsutil import (
     RACY_NS,
+    bytes_digest,
+    bytes_hash,
     change_ns,
     file_digest,
     read_json_object,
@@ -209,7 +211,7 @@ def scan(kernels: Path, package_files: Iterable[Path]) -> Scan | None:
                     if _may_escape(name, data):
                         _log.debug("task cache: not caching, %s may name a path outside", path)
                         return None
-                    watches.append(("f", path, *_stat_key(fst), xxhash.xxh3_64_hexdigest(data)))
+                    watches.append(("f", path, *_stat_key(fst), bytes_digest(data)))
         for file in package_files:
             path = os.fspath(file)
             fst = os.stat(path)
@@ -272,11 +274,11 @@ def _pack(key: str, started_ns: int, watches: Sequence[Sequence[object]], body: 
             "key": key,
             "started_ns": started_ns,
             "watches": [list(w) for w in watches],
-            "body": xxhash.xxh3_128_hexdigest(body),
+            "body": bytes_hash(body),
         },
         _MARSHAL_VERSION,
     )
-    line = b"%s %d %s\n" % (_python(), len(header), xxhash.xxh3_128_hexdigest(header).encode())
+    line = b"%s %d %s\n" % (_python(), len(header), bytes_hash(header).encode())
     return _MAGIC + line + header + body
 
 
@@ -488,7 +490,7 @@ def _unpack(data: bytes) -> tuple[dict[str, object], bytes] | str:
     except ValueError:
         return "unreadable header"
     head, body = rest[:n], rest[n:]
-    if len(head) != n or xxhash.xxh3_128_hexdigest(head).encode() != digest:
+    if len(head) != n or bytes_hash(head).encode() != digest:
         return "header does not match its digest"
     try:
         header = marshal.loads(head)
@@ -520,7 +522,7 @@ def lookup(path: Path, key: str) -> Lookup:
         return _miss("other schema")
     if header.get("key") != key:
         return _miss("key changed (configuration, toolchains, environment or versions)")
-    if header.get("body") != xxhash.xxh3_128_hexdigest(body):
+    if header.get("body") != bytes_hash(body):
         return _miss("body does not match its digest")
     started_ns = header.get("started_ns")
     watches = header.get("watches")

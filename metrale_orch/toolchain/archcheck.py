@@ -30,10 +30,8 @@ import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-import xxhash
-
 from metrale_orch.errors import MetraleError
-from metrale_orch.fsutil import read_json_object, write_own
+from metrale_orch.fsutil import read_json_object, text_hash, write_own
 from metrale_orch.proc import ProcessError, run_process
 from metrale_orch.toolchain.argv import toolchain_environ
 from metrale_orch.toolchain.definitions import Toolchain
@@ -110,7 +108,7 @@ def run_arch_check(
 def _memo_key(toolchain: Toolchain, program: Path, identity: str, arch: str) -> str:
     doc = [toolchain.to_dict(), str(program), identity, arch]
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
-    return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogateescape"))
+    return text_hash(text)
 
 
 def _read_verdicts(path: Path) -> dict[str, str]:
@@ -160,7 +158,7 @@ def _built_key(toolchain: Toolchain, program: Path, arch: str) -> str:
     """The verdicts file's key of the arch probe last found to build ``arch``."""
     doc = [toolchain.to_dict(), str(program), arch, "built, with the arch's own probe"]
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
-    return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogateescape"))
+    return text_hash(text)
 
 
 def probe_for_arch(

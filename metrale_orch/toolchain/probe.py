@@ -25,9 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import xxhash
-
-from metrale_orch.fsutil import file_hash, read_json_object, settled_change, write_own
+from metrale_orch.fsutil import file_hash, read_json_object, settled_change, text_hash, write_own
 from metrale_orch.paths import user_cache_home
 from metrale_orch.proc import ProcessError
 from metrale_orch.toolchain.argv import keyed_environment, toolchain_environ
@@ -506,7 +504,7 @@ def _full_probe(
     # Content, not path: the same toolkit installed elsewhere has the same identity.
     doc["files"] = sorted({d for d in (hashes.digest(f) for f in files) if d is not None})
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
-    digest = xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogateescape"))
+    digest = text_hash(text)
     return Probe(identity=f"{human} | {digest}", roots=roots, system_dirs=system), system
 
 

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import xxhash
 
-from metrale_orch.fsutil import RACY_NS, change_ns, write_own
+from metrale_orch.fsutil import RACY_NS, change_ns, text_hash, write_own
 from metrale_orch.ownership import read_own
 
 __all__ = ["MAX_RECORDS", "RECORDS_DIR", "ProbeRecord", "RecordStore", "dir_states", "file_stamps"]
@@ -170,7 +170,7 @@ class RecordStore:
 
     def __init__(self, state_dir: Path, key: str) -> None:
         doc = json.dumps([_SCHEMA, _code_digest(), key], separators=(",", ":"))
-        digest = xxhash.xxh3_128_hexdigest(doc.encode("utf-8", "surrogateescape"))
+        digest = text_hash(doc)
         self.folder = state_dir / RECORDS_DIR
         self.path = self.folder / f"{digest}.json"
 
