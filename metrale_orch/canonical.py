@@ -4,6 +4,9 @@ Sorted keys, no spaces, ASCII only, values JSON cannot hold encoded by ``str``:
 equal values give equal text in every process and checkout. A list's text is
 ``"[" + ",".join(item texts) + "]"``, so a part made of items that recur across
 targets (module plans) can be encoded once per item (:func:`canonical_list`).
+
+What people read (the command line's JSON output, the cache's stats, the installed
+defaults, the compilation database) is :func:`readable_json`: sorted keys, indented.
 """
 
 from __future__ import annotations
@@ -12,12 +15,17 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from json.encoder import encode_basestring_ascii as _quoted
 
-__all__ = ["canonical_json", "canonical_list", "canonical_strings"]
+__all__ = ["canonical_json", "canonical_list", "canonical_strings", "readable_json"]
 
 
 def canonical_json(value: object) -> str:
     """``value`` as canonical JSON text (pure)."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=True)
+
+
+def readable_json(value: object) -> str:
+    """``value`` as JSON text for people (pure): sorted keys, two-space indent, ASCII."""
+    return json.dumps(value, indent=2, sort_keys=True)
 
 
 def canonical_list(item_texts: Iterable[str]) -> str:

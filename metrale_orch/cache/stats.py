@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from metrale_orch.cache.errors import CacheStatsError
+from metrale_orch.canonical import readable_json
 from metrale_orch.fsutil import write_atomic
 
 __all__ = ["CacheStats", "read_stats", "write_stats"]
@@ -185,7 +186,7 @@ def _human(n: float) -> str:
 
 def write_stats(path: Path, stats: CacheStats) -> None:
     """Write ``stats`` as JSON to ``path`` atomically (temp file + rename)."""
-    write_atomic(path, (json.dumps(stats.to_dict(), indent=2, sort_keys=True) + "\n").encode())
+    write_atomic(path, (readable_json(stats.to_dict()) + "\n").encode())
 
 
 def read_stats(path: Path) -> CacheStats:

@@ -35,11 +35,11 @@ what pre-commit hooks run) do not need to start.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from metrale_orch.canonical import readable_json
 from metrale_orch.errors import UsageError
 from metrale_orch.paths import BUILD_TASK, DB_NAME
 
@@ -62,7 +62,7 @@ def _run_status(args: argparse.Namespace, ctx: Context) -> int:
             "targets": [st.to_dict() for st in statuses],
             "counts": dict(sorted(counts.items())),
         }
-        ctx.out.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        ctx.out.write(readable_json(doc) + "\n")
         return _status_code(args, counts)
     width = max((len(st.status) for st in statuses), default=0)
     for st in statuses:
@@ -152,7 +152,7 @@ def _run_rdeps(args: argparse.Namespace, ctx: Context) -> int:
 
     hits = [reach.to_dict() for reach in status.rdeps(root, ctx.environ, rel)]
     if args.json:
-        ctx.out.write(json.dumps({"file": rel, "targets": hits}, indent=2, sort_keys=True) + "\n")
+        ctx.out.write(readable_json({"file": rel, "targets": hits}) + "\n")
         return 0
     if not hits:
         ctx.out.write(f"{rel} reaches no target\n")

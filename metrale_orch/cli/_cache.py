@@ -21,10 +21,10 @@ run) need none of its tiers.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from metrale_orch.canonical import readable_json
 from metrale_orch.config import Config, source_label
 from metrale_orch.errors import UsageError, printable
 
@@ -86,7 +86,7 @@ def run_stats(args: argparse.Namespace, ctx: Context) -> int:
             "mode": config.cache_mode,
             "remote": config.cache,
         }
-        print(json.dumps(doc, indent=2, sort_keys=True), file=ctx.out)
+        print(readable_json(doc), file=ctx.out)
         return 0
     if last is None:
         print(f"last run: no statistics yet ({STATS_FILE} is written by a build)", file=ctx.out)
@@ -142,7 +142,7 @@ def run_gc(args: argparse.Namespace, ctx: Context) -> int:
     result = gc_local(config.local_cache, limit)
     code = 1 if result.problems else 0
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2, sort_keys=True), file=ctx.out)
+        print(readable_json(result.to_dict()), file=ctx.out)
         return code
     _print_lines(list(result.problems), ctx)
     if result.unusable_removed:
@@ -179,7 +179,7 @@ def run_verify(args: argparse.Namespace, ctx: Context) -> int:
     result = verify_local(config.local_cache, trust=_local_trust(config))
     code = 1 if result.bad or result.problems or result.untrusted else 0
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2, sort_keys=True), file=ctx.out)
+        print(readable_json(result.to_dict()), file=ctx.out)
         return code
     _print_lines([_bad_line(b) for b in result.bad], ctx)
     _print_lines(list(result.problems), ctx)

@@ -11,10 +11,10 @@ tree's own levers included.
 from __future__ import annotations
 
 import argparse
-import json
 import tomllib
 from typing import TYPE_CHECKING
 
+from metrale_orch.canonical import readable_json
 from metrale_orch.defaults import (
     DefaultsError,
     UnknownHardwareError,
@@ -80,7 +80,7 @@ def _run(args: argparse.Namespace, ctx: Context) -> int:
         print(f"warning: {rel} does not parse ({exc}); the build uses the baseline", file=ctx.err)
     resolved = resolve(read_defaults(kernels, hw, levers=levers), ctx.environ.get)
     if args.json:
-        print(json.dumps(resolved.to_dict(), indent=2, sort_keys=True), file=ctx.out)
+        print(readable_json(resolved.to_dict()), file=ctx.out)
     else:
         print(format_levers(resolved), file=ctx.out)
     return 0

@@ -4,10 +4,10 @@ the build will accept it (the checks live in :mod:`metrale_orch.tasks.check`).""
 from __future__ import annotations
 
 import argparse
-import json
 from typing import TYPE_CHECKING
 
 from metrale_orch import tree as lay
+from metrale_orch.canonical import readable_json
 from metrale_orch.errors import UsageError, printable
 from metrale_orch.tasks.check import check_tree, report_lines
 from metrale_orch.tree.picture import FORMATS, draw_layout
@@ -65,7 +65,7 @@ def run_layout(args: argparse.Namespace, ctx: Context) -> int:
         if args.format:
             raise UsageError(f"--format {args.format} needs a TARGET (hw/model/quant)")
         if args.json:
-            print(json.dumps(lay.dump(root), indent=2, sort_keys=True), file=ctx.out)
+            print(readable_json(lay.dump(root)), file=ctx.out)
             return 0
         return _list_targets(ctx)
     target = _parse_target(args.target)
@@ -74,12 +74,12 @@ def run_layout(args: argparse.Namespace, ctx: Context) -> int:
         layout = lay.discover(root, target, snap)
     except lay.LayoutError as exc:
         if args.json:
-            print(json.dumps({str(target): {"error": str(exc)}}, indent=2), file=ctx.out)
+            print(readable_json({str(target): {"error": str(exc)}}), file=ctx.out)
             return 2
         raise
     if args.json:
         view = {str(target): lay.layout_to_dict(layout, root)}
-        print(json.dumps(view, indent=2, sort_keys=True), file=ctx.out)
+        print(readable_json(view), file=ctx.out)
         return 0
     if args.format:
         ctx.out.write(draw_layout(layout, root, args.format))

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from metrale_orch import matrix as mx
+from metrale_orch.canonical import canonical_json, readable_json
 
 if TYPE_CHECKING:
     from metrale_orch.cli import Context
@@ -93,9 +93,6 @@ def run_matrix(args: argparse.Namespace, ctx: Context) -> int:
                 "left out of the matrix",
                 file=ctx.err,
             )
-    if args.pretty:
-        text = json.dumps(matrix, indent=2, sort_keys=True)
-    else:
-        text = json.dumps(matrix, sort_keys=True, separators=(",", ":"))
+    text = readable_json(matrix) if args.pretty else canonical_json(matrix)
     print(text, file=ctx.out)
     return 0

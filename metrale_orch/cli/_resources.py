@@ -9,10 +9,10 @@ Exit codes: 0; 1 when a target's manifest or artefacts could not be read, or wit
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from metrale_orch.canonical import readable_json
 from metrale_orch.errors import EXIT_FAILURE, EXIT_OK, UsageError, printable
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ def run_resources(args: argparse.Namespace, ctx: Context) -> int:
     got = collect_resources(ctx.root, build_dir, args.pattern, environ)
     failed = any(t.status == "error" for t in got.report.targets)
     if args.json:
-        print(json.dumps(got.report.to_dict(), indent=2, sort_keys=True), file=ctx.out)
+        print(readable_json(got.report.to_dict()), file=ctx.out)
     else:
         _print_report(got, ctx)
     return EXIT_FAILURE if failed else EXIT_OK
@@ -169,7 +169,7 @@ def _print_diff(old: ResourceReport, new: ResourceReport, as_json: bool, ctx: Co
             "changes": [c.to_dict() for c in changes],
             "new_spills": spills,
         }
-        print(json.dumps(doc, indent=2, sort_keys=True), file=ctx.out)
+        print(readable_json(doc), file=ctx.out)
         return code
     for c in changes:
         print(printable(_change_line(c)), file=ctx.out)

@@ -57,6 +57,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from metrale_orch.canonical import canonical_json, readable_json
 from metrale_orch.fsutil import file_hash, write_if_changed
 from metrale_orch.paths import COMPDB_NAME, compdb_part, root_relative, stage_dir, target_dir
 from metrale_orch.steps.compile import step_argv
@@ -135,7 +136,7 @@ class TargetCommands:
             "target": str(self.target),
             "commands": [c.to_dict() for c in self.commands],
         }
-        return (json.dumps(doc, separators=(",", ":"), sort_keys=True) + "\n").encode()
+        return (canonical_json(doc) + "\n").encode()
 
     @classmethod
     def decode(cls, data: bytes) -> TargetCommands:
@@ -370,7 +371,7 @@ def encode_database(commands: Sequence[CompileCommand], *, root: str, build: str
         }
         for c in commands
     ]
-    return (json.dumps(entries, indent=2, sort_keys=True) + "\n").encode()
+    return (readable_json(entries) + "\n").encode()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

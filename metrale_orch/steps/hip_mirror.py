@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from metrale_orch.canonical import canonical_json
 from metrale_orch.fsutil import file_hash, text_hash, write_if_changed, write_own
 from metrale_orch.ownership import read_own
 from metrale_orch.paths import COMMON_DIR  # not staging's import chain: the no-op needs none
@@ -271,8 +272,7 @@ class HipCompat:
     @property
     def digest(self) -> str:
         """xxh3-128 of its listing and contents."""
-        text = json.dumps(sorted(self.files.items()), separators=(",", ":"))
-        return text_hash(text)
+        return text_hash(canonical_json(sorted(self.files.items())))
 
 
 def scan_hip_compat(root: Path, compat_dir: Path | None) -> HipCompat:

@@ -8,11 +8,11 @@ removed. Each write is atomic and skipped when the bytes are already there.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from metrale_orch.canonical import readable_json
 from metrale_orch.defaults import render_defaults_header, render_defaults_json
 from metrale_orch.fsutil import FileState, bytes_digest, file_state, write_if_changed
 from metrale_orch.manifest import Manifest, ManifestShadow
@@ -84,7 +84,7 @@ def install(
         old = manifest_path.read_bytes() if manifest_path.is_file() else None
         if old is not None and old != new_manifest:
             manifest_path.unlink()
-        defaults_json = json.dumps(render_defaults_json(plan.defaults), indent=2, sort_keys=True)
+        defaults_json = readable_json(render_defaults_json(plan.defaults))
         files = {
             **{dest / artefact: data for artefact, data in sorted(outputs.items())},
             dest / DEFAULTS_JSON: (defaults_json + "\n").encode(),

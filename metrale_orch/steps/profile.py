@@ -33,6 +33,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal, get_args
 
+from metrale_orch.canonical import canonical_json
 from metrale_orch.steps.errors import ProfileError, ProfileMissing
 
 __all__ = [
@@ -237,9 +238,9 @@ def encode_profile(doc: Mapping[str, object]) -> bytes:
     """``doc`` as the bytes of ``profile.json``: sorted keys, one event per line (pure)."""
     events = doc.get("traceEvents", [])
     head = {k: v for k, v in sorted(doc.items()) if k != "traceEvents"}
-    lines = [json.dumps(e, sort_keys=True, separators=(",", ":")) for e in _list(events)]
+    lines = [canonical_json(e) for e in _list(events)]
     body = ",\n".join(lines)
-    start = json.dumps(head, sort_keys=True, separators=(",", ":"))[:-1]
+    start = canonical_json(head)[:-1]
     sep = "," if head else ""
     return f'{start}{sep}"traceEvents":[\n{body}\n]}}\n'.encode()
 

@@ -25,6 +25,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from metrale_orch.canonical import canonical_json
 from metrale_orch.fsutil import write_atomic
 
 __all__ = [
@@ -157,4 +158,4 @@ def _read(path: Path) -> dict[str, object]:
 
 
 def _encode(doc: Mapping[str, object]) -> bytes:
-    return (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode()
+    return (canonical_json(doc) + "\n").encode()

@@ -30,6 +30,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from metrale_orch.canonical import canonical_json
 from metrale_orch.errors import MetraleError
 from metrale_orch.fsutil import read_json_object, text_hash, write_own
 from metrale_orch.proc import ProcessError, run_process
@@ -107,8 +108,7 @@ def run_arch_check(
 
 def _memo_key(toolchain: Toolchain, program: Path, identity: str, arch: str) -> str:
     doc = [toolchain.to_dict(), str(program), identity, arch]
-    text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
-    return text_hash(text)
+    return text_hash(canonical_json(doc))
 
 
 def _read_verdicts(path: Path) -> dict[str, str]:
@@ -157,8 +157,7 @@ def _keep_verdict(path: Path, key: str, problem: str) -> None:
 def _built_key(toolchain: Toolchain, program: Path, arch: str) -> str:
     """The verdicts file's key of the arch probe last found to build ``arch``."""
     doc = [toolchain.to_dict(), str(program), arch, "built, with the arch's own probe"]
-    text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
-    return text_hash(text)
+    return text_hash(canonical_json(doc))
 
 
 def probe_for_arch(

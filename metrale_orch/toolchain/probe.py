@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from metrale_orch.canonical import canonical_json
 from metrale_orch.fsutil import file_hash, read_json_object, settled_change, text_hash, write_own
 from metrale_orch.paths import user_cache_home
 from metrale_orch.proc import ProcessError
@@ -503,8 +504,7 @@ def _full_probe(
         )
     # Content, not path: the same toolkit installed elsewhere has the same identity.
     doc["files"] = sorted({d for d in (hashes.digest(f) for f in files) if d is not None})
-    text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
-    digest = text_hash(text)
+    digest = text_hash(canonical_json(doc))
     return Probe(identity=f"{human} | {digest}", roots=roots, system_dirs=system), system
 
 

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import xxhash
 
+from metrale_orch.canonical import canonical_json
 from metrale_orch.fsutil import RACY_NS, change_ns, text_hash, write_own
 from metrale_orch.ownership import read_own
 
@@ -169,8 +170,7 @@ class RecordStore:
     ``<state_dir>/probes``."""
 
     def __init__(self, state_dir: Path, key: str) -> None:
-        doc = json.dumps([_SCHEMA, _code_digest(), key], separators=(",", ":"))
-        digest = text_hash(doc)
+        digest = text_hash(canonical_json([_SCHEMA, _code_digest(), key]))
         self.folder = state_dir / RECORDS_DIR
         self.path = self.folder / f"{digest}.json"
 
