@@ -14,7 +14,6 @@ import json
 import os
 import pwd
 import stat
-import uuid
 from pathlib import Path
 
 import pytest
@@ -29,14 +28,15 @@ from metrale_orch.toolchain import archcheck, earlyruns
 from metrale_orch.toolchain.definitions import builtin_toolchains
 from metrale_orch.toolchain.probe import ProbeMemo, probe_toolchain
 from tests.support.build import fake_toolchain_env
+from tests.support.project import doit, make_project, project_env, use_fake_compiler
 from tests.support.trust import (
     HAS_NVCC,
     base_env,
     copy_project,
     diff_outputs,
     doit_run,
+    one_kernel_tree,
     outputs,
-    write_files,
 )
 
 NOBODY = pwd.getpwnam("nobody").pw_uid
@@ -196,21 +196,6 @@ def test_a_task_cache_file_of_another_user_is_a_miss(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------ real build
 
 
-def _tree(root: Path) -> Path:
-    return write_files(
-        root,
-        {
-            "kernels/hw/HARDWARE.toml": '[hardware]\nvendor = "nvidia"\narch = "sm_90a"\n',
-            "kernels/hw/m/MODEL.toml": "[model]\n",
-            "kernels/hw/m/q/.gitkeep": "",
-            "kernels/hw/common/k.cu": (
-                f"// ownership test {uuid.uuid4().hex}\n"
-                'extern "C" __global__ void k(int* o) { o[0] = 7; }\n'
-            ),
-        },
-    )
-
-
 def _rewrite_and_sign(shared: Path, pem: bytes) -> int:
     """Rewrite every entry of the local cache ``shared`` with a poisoned PTX, signed by
     the private key ``pem`` (as the other user who planted it would)."""
@@ -248,7 +233,7 @@ def test_a_shared_local_cache_never_serves_another_users_entries(tmp_path: Path)
         METRALE_ORCH_CACHE_TRUSTED_KEYS=ci.line(),
         XDG_CONFIG_HOME=str(tmp_path / "config"),
     )
-    src = _tree(tmp_path / "src")
+    src = one_kernel_tree(tmp_path / "src", "ownership test")
     first = copy_project(src, tmp_path / "first")
     run = doit_run(first, ["build"], env)
     assert run.returncode == 0, run.text
@@ -275,8 +260,6 @@ def test_doit_s_database_of_another_user_decides_nothing(tmp_path: Path) -> None
     """doit's records say which targets are up to date: another user's (or one others may
     write) is ignored with a warning, made anew as this user's own, and every target is
     checked again rather than taken as up to date on its word."""
-    from tests.support.project import doit, make_project, project_env, use_fake_compiler
-
     root = make_project(tmp_path / "proj")
     use_fake_compiler(root, tmp_path / "bin")
     env = project_env(tmp_path, fake_bin=tmp_path / "bin")
@@ -298,8 +281,6 @@ def test_doit_s_database_of_another_user_decides_nothing(tmp_path: Path) -> None
 def test_a_local_cache_others_may_write_without_trusted_keys_is_warned(tmp_path: Path) -> None:
     """Without cache_trusted_keys nothing says who wrote a local entry: a local cache that
     others may write is then said, once, with what to do."""
-    from tests.support.project import doit, make_project, project_env, use_fake_compiler
-
     root = make_project(tmp_path / "proj")
     use_fake_compiler(root, tmp_path / "bin")
     env = project_env(tmp_path, fake_bin=tmp_path / "bin")

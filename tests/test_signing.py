@@ -37,9 +37,9 @@ from tests.support.trust import (
     copy_project,
     diff_outputs,
     doit_run,
+    one_kernel_tree,
     orch_run,
     outputs,
-    write_files,
 )
 
 KEY = "0123456789abcdef0123456789abcdef"
@@ -348,21 +348,6 @@ def test_summary_line_counts_refusals() -> None:
 # ------------------------------------------------------------------------------ real build
 
 
-def _tree(root: Path) -> Path:
-    return write_files(
-        root,
-        {
-            "kernels/hw/HARDWARE.toml": '[hardware]\nvendor = "nvidia"\narch = "sm_90a"\n',
-            "kernels/hw/m/MODEL.toml": "[model]\n",
-            "kernels/hw/m/q/.gitkeep": "",
-            "kernels/hw/common/k.cu": (
-                f"// signing test {uuid.uuid4().hex}\n"
-                'extern "C" __global__ void k(int* o) { o[0] = 7; }\n'
-            ),
-        },
-    )
-
-
 def _poison_bucket(bucket: Path) -> int:
     """Rewrite every object in ``bucket`` with a poisoned PTX, well-formed and unsigned."""
     n = 0
@@ -384,7 +369,7 @@ def _poison_bucket(bucket: Path) -> int:
 @pytest.mark.skipif(not HAS_NVCC, reason="nvcc and gcc are needed on PATH")
 def test_real_build_never_installs_a_planted_ptx(tmp_path: Path) -> None:
     ci_key, ci_line = keypair(tmp_path, "ci")
-    src = _tree(tmp_path / "src")
+    src = one_kernel_tree(tmp_path / "src", "signing test")
     bucket = tmp_path / "bucket"
     remote = {"METRALE_ORCH_CACHE": f"file://{bucket}"}
     clean_env = base_env(tmp_path / "clean-cache", METRALE_ORCH_CACHE_MODE="off")

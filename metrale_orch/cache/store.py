@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from metrale_orch.cache.bucket import RemoteStore
 from metrale_orch.cache.bucket_failures import RemoteFailure, RemoteOff
@@ -299,12 +300,19 @@ class Cache:
         if accept is not None and not accept(obj.meta):
             return None, True
         local.touch(key)
+        return self._hit(key, obj, "local", run), False
+
+    def _hit(self, key: str, obj: DecodedObject, tier: Literal["local", "remote"], run: str) -> Hit:
+        """The hit of a served entry of ``tier``, counted once: as shared when this run
+        stored it (:data:`RUN_META`, saving nothing), else as a hit of its tier."""
         shared = _of_run(obj.meta, run)
         if shared:
             self._count(shared=1)
-        else:
+        elif tier == "local":
             self._count(local_hits=1, seconds_saved=_seconds(obj.meta))
-        return Hit(key=key, outputs=obj.outputs, meta=obj.meta, tier="local", shared=shared), False
+        else:
+            self._count(remote_hits=1, seconds_saved=_seconds(obj.meta))
+        return Hit(key=key, outputs=obj.outputs, meta=obj.meta, tier=tier, shared=shared)
 
     def _drop_local(self, local: LocalTier, key: str, problem: str) -> None:
         """Remove a bad local entry; warn once (per process and key) either way."""
@@ -368,12 +376,7 @@ class Cache:
         except OSError as exc:
             self._count(errors=1)
             self._warn(f"local cache {local.dir} cannot be written ({why(exc)}); not filling it")
-        shared = _of_run(obj.meta, run)
-        if shared:
-            self._count(shared=1)
-        else:
-            self._count(remote_hits=1, seconds_saved=_seconds(obj.meta))
-        return Hit(key=key, outputs=obj.outputs, meta=obj.meta, tier="remote", shared=shared), False
+        return self._hit(key, obj, "remote", run), False
 
     def _trusted(self, obj: DecodedObject, key: str, remote: RemoteStore | None) -> bool:
         """Whether ``obj`` (from ``remote``, or the local tier when None) may be served:

@@ -23,6 +23,7 @@ import stat
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ __all__ = [
     "doit_run",
     "doit_runs",
     "doit_start",
+    "one_kernel_tree",
     "orch_run",
     "outputs",
     "summary_counts",
@@ -67,6 +69,24 @@ _SCRUBBED_NAMES = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "CUDA_HOME",
 
 
 # ------------------------------------------------------------------------------ projects
+
+
+def one_kernel_tree(root: Path, label: str) -> Path:
+    """A project of one NVIDIA target (``hw/m/q``, sm_90a) with one common kernel whose
+    source is unique to this call (``label`` and a random token): no earlier entry of
+    any cache can serve it. Returns ``root``."""
+    return write_files(
+        root,
+        {
+            "kernels/hw/HARDWARE.toml": '[hardware]\nvendor = "nvidia"\narch = "sm_90a"\n',
+            "kernels/hw/m/MODEL.toml": "[model]\n",
+            "kernels/hw/m/q/.gitkeep": "",
+            "kernels/hw/common/k.cu": (
+                f"// {label} {uuid.uuid4().hex}\n"
+                'extern "C" __global__ void k(int* o) { o[0] = 7; }\n'
+            ),
+        },
+    )
 
 
 def write_files(root: Path, files: Mapping[str, str | None], *, dodo: bool = True) -> Path:
