@@ -8,13 +8,12 @@ compiler, started from a directory that is not the project.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.support.project import fake_compiles, make_project, project_env, use_fake_compiler
+from tests.support.trust import orch_run
 
 TARGET = "hopper/qwen/w8"
 
@@ -23,18 +22,6 @@ def _project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     root = make_project(tmp_path / "proj")
     use_fake_compiler(root, tmp_path / "bin")
     return root, project_env(tmp_path, fake_bin=tmp_path / "bin")
-
-
-def _cli(cwd: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "metrale_orch", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
 
 
 def _cached_objects(env: dict[str, str]) -> list[Path]:
@@ -46,32 +33,32 @@ def test_root_before_doit_runs_doit_in_that_root(tmp_path: Path) -> None:
     root, env = _project(tmp_path)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    run = _cli(elsewhere, env, "--root", str(root), "doit", "list")
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert f"build:{TARGET}" in run.stdout
+    run = orch_run(elsewhere, ["--root", str(root), "doit", "list"], env)
+    assert run.returncode == 0, run.text
+    assert f"build:{TARGET}" in run.out
 
 
 def test_require_hits_before_doit_refuses_to_compile(tmp_path: Path) -> None:
     root, env = _project(tmp_path)
-    run = _cli(root, env, "--set", "require_hits=true", "doit", f"build:{TARGET}")
-    assert run.returncode != 0, run.stdout + run.stderr
+    run = orch_run(root, ["--set", "require_hits=true", "doit", f"build:{TARGET}"], env)
+    assert run.returncode != 0, run.text
     assert fake_compiles(tmp_path) == []
-    assert "require_hits" in run.stdout + run.stderr
+    assert "require_hits" in run.out + run.err
 
 
 def test_cache_mode_off_before_doit_stores_nothing(tmp_path: Path) -> None:
     root, env = _project(tmp_path)
-    run = _cli(
-        tmp_path, env, "--root", str(root), "--set", "cache_mode=off", "doit", f"build:{TARGET}"
+    run = orch_run(
+        tmp_path, ["--root", str(root), "--set", "cache_mode=off", "doit", f"build:{TARGET}"], env
     )
-    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.returncode == 0, run.text
     assert fake_compiles(tmp_path) == ["sm_90a add.cu", "sm_90a mul.cu"]
     assert _cached_objects(env) == []
     # the same build without the option does store: the test can see a write
-    again = _cli(root, env, "doit", "forget")
-    assert again.returncode == 0, again.stderr
-    run = _cli(root, env, "doit", f"build:{TARGET}")
-    assert run.returncode == 0, run.stdout + run.stderr
+    again = orch_run(root, ["doit", "forget"], env)
+    assert again.returncode == 0, again.text
+    run = orch_run(root, ["doit", f"build:{TARGET}"], env)
+    assert run.returncode == 0, run.text
     assert _cached_objects(env) != []
 
 
@@ -88,7 +75,7 @@ def test_a_setting_a_doit_run_cannot_take_is_refused_in_one_line(
     tmp_path: Path, setting: str, said: str
 ) -> None:
     root, env = _project(tmp_path)
-    run = _cli(root, env, "--set", setting, "doit", f"build:{TARGET}")
-    assert run.returncode == 2, run.stdout + run.stderr
-    assert said in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    run = orch_run(root, ["--set", setting, "doit", f"build:{TARGET}"], env)
+    assert run.returncode == 2, run.text
+    assert said in run.err and len(run.err.strip().splitlines()) == 1, run.err
     assert fake_compiles(tmp_path) == []
