@@ -46,15 +46,13 @@ generation would give. Deleting the files only costs one regeneration.
 ``task_build`` also keeps the cyclic garbage collector out of generation and
 freezes what it loaded (``gc.freeze``) so doit's later collections skip it.
 
-At import time four things run: the compiled code of the package's dataclass methods is
-kept from run to run (:mod:`metrale_orch.dataclass_code`, installed before any of them is
-made), and, unless the package's loader will tell the selection later, the dry runs the
-last run's probes asked for start (:mod:`metrale_orch.toolchain.earlyruns`) and the
-toolchain probes start on a background thread (:mod:`metrale_orch.tasks.probes`: a no-op
-waits for them less); and the run's configuration is read for ``jobs`` (doit takes its
-default ``num_process`` from ``DOIT_CONFIG`` before any task is made); the rest of the
-config only names classes. The run (:class:`~metrale_orch.tasks.run.Run`) made then is
-the one the tasks load into. The logic
+At import time two things run: unless the package's loader will tell the selection
+later, the dry runs the last run's probes asked for start (the probes' one head start,
+:mod:`metrale_orch.toolchain.earlyruns`, into the run's probe memo: a no-op then waits
+for them less); and the run's configuration is read for ``jobs`` (doit takes its default
+``num_process`` from ``DOIT_CONFIG`` before any task is made); the rest of the config
+only names classes. The run (:class:`~metrale_orch.tasks.run.Run`) made then is the one
+the tasks load into. The logic
 lives in :mod:`metrale_orch.tasks`; this module only wires it to doit, and it is
 the one place with a deferred import (:func:`_generation`, see there).
 """
@@ -62,55 +60,39 @@ the one place with a deferred import (:func:`_generation`, see there).
 from __future__ import annotations
 
 import gc
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from metrale_orch.dataclass_code import install as keep_dataclass_code
-from metrale_orch.paths import user_cache_home
-
-# The generated methods of the package's dataclasses are compiled once, not on each run.
-keep_dataclass_code(user_cache_home(os.environ))
-
-from metrale_orch.tasks.doit_api import (  # noqa: E402
+from metrale_orch.tasks.doit_api import (
     current_run,
     guessed_selection,
     loader_present,
     loading_run,
 )
-from metrale_orch.tasks.earlystart import start_early_runs  # noqa: E402
-from metrale_orch.tasks.scope import selection_scope  # noqa: E402
+from metrale_orch.tasks.earlystart import start_early_runs
+from metrale_orch.tasks.scope import selection_scope
 
-# A run that selects some build sub-tasks starts and probes only what their targets
-# select. With the package's task loader, doit tells what it was asked only after this
-# import, so nothing starts here (the probes run when the tasks load); a plain `doit`
-# shows it in its frame (the task creators are read after this import: a guess).
-_HEAD_START = not loader_present()
-_GUESSED_SCOPE = selection_scope(guessed_selection(), guess=True) if _HEAD_START else None
+# The probes' dry runs the last run asked for start before anything else loads: a run
+# that selects some build sub-tasks, only those its targets asked for. With the package's
+# task loader, doit tells what it was asked only after this import, so nothing starts
+# here; a plain `doit` shows it in its frame (the task creators are read after this
+# import: a guess).
+if not loader_present():
+    start_early_runs(current_run(), selection_scope(guessed_selection(), guess=True))
 
-# The probes' dry runs the last run asked for start before anything else loads.
-if _HEAD_START:
-    start_early_runs(Path.cwd(), os.environ, _GUESSED_SCOPE)
-
-from metrale_orch.tasks.probes import start_probes  # noqa: E402
-
-# The toolchains are probed on every run; started first, they run while the rest loads.
-if _HEAD_START:
-    start_probes(current_run(), _GUESSED_SCOPE)
-
-from metrale_orch.paths import BUILD_TASK, DB_NAME  # noqa: E402
-from metrale_orch.tasks.actions import (  # noqa: E402
+from metrale_orch.paths import BUILD_TASK, DB_NAME
+from metrale_orch.tasks.actions import (
     check_action,
     default_target_threads,
     install_sigterm_handler,
 )
-from metrale_orch.tasks.checker import ContentChecker, TaskDataCodec  # noqa: E402
-from metrale_orch.tasks.creators import Generation, cached_tasks, named_failures, start_order  # noqa: E402
-from metrale_orch.tasks.database import BACKEND  # noqa: E402
-from metrale_orch.tasks.dicts import TaskDict, explicit_targets  # noqa: E402
-from metrale_orch.tasks.reporter import BuildReporter  # noqa: E402
-from metrale_orch.tasks.run_end import end_interrupted  # noqa: E402
+from metrale_orch.tasks.checker import ContentChecker, TaskDataCodec
+from metrale_orch.tasks.creators import Generation, cached_tasks, named_failures, start_order
+from metrale_orch.tasks.database import BACKEND
+from metrale_orch.tasks.dicts import TaskDict, explicit_targets
+from metrale_orch.tasks.reporter import BuildReporter
+from metrale_orch.tasks.run_end import end_interrupted
 
 __all__ = ["DOIT_CONFIG", "task_build", "task_check"]  # what `import *` takes
 

@@ -486,57 +486,6 @@ def test_sigterm_keeps_finished_targets(
     assert started_targets(rest) == sorted(set(NVIDIA) - recorded)
 
 
-def test_the_probes_start_before_task_generation_and_are_not_repeated(
-    fake_project: tuple[Path, dict[str, str]], tmp_path: Path
-) -> None:
-    """start_probes (run when doit imports the dodo file) probes into the run's memo:
-    task generation then finds every toolchain probed and runs no compiler."""
-    from metrale_orch.config import load_config
-    from metrale_orch.tasks.probes import start_probes
-    from metrale_orch.tasks.run import Run
-    from metrale_orch.tasks.taskkey import generation_key
-    from metrale_orch.toolchain.definitions import load_toolchains
-
-    root, env = fake_project
-    probes = tmp_path / "probes.log"
-    env = {**env, "FAKECC_PROBES": str(probes)}
-    run = Run(root, env)
-    start_probes(run).join(30)
-    assert len(probes.read_text().splitlines()) == 1
-    key = generation_key(root, env, load_config(root, env), load_toolchains(root), run.probes)
-    assert len(probes.read_text().splitlines()) == 1  # answered from the early probe
-    fresh = generation_key(root, env, load_config(root, env), load_toolchains(root))
-    assert fresh == key and len(probes.read_text().splitlines()) == 2
-
-
-def test_the_early_probes_end_quietly_whatever_fails_in_them(
-    fake_project: tuple[Path, dict[str, str]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A run that stops at once (a database that cannot be created on a full disk) ends
-    under the early probe thread; its probe pool then refuses new work with a
-    RuntimeError. The thread is only an early start: it ends without a traceback, and
-    the probe is run again where it is asked for."""
-    import threading
-
-    from metrale_orch.tasks import taskkey
-    from metrale_orch.tasks.probes import start_probes
-    from metrale_orch.tasks.run import Run
-
-    calls: list[object] = []
-
-    def refused(*args: object, **_kwargs: object) -> object:
-        calls.append(args)
-        raise RuntimeError("cannot schedule new futures after interpreter shutdown")
-
-    raised: list[object] = []
-    monkeypatch.setattr(threading, "excepthook", raised.append)
-    monkeypatch.setattr(taskkey, "stamp_wanted", refused)
-    root, env = fake_project
-    start_probes(Run(root, env)).join(30)
-    assert len(calls) == 1  # the thread did ask (and was refused)
-    assert raised == []
-
-
 #: What a no-op never needs (task generation, the build step, the cache): none is imported.
 NOOP_UNNEEDED = (
     "metrale_orch.tree",

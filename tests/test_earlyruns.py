@@ -13,37 +13,43 @@ import pytest
 
 import metrale_orch.toolchain.records as records
 from metrale_orch.toolchain import earlyruns
+from metrale_orch.toolchain.earlyruns import EarlyRuns
 from metrale_orch.toolchain.probe import ProbeMemo, probe_toolchain
 from tests.support.project import doit
 from tests.test_probe_records import NVCC, _setup
 
 
 @pytest.fixture(autouse=True)
-def _fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
-    """Files the test just wrote count as settled; each test starts with no early run and
-    nothing asked, and its temporary directories in a directory of its own."""
+def _fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Files the test just wrote count as settled; each test's temporary directories are
+    in a directory of its own."""
     monkeypatch.setattr(records, "RACY_NS", 0)
     (tmp_path / "t").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "t"))
-    earlyruns.reset()
-    yield
-    earlyruns.reset()
 
 
-def _probe(tmp_path: Path, env: dict[str, str]) -> str:
+@pytest.fixture
+def early() -> Iterator[EarlyRuns]:
+    """A run's early runs (none started, nothing asked), discarded after the test."""
+    runs = EarlyRuns()
+    yield runs
+    runs.discard()
+
+
+def _probe(tmp_path: Path, env: dict[str, str], early: EarlyRuns | None = None) -> str:
+    """A run's probe of the fake nvcc, taking its dry runs from ``early`` when started there."""
     program = tmp_path / "bin" / "nvcc"
     state = tmp_path / "state"
-    return probe_toolchain(NVCC, program, env, state_dir=state, memo=ProbeMemo()).identity
+    return probe_toolchain(NVCC, program, env, state_dir=state, memo=ProbeMemo(early)).identity
 
 
 def _planned(tmp_path: Path, env: dict[str, str]) -> str:
     """Probe twice (the second run runs only the dry runs), leave what the second asked
-    as the plan, and start it as the next process would: the identity."""
+    as the plan, as the next process would find it: the identity."""
     _probe(tmp_path, env)
-    earlyruns.reset()
-    identity = _probe(tmp_path, env)
-    (tmp_path / "state" / earlyruns.PLAN_NAME).write_bytes(earlyruns.plan_bytes(env))
-    earlyruns.reset()
+    second = EarlyRuns()
+    identity = _probe(tmp_path, env, second)
+    (tmp_path / "state" / earlyruns.PLAN_NAME).write_bytes(second.plan_bytes(env))
     (tmp_path / "probe.log").write_text("")
     return identity
 
@@ -52,37 +58,64 @@ def _ran(tmp_path: Path) -> list[str]:
     return sorted((tmp_path / "probe.log").read_text().splitlines())
 
 
-def test_the_planned_dry_runs_start_early_and_are_taken_not_repeated(tmp_path: Path) -> None:
+def test_the_planned_dry_runs_start_early_and_are_taken_not_repeated(
+    tmp_path: Path, early: EarlyRuns
+) -> None:
     env = _setup(tmp_path)
     identity = _planned(tmp_path, env)
-    assert earlyruns.start_plan(tmp_path / "state", env) == 2  # nvcc's and gcc's dry runs
-    assert earlyruns.waiting() == 2
-    assert _probe(tmp_path, env) == identity
-    assert earlyruns.waiting() == 0
+    assert early.start_plan(tmp_path / "state", env) == 2  # nvcc's and gcc's dry runs
+    assert early.waiting() == 2
+    assert _probe(tmp_path, env, early) == identity
+    assert early.waiting() == 0
     ran = _ran(tmp_path)
     assert len(ran) == 2 and [r.split()[0] for r in ran] == ["gcc", "nvcc"], ran
     # The dry run ran in a directory of its own, which is gone once read.
     assert list((tmp_path / "t").iterdir()) == []
 
 
-def test_an_early_run_is_taken_only_by_exactly_its_command(tmp_path: Path) -> None:
+def test_an_early_run_is_taken_only_by_exactly_its_command(
+    tmp_path: Path, early: EarlyRuns
+) -> None:
     """A variable the plan's run did not have (here one a wrapper reads, which no key
     names) leaves the early runs untaken: the probe runs its own, and sees the change."""
     env = _setup(tmp_path)
     identity = _planned(tmp_path, env)
-    assert earlyruns.start_plan(tmp_path / "state", env) == 2
+    assert early.start_plan(tmp_path / "state", env) == 2
     wrapped = {**env, "FAKE_NVCC_DRYRUN": "-DWRAPPED=1"}
-    changed = _probe(tmp_path, wrapped)
+    changed = _probe(tmp_path, wrapped, early)
     assert changed != identity
-    assert earlyruns.waiting() == 2
-    earlyruns.reset()  # what the end of the process does: killed, reaped, removed
-    assert earlyruns.waiting() == 0
+    assert early.waiting() == 2
+    early.discard()  # what the end of the run (or the process) does: killed, reaped, removed
+    assert early.waiting() == 0
     assert list((tmp_path / "t").iterdir()) == []
-    earlyruns.reset()
     assert _probe(tmp_path, wrapped) == changed
 
 
-def test_a_plan_keeps_no_value_of_the_caller_s_environment(tmp_path: Path) -> None:
+def test_a_forked_process_takes_no_early_run(tmp_path: Path, early: EarlyRuns) -> None:
+    """A worker doit forks (``-P process``) owns none of its parent's early runs: it
+    neither takes nor discards them, and its probe runs its own commands."""
+    import os
+
+    env = _setup(tmp_path)
+    identity = _planned(tmp_path, env)
+    assert early.start_plan(tmp_path / "state", env) == 2
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports by its exit status
+        ok = _probe(tmp_path, env, early) == identity and early.waiting() == 0
+        early.discard()
+        os._exit(0 if ok else 1)
+    _pid, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert early.waiting() == 2  # still the parent's, untouched
+    # The early nvcc and gcc dry runs, and the child's own two.
+    assert len(_ran(tmp_path)) == 4
+    assert _probe(tmp_path, env, early) == identity and early.waiting() == 0
+    assert len(_ran(tmp_path)) == 4  # the parent took its early runs
+
+
+def test_a_plan_keeps_no_value_of_the_caller_s_environment(
+    tmp_path: Path, early: EarlyRuns
+) -> None:
     """The plan holds what the probes' environment changes against the caller's, not the
     caller's own values: the next process starts each run with its own environment."""
     env = {**_setup(tmp_path), "MY_TOKEN": "secret-1"}
@@ -92,10 +125,9 @@ def test_a_plan_keeps_no_value_of_the_caller_s_environment(tmp_path: Path) -> No
     assert all(r["set"] == {} and r["unset"] == [] for r in json.loads(plan)["runs"])
     later = {**env, "MY_TOKEN": "secret-2"}
     identity = _probe(tmp_path, later)
-    earlyruns.reset()
-    assert earlyruns.start_plan(tmp_path / "state", later) == 2
-    assert _probe(tmp_path, later) == identity
-    assert earlyruns.waiting() == 0
+    assert early.start_plan(tmp_path / "state", later) == 2
+    assert _probe(tmp_path, later, early) == identity
+    assert early.waiting() == 0
 
 
 @pytest.mark.parametrize(
@@ -111,10 +143,10 @@ def test_a_plan_keeps_no_value_of_the_caller_s_environment(tmp_path: Path) -> No
         '{"runs": ["x"]}',
     ],
 )
-def test_a_malformed_plan_starts_nothing(tmp_path: Path, plan: str) -> None:
+def test_a_malformed_plan_starts_nothing(tmp_path: Path, plan: str, early: EarlyRuns) -> None:
     (tmp_path / earlyruns.PLAN_NAME).write_text(plan)
-    assert earlyruns.start_plan(tmp_path, {"PATH": "/usr/bin"}) == 0
-    assert earlyruns.waiting() == 0
+    assert early.start_plan(tmp_path, {"PATH": "/usr/bin"}) == 0
+    assert early.waiting() == 0
 
 
 def test_a_doit_run_leaves_its_plan_and_the_next_takes_it(

@@ -33,7 +33,6 @@ ALLOWED: dict[str, frozenset[str]] = {
     "cache_schema": frozenset(),
     "canonical": frozenset(),
     # The kept code of the dataclass methods: installed by the doit entry module alone.
-    "dataclass_code": frozenset(),
     "config": frozenset(),
     "tree": frozenset(),
     "defaults": frozenset(),
@@ -50,7 +49,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "tasks": frozenset(
         {"steps", "toolchain", "executor", "cache", "config", "defaults", "smoke", "tree"}
     ),
-    "dodo": frozenset({"tasks", "dataclass_code"}),
+    "dodo": frozenset({"tasks"}),
     "cli": frozenset(
         {
             "tasks",
@@ -67,13 +66,12 @@ ALLOWED: dict[str, frozenset[str]] = {
         }
     ),
     # The command's entry point: the kept dataclass code, then the CLI.
-    "console": frozenset({"cli", "dataclass_code"}),
-    "__main__": frozenset({"console"}),
+    "__main__": frozenset({"cli"}),
     "__init__": frozenset(),
 }
 
 #: Areas that run without doit (STYLE: a build step is callable without doit).
-WITHOUT_DOIT = frozenset(ALLOWED) - {"tasks", "dodo", "cli", "console", "__main__"}
+WITHOUT_DOIT = frozenset(ALLOWED) - {"tasks", "dodo", "cli", "__main__"}
 
 
 def _area(module: str) -> str:

@@ -26,6 +26,7 @@ from metrale_orch.fsutil import read_json_object, write_own
 from metrale_orch.ownership import not_own, read_own
 from metrale_orch.toolchain import archcheck, earlyruns
 from metrale_orch.toolchain.definitions import builtin_toolchains
+from metrale_orch.toolchain.earlyruns import EarlyRuns
 from metrale_orch.toolchain.probe import ProbeMemo, probe_toolchain
 from tests.support.build import fake_toolchain_env
 from tests.support.project import doit, make_project, project_env, use_fake_compiler
@@ -157,7 +158,7 @@ def test_the_build_directorys_memos_of_another_user_are_ignored(
     give_away(state / "file-hashes.json")
     assert read_json_object(state / "file-hashes.json") == {}
     # a plan another user owns starts nothing
-    earlyruns.reset()
+    early = EarlyRuns()
     plan = state / earlyruns.PLAN_NAME
     plan.write_bytes(
         json.dumps(
@@ -166,12 +167,12 @@ def test_the_build_directorys_memos_of_another_user_are_ignored(
     )
     plan.chmod(0o644)
     try:
-        assert earlyruns.start_plan(state, {"PATH": "/usr/bin"}) == 1  # the user's own: runs
-        earlyruns.reset()
+        assert early.start_plan(state, {"PATH": "/usr/bin"}) == 1  # the user's own: runs
+        early.discard()
         give_away(plan)
-        assert earlyruns.start_plan(state, {"PATH": "/usr/bin"}) == 0
+        assert early.start_plan(state, {"PATH": "/usr/bin"}) == 0
     finally:
-        earlyruns.reset()
+        early.discard()
     # an arch-check verdict another user wrote is not taken
     verdicts = state / archcheck.ARCH_CHECKS
     write_own(verdicts, json.dumps({"k": "planted verdict"}).encode())

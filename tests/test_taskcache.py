@@ -33,10 +33,9 @@ from metrale_orch.tasks.specs import (
     resolve_build_specs,
     smoke_task_dicts,
 )
-from metrale_orch.tasks.taskkey import generation_base, generation_key, stamp_wanted
+from metrale_orch.tasks.taskkey import generation_base, generation_key
 from metrale_orch.toolchain import earlyruns
 from metrale_orch.toolchain.definitions import load_toolchains
-from metrale_orch.toolchain.probe import ProbeMemo
 from tests.support.project import doit
 
 STATE = Path("build/.state")
@@ -443,9 +442,6 @@ def test_a_toolchain_no_target_selects_is_not_probed_and_changes_nothing(
 ) -> None:
     """The key holds the programs of the toolchains the targets select: another one
     (hipcc beside a tree of NVIDIA targets) is neither probed nor able to miss."""
-    from metrale_orch.tasks.probes import start_probes
-    from metrale_orch.tasks.run import Run
-
     root, env = fake_project
     log = _spare(root, tmp_path / "bin", "1.0")
     primed(root, env)
@@ -454,10 +450,7 @@ def test_a_toolchain_no_target_selects_is_not_probed_and_changes_nothing(
     # Not even the first generation ran it: it resolves the tree before any probe.
     assert not log.exists()
     assert lookup(root, env) == "hit"
-    probes = tmp_path / "probes.log"
-    start_probes(Run(root, {**env, "FAKECC_PROBES": str(probes)})).join(30)
-    assert len(probes.read_text().splitlines()) == 1  # the toolchain the targets use
-    assert not log.exists()  # neither the key, the generation nor the early start ran it
+    assert not log.exists()  # neither the key nor the generation ran it
     _spare(root, tmp_path / "bin", "2.0")  # another compiler: no target uses it
     assert lookup(root, env) == "hit" and not log.exists()
     (tmp_path / "bin/sparecc").unlink()  # gone: still nothing selects it
@@ -742,12 +735,6 @@ def test_a_scoped_run_has_its_targets_specs_alone_and_probes_only_their_toolchai
             assert (norm(specs), smoke, how) == (want, [], expected), scope
     assert not log.exists()
     state = root / STATE
-    memo = ProbeMemo()
-    config = load_config(root, env)
-    # What the early probe thread stamps: the scope's toolchains, none before they are known.
-    assert stamp_wanted(root, env, config, memo, ("build:hopper/qwen/w4",)).keys() == {"nvcc"}
-    assert stamp_wanted(root, env, config, memo, ("build:hopper/*",)) == {}
-    assert not log.exists()
     # The apple target's scope probes its toolchain (and its entry is its own).
     specs, _smoke, _how = _scoped(root, env, ("build:apple/llama/f16",))
     assert [s.target for s in specs] == ["apple/llama/f16"] and log.exists()

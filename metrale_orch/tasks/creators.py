@@ -53,6 +53,7 @@ from metrale_orch.tasks.taskkey import (
 )
 from metrale_orch.toolchain import earlyruns
 from metrale_orch.toolchain.definitions import Toolchain, load_toolchains
+from metrale_orch.toolchain.earlyruns import EarlyRuns
 from metrale_orch.toolchain.probe import ProbeMemo
 from metrale_orch.toolchain.stamps import Stamp, stamped_per_arch
 
@@ -143,7 +144,7 @@ def cached_tasks(
     # The toolchains are observed here, before generation asks for any of them, and an
     # entry is only ever keyed by these observations (see stored_key).
     stamps = stamps_of(config, environ, toolchains, probes, used, arches)
-    _keep_plan(state_dir, environ, scope)
+    _keep_plan(state_dir, environ, scope, probes.early)
     key = key_of(base, stamps)
     if found is None or key != last:
         found = taskcache.lookup(taskcache.cache_path(state_dir, key, scoped=scoped), key)
@@ -175,12 +176,14 @@ def cached_tasks(
     return specs, smoke, found.reason
 
 
-def _keep_plan(state_dir: Path, environ: Mapping[str, str], scope: Sequence[str] | None) -> None:
+def _keep_plan(
+    state_dir: Path, environ: Mapping[str, str], scope: Sequence[str] | None, early: EarlyRuns
+) -> None:
     """Leave the dry runs the stamps asked for as the next run's plan of this kind (the
     whole tree's, or this scope's: :mod:`~metrale_orch.toolchain.earlyruns`)."""
-    if not earlyruns.asked():
+    if not early.asked():
         return
-    plan = earlyruns.plan_bytes(environ)
+    plan = early.plan_bytes(environ)
     path = state_dir / earlyruns.plan_name(scope)
     try:
         if read_own(path) == plan:  # anyone else's file is rewritten as this user's

@@ -9,20 +9,19 @@ before the rest of the package loads.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from metrale_orch.paths import STATE_DIR
-from metrale_orch.toolchain.earlyruns import start_plan
+from metrale_orch.tasks.run import Run
 
 __all__ = ["start_early_runs"]
 
 
-def start_early_runs(
-    root: Path, environ: Mapping[str, str], scope: Sequence[str] | None = None
-) -> int:
-    """Start the plan's dry runs for the project at ``root`` (the plan of this run's kind:
-    the whole tree's, or that of the targets ``scope`` names, :mod:`~metrale_orch.tasks.scope`);
-    how many started."""
+def start_early_runs(run: Run, scope: Sequence[str] | None = None) -> int:
+    """Start the plan's dry runs for the run's project into its probe memo's early runs
+    (the plan of this run's kind: the whole tree's, or that of the targets ``scope``
+    names, :mod:`~metrale_orch.tasks.scope`); how many started."""
+    environ = run.environ
     build_dir = Path(os.path.expanduser(environ.get("METRALE_ORCH_BUILD_DIR") or "build"))
-    return start_plan(root / build_dir / STATE_DIR, environ, scope)
+    return run.probes.early.start_plan(run.root / build_dir / STATE_DIR, environ, scope)

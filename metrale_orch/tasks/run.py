@@ -123,12 +123,14 @@ class Run:
             return self._cache[1]
 
     def close(self) -> None:
-        """Close the build sessions (tests that start a new run in the same process)."""
+        """Close the build sessions and discard the early runs no probe took (tests that
+        start a new run in the same process)."""
         with self._lock:
             sessions = list(self._sessions.values())
             self._sessions.clear()
         for session in sessions:
             session.close()
+        self.probes.early.discard()
 
     # -- the build actions in flight --
 

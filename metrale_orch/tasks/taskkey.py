@@ -4,9 +4,7 @@ on besides the watched files.
 :func:`generation_base` digests what needs no compiler run (versions, root,
 configuration, every toolchain's definition and the environment they read);
 :func:`generation_key` adds the stamps of the toolchains the targets select, probed on
-every invocation. :func:`stamp_wanted` asks for those stamps ahead (the probe thread's
-head start, :mod:`metrale_orch.tasks.probes`). Kept apart from the task dicts
-(:mod:`metrale_orch.tasks.creators`), so the probe thread imports no task machinery.
+every invocation. Kept apart from the task dicts (:mod:`metrale_orch.tasks.creators`).
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ from metrale_orch.paths import STATE_DIR
 from metrale_orch.steps.hip_mirror import scan_hip_compat
 from metrale_orch.tasks import taskcache
 from metrale_orch.tasks.doit_api import doit_version
-from metrale_orch.toolchain.definitions import Toolchain, load_toolchains
+from metrale_orch.toolchain.definitions import Toolchain
 from metrale_orch.toolchain.probe import ProbeMemo
 from metrale_orch.toolchain.stamps import Stamp, toolchain_stamps
 
@@ -35,7 +33,6 @@ __all__ = [
     "key_of",
     "scoped_base",
     "selected_toolchains",
-    "stamp_wanted",
     "stamps_of",
     "stored_key",
 ]
@@ -174,31 +171,6 @@ def selected_toolchains(
 def _digest(doc: object) -> str:
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
     return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogateescape"))
-
-
-def stamp_wanted(
-    root: Path,
-    environ: Mapping[str, str],
-    config: Config,
-    probes: ProbeMemo,
-    scope: Sequence[str] | None = None,
-) -> dict[str, Stamp]:
-    """The stamps the task cache's key of a run at ``root`` (scoped to ``scope``, see
-    :func:`~metrale_orch.tasks.creators.cached_tasks`) will ask ``probes`` for: those of
-    the toolchains the last
-    generation's targets selected, with the arches they built for (I/O; the early start
-    of :mod:`metrale_orch.tasks.probes`). When that is not known: every toolchain for
-    the whole tree, none for a scope (its generation finds which its targets select
-    before it probes any). Raises MetraleError (toolchain definitions)."""
-    toolchains = load_toolchains(root)
-    base = scoped_base(generation_base(root, environ, config, toolchains), scope)
-    state_dir = config.build_dir / STATE_DIR
-    used = taskcache.read_uses(state_dir, base)
-    if used is None and scope is not None:
-        return {}
-    wanted = selected_toolchains(toolchains, used)
-    arches = taskcache.read_arches(state_dir, base)
-    return toolchain_stamps(wanted, environ, state_dir=state_dir, memo=probes, arches=arches)
 
 
 def _generation_config(config: Config) -> dict[str, object]:

@@ -18,9 +18,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from metrale_orch.proc import run_process, wait_process
-from metrale_orch.toolchain import earlyruns
 from metrale_orch.toolchain.definitions import Toolchain
-from metrale_orch.toolchain.earlyruns import PROBE_KERNEL, PROBE_SOURCE
+from metrale_orch.toolchain.earlyruns import PROBE_KERNEL, PROBE_SOURCE, EarlyRuns
 
 __all__ = [
     "PROBE_TIMEOUT",
@@ -62,11 +61,13 @@ def run_tool(argv: Sequence[str], environ: Mapping[str, str], cwd: Path | None =
     return done.stdout + done.stderr
 
 
-def run_witness(argv: Sequence[str], environ: Mapping[str, str]) -> str:
+def run_witness(
+    argv: Sequence[str], environ: Mapping[str, str], early: EarlyRuns | None = None
+) -> str:
     """:func:`run_tool` in the current directory, for a command every run of a probe runs
-    (a host compiler's dry run): it may have been started before the package loaded
-    (:mod:`.earlyruns`)."""
-    run = earlyruns.take(argv, environ, probe_dir=False)
+    (a host compiler's dry run): it may be one of ``early``, started before the package
+    loaded (:mod:`.earlyruns`)."""
+    run = None if early is None else early.take(argv, environ, probe_dir=False)
     if run is None:
         return run_tool(argv, environ)
     try:
@@ -93,12 +94,17 @@ def dryrun_argv(toolchain: Toolchain, program: Path, arch: str) -> list[str]:
 
 
 def run_dryrun(
-    toolchain: Toolchain, program: Path, environ: Mapping[str, str], arch: str
+    toolchain: Toolchain,
+    program: Path,
+    environ: Mapping[str, str],
+    arch: str,
+    early: EarlyRuns | None = None,
 ) -> tuple[str, dict[str, str], list[str]]:
     """(normalised dry-run text, its ``#$ NAME=value`` variables, its command lines: nvcc's
-    ``#$ ...`` lines and a clang driver's `` "/path/prog" ...`` lines)."""
+    ``#$ ...`` lines and a clang driver's `` "/path/prog" ...`` lines); taken from
+    ``early`` when it started exactly this dry run."""
     argv = dryrun_argv(toolchain, program, arch)
-    run = earlyruns.take(argv, environ, probe_dir=True)
+    run = None if early is None else early.take(argv, environ, probe_dir=True)
     if run is not None and run.tmp is not None:
         try:
             done = wait_process(run.args, run.proc, timeout=PROBE_TIMEOUT, start=run.started)

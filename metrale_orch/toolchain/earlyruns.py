@@ -45,13 +45,8 @@ __all__ = [
     "PROBE_SOURCE",
     "SCOPED_PLAN_GLOB",
     "EarlyRun",
-    "asked",
-    "plan_bytes",
+    "EarlyRuns",
     "plan_name",
-    "reset",
-    "start_plan",
-    "take",
-    "waiting",
 ]
 
 #: The plan's file in the build's state directory (a run of the whole tree's; a run
@@ -102,14 +97,6 @@ class EarlyRun:
         self.close()
 
 
-_LOCK = threading.Lock()
-_RUNS: dict[_Key, EarlyRun] = {}
-#: The commands asked for in this process, in order: the next plan.
-_ASKED: dict[_Key, None] = {}
-#: The process the runs belong to (a forked worker owns none of them).
-_OWNER = [os.getpid()]
-
-
 def _key(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> _Key:
     return tuple(str(a) for a in argv), tuple(sorted(env.items())), cwd
 
@@ -123,34 +110,120 @@ def plan_name(scope: Sequence[str] | None) -> str:
     return f"probe-plan.scope-{hashlib.blake2b(words, digest_size=8).hexdigest()}.json"
 
 
-def start_plan(
-    state_dir: Path, environ: Mapping[str, str], scope: Sequence[str] | None = None
-) -> int:
-    """Start the commands of ``state_dir``'s plan for ``scope`` (:func:`plan_name`) in
-    ``environ`` with the plan's changes (I/O); how many started. A missing or malformed
-    plan starts nothing."""
-    try:
-        runs = json.loads(read_own(Path(state_dir) / plan_name(scope)))["runs"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0
-    if not isinstance(runs, list):
-        return 0
-    started = 0
-    for entry in runs[:_PLAN_MAX]:
-        command = _command(entry, environ)
-        if command is None:
-            continue
-        argv, env, cwd = command
-        key = _key(argv, env, cwd)
-        with _LOCK:
-            if key in _RUNS:
+class EarlyRuns:
+    """The early runs of one run's probes (thread-safe): started from the last run's plan
+    (:meth:`start_plan`), taken by the probes that ask for exactly their command
+    (:meth:`take`), and what was asked, the next plan (:meth:`plan_bytes`). Held by the
+    run's probe memo (:class:`~metrale_orch.toolchain.probe.ProbeMemo`). A process forked
+    from the one that started them (``doit -P process``) sees none of them; the runs no
+    probe took are killed and removed by :meth:`discard`, at the latest when the process
+    ends."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: dict[_Key, EarlyRun] = {}
+        #: The commands asked for in this run, in order: the next plan.
+        self._asked: dict[_Key, None] = {}
+        #: The process the runs belong to (checked before the lock: a forked worker may
+        #: have inherited it held by another thread).
+        self._owner = os.getpid()
+        self._at_exit = False
+
+    def _mine(self) -> bool:
+        return os.getpid() == self._owner
+
+    def start_plan(
+        self, state_dir: Path, environ: Mapping[str, str], scope: Sequence[str] | None = None
+    ) -> int:
+        """Start the commands of ``state_dir``'s plan for ``scope`` (:func:`plan_name`) in
+        ``environ`` with the plan's changes (I/O); how many started. A missing or malformed
+        plan, or one that is not the user's own file, starts nothing."""
+        if not self._mine():
+            return 0
+        try:
+            runs = json.loads(read_own(Path(state_dir) / plan_name(scope)))["runs"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0
+        if not isinstance(runs, list):
+            return 0
+        started = 0
+        for entry in runs[:_PLAN_MAX]:
+            command = _command(entry, environ)
+            if command is None:
                 continue
-        run = _spawn(argv, env, cwd)
-        if run is not None:
-            with _LOCK:
-                _RUNS[key] = run
-            started += 1
-    return started
+            argv, env, cwd = command
+            key = _key(argv, env, cwd)
+            with self._lock:
+                if key in self._runs:
+                    continue
+            run = _spawn(argv, env, cwd)
+            if run is not None:
+                with self._lock:
+                    self._runs[key] = run
+                    if not self._at_exit:  # none left running when the process ends
+                        self._at_exit = True
+                        atexit.register(self._discard_at_exit)
+                started += 1
+        return started
+
+    def take(
+        self, argv: Sequence[str], env: Mapping[str, str], *, probe_dir: bool
+    ) -> EarlyRun | None:
+        """The early run of exactly this command, if one was started (it is the caller's
+        then: read its output, then :meth:`EarlyRun.close`), else None. ``env``: the
+        command's environment (for a dry run, without the ``TMPDIR`` its directory sets);
+        ``probe_dir``: a dry run in a fresh probe directory, else run in the current
+        directory. Either way the command is remembered for the next plan."""
+        if not self._mine():
+            return None
+        try:
+            key = _key(argv, env, _PROBE_DIR if probe_dir else os.getcwd())
+        except OSError:  # the current directory is gone: nothing was started there
+            return None
+        with self._lock:
+            self._asked[key] = None
+            return self._runs.pop(key, None)
+
+    def waiting(self) -> int:
+        """How many early runs no probe has taken (yet)."""
+        if not self._mine():
+            return 0
+        with self._lock:
+            return len(self._runs)
+
+    def asked(self) -> int:
+        """How many distinct commands were asked for in this run."""
+        if not self._mine():
+            return 0
+        with self._lock:
+            return len(self._asked)
+
+    def plan_bytes(self, environ: Mapping[str, str]) -> bytes:
+        """The plan of the commands asked for so far (sorted): each one's argv, working
+        directory and the variables its environment sets or drops against ``environ``."""
+        with self._lock:
+            keys = list(self._asked) if self._mine() else []
+        runs = []
+        for argv, items, cwd in keys:
+            env = dict(items)
+            changed = {k: v for k, v in env.items() if environ.get(k) != v}
+            dropped = sorted(k for k in environ if k not in env)
+            runs.append({"argv": list(argv), "cwd": cwd, "set": changed, "unset": dropped})
+        runs.sort(key=lambda r: json.dumps(r, sort_keys=True))
+        return json.dumps({"runs": runs[:_PLAN_MAX]}, indent=1, sort_keys=True).encode()
+
+    def discard(self) -> None:
+        """Kill, reap and remove every run no probe took (a run that ends)."""
+        if not self._mine():
+            return
+        with self._lock:
+            runs = list(self._runs.values())
+            self._runs.clear()
+        for run in runs:
+            run.discard()
+
+    def _discard_at_exit(self) -> None:
+        self.discard()
 
 
 def _command(
@@ -202,76 +275,3 @@ def _spawn(argv: list[str], env: dict[str, str], cwd: str) -> EarlyRun | None:
             shutil.rmtree(tmp, ignore_errors=True)
         return None
     return EarlyRun(list(argv), proc, time.perf_counter(), tmp)
-
-
-def take(argv: Sequence[str], env: Mapping[str, str], *, probe_dir: bool) -> EarlyRun | None:
-    """The early run of exactly this command, if one was started (it is the caller's
-    then: read its output, then :meth:`EarlyRun.close`), else None. ``env``: the
-    command's environment (for a dry run, without the ``TMPDIR`` its directory sets);
-    ``probe_dir``: a dry run in a fresh probe directory, else run in the current
-    directory. Either way the command is remembered for the next plan."""
-    try:
-        key = _key(argv, env, _PROBE_DIR if probe_dir else os.getcwd())
-    except OSError:  # the current directory is gone: nothing was started there
-        return None
-    with _LOCK:
-        if os.getpid() != _OWNER[0]:
-            return None
-        _ASKED[key] = None
-        return _RUNS.pop(key, None)
-
-
-def waiting() -> int:
-    """How many early runs no probe has taken (yet)."""
-    with _LOCK:
-        return len(_RUNS)
-
-
-def asked() -> int:
-    """How many distinct commands were asked for in this process."""
-    with _LOCK:
-        return len(_ASKED)
-
-
-def plan_bytes(environ: Mapping[str, str]) -> bytes:
-    """The plan of the commands asked for so far (sorted): each one's argv, working
-    directory and the variables its environment sets or drops against ``environ``."""
-    with _LOCK:
-        keys = list(_ASKED)
-    runs = []
-    for argv, items, cwd in keys:
-        env = dict(items)
-        changed = {k: v for k, v in env.items() if environ.get(k) != v}
-        dropped = sorted(k for k in environ if k not in env)
-        runs.append({"argv": list(argv), "cwd": cwd, "set": changed, "unset": dropped})
-    runs.sort(key=lambda r: json.dumps(r, sort_keys=True))
-    return json.dumps({"runs": runs[:_PLAN_MAX]}, indent=1, sort_keys=True).encode()
-
-
-def reset() -> None:
-    """Discard every early run and what was asked (a new run in this process: tests)."""
-    with _LOCK:
-        runs = list(_RUNS.values())
-        _RUNS.clear()
-        _ASKED.clear()
-    for run in runs:
-        run.discard()
-
-
-def _discard_at_exit() -> None:
-    if os.getpid() == _OWNER[0]:
-        reset()
-
-
-def _forked() -> None:
-    # A forked worker (doit -P process) owns none of its parent's runs, and another
-    # thread may have held the lock when it forked.
-    global _LOCK
-    _LOCK = threading.Lock()
-    _OWNER[0] = os.getpid()
-    _RUNS.clear()
-    _ASKED.clear()
-
-
-atexit.register(_discard_at_exit)
-os.register_at_fork(after_in_child=_forked)

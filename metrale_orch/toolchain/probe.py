@@ -40,6 +40,7 @@ from metrale_orch.toolchain.dryrun import (
     run_witness,
     search_dirs,
 )
+from metrale_orch.toolchain.earlyruns import EarlyRuns
 from metrale_orch.toolchain.errors import ToolchainError, ToolchainMissing
 from metrale_orch.toolchain.locate import executable, locate_toolchain
 from metrale_orch.toolchain.records import ProbeRecord, RecordStore, dir_states, file_stamps
@@ -84,9 +85,11 @@ class Probe:
 
 class ProbeMemo:
     """The probes of one run, each run once: a caller asking for a probe another thread is
-    running waits for that one (thread-safe). A failed probe is not remembered."""
+    running waits for that one (thread-safe). A failed probe is not remembered. Its
+    :attr:`early` runs are the probes' dry runs started before the package loaded."""
 
-    def __init__(self) -> None:
+    def __init__(self, early: EarlyRuns | None = None) -> None:
+        self.early = EarlyRuns() if early is None else early
         self._lock = threading.Lock()
         self._done: dict[str, Probe] = {}
         self._running: dict[str, threading.Lock] = {}
@@ -212,7 +215,8 @@ def probe_toolchain(
         )
         store = None if state_dir is None else RecordStore(Path(state_dir), memo_key)
         try:
-            return _run_probe(toolchain, program, host, environ, env, hashes, arch, store)
+            early = None if memo is None else memo.early
+            return _run_probe(toolchain, program, host, environ, env, hashes, arch, store, early)
         finally:
             hashes.save()
 
@@ -332,22 +336,24 @@ def _start_runs(
     host: Path | None,
     environ: Mapping[str, str],
     arch: str,
+    early: EarlyRuns | None,
     names: frozenset[str] | None = None,
 ) -> dict[str, Future[Any]]:
     """Start every command a probe runs at once (they are independent): a probe takes
     as long as its slowest command, not their sum. Results by name; absent: not run.
-    ``names``: only those commands (None: all)."""
+    ``names``: only those commands (None: all); ``early``: the runs started early, which
+    the dry runs take when one is exactly theirs."""
     calls: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
         "version": (run_tool, ([str(program), *toolchain.version_args], environ))
     }
     if toolchain.dryrun_args:
-        calls["dryrun"] = (run_dryrun, (toolchain, program, environ, arch))
+        calls["dryrun"] = (run_dryrun, (toolchain, program, environ, arch, early))
     if host is not None:
         argv = [str(host), *toolchain.host_compiler_version_args]
         calls["host_version"] = (run_tool, (argv, environ))
         if toolchain.host_compiler_probe_args:
             argv = [str(host), *toolchain.host_compiler_probe_args]
-            calls["host_dryrun"] = (run_witness, (argv, environ))
+            calls["host_dryrun"] = (run_witness, (argv, environ, early))
         if toolchain.host_compiler_search_args:
             # The user's search-path variables would show up as "system" directories.
             plain = {k: v for k, v in environ.items() if k not in SEARCH_PATH_VARS}
@@ -408,6 +414,7 @@ def _run_probe(
     hashes: _FileHashes,
     arch: str,
     store: RecordStore | None,
+    early: EarlyRuns | None = None,
 ) -> Probe:
     """Probe in full, or only the dry runs when ``store``'s record still holds for them
     (:mod:`~metrale_orch.toolchain.records`)."""
@@ -416,9 +423,9 @@ def _run_probe(
     record = None if store is None else store.load()
     with ThreadPoolExecutor(max_workers=5, thread_name_prefix="metrale-probe-run") as pool:
         if record is None:
-            runs = _start_runs(pool, toolchain, program, host, environ, arch)
+            runs = _start_runs(pool, toolchain, program, host, environ, arch, early)
         else:
-            runs = _start_runs(pool, toolchain, program, host, environ, arch, _WITNESSES)
+            runs = _start_runs(pool, toolchain, program, host, environ, arch, early, _WITNESSES)
             try:
                 seen = file_stamps(_probed_files(program, host, environ, runs))
                 if record.holds(_witness(runs), seen):
@@ -429,7 +436,7 @@ def _run_probe(
                     )
             except ProcessError:
                 pass  # the full probe below reports the failure where it belongs
-            rest = _start_runs(pool, toolchain, program, host, environ, arch, _OTHERS)
+            rest = _start_runs(pool, toolchain, program, host, environ, arch, early, _OTHERS)
             runs.update(rest)
     # Stamped before the full probe hashes the files: a file changed after its stamp
     # is seen by the next run's stamp, never recorded with this run's identity.
