@@ -31,7 +31,6 @@ import shutil
 import signal
 import sys
 import threading
-import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType, ModuleType
@@ -50,7 +49,7 @@ from metrale_orch.tasks.checker import (
     encode_outputs,
 )
 from metrale_orch.tasks.doit_api import current_run
-from metrale_orch.tasks.run import Run
+from metrale_orch.tasks.run import RUN_ENV, Run
 
 if TYPE_CHECKING:
     from metrale_orch.cache import Cache, CacheStats
@@ -63,13 +62,11 @@ __all__ = [
     "REFUSED_KEY",
     "RUN_ENV",
     "BuildFailed",
-    "begin_run",
     "build_action",
     "check_action",
     "clean_action",
     "configure_build_log",
     "default_target_threads",
-    "end_run",
     "error_action",
     "flush_build_log",
     "install_sigterm_handler",
@@ -87,12 +84,6 @@ REMOTE_TARGET_THREADS = 32
 
 #: The value key of a target's modules that ``require_hits`` did not compile (a count).
 REFUSED_KEY = "refused"
-
-#: The environment variable naming the doit run (:func:`begin_run`): the build sessions
-#: of its worker processes (forked, spawned alike) take it as theirs, so a cache entry one
-#: stored counts as shared in the run for the others (``steps.session``). Not a setting,
-#: and outside ``METRALE_*``, which task generation reads.
-RUN_ENV = "_METRALE_ORCH_RUN"
 
 #: The values of a target that a stopped run did not build.
 STOPPED: dict[str, object] = {"outcome": "stopped"}
@@ -140,26 +131,6 @@ def stop_builds() -> None:
 #: Seconds a stopped run may take to hand doit every result before the signal is raised
 #: in doit's loop anyway (a task that does not watch the stop, such as a long smoke test).
 STOP_GRACE = 5.0
-
-
-def begin_run() -> None:
-    """doit's loop starts in this process (the reporter's ``initialize``): from here a
-    first Ctrl-C or SIGTERM stops the run gracefully (:func:`_sigterm`). The run gets its
-    identity (:data:`RUN_ENV`), which every worker process it starts inherits."""
-    stop = current_run().stop
-    stop.signum = 0
-    stop.owner = os.getpid()
-    os.environ[RUN_ENV] = uuid.uuid4().hex
-
-
-def end_run() -> None:
-    """doit's loop has ended (the reporter's ``complete_run``)."""
-    stop = current_run().stop
-    stop.owner = 0
-    os.environ.pop(RUN_ENV, None)
-    if stop.timer is not None:
-        stop.timer.cancel()
-        stop.timer = None
 
 
 def stop_requested() -> int:

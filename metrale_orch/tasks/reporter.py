@@ -24,8 +24,11 @@ that built nothing (a no-op) leaves the files of the last build that did in
 place, and costs nothing for them.
 Other tasks (``check``, ``smoke:…``) are reported as doit's console reporter does.
 
-How a run ends is decided here too, since doit's runner calls
-:meth:`BuildReporter.complete_run` last, after saving every finished task:
+doit's runner calls a project's code at the start and the end of its loop only through
+the reporter (:meth:`BuildReporter.initialize`, :meth:`BuildReporter.complete_run`, last,
+after saving every finished task): both are handed to the run
+(:class:`~metrale_orch.tasks.run.Run`: ``begin`` takes the build lock, ``end`` releases
+it, ``exit_status`` decides the status), and the reporter says how the run ended:
 
 - stopped by Ctrl-C or SIGTERM (the runner is unwinding a ``KeyboardInterrupt``):
   one line, ``interrupted; N targets finished and kept``, and exit 130 or 143
@@ -54,12 +57,10 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TextIO
 
-from doit.exceptions import TaskFailed, UnmetDependency
+from doit.exceptions import UnmetDependency
 from doit.reporter import ConsoleReporter
 
 from metrale_orch.errors import (
-    EXIT_FAILURE,
-    EXIT_USAGE,
     Interrupted,
     MetraleError,
     printable,
@@ -76,12 +77,8 @@ from metrale_orch.paths import (
 from metrale_orch.tasks.actions import (
     REFUSED_KEY,
     BuildFailed,
-    begin_run,
-    end_run,
     progress_counts,
-    stop_builds,
     stop_requested,
-    wait_for_builds,
 )
 from metrale_orch.tasks.checker import PROFILE_KEY
 from metrale_orch.tasks.database import Database
@@ -97,8 +94,7 @@ from metrale_orch.tasks.report_lines import (
     format_summary,
     remote_totals,
 )
-from metrale_orch.tasks.run_end import end_interrupted, exit_status
-from metrale_orch.tasks.runlock import BuildLock
+from metrale_orch.tasks.run_end import end_interrupted
 from metrale_orch.tasks.scope import selection_scope
 
 __all__ = ["BuildReporter"]
@@ -137,7 +133,6 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         self._failed_names: list[str] = []
         self._any_build = False
         self._ran = False
-        self._lock: BuildLock | None = None
         #: doit's database of this run, when it is this package's (reports a failed save).
         self._database: Database | None = None
         #: ``smoke:<hw>`` summary lines, printed last (after the build's own summary).
@@ -166,8 +161,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
     def initialize(self, tasks: Mapping[str, Task], selected_tasks: Iterable[str] | None) -> None:
         # doit calls this before its first up-to-date check of a run that executes
         # tasks (never for `list`/`info`): one build per project from here to the end.
-        self._lock = _take_build_lock()
-        begin_run()  # from here a first Ctrl-C or SIGTERM stops the run gracefully
+        current_run().begin(lambda line: print(line, file=sys.stderr, flush=True))
         backend = running_backend()
         if isinstance(backend, Database):  # a failed final save is said with the summary
             backend.report_at_end()
@@ -323,41 +317,29 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         # doit calls this from its runner's `finally`, after saving every finished task:
         # an exception being handled here is what is ending the run.
         ending = sys.exc_info()[1]
-        signum = stop_requested()
-        end_run()
-        if ending is None and signum:  # a graceful stop: doit collected every result
-            ending = Interrupted(signum)
+        run = current_run()
+        if ending is None and run.stop.signum:  # a graceful stop: doit has every result
+            ending = Interrupted(run.stop.signum)
         if self._live is not None:
             self._live.stop()
             self._live = None
-        if isinstance(ending, KeyboardInterrupt):
-            # The target threads were told to stop (the signal handler); let the ones
-            # still installing finish, so nothing half-written is left when we exit.
-            stop_builds()
-            wait_for_builds(10)
-        if self._lock is not None:  # doit has written its database: the next build may go
-            self._lock.release()
+        run.end(interrupted=isinstance(ending, KeyboardInterrupt))
         if isinstance(ending, KeyboardInterrupt):
             finished = self._counts.get("built", 0) + self._counts.get("cached", 0)
             end_interrupted(ending, finished, self.outstream)
         self._complete()
         if ending is not None:
             return  # another exception ends the run: doit reports it as it does
-        status = exit_status(
-            (_kind(f["task"]) if _is_build(f["task"]) else "other", f["exception"])
-            for f in self.failures
-        )
         unsaved = self._database.failure if self._database is not None else None
-        if unsaved is not None:  # doit's status says nothing of its database
-            status = max(status or 0, unsaved.exit_code)
-        if status is not None and not self.runtime_errors and status != self._doit_status():
+        status = run.exit_status(
+            (
+                (_kind(f["task"]) if _is_build(f["task"]) else "other", f["exception"])
+                for f in self.failures
+            ),
+            None if unsaved is None else unsaved.exit_code,
+        )
+        if status is not None and not self.runtime_errors:
             raise SystemExit(status)
-
-    def _doit_status(self) -> int:
-        """What doit's runner will return: 2 when any failure is not a ``TaskFailed``."""
-        if any(not isinstance(f["exception"], TaskFailed) for f in self.failures):
-            return EXIT_USAGE
-        return EXIT_FAILURE if self.failures else 0
 
     def _complete(self) -> None:
         if self.runtime_errors:
@@ -566,23 +548,3 @@ def _expected_target_seconds() -> dict[str, float]:
         name = f"{_BASE}{args.get('target', '')}"
         out[name] = out.get(name, 0.0) + compile_seconds(event)
     return out
-
-
-def _take_build_lock() -> BuildLock | None:
-    """The project's build lock (``metrale_orch.tasks.runlock``), taken; None when the
-    configuration is broken (every target then fails with that error) or the build
-    directory cannot hold a lock file (said on stderr)."""
-    try:
-        config = current_run().config()
-    except MetraleError:
-        return None
-    lock = BuildLock(config.build_dir)
-    try:
-        lock.acquire(lambda line: print(line, file=sys.stderr, flush=True))
-    except OSError as exc:
-        print(
-            f"metrale-orch: cannot take the build lock in {config.build_dir}: {exc}",
-            file=sys.stderr,
-        )
-        return None
-    return lock

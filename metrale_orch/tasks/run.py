@@ -11,7 +11,10 @@ and the actions. It holds:
   generation probes each toolchain once, the builds reuse those identities);
 - the build sessions (the executor running at most ``jobs`` compiles, the artefacts
   obtained) and the opened cache, which every target this process builds shares;
-- the build actions in flight and the stop state (Ctrl-C, SIGTERM).
+- the build actions in flight and the stop state (Ctrl-C, SIGTERM);
+- doit's loop: the project's build lock from its start to its end, and the run's exit
+  status (:meth:`Run.begin`, :meth:`Run.end`, :meth:`Run.exit_status`). doit's runner
+  calls nothing of a project's but its reporter, so the reporter hands both ends here.
 
 A worker process doit forks inherits its parent's run; one it spawns makes its own on
 first need (its selection then unknown). Thread-safe where doit's target threads meet it.
@@ -20,21 +23,34 @@ first need (its selection then unknown). Thread-safe where doit's target threads
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from doit.exceptions import TaskFailed
+
 from metrale_orch.config import Config, load_config
+from metrale_orch.errors import EXIT_FAILURE, EXIT_USAGE, MetraleError
+from metrale_orch.tasks.run_end import exit_status
+from metrale_orch.tasks.runlock import BuildLock
 from metrale_orch.toolchain.probe import ProbeMemo
 
 if TYPE_CHECKING:
     from metrale_orch.cache import Cache
     from metrale_orch.steps.session import BuildSession
 
-__all__ = ["Run", "Selection", "Stop"]
+__all__ = ["RUN_ENV", "Run", "Selection", "Stop"]
+
+#: The environment variable naming the doit run (:meth:`Run.begin`): the build sessions
+#: of its worker processes (forked, spawned alike) take it as theirs, so a cache entry one
+#: stored counts as shared in the run for the others (``steps.session``). Not a setting,
+#: and outside ``METRALE_*``, which task generation reads.
+RUN_ENV = "_METRALE_ORCH_RUN"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,6 +100,7 @@ class Run:
         self._cache: tuple[tuple[object, ...], Cache] | None = None
         self._active = 0
         self._active_changed = threading.Condition()
+        self._build_lock: BuildLock | None = None
 
     # -- configuration --
 
@@ -156,3 +173,66 @@ class Run:
                     return False
                 self._active_changed.wait(left)
         return True
+
+    # -- doit's loop --
+
+    def begin(self, say: Callable[[str], None]) -> None:
+        """doit's loop starts in this process (before its first up-to-date check of a run
+        that executes tasks; never for ``list``): take the project's build lock, one build
+        per project until :meth:`end` (``say``: that another build holds it, or that the
+        build directory cannot hold one; none when the configuration is broken, as every
+        target then fails with that error). From here a first Ctrl-C or SIGTERM stops the
+        run gracefully, and the run has its identity (:data:`RUN_ENV`), which every worker
+        process it starts inherits."""
+        self._build_lock = self._take_build_lock(say)
+        self.stop.signum = 0
+        self.stop.owner = os.getpid()
+        os.environ[RUN_ENV] = uuid.uuid4().hex
+
+    def _take_build_lock(self, say: Callable[[str], None]) -> BuildLock | None:
+        try:
+            build_dir = self.config().build_dir
+        except MetraleError:
+            return None
+        lock = BuildLock(build_dir)
+        try:
+            lock.acquire(say)
+        except OSError as exc:
+            say(f"metrale-orch: cannot take the build lock in {build_dir}: {exc}")
+            return None
+        return lock
+
+    def end(self, *, interrupted: bool) -> None:
+        """doit's loop has ended and doit has saved every finished task. An interrupted run
+        first stops its compiles and lets the targets still installing finish (at most
+        10 s), so nothing half-written is left; then the next build may take the lock."""
+        stop = self.stop
+        stop.owner = 0
+        os.environ.pop(RUN_ENV, None)
+        if stop.timer is not None:
+            stop.timer.cancel()
+            stop.timer = None
+        if interrupted:
+            for session in self.sessions():
+                session.stop()
+            self.wait_for_builds(10)
+        if self._build_lock is not None:
+            self._build_lock.release()
+            self._build_lock = None
+
+    @staticmethod
+    def exit_status(
+        failures: Iterable[tuple[str, BaseException]], unsaved: int | None = None
+    ) -> int | None:
+        """The status the run exits with when it is not what doit's runner returns, else
+        None: from its failures (``(task kind, doit failure)`` each, see
+        :func:`~metrale_orch.tasks.run_end.exit_status`) and, when doit's database could
+        not be saved, that error's status (doit's own status says nothing of it)."""
+        failures = list(failures)
+        status = exit_status(failures)
+        if unsaved is not None:
+            status = max(status or 0, unsaved)
+        doit_status = EXIT_FAILURE if failures else 0
+        if any(not isinstance(fail, TaskFailed) for _kind, fail in failures):
+            doit_status = EXIT_USAGE  # doit's runner: 2 when a failure is no TaskFailed
+        return None if status is None or status == doit_status else status
