@@ -184,7 +184,7 @@ def task_other():
 """
 
 #: The package's task loader, as a project's pyproject.toml names it for plain doit.
-_LOADER_PYPROJECT = """\
+LOADER_PYPROJECT = """\
 [tool.doit]
 loader = "metrale"
 
@@ -218,7 +218,7 @@ def test_the_selection_is_what_doit_parsed(
     ``doit`` without it, off DoitCmdBase.execute's frame."""
     (tmp_path / "dodo.py").write_text(_SELECTION_DODO)
     if door == "loader":
-        (tmp_path / "pyproject.toml").write_text(_LOADER_PYPROJECT)
+        (tmp_path / "pyproject.toml").write_text(LOADER_PYPROJECT)
     done = subprocess.run(
         [sys.executable, "-m", "doit", *args], cwd=tmp_path, capture_output=True, check=False
     )

@@ -16,6 +16,7 @@ from metrale_orch.toolchain import earlyruns
 from metrale_orch.toolchain.earlyruns import EarlyRuns
 from metrale_orch.toolchain.probe import ProbeMemo, probe_toolchain
 from tests.support.project import doit
+from tests.test_doit_api import LOADER_PYPROJECT
 from tests.test_probe_records import NVCC, _setup
 
 
@@ -149,13 +150,18 @@ def test_a_malformed_plan_starts_nothing(tmp_path: Path, plan: str, early: Early
     assert early.waiting() == 0
 
 
+@pytest.mark.parametrize("door", ["plain", "loader"])
 def test_a_doit_run_leaves_its_plan_and_the_next_takes_it(
-    fake_project: tuple[Path, dict[str, str]], tmp_path: Path
+    fake_project: tuple[Path, dict[str, str]], tmp_path: Path, door: str
 ) -> None:
     """A run leaves the dry runs its stamps asked for as the plan; the next run starts
-    them before the package loads, takes them (each ran once in that run), and leaves
-    no directory of theirs behind."""
+    them (plain doit: while the dodo file is imported; the package's task loader: when
+    doit hands it the command), takes them (each ran once in that run), and leaves no
+    directory of theirs behind."""
     root, env = fake_project
+    if door == "loader":
+        with (root / "pyproject.toml").open("a") as f:
+            f.write(LOADER_PYPROJECT)
     log = tmp_path / "xcrun.log"
     xcrun = tmp_path / "bin/xcrun"  # the apple target's compiler, logging each dry run
     xcrun.write_text(

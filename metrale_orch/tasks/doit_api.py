@@ -178,13 +178,13 @@ def loading_run() -> Run:
     return run
 
 
-def tell_selection(command: str, words: list[str], namespace: object) -> None:
+def tell_selection(command: str, words: list[str], namespace: object) -> Selection:
     """What the package's task loader was asked (doit's ``load_tasks(cmd, pos_args)``),
-    for the load it is about to start."""
+    for the load it is about to start; that selection."""
     creators = task_creators(namespace) if isinstance(namespace, dict) else None
-    _STATE["told"] = Selection(
-        command=command, words=tuple(str(w) for w in words), creators=creators
-    )
+    told = Selection(command=command, words=tuple(str(w) for w in words), creators=creators)
+    _STATE["told"] = told
+    return told
 
 
 def tell_loader_present() -> None:

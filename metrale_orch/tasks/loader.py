@@ -5,8 +5,10 @@ nothing of what the command was asked. This one is the same loader, and hands th
 command and its words (``load_tasks(cmd, pos_args)``) to the run before the creators are
 called, so that a run naming build targets generates, caches and probes those targets
 alone, and a target named in full whose toolchain is missing fails instead of being
-skipped. ``metrale-orch doit`` always uses it; plain ``doit`` uses it when the project's
-``pyproject.toml`` names it::
+skipped; and it starts the probes' head start then
+(:mod:`~metrale_orch.toolchain.earlyruns`), which plain ``doit`` starts while the dodo
+file is imported, on a guess. ``metrale-orch doit`` always uses it; plain ``doit`` uses
+it when the project's ``pyproject.toml`` names it::
 
     [tool.doit]
     loader = "metrale"
@@ -21,7 +23,9 @@ from typing import Any
 
 from doit.cmd_base import DodoTaskLoader
 
-from metrale_orch.tasks.doit_api import tell_loader_present, tell_selection
+from metrale_orch.tasks.doit_api import current_run, tell_loader_present, tell_selection
+from metrale_orch.tasks.earlystart import start_early_runs
+from metrale_orch.tasks.scope import selection_scope
 
 __all__ = ["Loader"]
 
@@ -35,5 +39,10 @@ class Loader(DodoTaskLoader):  # type: ignore[misc]
 
     def load_tasks(self, cmd: Any, pos_args: list[str]) -> list[Any]:
         command = getattr(cmd, "name", "") or type(cmd).__name__.lower()
-        tell_selection(str(command), list(pos_args), self.namespace)
+        selection = tell_selection(str(command), list(pos_args), self.namespace)
+        # The probes' head start: the dry runs the last run of this kind asked for run
+        # while the task creators read the task cache's entry.
+        run = current_run()
+        if not run.loading:
+            start_early_runs(run, selection_scope(selection))
         return list(super().load_tasks(cmd, pos_args))
