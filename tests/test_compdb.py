@@ -33,10 +33,10 @@ from metrale_orch.steps.compdb import (
     read_part,
     write_part,
 )
-from metrale_orch.tasks.editor import write_compdb
 from metrale_orch.tasks.runlock import BuildLock
 from metrale_orch.toolchain.definitions import builtin_toolchains, select_toolchain
 from metrale_orch.tree import Target, hardware
+from metrale_orch.views.editor import write_compdb
 from tests.support.project import doit, fake_compiles, project_env, started_targets
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -32,7 +32,6 @@ ALLOWED: dict[str, frozenset[str]] = {
     "manifest": frozenset(),
     "cache_schema": frozenset(),
     "canonical": frozenset(),
-    # The kept code of the dataclass methods: installed by the doit entry module alone.
     "config": frozenset(),
     "tree": frozenset(),
     "defaults": frozenset(),
@@ -50,8 +49,11 @@ ALLOWED: dict[str, frozenset[str]] = {
         {"steps", "toolchain", "executor", "cache", "config", "defaults", "smoke", "tree"}
     ),
     "dodo": frozenset({"tasks"}),
+    # Views of the build without a doit task (status, why, rdeps, compdb).
+    "views": frozenset({"tasks", "steps", "toolchain", "config", "tree"}),
     "cli": frozenset(
         {
+            "views",
             "tasks",
             "steps",
             "executor",
@@ -65,13 +67,13 @@ ALLOWED: dict[str, frozenset[str]] = {
             "tree",
         }
     ),
-    # The command's entry point: the kept dataclass code, then the CLI.
+    # The command's entry point: the CLI.
     "__main__": frozenset({"cli"}),
     "__init__": frozenset(),
 }
 
 #: Areas that run without doit (STYLE: a build step is callable without doit).
-WITHOUT_DOIT = frozenset(ALLOWED) - {"tasks", "dodo", "cli", "__main__"}
+WITHOUT_DOIT = frozenset(ALLOWED) - {"tasks", "views", "dodo", "cli", "__main__"}
 
 
 def _area(module: str) -> str:

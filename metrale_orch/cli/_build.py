@@ -26,7 +26,7 @@ one ``doit build`` would act on. They never write the database.
 
 Every view shows why: an error or a skip carries its reason; a target named
 exactly (``why``, ``status``) while the tree does not load fails with that reason.
-The logic lives in :mod:`metrale_orch.tasks.status`; this module parses the
+The logic lives in :mod:`metrale_orch.views.status`; this module parses the
 arguments and formats the values it returns. Each command imports it when it runs: it
 brings doit and the task generation, which the other commands (``check`` and ``layout``,
 what pre-commit hooks run) do not need to start.
@@ -45,13 +45,13 @@ from metrale_orch.paths import BUILD_TASK, DB_NAME
 
 if TYPE_CHECKING:
     from metrale_orch.cli import Context
-    from metrale_orch.tasks.status import TargetStatus
+    from metrale_orch.views.status import TargetStatus
 
 __all__ = ["register"]
 
 
 def _run_status(args: argparse.Namespace, ctx: Context) -> int:
-    from metrale_orch.tasks import status  # see the module docstring
+    from metrale_orch.views import status  # see the module docstring
 
     statuses, _ = status.statuses(ctx.root, ctx.environ, args.pattern, detailed=True)
     counts: dict[str, int] = {}
@@ -94,7 +94,7 @@ _WHY_LABELS = {
 
 
 def _run_why(args: argparse.Namespace, ctx: Context) -> int:
-    from metrale_orch.tasks import status  # see the module docstring
+    from metrale_orch.views import status  # see the module docstring
 
     target = status.strip_base(args.target)
     if "*" in target:
@@ -148,7 +148,7 @@ def _rel_to_root(root: Path, text: str) -> str:
 def _run_rdeps(args: argparse.Namespace, ctx: Context) -> int:
     root = ctx.root.resolve()
     rel = _rel_to_root(root, args.file)
-    from metrale_orch.tasks import status  # see the module docstring
+    from metrale_orch.views import status  # see the module docstring
 
     hits = [reach.to_dict() for reach in status.rdeps(root, ctx.environ, rel)]
     if args.json:

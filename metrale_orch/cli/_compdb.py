@@ -1,6 +1,6 @@
 """``metrale-orch compdb [PATTERN]``: write ``<build_dir>/compile_commands.json`` for
 chosen targets without compiling (the staging and the database are
-:mod:`metrale_orch.tasks.editor`'s; this module parses the arguments and formats).
+:mod:`metrale_orch.views.editor`'s; this module parses the arguments and formats).
 
 Exit codes: 0; 1 or 2 when a chosen target could not be staged (its error's status:
 2 for a tree or configuration error; the database of the others is written anyway);
@@ -17,7 +17,7 @@ from metrale_orch.paths import COMPDB_NAME, root_relative
 
 if TYPE_CHECKING:
     from metrale_orch.cli import Context
-    from metrale_orch.tasks.editor import CompdbRun
+    from metrale_orch.views.editor import CompdbRun
 
 __all__ = ["format_run", "register"]
 
@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run_compdb(args: argparse.Namespace, ctx: Context) -> int:
     # Imported here, as cli/_resources imports its report: every command builds the
     # parser, which imports this module, and staging needs the whole build step.
-    from metrale_orch.tasks.editor import write_compdb
+    from metrale_orch.views.editor import write_compdb
 
     config = ctx.config()
 

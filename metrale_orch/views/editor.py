@@ -36,8 +36,8 @@ from metrale_orch.tasks import specs as generation
 from metrale_orch.tasks.creators import named_failures
 from metrale_orch.tasks.dicts import BuildSpec
 from metrale_orch.tasks.runlock import BuildLock
-from metrale_orch.tasks.status import NoSuchTarget, strip_base
 from metrale_orch.tree import Target
+from metrale_orch.views.status import NoSuchTarget, strip_base
 
 __all__ = ["CompdbRun", "Unstaged", "write_compdb"]
 
@@ -78,7 +78,7 @@ def write_compdb(
     None) and write the database of their commands; nothing is compiled. Staging writes
     the build directory, so this holds the project's build lock (a build running waits,
     or this waits for it, saying so through ``say``). Raises
-    :class:`~metrale_orch.tasks.status.NoSuchTarget` when the pattern selects no target,
+    :class:`~metrale_orch.views.status.NoSuchTarget` when the pattern selects no target,
     OSError when the lock or the database cannot be written."""
     root = Path(root).resolve()
     specs, _how = generation.cached_build_specs(root, environ)
