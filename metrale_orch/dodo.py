@@ -144,9 +144,12 @@ def task_build() -> Iterator[TaskDict]:
     try:
         words = run.selection.words if run.selection is not None else ()
         scope = selection_scope(run.selection)  # some build sub-tasks: only their targets
-        specs, smoke, _how = cached_tasks(root, run.environ, words, _generation, run.probes, scope)
+        config = run.loaded_config()  # None: broken, every target then fails saying why
+        specs, smoke, _how = cached_tasks(
+            root, run.environ, words, _generation, run.probes, scope, config
+        )
         yield {"name": None, "doc": "build every target (skipping those without a toolchain)"}
-        for spec in start_order(root, run.environ, specs):  # longest first
+        for spec in start_order(config, specs):  # longest first
             yield dict(spec.task)
         # A target named on the command line but not generated fails with the reason
         # (never doit's "Invalid parameter"); no smoke task depends on it.
@@ -155,7 +158,7 @@ def task_build() -> Iterator[TaskDict]:
         # HOOK(smoke): smoke:<hw> tasks (see specs.smoke_task_dicts), replayed from the
         # task cache on a hit (the same dicts: plain data and the same action functions).
         if smoke is None:
-            smoke = _generation().smoke_task_dicts(root, run.environ, specs)
+            smoke = _generation().smoke_task_dicts(root, run.environ, specs, config)
         yield from smoke
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM while the tasks load: one line
         end_interrupted(exc, 0, sys.stderr)

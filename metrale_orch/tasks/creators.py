@@ -84,8 +84,8 @@ class Generation:
     resolved_toolchains: Callable[..., Mapping[str, tuple[str, ...]]]
     #: ``(root, environ, argv, *, config=None, toolchains=None) -> (specs, cacheable)``.
     generate_specs: Callable[..., tuple[list[BuildSpec], bool]]
-    #: ``(root, environ, specs) -> smoke task dicts``.
-    smoke_task_dicts: Callable[[Path, Mapping[str, str], Sequence[BuildSpec]], list[TaskDict]]
+    #: ``(root, environ, specs, config=None) -> smoke task dicts``.
+    smoke_task_dicts: Callable[..., list[TaskDict]]
     #: ``(specs, toolchains) -> {name: arches}``: the toolchains the specs' targets select
     #: (every one whose programs can change a task), with the arches they build for.
     used_toolchains: Callable[
@@ -100,6 +100,7 @@ def cached_tasks(
     generation: Callable[[], Generation],
     probes: ProbeMemo | None = None,
     scope: Sequence[str] | None = None,
+    config: Config | None = None,
 ) -> tuple[list[BuildSpec], list[TaskDict] | None, str]:
     """The specs, the ``smoke`` task dicts when known (None: ask the generation's
     ``smoke_task_dicts``), and how the specs were obtained. ``generation`` is called
@@ -110,11 +111,12 @@ def cached_tasks(
     alone, and no smoke task: only the toolchains those targets select are probed, and
     its entry is cached under a base of its own
     (:func:`~metrale_orch.tasks.taskkey.scoped_base`). A spec is the same whatever else is
-    generated beside it."""
+    generated beside it. ``config``: the run's (None: loaded here)."""
     if probes is None:
         probes = ProbeMemo()
     try:
-        config = load_config(root, environ)
+        if config is None:
+            config = load_config(root, environ)
         toolchains = load_toolchains(root)
     except MetraleError:
         specs = generation().generate_specs(root, environ, argv, probes=probes)[0]
@@ -170,7 +172,7 @@ def cached_tasks(
     smoke: list[TaskDict] | None = None if scope is None else []  # a scoped run: no smoke
     if early.scanned is not None and cacheable:
         if smoke is None:
-            smoke = made.smoke_task_dicts(root, environ, specs)
+            smoke = made.smoke_task_dicts(root, environ, specs, config)
         chosen = made.used_toolchains(specs, toolchains)
         _store(state_dir, base, stamps, early.scanned, specs, smoke, chosen, toolchains, scoped)
     return specs, smoke, found.reason
@@ -258,20 +260,17 @@ class _Early:
             self.resolution = self.generation.select(self.resolution, scope)
 
 
-def start_order(
-    root: Path, environ: Mapping[str, str], specs: Sequence[BuildSpec]
-) -> list[BuildSpec]:
+def start_order(config: Config | None, specs: Sequence[BuildSpec]) -> list[BuildSpec]:
     """``specs`` in the order doit should start them: the targets with the most compile
     seconds last time first, never-built ones before them (largest first), so a parallel
     build does not end on one long target (:mod:`metrale_orch.steps.times`). doit runs a
-    group's sub-tasks in the order they were yielded."""
+    group's sub-tasks in the order they were yielded. ``config``: the run's (None: it
+    failed, the order is left alone)."""
     from metrale_orch.steps.times import longest_first, read_target_seconds
 
-    try:
-        state_dir = load_config(root, environ).build_dir / STATE_DIR
-    except MetraleError:
+    if config is None:
         return list(specs)
-    seconds = read_target_seconds(state_dir)
+    seconds = read_target_seconds(config.build_dir / STATE_DIR)
     by_name = {s.target: s for s in specs}
     if len(by_name) != len(specs):  # not one spec per target: leave the order alone
         return list(specs)

@@ -116,6 +116,14 @@ class Run:
                 got = self._configs.setdefault(where, got)
         return got
 
+    def loaded_config(self) -> Config | None:
+        """:meth:`config`, or None when the configuration cannot be loaded (whoever needs
+        the error asks :meth:`config`)."""
+        try:
+            return self.config()
+        except MetraleError:
+            return None
+
     # -- the shared build state --
 
     def session(self, key: SessionKey, make: Callable[[], BuildSession]) -> BuildSession:
@@ -190,10 +198,10 @@ class Run:
         os.environ[RUN_ENV] = uuid.uuid4().hex
 
     def _take_build_lock(self, say: Callable[[str], None]) -> BuildLock | None:
-        try:
-            build_dir = self.config().build_dir
-        except MetraleError:
+        config = self.loaded_config()
+        if config is None:
             return None
+        build_dir = config.build_dir
         lock = BuildLock(build_dir)
         try:
             lock.acquire(say)

@@ -371,7 +371,10 @@ def load_build_tasks(
 
 
 def smoke_task_dicts(
-    root: Path, environ: Mapping[str, str], specs: Sequence[BuildSpec]
+    root: Path,
+    environ: Mapping[str, str],
+    specs: Sequence[BuildSpec],
+    config: Config | None = None,
 ) -> list[TaskDict]:
     """``smoke:<hw>`` task dicts from :mod:`metrale_orch.smoke`, sharing the build's resolution.
 
@@ -379,11 +382,13 @@ def smoke_task_dicts(
     layouts_by_hw)``); each depends on its hardware's ``build:<hw>/...`` tasks.
     They are yielded by ``task_build`` with ``basename = "smoke"`` so the tree
     is resolved once per doit invocation. Nothing when the configuration fails.
+    ``config``: the run's (None: loaded here).
     """
-    try:
-        config = load_config(root, environ)
-    except MetraleError:
-        return []
+    if config is None:
+        try:
+            config = load_config(root, environ)
+        except MetraleError:
+            return []
     by_hw: dict[str, list[tuple[Target, Layout | LayoutError]]] = {}
     for spec in specs:
         if spec.target == TREE_TASK:
