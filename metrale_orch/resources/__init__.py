@@ -1,4 +1,6 @@
-"""The register/spill resource report: per kernel, per arch, what ptxas made of each build.
+"""What a build's kernels cost: the register/spill report (per kernel, per arch, what
+ptxas made of each build) and its committed baseline ``kernels.lock``
+(:mod:`~metrale_orch.resources.lock`).
 
 :mod:`~metrale_orch.resources.report` holds the values and the pure parts (parsing
 ``ptxas -v``, comparing two reports); :mod:`~metrale_orch.resources.collect` the I/O
@@ -18,11 +20,23 @@ from metrale_orch.resources.collect import (
 )
 from metrale_orch.resources.errors import (
     BadManifest,
+    LockFileError,
     NoTargetMatches,
     PtxasMissing,
     ReportParseError,
     ResourcesError,
     UnreadableArtefact,
+)
+from metrale_orch.resources.lock import (
+    LOCK_NAME,
+    LockCheck,
+    LockProblem,
+    ResourceLock,
+    check_lock,
+    lock_from_report,
+    read_lock,
+    update_lock,
+    write_lock,
 )
 from metrale_orch.resources.report import (
     KernelChange,
@@ -37,22 +51,32 @@ from metrale_orch.resources.report import (
 
 __all__ = [
     "CACHE_NAME",
+    "LOCK_NAME",
     "BadManifest",
     "Collected",
     "KernelChange",
     "KernelResources",
+    "LockCheck",
+    "LockFileError",
+    "LockProblem",
     "ModuleResources",
     "NoTargetMatches",
     "PtxasMissing",
     "ReportParseError",
+    "ResourceLock",
     "ResourceReport",
     "ResourcesError",
     "TargetResources",
     "UnreadableArtefact",
+    "check_lock",
     "collect_resources",
     "diff_reports",
     "kernels_from_cubin",
+    "lock_from_report",
     "parse_ptxas_report",
+    "read_lock",
     "run_ptxas",
     "select_targets",
+    "update_lock",
+    "write_lock",
 ]

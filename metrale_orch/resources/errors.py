@@ -6,6 +6,7 @@ from metrale_orch.errors import EXIT_FAILURE, MetraleError
 
 __all__ = [
     "BadManifest",
+    "LockFileError",
     "NoTargetMatches",
     "PtxasMissing",
     "ReportParseError",
@@ -70,3 +71,12 @@ class PtxasMissing(ResourcesError):
         "{path} does not exist: the register report runs the ptxas that comes with "
         "{program}; install the full CUDA toolkit there (or point the toolchain at one)"
     )
+
+
+class LockFileError(ResourcesError):
+    """``kernels.lock`` is missing, unreadable or malformed (exit 2: the user's file)."""
+
+    path: str
+    problem: str
+
+    template = "{path}: {problem}"
