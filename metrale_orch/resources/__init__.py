@@ -1,6 +1,7 @@
 """What a build's kernels cost: the register/spill report (per kernel, per arch, what
-ptxas made of each build) and its committed baseline ``kernels.lock``
-(:mod:`~metrale_orch.resources.lock`).
+ptxas made of each build), its committed baseline ``kernels.lock``
+(:mod:`~metrale_orch.resources.lock`) and the installed bytes with their budget
+(:mod:`~metrale_orch.resources.size`).
 
 :mod:`~metrale_orch.resources.report` holds the values and the pure parts (parsing
 ``ptxas -v``, comparing two reports); :mod:`~metrale_orch.resources.collect` the I/O
@@ -25,6 +26,7 @@ from metrale_orch.resources.errors import (
     PtxasMissing,
     ReportParseError,
     ResourcesError,
+    UnknownBudgetKey,
     UnreadableArtefact,
 )
 from metrale_orch.resources.lock import (
@@ -48,6 +50,15 @@ from metrale_orch.resources.report import (
     kernels_from_cubin,
     parse_ptxas_report,
 )
+from metrale_orch.resources.size import (
+    ModuleSize,
+    SizeCheck,
+    SizeReport,
+    TargetBudget,
+    TargetSize,
+    budget_key_name,
+    check_sizes,
+)
 
 __all__ = [
     "CACHE_NAME",
@@ -60,15 +71,23 @@ __all__ = [
     "LockFileError",
     "LockProblem",
     "ModuleResources",
+    "ModuleSize",
     "NoTargetMatches",
     "PtxasMissing",
     "ReportParseError",
     "ResourceLock",
     "ResourceReport",
     "ResourcesError",
+    "SizeCheck",
+    "SizeReport",
+    "TargetBudget",
     "TargetResources",
+    "TargetSize",
+    "UnknownBudgetKey",
     "UnreadableArtefact",
+    "budget_key_name",
     "check_lock",
+    "check_sizes",
     "collect_resources",
     "diff_reports",
     "kernels_from_cubin",

@@ -11,6 +11,7 @@ __all__ = [
     "PtxasMissing",
     "ReportParseError",
     "ResourcesError",
+    "UnknownBudgetKey",
     "UnreadableArtefact",
 ]
 
@@ -80,3 +81,15 @@ class LockFileError(ResourcesError):
     problem: str
 
     template = "{path}: {problem}"
+
+
+class UnknownBudgetKey(ResourcesError):
+    """A ``size_budget`` key names neither a hardware nor a target of the tree (exit 2)."""
+
+    where: str
+    key: str
+
+    template = (
+        "{where}: {key}: names no hardware or target of the tree; a key is a hardware "
+        "(hopper) or a target (hw/model/quant) that `metrale-orch layout` lists"
+    )
