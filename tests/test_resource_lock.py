@@ -450,3 +450,5 @@ def test_a_missing_or_malformed_lock_is_one_line_exit_2(tree: Path) -> None:
     )
     code, _, err = _cli(["--root", str(tree), "resources", "--format", "markdown"], _environ())
     assert code == 2 and err == "error: --format goes with --check\n"
+    code, _, err = _cli(["--root", str(tree), "resources", "--lock", "--json"], _environ())
+    assert code == 2 and err.startswith("error: --lock writes kernels.lock and prints no JSON")

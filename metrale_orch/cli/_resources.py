@@ -110,6 +110,8 @@ def run_resources(args: argparse.Namespace, ctx: Context) -> int:
     if not args.check and (args.format != "text" or args.max_register_growth):
         option = "--format" if args.format != "text" else "--max-register-growth"
         raise UsageError(f"{option} goes with --check")
+    if args.lock and args.json:
+        raise UsageError("--lock writes kernels.lock and prints no JSON; leave out --json")
     if args.check and args.json and args.format != "text":
         raise UsageError("--check takes --json or --format markdown, not both")
     if args.lock:
