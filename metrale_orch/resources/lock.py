@@ -227,7 +227,11 @@ def decode_lock(text: str, shown: str) -> ResourceLock:
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise LockFileError(shown, f"not valid TOML: {exc}") from None
+        raise LockFileError(
+            shown,
+            f"not valid TOML: {exc}; fix it, or delete it and write it anew with "
+            "`metrale-orch resources --lock`",
+        ) from None
     schema = doc.pop("schema", None)
     if schema != LOCK_SCHEMA:
         found = "no schema key" if schema is None else f"schema {schema!r}"
