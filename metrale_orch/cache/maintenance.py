@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -27,6 +26,7 @@ from metrale_orch.cache.local import (
 )
 from metrale_orch.cache.objects import CorruptObject, decode_object
 from metrale_orch.cache.signing import Trust
+from metrale_orch.config.values import size_bytes
 
 __all__ = [
     "BadObject",
@@ -315,17 +315,13 @@ def _verify_entry(
     return None
 
 
-_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*", re.IGNORECASE)
-_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
-
-
 def parse_size(text: str) -> int:
-    """Bytes for ``500M``, ``2G``, ``1.5GiB``, ``4096`` (powers of 1024).
+    """Bytes for ``500M``, ``2G``, ``1.5GiB``, ``4096`` (powers of 1024; the one parser
+    of sizes people type, :func:`~metrale_orch.config.values.size_bytes`).
 
     Raises :class:`SizeError`.
     """
-    m = _SIZE_RE.fullmatch(text)
-    if m is None:
+    size = size_bytes(text)
+    if size is None:
         raise SizeError(text)
-    number, unit, _ = m.groups()
-    return int(float(number) * _UNITS[unit.lower()])
+    return size

@@ -1,9 +1,11 @@
-"""``metrale-orch resources [PATTERN] [--json] [--diff OTHER_BUILD_DIR]``: registers, static
-shared memory, stack frame and spills per kernel per arch (the report is
-:mod:`metrale_orch.resources`; this module parses arguments and formats).
+"""``metrale-orch resources [PATTERN] [--json] [--diff OTHER_BUILD_DIR | --lock | --check]``:
+registers, static shared memory, stack frame and spills per kernel per arch (the report,
+and the ``kernels.lock`` baseline, are :mod:`metrale_orch.resources`; this module parses
+arguments and formats).
 
-Exit codes: 0; 1 when a target's manifest or artefacts could not be read, or with
-``--diff`` when a kernel spills where it did not (or spills more); 2 for a usage error.
+Exit codes: 0; 1 when a target's manifest or artefacts could not be read, with ``--diff``
+when a kernel spills where it did not (or spills more), with ``--check`` when the build
+breaks ``kernels.lock``; 2 for a usage error or a missing or malformed ``kernels.lock``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,14 @@ from metrale_orch.errors import EXIT_FAILURE, EXIT_OK, UsageError, printable
 
 if TYPE_CHECKING:
     from metrale_orch.cli import Context
-    from metrale_orch.resources import Collected, KernelChange, KernelResources, ResourceReport
+    from metrale_orch.resources import (
+        Collected,
+        KernelChange,
+        KernelResources,
+        LockCheck,
+        LockProblem,
+        ResourceReport,
+    )
 
 _HEADER = ("target", "kernel", "arch", "regs", "smem B", "stack B", "spill st B", "spill ld B")
 
@@ -43,14 +52,51 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="fnmatch wildcard over hw/model/quant, as `doit build:hopper/*` (quote it)",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument(
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
         "--diff",
         metavar="OTHER_BUILD_DIR",
         type=Path,
         help="print only what changed from OTHER_BUILD_DIR to this build; exit 1 when a "
         "kernel spills where it did not, or spills more (for CI)",
     )
+    mode.add_argument(
+        "--lock",
+        action="store_true",
+        help="write kernels.lock at the root: the selected targets' kernels replace their "
+        "entries, other targets' entries are kept (commit it)",
+    )
+    mode.add_argument(
+        "--check",
+        action="store_true",
+        help="compare this build with kernels.lock; exit 1 on a new spill, more spill "
+        "bytes, a new stack frame, register growth or a kernel the lock lacks (for CI)",
+    )
+    p.add_argument(
+        "--max-register-growth",
+        metavar="N",
+        type=_count,
+        default=0,
+        help="with --check: registers a kernel may gain over kernels.lock (default 0)",
+    )
+    p.add_argument(
+        "--format",
+        choices=("text", "markdown"),
+        default="text",
+        help="with --check: markdown writes the problems as a table (a PR comment, a CI "
+        "job summary)",
+    )
     p.set_defaults(run=run_resources)
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return value
 
 
 def run_resources(args: argparse.Namespace, ctx: Context) -> int:
@@ -61,6 +107,17 @@ def run_resources(args: argparse.Namespace, ctx: Context) -> int:
 
     environ = ctx.environ
     build_dir = ctx.config().build_dir
+    if not args.check and (args.format != "text" or args.max_register_growth):
+        option = "--format" if args.format != "text" else "--max-register-growth"
+        raise UsageError(f"{option} goes with --check")
+    if args.lock and args.json:
+        raise UsageError("--lock writes kernels.lock and prints no JSON; leave out --json")
+    if args.check and args.json and args.format != "text":
+        raise UsageError("--check takes --json or --format markdown, not both")
+    if args.lock:
+        return _run_lock(args.pattern, build_dir, ctx)
+    if args.check:
+        return _run_check(args, build_dir, ctx)
     if args.diff is not None:
         if not args.diff.is_dir():
             raise UsageError(
@@ -189,3 +246,145 @@ def _print_diff(old: ResourceReport, new: ResourceReport, as_json: bool, ctx: Co
         file=ctx.out,
     )
     return code
+
+
+# --------------------------------------------------------------- kernels.lock: --lock, --check
+
+
+def _run_lock(pattern: str | None, build_dir: Path, ctx: Context) -> int:
+    from metrale_orch.resources import (  # see run_resources
+        LOCK_NAME,
+        ResourceLock,
+        collect_resources,
+        read_lock,
+        update_lock,
+        write_lock,
+    )
+
+    path = ctx.root / LOCK_NAME
+    # A partial lock keeps the other targets' entries: the old file must read first.
+    old = read_lock(path, LOCK_NAME) if path.exists() else ResourceLock()
+    report = collect_resources(ctx.root, build_dir, pattern, ctx.environ).report
+    broken = [t for t in report.targets if t.status == "error"]
+    for t in broken:
+        print(printable(f"{t.target}: {t.detail}"), file=ctx.out)
+    if broken:
+        print(f"{LOCK_NAME} not written: {len(broken)} target(s) could not be read", file=ctx.out)
+        return EXIT_FAILURE
+    new = update_lock(old, report)
+    for t in report.targets:
+        kept = len(old.kernels_of(t.target))
+        if t.status == "not-built" and kept:
+            print(
+                printable(f"{t.target}: not built; its {kept} locked kernels are kept"),
+                file=ctx.out,
+            )
+    try:
+        write_lock(path, new)
+    except OSError as exc:
+        raise UsageError(f"{LOCK_NAME}: cannot be written ({exc.strerror or exc})") from None
+    locked = sum(len(t.kernels) for t in new.targets)
+    fresh = sum(1 for t in report.targets if t.status == "ok" for _ in t.kernels)
+    print(
+        printable(
+            f"{LOCK_NAME}: {locked} kernels of {len(new.targets)} targets "
+            f"({fresh} from this build{', ' + repr(pattern) if pattern else ''})"
+        ),
+        file=ctx.out,
+    )
+    return EXIT_OK
+
+
+def _run_check(args: argparse.Namespace, build_dir: Path, ctx: Context) -> int:
+    from metrale_orch.resources import LOCK_NAME, check_lock, collect_resources, read_lock
+
+    lock = read_lock(ctx.root / LOCK_NAME, LOCK_NAME)  # a bad lock stops before any ptxas
+    report = collect_resources(ctx.root, build_dir, args.pattern, ctx.environ).report
+    result = check_lock(lock, report, args.max_register_growth)
+    if args.json:
+        print(readable_json(result.to_dict()), file=ctx.out)
+    elif args.format == "markdown":
+        print(_check_markdown(result), file=ctx.out)
+    else:
+        for problem in result.problems:
+            print(printable(_problem_line(problem, result.max_register_growth)), file=ctx.out)
+        print(printable(_check_summary(result)), file=ctx.out)
+    return EXIT_FAILURE if result.problems else EXIT_OK
+
+
+#: How a problem is named in a line and a table.
+_ISSUES = {
+    "new-spill": "new spill",
+    "more-spill": "more spill bytes",
+    "new-stack": "new stack frame",
+    "register-growth": "register growth",
+    "missing": "not in kernels.lock",
+    "not-built": "not built",
+    "error": "unreadable",
+}
+
+
+def _spills(k: KernelResources) -> str:
+    return f"spill stores {_bytes(k.spill_store_bytes)} B, loads {_bytes(k.spill_load_bytes)} B"
+
+
+def _sides(p: LockProblem, growth: int) -> tuple[str, str]:
+    """(the lock's side, this build's side) of a problem, as short text."""
+    was, now = p.locked, p.now
+    if now is None:  # a whole target: detail says it all
+        return "", p.detail
+    if was is None:
+        return "absent", _summary(now)
+    if p.issue in ("new-spill", "more-spill"):
+        return _spills(was), _spills(now)
+    if p.issue == "new-stack":
+        return f"stack {was.stack_bytes} B", f"stack {now.stack_bytes} B"
+    gained = now.registers - was.registers
+    return f"{was.registers} regs", f"{now.registers} regs (+{gained}, allowed +{growth})"
+
+
+def _problem_line(p: LockProblem, growth: int) -> str:
+    was, now = _sides(p, growth)
+    if not p.kernel:
+        return f"{p.target}: {now}"
+    return f"{p.target} {p.kernel} {p.arch}: {_ISSUES[p.issue]}: {was} → {now}"
+
+
+def _check_summary(result: LockCheck) -> str:
+    checked = (
+        f"{result.kernels} kernel{'s' * (result.kernels != 1)} of {result.targets} "
+        f"built target{'s' * (result.targets != 1)}"
+    )
+    stale = (
+        f"; {result.drift} changed within limits (`metrale-orch resources --lock` records them)"
+        if result.drift
+        else ""
+    )
+    n = len(result.problems)
+    if n:
+        return (
+            f"resources --check: {n} problem{'s' * (n != 1)} against kernels.lock; "
+            f"{checked} checked (--max-register-growth {result.max_register_growth}){stale}"
+        )
+    return f"resources --check: {checked} match kernels.lock{stale}"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _check_markdown(result: LockCheck) -> str:
+    lines = ["### Kernel resources against `kernels.lock`", ""]
+    if result.problems:
+        lines += [
+            "| target | kernel | arch | problem | kernels.lock | this build |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for p in result.problems:
+            was, now = _sides(p, result.max_register_growth)
+            kernel = f"`{p.kernel}`" if p.kernel else ""
+            cells = (p.target, kernel, p.arch, _ISSUES[p.issue], was, now)
+            lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+        lines.append("")
+    lines.append(_check_summary(result))
+    return printable("\n".join(lines))

@@ -95,6 +95,9 @@ class Config:
     #: Public key lines (``ed25519:<base64> [label]``) whose signatures a remote entry
     #: needs before it is served; empty: entries are not checked for a signer.
     cache_trusted_keys: tuple[str, ...] = ()
+    #: ``metrale-orch size``'s limits in bytes, by hardware (each of its targets) or by
+    #: target (``hw/model/quant``, over its hardware's); empty: no budget.
+    size_budget: Mapping[str, int] = field(default_factory=_empty)
     #: This user's own local signing key (:func:`default_local_key`; not a setting).
     local_key: Path
     #: key -> "default" | "pyproject" | "env" | "cli"
@@ -130,6 +133,7 @@ class Config:
             # A private key (or where it lives): never shown or written.
             "cache_signing_key": "<set>" if self.cache_signing_key else "",
             "cache_trusted_keys": list(self.cache_trusted_keys),
+            "size_budget": dict(sorted(self.size_budget.items())),
             "sources": dict(sorted(self.sources.items())),
         }
 
@@ -168,6 +172,7 @@ _KEYS: dict[str, tuple[str | None, str]] = {
     "require_hits": ("METRALE_ORCH_REQUIRE_HITS", "bool"),
     "cache_signing_key": ("METRALE_ORCH_CACHE_SIGNING_KEY", "signing_key"),
     "cache_trusted_keys": ("METRALE_ORCH_CACHE_TRUSTED_KEYS", "public_keys"),
+    "size_budget": ("METRALE_ORCH_SIZE_BUDGET", "size_budget"),
 }
 
 #: Settings that say where and how many compiles run (or whether one may run here at all:
@@ -188,10 +193,12 @@ EXECUTION_KEYS = frozenset(
         # Who signs what this build publishes changes no artefact. (The trusted keys do
         # decide what may be installed: changing them re-checks every target.)
         "cache_signing_key",
+        # A size budget checks what a build installed; it changes none of it.
+        "size_budget",
     }
 )
 #: Kinds whose command-line value may come as text to be parsed.
-_TEXT_KINDS = ("seconds", "count", "table", "jobs", "bool", "headers", "public_keys")
+_TEXT_KINDS = ("seconds", "count", "table", "jobs", "bool", "headers", "public_keys", "size_budget")
 
 #: Environment variables the configuration reads, for documentation.
 ENV_VARS: Mapping[str, str] = MappingProxyType(

@@ -28,6 +28,7 @@ __all__ = [
     "key_line_name",
     "key_line_problem",
     "parse_public_key_line",
+    "size_bytes",
 ]
 
 CACHE_MODES = ("read-write", "read-only", "off")
@@ -41,6 +42,25 @@ class ConfigError(MetraleError):
     problem: str
 
     template = "{where}: {key}: {problem}"
+
+
+#: A size people type: ``500M``, ``2G``, ``1.5GiB``, ``4096`` (powers of 1024).
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+#: What a size may look like, for messages.
+_SIZE_HINT = 'a number of bytes, or a number with K, M, G or T (powers of 1024) such as "40M"'
+#: A ``size_budget`` key: a hardware, or a target ``hw/model/quant``.
+_BUDGET_KEY = re.compile(r"[^/\s]+(/[^/\s]+/[^/\s]+)?")
+
+
+def size_bytes(text: str) -> int | None:
+    """Bytes for ``500M``, ``2G``, ``1.5GiB``, ``4096`` (powers of 1024), or None when
+    ``text`` is no such size (pure)."""
+    m = _SIZE_RE.fullmatch(text)
+    if m is None:
+        return None
+    number, unit, _ = m.groups()
+    return int(float(number) * _SIZE_UNITS[unit.lower()])
 
 
 #: A converted setting: text, a path, seconds, a count, a table, key lines, or None.
@@ -197,6 +217,12 @@ def convert(kind: str, value: object, where: str, key: str, root: Path, from_tex
                     "is needed",
                 )
         return table
+    if kind == "size_budget":
+        table = convert("table", value, where, key, root, from_text)
+        assert isinstance(table, Mapping)
+        return MappingProxyType(
+            {name: _budget(limit, where, key, name) for name, limit in sorted(table.items())}
+        )
     if kind == "signing_key":
         return _signing_key(value, where, key, root)
     if kind == "public_keys":
@@ -211,6 +237,21 @@ def convert(kind: str, value: object, where: str, key: str, root: Path, from_tex
             raise ConfigError(where, key, "must be a table (a JSON object in the environment)")
         return MappingProxyType(dict(value))
     raise AssertionError(kind)
+
+
+def _budget(value: object, where: str, key: str, name: str) -> int:
+    """One ``size_budget`` entry in bytes: ``"40M"`` or a whole number of bytes."""
+    shown = f"{key}.{name}" if re.fullmatch(r"[A-Za-z0-9_-]+", name) else f'{key}."{name}"'
+    if not _BUDGET_KEY.fullmatch(name):
+        raise ConfigError(
+            where, shown, "must name a hardware (hopper) or a target (hw/model/quant)"
+        )
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    size = size_bytes(value) if isinstance(value, str) else None
+    if size is None:
+        raise ConfigError(where, shown, f"must be {_SIZE_HINT}, got {value!r}")
+    return size
 
 
 def _signing_key(value: object, where: str, key: str, root: Path) -> str:

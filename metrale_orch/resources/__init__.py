@@ -1,4 +1,7 @@
-"""The register/spill resource report: per kernel, per arch, what ptxas made of each build.
+"""What a build's kernels cost: the register/spill report (per kernel, per arch, what
+ptxas made of each build), its committed baseline ``kernels.lock``
+(:mod:`~metrale_orch.resources.lock`) and the installed bytes with their budget
+(:mod:`~metrale_orch.resources.size`).
 
 :mod:`~metrale_orch.resources.report` holds the values and the pure parts (parsing
 ``ptxas -v``, comparing two reports); :mod:`~metrale_orch.resources.collect` the I/O
@@ -18,11 +21,24 @@ from metrale_orch.resources.collect import (
 )
 from metrale_orch.resources.errors import (
     BadManifest,
+    LockFileError,
     NoTargetMatches,
     PtxasMissing,
     ReportParseError,
     ResourcesError,
+    UnknownBudgetKey,
     UnreadableArtefact,
+)
+from metrale_orch.resources.lock import (
+    LOCK_NAME,
+    LockCheck,
+    LockProblem,
+    ResourceLock,
+    check_lock,
+    lock_from_report,
+    read_lock,
+    update_lock,
+    write_lock,
 )
 from metrale_orch.resources.report import (
     KernelChange,
@@ -34,25 +50,52 @@ from metrale_orch.resources.report import (
     kernels_from_cubin,
     parse_ptxas_report,
 )
+from metrale_orch.resources.size import (
+    ModuleSize,
+    SizeCheck,
+    SizeReport,
+    TargetBudget,
+    TargetSize,
+    budget_key_name,
+    check_sizes,
+)
 
 __all__ = [
     "CACHE_NAME",
+    "LOCK_NAME",
     "BadManifest",
     "Collected",
     "KernelChange",
     "KernelResources",
+    "LockCheck",
+    "LockFileError",
+    "LockProblem",
     "ModuleResources",
+    "ModuleSize",
     "NoTargetMatches",
     "PtxasMissing",
     "ReportParseError",
+    "ResourceLock",
     "ResourceReport",
     "ResourcesError",
+    "SizeCheck",
+    "SizeReport",
+    "TargetBudget",
     "TargetResources",
+    "TargetSize",
+    "UnknownBudgetKey",
     "UnreadableArtefact",
+    "budget_key_name",
+    "check_lock",
+    "check_sizes",
     "collect_resources",
     "diff_reports",
     "kernels_from_cubin",
+    "lock_from_report",
     "parse_ptxas_report",
+    "read_lock",
     "run_ptxas",
     "select_targets",
+    "update_lock",
+    "write_lock",
 ]

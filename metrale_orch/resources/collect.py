@@ -53,6 +53,7 @@ __all__ = [
     "CACHE_NAME",
     "Collected",
     "collect_resources",
+    "read_target_manifest",
     "run_ptxas",
     "select_targets",
 ]
@@ -227,7 +228,7 @@ class _Run:
         return self.ptxas[memo]
 
 
-def _read_manifest(path: Path, shown: str) -> Manifest:
+def read_target_manifest(path: Path, shown: str) -> Manifest:
     """The target's manifest (:func:`~metrale_orch.manifest.read_manifest`); raises
     :class:`BadManifest` naming ``shown``."""
     try:
@@ -254,7 +255,7 @@ def _collect_target(
             status="not-built",
             detail=f"not built (no {shown})",
         )
-    doc = _read_manifest(manifest, shown)
+    doc = read_target_manifest(manifest, shown)
     arch = doc.arch
     out = []
     for module in sorted(doc.modules, key=lambda m: (m.artefact, m.name)):

@@ -6,10 +6,12 @@ from metrale_orch.errors import EXIT_FAILURE, MetraleError
 
 __all__ = [
     "BadManifest",
+    "LockFileError",
     "NoTargetMatches",
     "PtxasMissing",
     "ReportParseError",
     "ResourcesError",
+    "UnknownBudgetKey",
     "UnreadableArtefact",
 ]
 
@@ -69,4 +71,25 @@ class PtxasMissing(ResourcesError):
     template = (
         "{path} does not exist: the register report runs the ptxas that comes with "
         "{program}; install the full CUDA toolkit there (or point the toolchain at one)"
+    )
+
+
+class LockFileError(ResourcesError):
+    """``kernels.lock`` is missing, unreadable or malformed (exit 2: the user's file)."""
+
+    path: str
+    problem: str
+
+    template = "{path}: {problem}"
+
+
+class UnknownBudgetKey(ResourcesError):
+    """A ``size_budget`` key names neither a hardware nor a target of the tree (exit 2)."""
+
+    where: str
+    key: str
+
+    template = (
+        "{where}: {key}: names no hardware or target of the tree; a key is a hardware "
+        "(hopper) or a target (hw/model/quant) that `metrale-orch layout` lists"
     )
