@@ -9,6 +9,7 @@ real ptxas, cuobjdump and nvdisasm (the ``test`` extra installs the last two).
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import stat
@@ -425,6 +426,35 @@ def test_a_changed_kernel_is_named_with_its_diff(built: Path, changed: Path) -> 
     ]
     assert lines[-1] == (
         f"sass-diff {base.as_posix()} → build: 1 kernel changed (1 module, 1 disassembled)"
+    )
+
+
+@pytest.mark.nvcc
+def test_json_and_an_unreadable_target(built: Path, changed: Path, tmp_path: Path) -> None:
+    environ = dict(os.environ)
+    base = built / "build"
+    code, out, err = _cli(changed, ["sass-diff", str(base), "h/*", "--json"], environ)
+    assert (code, err) == (1, "")
+    doc = json.loads(out)
+    assert out == json.dumps(doc, indent=2, sort_keys=True) + "\n"
+    (change,) = doc["changes"]
+    assert (change["target"], change["kernel"], change["added"], change["removed"]) == (
+        "h/m/q",
+        "scale",
+        1,
+        0,
+    )
+    assert (doc["modules"], doc["disassembled"], doc["notes"]) == (1, 1, [])
+
+    broken = tmp_path / "broken"
+    shutil.copytree(base, broken)
+    (broken / "hc/m/q/manifest.json").write_text("{not json")
+    code, out, err = _cli(built, ["sass-diff", str(broken)], environ)
+    assert (code, err) == (1, "")
+    (bad,) = [ln for ln in out.splitlines() if ln.startswith("hc/m/q: ")]
+    assert f"{broken.as_posix()}/hc/m/q/manifest.json: cannot be read" in bad
+    assert out.splitlines()[-1].endswith(
+        "no kernel changed (2 modules, 0 disassembled; 1 target not compared)"
     )
 
 
