@@ -44,6 +44,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "steps": frozenset({"tree", "defaults", "cache", "config", "executor", "toolchain"}),
     "smoke": frozenset({"tree", "config"}),
     "resources": frozenset({"steps", "toolchain", "smoke", "tree", "config"}),
+    # The SASS diff: the report's target selection and ptxas lookup, the artefact readers.
+    "sass": frozenset({"resources", "toolchain", "smoke", "tree"}),
     "matrix": frozenset({"steps", "toolchain", "tree"}),
     "tasks": frozenset(
         {"steps", "toolchain", "executor", "cache", "config", "defaults", "smoke", "tree"}
@@ -63,6 +65,7 @@ ALLOWED: dict[str, frozenset[str]] = {
             "defaults",
             "matrix",
             "resources",
+            "sass",
             "smoke",
             "tree",
         }

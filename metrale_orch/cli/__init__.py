@@ -4,7 +4,7 @@
 sub-command, turn any package error into one clear line and an exit code.
 Each group of sub-commands lives in a private module (``_layout``,
 ``_defaults``, ``_build``, ``_compdb``, ``_profile``, ``_cache``, ``_matrix``,
-``_resources``, ``_size``, ``_remote``, ``_doit``) exposing
+``_resources``, ``_sass``, ``_size``, ``_remote``, ``_doit``) exposing
 ``register(subparsers)``; a sub-command is a function
 ``(args, ctx) -> int``. This package and the doit reporter are the only
 places that print.
@@ -39,6 +39,7 @@ from metrale_orch.cli import (
     _profile,
     _remote,
     _resources,
+    _sass,
     _size,
 )
 from metrale_orch.config import Config, find_root, load_config
@@ -104,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
         _cache,
         _matrix,
         _resources,
+        _sass,
         _size,
         _remote,
         _doit,

@@ -53,6 +53,7 @@ __all__ = [
     "CACHE_NAME",
     "Collected",
     "collect_resources",
+    "locate_ptxas",
     "read_target_manifest",
     "run_ptxas",
     "select_targets",
@@ -102,6 +103,17 @@ def run_ptxas(ptxas: Path, ptx: Path, arch: str, environ: Mapping[str, str]) -> 
         timeout=PTXAS_TIMEOUT,
     )
     return done.stdout + done.stderr
+
+
+def locate_ptxas(toolchain: Toolchain, environ: Mapping[str, str], arch: str) -> Path:
+    """The ``ptxas`` beside the toolchain's compiler (the one that matches the PTX it
+    writes). Raises ``ToolchainMissing`` as :func:`locate_toolchain`, :class:`PtxasMissing`
+    when the compiler has no ptxas beside it."""
+    program = locate_toolchain(toolchain, environ, arch=arch)
+    ptxas = program.with_name("ptxas" + program.suffix)
+    if not ptxas.is_file():
+        raise PtxasMissing(str(ptxas), str(program))
+    return ptxas
 
 
 def collect_resources(
@@ -217,12 +229,8 @@ class _Run:
     def find_ptxas(self, toolchain: Toolchain, arch: str) -> tuple[Path, str]:
         memo = (toolchain.name, arch)
         if memo not in self.ptxas:
-            program = locate_toolchain(toolchain, self.environ, arch=arch)
-            ptxas = program.with_name("ptxas" + program.suffix)
-            try:
-                st = ptxas.stat()
-            except OSError:
-                raise PtxasMissing(str(ptxas), str(program)) from None
+            ptxas = locate_ptxas(toolchain, self.environ, arch)
+            st = ptxas.stat()
             stamp = f"{os.path.realpath(ptxas)}:{st.st_size}:{st.st_mtime_ns}"
             self.ptxas[memo] = (ptxas, stamp)
         return self.ptxas[memo]

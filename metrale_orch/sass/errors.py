@@ -1,0 +1,35 @@
+"""The errors of the SASS diff: one base, a subclass per case, each naming what to do."""
+
+from __future__ import annotations
+
+from metrale_orch.errors import EXIT_FAILURE, EXIT_USAGE, MetraleError
+
+__all__ = ["DisassemblerMissing", "SassError", "UndisassemblableArtefact"]
+
+
+class SassError(MetraleError):
+    """Base of the SASS diff's errors."""
+
+
+class DisassemblerMissing(SassError):
+    """Neither ``cuobjdump`` nor ``nvdisasm`` is installed (exit 2: the machine lacks a
+    tool, nothing was compared)."""
+
+    searched: str
+
+    exit_code = EXIT_USAGE
+    template = (
+        "sass-diff needs cuobjdump or nvdisasm (not found on {searched}); install them with "
+        "`pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm` "
+        "(or `pip install 'metrale-orch[sass]'`)"
+    )
+
+
+class UndisassemblableArtefact(SassError):
+    """An artefact the manifest lists cannot be read, or the disassembler refuses it."""
+
+    path: str
+    problem: str
+
+    exit_code = EXIT_FAILURE
+    template = "{path}: {problem}"
