@@ -46,8 +46,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     "smoke": frozenset({"tree", "config"}),
     "resources": frozenset({"steps", "toolchain", "smoke", "tree", "config"}),
     "matrix": frozenset({"steps", "toolchain", "tree"}),
+    # The release gate (coverage): reads builds with the smoke readers and resources' ptxas.
+    "gate": frozenset({"resources", "steps", "toolchain", "smoke", "tree", "config"}),
     "tasks": frozenset(
-        {"steps", "toolchain", "executor", "cache", "config", "defaults", "smoke", "tree"}
+        {"steps", "toolchain", "executor", "cache", "config", "defaults", "smoke", "tree", "gate"}
     ),
     "dodo": frozenset({"tasks"}),
     "cli": frozenset(
@@ -61,6 +63,7 @@ ALLOWED: dict[str, frozenset[str]] = {
             "defaults",
             "matrix",
             "resources",
+            "gate",
             "smoke",
             "tree",
         }

@@ -95,6 +95,10 @@ class Config:
     #: Public key lines (``ed25519:<base64> [label]``) whose signatures a remote entry
     #: needs before it is served; empty: entries are not checked for a signer.
     cache_trusted_keys: tuple[str, ...] = ()
+    #: hardware -> its deployment's facts (``[tool.metrale-orch.deploy.<hw>]``): so far
+    #: ``min_cuda``, the oldest CUDA driver it must load on (``"12.8"``), read by the
+    #: release gate (``metrale-orch coverage``).
+    deploy: Mapping[str, Mapping[str, str]] = field(default_factory=_empty)
     #: This user's own local signing key (:func:`default_local_key`; not a setting).
     local_key: Path
     #: key -> "default" | "pyproject" | "env" | "cli"
@@ -130,6 +134,7 @@ class Config:
             # A private key (or where it lives): never shown or written.
             "cache_signing_key": "<set>" if self.cache_signing_key else "",
             "cache_trusted_keys": list(self.cache_trusted_keys),
+            "deploy": {hw: dict(sorted(v.items())) for hw, v in sorted(self.deploy.items())},
             "sources": dict(sorted(self.sources.items())),
         }
 
@@ -168,6 +173,7 @@ _KEYS: dict[str, tuple[str | None, str]] = {
     "require_hits": ("METRALE_ORCH_REQUIRE_HITS", "bool"),
     "cache_signing_key": ("METRALE_ORCH_CACHE_SIGNING_KEY", "signing_key"),
     "cache_trusted_keys": ("METRALE_ORCH_CACHE_TRUSTED_KEYS", "public_keys"),
+    "deploy": (None, "deploy"),
 }
 
 #: Settings that say where and how many compiles run (or whether one may run here at all:
@@ -191,7 +197,7 @@ EXECUTION_KEYS = frozenset(
     }
 )
 #: Kinds whose command-line value may come as text to be parsed.
-_TEXT_KINDS = ("seconds", "count", "table", "jobs", "bool", "headers", "public_keys")
+_TEXT_KINDS = ("seconds", "count", "table", "jobs", "bool", "headers", "public_keys", "deploy")
 
 #: Environment variables the configuration reads, for documentation.
 ENV_VARS: Mapping[str, str] = MappingProxyType(

@@ -53,6 +53,7 @@ __all__ = [
     "CACHE_NAME",
     "Collected",
     "collect_resources",
+    "locate_ptxas",
     "run_ptxas",
     "select_targets",
 ]
@@ -216,15 +217,21 @@ class _Run:
     def find_ptxas(self, toolchain: Toolchain, arch: str) -> tuple[Path, str]:
         memo = (toolchain.name, arch)
         if memo not in self.ptxas:
-            program = locate_toolchain(toolchain, self.environ, arch=arch)
-            ptxas = program.with_name("ptxas" + program.suffix)
-            try:
-                st = ptxas.stat()
-            except OSError:
-                raise PtxasMissing(str(ptxas), str(program)) from None
-            stamp = f"{os.path.realpath(ptxas)}:{st.st_size}:{st.st_mtime_ns}"
-            self.ptxas[memo] = (ptxas, stamp)
+            self.ptxas[memo] = locate_ptxas(toolchain, self.environ, arch)
         return self.ptxas[memo]
+
+
+def locate_ptxas(toolchain: Toolchain, environ: Mapping[str, str], arch: str) -> tuple[Path, str]:
+    """The ``ptxas`` beside the toolchain's program (``nvcc``) and its stamp for cache keys
+    (real path, size, mtime). Raises ``ToolchainMissing`` without the program, and
+    :class:`PtxasMissing`, saying what to install, without a ``ptxas`` beside it."""
+    program = locate_toolchain(toolchain, environ, arch=arch)
+    ptxas = program.with_name("ptxas" + program.suffix)
+    try:
+        st = ptxas.stat()
+    except OSError:
+        raise PtxasMissing(str(ptxas), str(program)) from None
+    return ptxas, f"{os.path.realpath(ptxas)}:{st.st_size}:{st.st_mtime_ns}"
 
 
 def _read_manifest(path: Path, shown: str) -> Manifest:
