@@ -186,5 +186,4 @@ def task_coverage() -> TaskDict:
         "actions": [(coverage_action, [str(Path.cwd())])],
         "task_dep": [BUILD_TASK],
         "uptodate": [False],
-        "verbosity": 2,
     }

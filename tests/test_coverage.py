@@ -273,6 +273,34 @@ def test_missing_artefacts_an_unbuilt_target_and_a_missing_ptxas(
 
 
 @pytest.mark.nvcc
+def test_a_target_the_build_skips_here_is_listed_unchecked(project: tuple[Path, Path]) -> None:
+    root, _ = project
+    write_files(
+        root,
+        {
+            "kernels/mac/HARDWARE.toml": '[hardware]\nvendor = "apple"\narch = "metal3.1"\n',
+            "kernels/mac/m/MODEL.toml": "[model]\n",
+            "kernels/mac/m/q/k.metal": "kernel void k(device float* x) { x[0] = 1; }\n",
+        },
+    )
+    environ = {
+        **os.environ,
+        "PATH": os.pathsep.join(
+            p for p in os.environ["PATH"].split(os.pathsep) if not (Path(p) / "xcrun").exists()
+        ),
+    }
+    out, err = io.StringIO(), io.StringIO()
+    code = main(["--root", str(root), "coverage"], environ=environ, out=out, err=err)
+    assert (code, err.getvalue()) == (0, "")
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith(
+        "mac/m/q: unchecked: not built here: toolchain 'metal' is not installed"
+    )
+    assert lines[1].startswith("coverage: no problem; 1 target, 3 modules, 4 named kernels")
+    assert "1 unchecked" in lines[1]
+
+
+@pytest.mark.nvcc
 def test_doit_coverage_builds_first(built: tuple[Path, Path], tmp_path: Path) -> None:
     _, cache = built
     fresh = write_files(tmp_path / "proj", TREE)

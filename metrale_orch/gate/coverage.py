@@ -14,10 +14,10 @@ problem as a value (:class:`~metrale_orch.gate.report.Problem`), one per line:
   problem of the hardware;
 - no entry is exported by two modules of one target (a loader could get either).
 
-A target never built is a problem, unless its toolchain is not installed here (as the
-build skips it): then, like a target whose artefacts no reader here understands (Metal
-libraries, SCALE objects), it is *unchecked*, listed with the reason. Tree, configuration
-and family-file mistakes raise (exit 2); a missing ``ptxas`` raises
+A target never built is a problem, unless the build skips it here (its toolchain is not
+installed, or cannot build the arch): then, like a target whose artefacts no reader here
+understands (Metal libraries, SCALE objects), it is *unchecked*, listed with the reason.
+Tree, configuration and family-file mistakes raise (exit 2); a missing ``ptxas`` raises
 :class:`~metrale_orch.resources.errors.PtxasMissing`.
 """
 
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from metrale_orch.config import Config, source_label
+from metrale_orch.errors import MetraleError
 from metrale_orch.gate.assemble import CACHE_NAME, Assembler
 from metrale_orch.gate.entries import ArtefactView, arch_problem, mangled_as, read_artefact
 from metrale_orch.gate.errors import DeployError, UnreadableArtefact
@@ -40,9 +41,9 @@ from metrale_orch.manifest import ManifestError, ManifestModule, read_manifest
 from metrale_orch.paths import MANIFEST_NAME, STATE_DIR, rel_posix, target_dir
 from metrale_orch.resources.collect import select_targets
 from metrale_orch.steps.plan import module_names
+from metrale_orch.toolchain.archcheck import find_toolchain_for_arch
 from metrale_orch.toolchain.definitions import Toolchain, load_toolchains, select_toolchain
 from metrale_orch.toolchain.errors import ToolchainMissing
-from metrale_orch.toolchain.locate import locate_toolchain
 from metrale_orch.tree import Layout, LayoutError, Role, Target, TreeSnapshot, resolve_all
 
 __all__ = ["CHECKED_OUTPUTS", "check_coverage", "duplicate_problems"]
@@ -174,10 +175,14 @@ def _check_target(run: _Run, item: _Resolved) -> list[Problem] | Unchecked:
     manifest_path = tdir / MANIFEST_NAME
     shown = rel_posix(manifest_path, run.root)
     if not manifest_path.is_file():
-        try:
-            locate_toolchain(toolchain, run.environ, arch=arch)
-        except ToolchainMissing as exc:
+        try:  # as the build decides to skip a target (its verdicts kept in .state/)
+            find_toolchain_for_arch(
+                toolchain, run.environ, state_dir=run.build_dir / STATE_DIR, arch=arch
+            )
+        except ToolchainMissing as exc:  # not installed, or cannot build the arch
             return Unchecked(target=target, reason=f"not built here: {exc}")
+        except MetraleError:
+            pass  # the build fails such a target: not built, as below
         return [Problem(target=target, module=WHOLE_TARGET, what=f"not built (no {shown})")]
     if toolchain.output not in CHECKED_OUTPUTS:
         return Unchecked(

@@ -485,17 +485,18 @@ def check_action(root: str) -> bool:
     return report.ok
 
 
-def coverage_action(root: str) -> bool:
-    """The release gate's coverage check of the whole build (``metrale-orch coverage``);
-    its report is the task's output, a problem fails the task."""
+def coverage_action(root: str) -> dict[str, object] | TaskFailed:
+    """The release gate's coverage check of the whole build (``metrale-orch coverage``).
+
+    Returns its report's lines as the task's ``summary`` value (the reporter prints it
+    last, as smoke's) when there is no problem, else ``TaskFailed`` with them: with doit's
+    thread runner, what an action prints may land in another task's captured output."""
     from metrale_orch.config import load_config
     from metrale_orch.gate import check_coverage  # as check_action: only this task needs it
 
     try:
         got = check_coverage(load_config(Path(root), os.environ), None, os.environ)
     except MetraleError as exc:
-        print(printable(f"error: {exc}"), file=sys.stderr)
-        return False
-    for line in got.lines():
-        print(printable(line))
-    return got.report.ok
+        return TaskFailed(printable(f"error: {exc}"))
+    text = "\n".join(printable(line) for line in got.lines())
+    return {"summary": text} if got.report.ok else TaskFailed(text)
