@@ -254,10 +254,13 @@ def test_missing_artefacts_an_unbuilt_target_and_a_missing_ptxas(
 ) -> None:
     root, _ = project
     (root / "build" / "hw" / "m" / "q" / "rope_kernel.ptx").unlink()
-    (problem,) = _check(root)
-    assert problem.startswith(
-        "hw/m/q: rope_kernel: artefact build/hw/m/q/rope_kernel.ptx cannot be read (No such"
-    )
+    (root / "build" / "hw" / "m" / "q" / "norm.ptx").write_bytes(b"\0garbage")
+    assert _check(root) == [
+        "hw/m/q: norm: build/hw/m/q/norm.ptx: unreadable artefact: no .target directive: "
+        "not a PTX module",
+        "hw/m/q: rope_kernel: artefact build/hw/m/q/rope_kernel.ptx cannot be read (No such "
+        "file or directory); rebuild the target",
+    ]
     # nvcc found on PATH without its ptxas: what to install, exit 1.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

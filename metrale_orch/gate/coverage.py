@@ -26,11 +26,12 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from metrale_orch.config import Config, source_label
 from metrale_orch.errors import MetraleError
+from metrale_orch.fsutil import bytes_hash
 from metrale_orch.gate.assemble import CACHE_NAME, Assembler
 from metrale_orch.gate.entries import ArtefactView, arch_problem, mangled_as, read_artefact
 from metrale_orch.gate.errors import DeployError, UnreadableArtefact
@@ -75,6 +76,10 @@ class _Run:
     min_cuda: Mapping[str, Version]
     modules: int = 0
     named: int = 0
+    #: (content hash, arch, toolchain) -> what :func:`_judge` said of such an artefact.
+    judged: dict[tuple[str, str, str], tuple[ArtefactView | None, str]] = field(
+        default_factory=dict
+    )
 
 
 def check_coverage(config: Config, pattern: str | None, environ: Mapping[str, str]) -> Coverage:
@@ -240,18 +245,31 @@ def _module_artefact(
         data = path.read_bytes()
     except OSError as exc:
         return f"artefact {shown} cannot be read ({exc.strerror or exc}); rebuild the target"
+    memo = (bytes_hash(data), arch, toolchain.name)
+    if memo not in run.judged:  # identical artefacts of other targets: read and judged once
+        run.judged[memo] = _judge(run, toolchain, arch, path, data)
+    view, problem = run.judged[memo]
+    if view is None:
+        return f"{shown}: {problem}"
+    return view, [f"{shown}: {problem}"] if problem else []
+
+
+def _judge(
+    run: _Run, toolchain: Toolchain, arch: str, path: Path, data: bytes
+) -> tuple[ArtefactView | None, str]:
+    """(the artefact read, or None; what is wrong with it, without its path, or "")."""
     try:
-        view = read_artefact(data, shown)
+        view = read_artefact(data, "")
     except UnreadableArtefact as exc:
-        return str(exc)
+        return None, exc.problem
     wrong_arch = arch_problem(view, arch)
     if wrong_arch is not None:
-        return view, [f"{shown}: {wrong_arch}"]
+        return view, wrong_arch
     if view.kind == "ptx":
         refused = run.assembler.problem(toolchain, arch, path, data)
         if refused is not None:
-            return view, [f"{shown}: ptxas -arch={arch} refuses it: {refused}"]
-    return view, []
+            return view, f"ptxas -arch={arch} refuses it: {refused}"
+    return view, ""
 
 
 def _isa_problems(
