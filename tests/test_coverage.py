@@ -166,6 +166,39 @@ def test_a_family_kernel_no_module_exports_and_a_module_no_target_builds(
 
 
 @pytest.mark.nvcc
+def test_lists_of_an_inherited_common_layer_apply_to_the_child(project: tuple[Path, Path]) -> None:
+    root, cache = project
+    write_files(
+        root,
+        {
+            "kernels/kid/HARDWARE.toml": '[hardware]\ninherits = "hw"\narch = "sm_90a"\n',
+            "kernels/kid/m/MODEL.toml": "[model]\n",
+            "kernels/kid/common/FUSIONS.toml": (
+                '[[rule]]\nkernels = [{ module = "ghost", func = "g" }]\n'
+            ),
+            FAMILIES: TREE[FAMILIES] + '[[family]]\nkernels = ["attn::attn_verify"]\n',
+        },
+    )
+    config = make_config(root, cache)
+    result = build_target(
+        root,
+        Target.parse("kid/m/q"),
+        config=config,
+        cache=make_cache(config),
+        environ=dict(os.environ),
+    )
+    assert not result.failed, result.failure_text()
+    missing = "is not exported (exports: attn_decode, attn_prefill)"
+    assert _check(root) == [
+        "hw/m/q: attn: kernel attn_verify (named by kernels/hw/common/KERNEL_FAMILIES.toml) "
+        + missing,
+        "kid: ghost: named by kernels/kid/common/FUSIONS.toml (g), but no target of kid builds it",
+        "kid/m/q: attn: kernel attn_verify (named by kernels/hw/common/KERNEL_FAMILIES.toml) "
+        + missing,
+    ]
+
+
+@pytest.mark.nvcc
 def test_a_fusion_kernel_compiled_without_extern_c(project: tuple[Path, Path]) -> None:
     root, cache = project
     write_files(
