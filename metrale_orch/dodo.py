@@ -10,6 +10,8 @@ Tasks (generated on every doit invocation from the tree, see
   ``doit -n 2 -P process build``, ``doit list --all --status``,
   ``doit clean``, ``doit forget`` behave as doit users expect.
 - ``check``: will the build accept this tree? (``metrale-orch check``).
+- ``coverage``: after every build, does the build hold every kernel the tree names?
+  (``metrale-orch coverage``).
 - ``smoke:<hw>``: after that hardware's builds (provided by
   :mod:`metrale_orch.smoke`; yielded by ``task_build`` so the tree resolves once).
 
@@ -84,6 +86,7 @@ if not loader_present():
 from metrale_orch.paths import BUILD_TASK, DB_NAME
 from metrale_orch.tasks.actions import (
     check_action,
+    coverage_action,
     default_target_threads,
     install_sigterm_handler,
 )
@@ -94,7 +97,7 @@ from metrale_orch.tasks.dicts import TaskDict, explicit_targets
 from metrale_orch.tasks.reporter import BuildReporter
 from metrale_orch.tasks.run_end import end_interrupted
 
-__all__ = ["DOIT_CONFIG", "task_build", "task_check"]  # what `import *` takes
+__all__ = ["DOIT_CONFIG", "task_build", "task_check", "task_coverage"]  # what `import *` takes
 
 DOIT_CONFIG: dict[str, object] = {
     "default_tasks": [BUILD_TASK],
@@ -177,4 +180,13 @@ def task_check() -> TaskDict:
         "actions": [(check_action, [str(Path.cwd())])],
         "uptodate": [False],
         "verbosity": 2,
+    }
+
+
+def task_coverage() -> TaskDict:
+    """Build, then check the build exports every kernel the tree names (metrale-orch coverage)."""
+    return {
+        "actions": [(coverage_action, [str(Path.cwd())])],
+        "task_dep": [BUILD_TASK],
+        "uptodate": [False],
     }

@@ -17,6 +17,7 @@ __all__ = [
     "CHECK_TASK",
     "COMMON_DIR",
     "COMPDB_NAME",
+    "COVERAGE_TASK",
     "DB_NAME",
     "LOG_NAME",
     "MANIFEST_NAME",
@@ -62,6 +63,7 @@ TMP_DIR = ".tmp"
 BUILD_TASK = "build"
 SMOKE_TASK = "smoke"
 CHECK_TASK = "check"
+COVERAGE_TASK = "coverage"
 #: The task that stands for the whole tree when it does not resolve.
 TREE_TASK = "(tree)"
 

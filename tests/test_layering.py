@@ -47,8 +47,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     # The SASS diff: the report's target selection and ptxas lookup, the artefact readers.
     "sass": frozenset({"resources", "toolchain", "smoke", "tree"}),
     "matrix": frozenset({"steps", "toolchain", "tree"}),
+    # The release gate (coverage): reads builds with the smoke readers and resources' ptxas.
+    "gate": frozenset({"resources", "steps", "toolchain", "smoke", "tree", "config"}),
     "tasks": frozenset(
-        {"steps", "toolchain", "executor", "cache", "config", "defaults", "smoke", "tree"}
+        {"steps", "toolchain", "executor", "cache", "config", "defaults", "smoke", "tree", "gate"}
     ),
     "dodo": frozenset({"tasks"}),
     # Views of the build without a doit task (status, why, rdeps, compdb).
@@ -66,6 +68,7 @@ ALLOWED: dict[str, frozenset[str]] = {
             "matrix",
             "resources",
             "sass",
+            "gate",
             "smoke",
             "tree",
         }

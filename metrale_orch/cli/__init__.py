@@ -4,7 +4,7 @@
 sub-command, turn any package error into one clear line and an exit code.
 Each group of sub-commands lives in a private module (``_layout``,
 ``_defaults``, ``_build``, ``_compdb``, ``_profile``, ``_cache``, ``_matrix``,
-``_resources``, ``_sass``, ``_size``, ``_remote``, ``_doit``) exposing
+``_resources``, ``_coverage``, ``_sass``, ``_size``, ``_remote``, ``_doit``) exposing
 ``register(subparsers)``; a sub-command is a function
 ``(args, ctx) -> int``. This package and the doit reporter are the only
 places that print.
@@ -32,6 +32,7 @@ from metrale_orch.cli import (
     _build,
     _cache,
     _compdb,
+    _coverage,
     _defaults,
     _doit,
     _layout,
@@ -105,6 +106,7 @@ def _parser() -> argparse.ArgumentParser:
         _cache,
         _matrix,
         _resources,
+        _coverage,
         _sass,
         _size,
         _remote,

@@ -98,6 +98,10 @@ class Config:
     #: ``metrale-orch size``'s limits in bytes, by hardware (each of its targets) or by
     #: target (``hw/model/quant``, over its hardware's); empty: no budget.
     size_budget: Mapping[str, int] = field(default_factory=_empty)
+    #: hardware -> its deployment's facts (``[tool.metrale-orch.deploy.<hw>]``): so far
+    #: ``min_cuda``, the oldest CUDA driver it must load on (``"12.8"``), read by the
+    #: release gate (``metrale-orch coverage``).
+    deploy: Mapping[str, Mapping[str, str]] = field(default_factory=_empty)
     #: This user's own local signing key (:func:`default_local_key`; not a setting).
     local_key: Path
     #: key -> "default" | "pyproject" | "env" | "cli"
@@ -134,6 +138,7 @@ class Config:
             "cache_signing_key": "<set>" if self.cache_signing_key else "",
             "cache_trusted_keys": list(self.cache_trusted_keys),
             "size_budget": dict(sorted(self.size_budget.items())),
+            "deploy": {hw: dict(sorted(v.items())) for hw, v in sorted(self.deploy.items())},
             "sources": dict(sorted(self.sources.items())),
         }
 
@@ -173,6 +178,7 @@ _KEYS: dict[str, tuple[str | None, str]] = {
     "cache_signing_key": ("METRALE_ORCH_CACHE_SIGNING_KEY", "signing_key"),
     "cache_trusted_keys": ("METRALE_ORCH_CACHE_TRUSTED_KEYS", "public_keys"),
     "size_budget": ("METRALE_ORCH_SIZE_BUDGET", "size_budget"),
+    "deploy": (None, "deploy"),
 }
 
 #: Settings that say where and how many compiles run (or whether one may run here at all:
@@ -195,10 +201,22 @@ EXECUTION_KEYS = frozenset(
         "cache_signing_key",
         # A size budget checks what a build installed; it changes none of it.
         "size_budget",
+        # The deployment's facts check what a build installed (metrale-orch coverage).
+        "deploy",
     }
 )
 #: Kinds whose command-line value may come as text to be parsed.
-_TEXT_KINDS = ("seconds", "count", "table", "jobs", "bool", "headers", "public_keys", "size_budget")
+_TEXT_KINDS = (
+    "seconds",
+    "count",
+    "table",
+    "jobs",
+    "bool",
+    "headers",
+    "public_keys",
+    "size_budget",
+    "deploy",
+)
 
 #: Environment variables the configuration reads, for documentation.
 ENV_VARS: Mapping[str, str] = MappingProxyType(

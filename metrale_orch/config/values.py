@@ -223,6 +223,8 @@ def convert(kind: str, value: object, where: str, key: str, root: Path, from_tex
         return MappingProxyType(
             {name: _budget(limit, where, key, name) for name, limit in sorted(table.items())}
         )
+    if kind == "deploy":
+        return _deploy(convert("table", value, where, key, root, from_text), where, key)
     if kind == "signing_key":
         return _signing_key(value, where, key, root)
     if kind == "public_keys":
@@ -252,6 +254,37 @@ def _budget(value: object, where: str, key: str, name: str) -> int:
     if size is None:
         raise ConfigError(where, shown, f"must be {_SIZE_HINT}, got {value!r}")
     return size
+
+
+#: The keys of a ``[tool.metrale-orch.deploy.<hw>]`` table.
+_DEPLOY_KEYS = ("min_cuda",)
+
+
+def _deploy(value: Setting, where: str, key: str) -> Mapping[str, Mapping[str, str]]:
+    """``hw -> {"min_cuda": "MAJOR.MINOR"}``: a table of tables whose keys are known and
+    whose versions are quoted ``MAJOR.MINOR`` strings."""
+    assert isinstance(value, Mapping)
+    out: dict[str, Mapping[str, str]] = {}
+    for hw, table in sorted(value.items()):
+        if not isinstance(table, dict):
+            raise ConfigError(
+                where, f"{key}.{hw}", "must be a table, e.g. [tool.metrale-orch.deploy.hopper]"
+            )
+        facts: dict[str, str] = {}
+        for name, fact in sorted(table.items()):
+            if name not in _DEPLOY_KEYS:
+                known = ", ".join(_DEPLOY_KEYS)
+                raise ConfigError(where, f"{key}.{hw}.{name}", f"unknown key (known keys: {known})")
+            if not isinstance(fact, str) or not re.fullmatch(r"\d{1,3}\.\d{1,3}", fact.strip()):
+                raise ConfigError(
+                    where,
+                    f"{key}.{hw}.{name}",
+                    f'must be a CUDA version as a quoted "MAJOR.MINOR" string, e.g. "12.8"; '
+                    f"got {fact!r}",
+                )
+            facts[name] = fact.strip()
+        out[hw] = MappingProxyType(facts)
+    return MappingProxyType(out)
 
 
 def _signing_key(value: object, where: str, key: str, root: Path) -> str:

@@ -54,6 +54,7 @@ __all__ = [
     "Collected",
     "collect_resources",
     "locate_ptxas",
+    "ptxas_stamp",
     "read_target_manifest",
     "run_ptxas",
     "select_targets",
@@ -114,6 +115,12 @@ def locate_ptxas(toolchain: Toolchain, environ: Mapping[str, str], arch: str) ->
     if not ptxas.is_file():
         raise PtxasMissing(str(ptxas), str(program))
     return ptxas
+
+
+def ptxas_stamp(ptxas: Path) -> str:
+    """``ptxas``'s stamp for the keys of cached answers: real path, size, mtime (I/O)."""
+    st = ptxas.stat()
+    return f"{os.path.realpath(ptxas)}:{st.st_size}:{st.st_mtime_ns}"
 
 
 def collect_resources(
@@ -230,9 +237,7 @@ class _Run:
         memo = (toolchain.name, arch)
         if memo not in self.ptxas:
             ptxas = locate_ptxas(toolchain, self.environ, arch)
-            st = ptxas.stat()
-            stamp = f"{os.path.realpath(ptxas)}:{st.st_size}:{st.st_mtime_ns}"
-            self.ptxas[memo] = (ptxas, stamp)
+            self.ptxas[memo] = (ptxas, ptxas_stamp(ptxas))
         return self.ptxas[memo]
 
 

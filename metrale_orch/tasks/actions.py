@@ -19,7 +19,8 @@ Deferred imports: doit imports this module on every invocation (the task dicts
 name its functions), and a no-op run calls none of them; so the build step, the
 cache, the tree package, the log handler and the whole-tree check are imported by
 the action that runs them (:func:`_build_step`, :func:`_parse_target`,
-:func:`configure_build_log`, :func:`check_action`), and nowhere else.
+:func:`configure_build_log`, :func:`check_action`, :func:`coverage_action`), and nowhere
+else.
 """
 
 from __future__ import annotations
@@ -482,3 +483,20 @@ def check_action(root: str) -> bool:
     for stream, line in report_lines(report):
         print(line, file=sys.stdout if stream == "out" else sys.stderr)
     return report.ok
+
+
+def coverage_action(root: str) -> dict[str, object] | TaskFailed:
+    """The release gate's coverage check of the whole build (``metrale-orch coverage``).
+
+    Returns its report's lines as the task's ``summary`` value (the reporter prints it
+    last, as smoke's) when there is no problem, else ``TaskFailed`` with them: with doit's
+    thread runner, what an action prints may land in another task's captured output."""
+    from metrale_orch.config import load_config
+    from metrale_orch.gate import check_coverage  # as check_action: only this task needs it
+
+    try:
+        got = check_coverage(load_config(Path(root), os.environ), None, os.environ)
+    except MetraleError as exc:
+        return TaskFailed(printable(f"error: {exc}"))
+    text = "\n".join(printable(line) for line in got.lines())
+    return {"summary": text} if got.report.ok else TaskFailed(text)

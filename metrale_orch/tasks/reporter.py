@@ -22,7 +22,8 @@ worker that ran them, to ``<build_dir>/profile.json`` (Chrome trace events:
 into ``<build_dir>/compile_commands.json`` (:mod:`metrale_orch.steps.compdb`). A run
 that built nothing (a no-op) leaves the files of the last build that did in
 place, and costs nothing for them.
-Other tasks (``check``, ``smoke:…``) are reported as doit's console reporter does.
+Other tasks (``check``, ``smoke:…``, ``coverage``) are reported as doit's console reporter
+does; a passing smoke or coverage task's ``summary`` value is printed last.
 
 doit's runner calls a project's code at the start and the end of its loop only through
 the reporter (:meth:`BuildReporter.initialize`, :meth:`BuildReporter.complete_run`, last,
@@ -69,6 +70,7 @@ from metrale_orch.fsutil import write_atomic
 from metrale_orch.paths import (
     BUILD_TASK,
     COMPDB_NAME,
+    COVERAGE_TASK,
     PROFILE_NAME,
     SMOKE_TASK,
     STATE_DIR,
@@ -224,7 +226,8 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
 
     def add_success(self, task: Task) -> None:
         if not _is_build(task):
-            if task.name.startswith(_SMOKE_BASE):  # its one line: what passed, what did not
+            # Smoke's one line (what passed, what did not), the coverage report's lines.
+            if task.name.startswith(_SMOKE_BASE) or task.name == COVERAGE_TASK:
                 summary = dict(getattr(task, "values", None) or {}).get("summary")
                 if summary:
                     self._smoke_lines.append(str(summary))

@@ -21,7 +21,7 @@ __all__ = ["build_scope", "in_scope", "selection_scope"]
 #: The package's dodo module and its task creators (what ``from metrale_orch.dodo import *``
 #: takes): a dodo file with any other may depend on any build sub-task.
 _DODO = "metrale_orch.dodo"
-_OURS = frozenset({"task_build", "task_check"})
+_OURS = frozenset({"task_build", "task_check", "task_coverage"})
 
 
 def selection_scope(selection: Selection | None, *, guess: bool = False) -> tuple[str, ...] | None:

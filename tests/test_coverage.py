@@ -1,0 +1,516 @@
+"""The release gate's coverage check (metrale_orch.gate) and ``metrale-orch coverage``.
+
+Real tools: one small tree (one target ``hw/m/q`` for sm_90a, three common modules, one
+renamed by KERNEL.toml, a family file and a fusion file naming their kernels) is built
+once with nvcc; each test copies the built project, seeds one defect (editing and
+rebuilding only what it needs: the local cache serves every unchanged module) and runs
+the real ptxas. The parsers, the PTX ISA table and the setting are checked on values.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+from metrale_orch.cli import main
+from metrale_orch.config import ConfigError, load_config
+from metrale_orch.gate import (
+    CACHE_NAME,
+    CUDA_OF_ISA,
+    KernelListError,
+    Problem,
+    check_coverage,
+    exported_entries,
+    family_kernels,
+    fusion_kernels,
+    isa_problem,
+    read_artefact,
+)
+from metrale_orch.gate.assemble import ptxas_complaint
+from metrale_orch.gate.entries import mangled_as
+from metrale_orch.gate.families import NamedKernel
+from metrale_orch.paths import STATE_DIR
+from metrale_orch.resources import PtxasMissing
+from metrale_orch.steps.target import build_target
+from metrale_orch.tree import Target
+from tests.support.build import make_cache, make_config
+from tests.support.trust import doit_run, write_files
+
+TARGET = "hw/m/q"
+FAMILIES = "kernels/hw/common/KERNEL_FAMILIES.toml"
+FUSIONS = "kernels/hw/common/FUSIONS.toml"
+
+#: The tree every test starts from: it passes the gate.
+TREE = {
+    "kernels/hw/HARDWARE.toml": '[hardware]\nvendor = "nvidia"\narch = "sm_90a"\n',
+    "kernels/hw/m/MODEL.toml": "[model]\n",
+    "kernels/hw/m/q/.gitkeep": "",
+    "kernels/hw/common/attn.cu": (
+        'extern "C" __global__ void attn_decode(float* x) { x[threadIdx.x] *= 2.0f; }\n'
+        'extern "C" __global__ void attn_prefill(float* x) { x[threadIdx.x] += 1.0f; }\n'
+    ),
+    "kernels/hw/common/norm.cu": (
+        'extern "C" __global__ void rmsnorm(float* x) { x[threadIdx.x] *= 0.5f; }\n'
+    ),
+    "kernels/hw/common/rope.cu": (
+        'extern "C" __global__ void rope(float* x) { x[threadIdx.x] -= 1.0f; }\n'
+    ),
+    "kernels/hw/common/KERNEL.toml": '[modules]\nrope = "rope_kernel"\n',
+    FAMILIES: (
+        '[[family]]\nname = "attention"\nkernels = ["attn::attn_decode", "attn::attn_prefill"]\n'
+    ),
+    FUSIONS: (
+        '[[rule]]\nname = "norm_rope"\nkernels = [{ module = "norm", func = "rmsnorm" }]\n'
+        '[[rule.run]]\nlaunches = [{ module = "rope_kernel", func = "rope" }]\n'
+    ),
+}
+
+
+def _tools() -> None:
+    if shutil.which("nvcc") is None or shutil.which("ptxas") is None:
+        pytest.skip("nvcc and ptxas are not installed")
+
+
+def _build(root: Path, cache_dir: Path) -> None:
+    config = make_config(root, cache_dir)
+    result = build_target(
+        root,
+        Target.parse(TARGET),
+        config=config,
+        cache=make_cache(config),
+        environ=dict(os.environ),
+    )
+    assert not result.failed, result.failure_text()
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(the built project, the local cache that holds its modules)."""
+    _tools()
+    tmp = tmp_path_factory.mktemp("coverage")
+    root = write_files(tmp / "proj", TREE)
+    _build(root, tmp / "cache")
+    return root, tmp / "cache"
+
+
+@pytest.fixture
+def project(built: tuple[Path, Path], tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """A private copy of the built project (its build directory too) and the shared cache."""
+    root, cache = built
+    copy = tmp_path / "proj"
+    shutil.copytree(root, copy)
+    yield copy, cache
+
+
+def _check(root: Path, environ: Mapping[str, str] | None = None) -> list[str]:
+    got = check_coverage(load_config(root, {}), None, dict(environ or os.environ))
+    return [p.line() for p in got.report.problems]
+
+
+def _cli(root: Path, *args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(["--root", str(root), "coverage", *args], environ=os.environ, out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+# --- the seeded defects, on a real build ----------------------------------------------------
+
+
+@pytest.mark.nvcc
+def test_a_clean_tree_passes_and_ptxas_answers_are_cached(project: tuple[Path, Path]) -> None:
+    root, _ = project
+    (root / "build" / STATE_DIR / CACHE_NAME).unlink(missing_ok=True)
+    first = check_coverage(load_config(root, {}), None, dict(os.environ))
+    assert first.report.problems == () and first.report.unchecked == ()
+    assert (first.report.targets, first.report.modules, first.report.named) == (1, 3, 4)
+    assert (first.ptxas_runs, first.cache_hits) == (3, 0)
+    code, out, err = _cli(root)
+    assert (code, err) == (0, "")
+    assert out == (
+        "coverage: no problem; 1 target, 3 modules, 4 named kernels checked, 0 unchecked; "
+        "0 ptxas runs, 3 from the cache (build/.state)\n"
+    )
+    code, out, _ = _cli(root, "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["ok"] and doc["problems"] == [] and doc["modules"] == 3
+    assert list(doc) == sorted(doc)
+
+
+@pytest.mark.nvcc
+def test_a_family_kernel_no_module_exports_and_a_module_no_target_builds(
+    project: tuple[Path, Path],
+) -> None:
+    root, _ = project
+    write_files(
+        root,
+        {
+            FAMILIES: TREE[FAMILIES]
+            + '[[family]]\nname = "verify"\nkernels = ["attn::attn_verify", "ghost::spectre"]\n'
+        },
+    )
+    code, out, _ = _cli(root)
+    assert code == 1
+    assert out.splitlines()[:2] == [
+        "hw: ghost: named by kernels/hw/common/KERNEL_FAMILIES.toml (spectre), but no target "
+        "of hw builds it",
+        "hw/m/q: attn: kernel attn_verify (named by kernels/hw/common/KERNEL_FAMILIES.toml) "
+        "is not exported (exports: attn_decode, attn_prefill)",
+    ]
+    assert out.splitlines()[2].startswith("coverage: 2 problems; 1 target, 3 modules")
+
+
+@pytest.mark.nvcc
+def test_lists_of_an_inherited_common_layer_apply_to_the_child(project: tuple[Path, Path]) -> None:
+    root, cache = project
+    write_files(
+        root,
+        {
+            "kernels/kid/HARDWARE.toml": '[hardware]\ninherits = "hw"\narch = "sm_90a"\n',
+            "kernels/kid/m/MODEL.toml": "[model]\n",
+            "kernels/kid/common/FUSIONS.toml": (
+                '[[rule]]\nkernels = [{ module = "ghost", func = "g" }]\n'
+            ),
+            FAMILIES: TREE[FAMILIES] + '[[family]]\nkernels = ["attn::attn_verify"]\n',
+        },
+    )
+    config = make_config(root, cache)
+    result = build_target(
+        root,
+        Target.parse("kid/m/q"),
+        config=config,
+        cache=make_cache(config),
+        environ=dict(os.environ),
+    )
+    assert not result.failed, result.failure_text()
+    missing = "is not exported (exports: attn_decode, attn_prefill)"
+    assert _check(root) == [
+        "hw/m/q: attn: kernel attn_verify (named by kernels/hw/common/KERNEL_FAMILIES.toml) "
+        + missing,
+        "kid: ghost: named by kernels/kid/common/FUSIONS.toml (g), but no target of kid builds it",
+        "kid/m/q: attn: kernel attn_verify (named by kernels/hw/common/KERNEL_FAMILIES.toml) "
+        + missing,
+    ]
+
+
+@pytest.mark.nvcc
+def test_a_fusion_kernel_compiled_without_extern_c(project: tuple[Path, Path]) -> None:
+    root, cache = project
+    write_files(
+        root,
+        {"kernels/hw/common/norm.cu": "__global__ void rmsnorm(float* x) { x[0] *= 0.5f; }\n"},
+    )
+    _build(root, cache)
+    assert _check(root) == [
+        "hw/m/q: norm: kernel rmsnorm (named by kernels/hw/common/FUSIONS.toml) is exported "
+        'only as the C++ name _Z7rmsnormPf: declare it extern "C"'
+    ]
+
+
+@pytest.mark.nvcc
+def test_an_entry_exported_by_two_modules(project: tuple[Path, Path]) -> None:
+    root, cache = project
+    write_files(
+        root,
+        {"kernels/hw/common/dup.cu": 'extern "C" __global__ void rmsnorm(float* x) { }\n'},
+    )
+    _build(root, cache)
+    assert _check(root) == [
+        "hw/m/q: norm: exports rmsnorm, as dup does: a loader looking it up by name could "
+        "get either"
+    ]
+
+
+@pytest.mark.nvcc
+def test_a_leaf_whose_flags_retarget_it(project: tuple[Path, Path]) -> None:
+    root, cache = project
+    write_files(
+        root, {"kernels/hw/m/q/KERNEL.toml": '[build]\nextra_nvcc_flags = ["-arch=sm_100a"]\n'}
+    )
+    _build(root, cache)
+    assert _check(root) == [
+        f"hw/m/q: {m}: build/hw/m/q/{m}.ptx: built for sm_100a, the hardware's arch is sm_90a"
+        for m in ("attn", "norm", "rope_kernel")
+    ]
+
+
+@pytest.mark.nvcc
+def test_min_cuda_older_than_the_toolkit(project: tuple[Path, Path]) -> None:
+    root, _ = project
+    write_files(root, {"pyproject.toml": '[tool.metrale-orch.deploy.hw]\nmin_cuda = "12.8"\n'})
+    code, out, _ = _cli(root)
+    assert code == 1
+    assert out.splitlines()[:3] == [
+        f"hw/m/q: {m}: PTX ISA 9.0 needs a CUDA 13.0 driver or newer, the deployment's "
+        "minimum is CUDA 12.8: build with a CUDA 12.8 toolkit (or older) or raise min_cuda "
+        "(deploy.hw.min_cuda)"
+        for m in ("attn", "norm", "rope_kernel")
+    ]
+    write_files(root, {"pyproject.toml": '[tool.metrale-orch.deploy.hw]\nmin_cuda = "13.0"\n'})
+    assert _cli(root)[0] == 0
+    # A table naming no hardware of the tree: one line naming the file and the key.
+    write_files(root, {"pyproject.toml": '[tool.metrale-orch.deploy.hoper]\nmin_cuda = "13.0"\n'})
+    assert _cli(root) == (
+        2,
+        "",
+        "error: pyproject.toml [tool.metrale-orch]: deploy.hoper: no hardware 'hoper' in "
+        "kernels/ (hardware: hw)\n",
+    )
+
+
+@pytest.mark.nvcc
+def test_a_ptx_that_ptxas_refuses(project: tuple[Path, Path]) -> None:
+    root, _ = project
+    ptx = root / "build" / "hw" / "m" / "q" / "norm.ptx"
+    text = ptx.read_text()
+    assert "st.global.f32" in text
+    ptx.write_text(text.replace("st.global.f32", "bogus.op.f32", 1))
+    (problem,) = _check(root)
+    assert problem.startswith(
+        "hw/m/q: norm: build/hw/m/q/norm.ptx: ptxas -arch=sm_90a refuses it: ptxas line "
+    )
+    assert "error : Not a name of any known instruction: 'bogus'" in problem
+    assert str(root) not in problem
+    # The answer is cached: the same line again without ptxas.
+    got = check_coverage(load_config(root, {}), None, dict(os.environ))
+    assert (got.ptxas_runs, [p.line() for p in got.report.problems]) == (0, [problem])
+
+
+@pytest.mark.nvcc
+def test_missing_artefacts_an_unbuilt_target_and_a_missing_ptxas(
+    project: tuple[Path, Path], tmp_path: Path
+) -> None:
+    root, _ = project
+    (root / "build" / "hw" / "m" / "q" / "rope_kernel.ptx").unlink()
+    (root / "build" / "hw" / "m" / "q" / "norm.ptx").write_bytes(b"\0garbage")
+    assert _check(root) == [
+        "hw/m/q: norm: build/hw/m/q/norm.ptx: unreadable artefact: no .target directive: "
+        "not a PTX module",
+        "hw/m/q: rope_kernel: artefact build/hw/m/q/rope_kernel.ptx cannot be read (No such "
+        "file or directory); rebuild the target",
+    ]
+    # nvcc found on PATH without its ptxas: what to install, exit 1.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    nvcc = shutil.which("nvcc")
+    assert nvcc is not None
+    (bin_dir / "nvcc").symlink_to(nvcc)
+    environ = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    (root / "build" / STATE_DIR / CACHE_NAME).unlink(missing_ok=True)
+    with pytest.raises(PtxasMissing, match="install the full CUDA toolkit"):
+        _check(root, environ)
+    shutil.rmtree(root / "build" / "hw")
+    assert _check(root) == ["hw/m/q: (target): not built (no build/hw/m/q/manifest.json)"]
+
+
+@pytest.mark.nvcc
+def test_a_target_the_build_skips_here_is_listed_unchecked(project: tuple[Path, Path]) -> None:
+    root, _ = project
+    write_files(
+        root,
+        {
+            "kernels/mac/HARDWARE.toml": '[hardware]\nvendor = "apple"\narch = "metal3.1"\n',
+            "kernels/mac/m/MODEL.toml": "[model]\n",
+            "kernels/mac/m/q/k.metal": "kernel void k(device float* x) { x[0] = 1; }\n",
+        },
+    )
+    environ = {
+        **os.environ,
+        "PATH": os.pathsep.join(
+            p for p in os.environ["PATH"].split(os.pathsep) if not (Path(p) / "xcrun").exists()
+        ),
+    }
+    out, err = io.StringIO(), io.StringIO()
+    code = main(["--root", str(root), "coverage"], environ=environ, out=out, err=err)
+    assert (code, err.getvalue()) == (0, "")
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith(
+        "mac/m/q: unchecked: not built here: toolchain 'metal' is not installed"
+    )
+    assert lines[1].startswith("coverage: no problem; 1 target, 3 modules, 4 named kernels")
+    assert "1 unchecked" in lines[1]
+
+
+@pytest.mark.nvcc
+def test_doit_coverage_builds_first(built: tuple[Path, Path], tmp_path: Path) -> None:
+    _, cache = built
+    fresh = write_files(tmp_path / "proj", TREE)
+    env = {**os.environ, "METRALE_ORCH_LOCAL_CACHE": str(cache)}
+    run = doit_run(fresh, ["coverage"], env)
+    assert run.returncode == 0, run.text
+    assert (fresh / "build" / "hw" / "m" / "q" / "manifest.json").is_file()
+    assert "coverage: no problem; 1 target, 3 modules" in run.out
+    write_files(fresh, {FAMILIES: '[[family]]\nkernels = ["attn::attn_gone"]\n'})
+    run = doit_run(fresh, ["coverage"], env)
+    assert run.returncode == 1, run.text
+    assert "hw/m/q: attn: kernel attn_gone (named by" in run.out
+
+
+# --- values ------------------------------------------------------------------------------
+
+
+def test_family_and_fusion_lists_in_both_spellings() -> None:
+    doc = {
+        "family": [
+            {"name": "a", "kernels": ["attn::decode", "attn_kernel::prefill"]},
+            {"name": "empty"},
+        ],
+        "families": {"other": {"variants": ["x"]}},  # another tool's table: ignored
+    }
+    assert family_kernels(doc, "F.toml") == [
+        NamedKernel("attn", "decode", "F.toml"),
+        NamedKernel("attn_kernel", "prefill", "F.toml"),
+    ]
+    rules = {
+        "rule": [
+            {
+                "kernels": [{"module": "norm", "func": "rmsnorm", "note": "x"}],
+                "run": [{"launches": [{"module": "rope", "func": "rope_f"}]}],
+            }
+        ],
+        "fusion": [{"kernels": ["a", "b"]}],  # not this format's: ignored
+    }
+    assert fusion_kernels(rules, "R.toml") == [
+        NamedKernel("norm", "rmsnorm", "R.toml"),
+        NamedKernel("rope", "rope_f", "R.toml"),
+    ]
+    assert family_kernels({}, "F.toml") == [] and fusion_kernels({}, "R.toml") == []
+
+
+@pytest.mark.parametrize(
+    ("reader", "doc", "key"),
+    [
+        (family_kernels, {"family": {"kernels": []}}, "[[family]]"),
+        (family_kernels, {"family": [{"kernels": "attn::x"}]}, "family[0].kernels"),
+        (family_kernels, {"family": [{"kernels": ["attn"]}]}, "family[0].kernels[0]"),
+        (family_kernels, {"family": [{"kernels": ["::x"]}]}, "family[0].kernels[0]"),
+        (family_kernels, {"family": [{"kernels": [3]}]}, "family[0].kernels[0]"),
+        (fusion_kernels, {"rule": [{"kernels": ["a::b"]}]}, "rule[0].kernels[0]"),
+        (fusion_kernels, {"rule": [{"kernels": [{"module": "a"}]}]}, "rule[0].kernels[0]"),
+        (
+            fusion_kernels,
+            {"rule": [{"run": [{"launches": [{"module": "a", "func": 1}]}]}]},
+            "rule[0].run[0].launches[0]",
+        ),
+        (fusion_kernels, {"rule": [{"run": {"launches": []}}]}, "rule[0].run"),
+    ],
+)
+def test_misshapen_lists_name_the_file_and_key(
+    reader: object, doc: dict[str, object], key: str
+) -> None:
+    assert callable(reader)
+    with pytest.raises(KernelListError) as info:
+        reader(doc, "kernels/hw/common/X.toml")
+    assert (info.value.path, info.value.key) == ("kernels/hw/common/X.toml", key)
+    assert str(info.value).startswith(f"kernels/hw/common/X.toml: {key}: ")
+
+
+def test_a_bad_family_file_is_one_line_exit_2(tmp_path: Path) -> None:
+    root = write_files(tmp_path, {**TREE, FAMILIES: '[[family]]\nkernels = ["attn"]\n'})
+    assert _cli(root) == (
+        2,
+        "",
+        "error: kernels/hw/common/KERNEL_FAMILIES.toml: family[0].kernels[0]: 'attn' is not "
+        "a module name and a function name (module::function, the module as it is built: "
+        "after [modules] renames)\n",
+    )
+    write_files(root, {FAMILIES: "[[family]\n"})
+    code, out, err = _cli(root)
+    assert (code, out) == (2, "")
+    assert err.startswith("error: kernels/hw/common/KERNEL_FAMILIES.toml: (file): cannot be read")
+
+
+PTX = """\
+//
+// a hand-written module
+//
+.version 8.7
+.target sm_90a
+.address_size 64
+
+// .visible .entry commented_out(
+.visible .entry exported(
+    .param .u64 p
+)
+{
+    ret;
+}
+.entry internal(
+)
+{
+    ret;
+}
+.visible .entry _Z4gemmPf(
+    .param .u64 p
+)
+{
+    ret;
+}
+"""
+
+
+def test_exported_entries_of_ptx(tmp_path: Path) -> None:
+    path = tmp_path / "m.ptx"
+    path.write_text(PTX)
+    assert exported_entries(path) == ("_Z4gemmPf", "exported")
+    view = read_artefact(PTX.encode(), "m.ptx")
+    assert (view.kind, view.arches, view.ptx_versions) == ("ptx", ("sm_90a",), ("8.7",))
+    assert mangled_as("gemm", view.exports) == "_Z4gemmPf"
+    assert mangled_as("gem", view.exports) is None and mangled_as("exported", ()) is None
+
+
+def test_the_ptx_isa_table_and_the_deployment_minimum() -> None:
+    assert CUDA_OF_ISA[(9, 0)] == (13, 0) and CUDA_OF_ISA[(8, 7)] == (12, 8)
+    assert CUDA_OF_ISA[(8, 5)] == (12, 5) and CUDA_OF_ISA[(8, 6)] == (12, 7)
+    assert isa_problem("8.7", (12, 8)) is None
+    assert isa_problem("8.5", (12, 6)) is None  # 12.6 shipped PTX ISA 8.5 too
+    assert isa_problem("9.0", (13, 0)) is None
+    why = isa_problem("9.0", (12, 8))
+    assert why is not None and why.startswith("PTX ISA 9.0 needs a CUDA 13.0 driver")
+    newer = isa_problem("9.9", (12, 8))
+    assert newer is not None and "newer than any CUDA 12.8 driver loads" in newer
+    unknown = isa_problem("9.9", (14, 0))
+    assert unknown is not None and "cannot tell" in unknown
+    assert isa_problem("x", (12, 8)) == "PTX .version 'x' is not a PTX ISA version"
+
+
+def test_ptxas_complaint_keeps_errors_and_drops_the_path() -> None:
+    output = (
+        "ptxas /tmp/p/build/x.ptx, line 25; error   : Unknown modifier '.op'\n"
+        "ptxas fatal   : Ptx assembly aborted due to errors\n"
+    )
+    assert ptxas_complaint(output, "/tmp/p/build/x.ptx") == (
+        "ptxas line 25; error : Unknown modifier '.op'"
+    )
+    assert ptxas_complaint("", "/x") == "ptxas failed"
+
+
+@pytest.mark.parametrize(
+    ("table", "key", "problem"),
+    [
+        ("[tool.metrale-orch.deploy.hw]\nmin_cuda = 12.8\n", "deploy.hw.min_cuda", "quoted"),
+        ('[tool.metrale-orch.deploy.hw]\nmin_cuda = "12"\n', "deploy.hw.min_cuda", "MAJOR.MINOR"),
+        ('[tool.metrale-orch.deploy.hw]\nmin_driver = "12.8"\n', "deploy.hw.min_driver", "unknown"),
+        ('[tool.metrale-orch]\ndeploy = { hw = "12.8" }\n', "deploy.hw", "must be a table"),
+    ],
+)
+def test_a_bad_deploy_setting_names_the_file_and_key(
+    tmp_path: Path, table: str, key: str, problem: str
+) -> None:
+    (tmp_path / "pyproject.toml").write_text(table)
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path, {})
+    assert (info.value.where, info.value.key) == ("pyproject.toml [tool.metrale-orch]", key)
+    assert problem in info.value.problem
+
+
+def test_the_deploy_setting_reads() -> None:
+    config = load_config(Path("/nowhere"), {}, {"deploy": '{"hw": {"min_cuda": " 12.8 "}}'})
+    assert config.deploy == {"hw": {"min_cuda": "12.8"}}
+    assert config.to_dict()["deploy"] == {"hw": {"min_cuda": "12.8"}}
+    assert Problem(target="t", module="m", what="w").line() == "t: m: w"
