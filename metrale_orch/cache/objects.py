@@ -47,6 +47,7 @@ __all__ = [
     "encode_object",
     "header_length",
     "key_of",
+    "read_header",
     "signed_message",
 ]
 
@@ -270,6 +271,21 @@ def declared_size(prefix: bytes, head: bytes) -> int:
         raise CorruptObject(f"truncated: header is {len(head)} bytes, prefix says {hlen}")
     specs = _parse_header(prefix, head).specs
     return _PREFIX.size + hlen + sum(size for _, size, _ in specs)
+
+
+def read_header(prefix: bytes, head: bytes) -> tuple[str, Mapping[str, object]]:
+    """The key and ``meta`` an object's verified header names (pure; the payload is not
+    read, so not verified: what a listing of entries needs, never what a hit serves).
+
+    ``prefix`` is the first :data:`PREFIX_SIZE` bytes, ``head`` the :func:`header_length`
+    bytes after them. Raises :class:`CorruptObject`, also for another schema.
+    """
+    if len(head) != header_length(prefix):
+        raise CorruptObject(f"truncated: header is {len(head)} bytes")
+    header = _parse_header(prefix, head)
+    if header.schema != SCHEMA:
+        raise CorruptObject(f"schema {header.schema!r}, expected {SCHEMA}")
+    return str(header.key), MappingProxyType(header.meta)
 
 
 def decode_object(key: str, data: bytes) -> DecodedObject:
