@@ -4,7 +4,7 @@
 sub-command, turn any package error into one clear line and an exit code.
 Each group of sub-commands lives in a private module (``_layout``,
 ``_defaults``, ``_build``, ``_compdb``, ``_profile``, ``_cache``, ``_matrix``,
-``_resources``, ``_remote``, ``_doit``) exposing
+``_resources``, ``_remote``, ``_whymiss``, ``_doit``) exposing
 ``register(subparsers)``; a sub-command is a function
 ``(args, ctx) -> int``. This package and the doit reporter are the only
 places that print.
@@ -39,6 +39,7 @@ from metrale_orch.cli import (
     _profile,
     _remote,
     _resources,
+    _whymiss,
 )
 from metrale_orch.config import Config, find_root, load_config
 from metrale_orch.errors import (
@@ -104,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
         _matrix,
         _resources,
         _remote,
+        _whymiss,
         _doit,
     ):
         module.register(sub)
