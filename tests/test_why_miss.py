@@ -55,7 +55,7 @@ class Built:
     tmp: Path
 
     def env(self, **extra: str) -> dict[str, str]:
-        return base_env(self.cache, METRALE_ORCH_CACHE=f"file://{self.remote}", **extra)
+        return base_env(self.cache, **{"METRALE_ORCH_CACHE": f"file://{self.remote}", **extra})
 
     def copy(self, name: str, files: Mapping[str, str | None] = {}) -> Path:
         """A fresh checkout of the project (no build directory), with ``files`` changed."""
@@ -227,6 +227,19 @@ def test_remote_without_a_remote_is_one_clear_error(built: Built) -> None:
     assert run.err.strip() == (
         "error: remote tier: no remote cache is configured (set `cache` to its URL)"
     ), run.text
+
+
+def test_an_unreachable_remote_is_one_clear_error(built: Built) -> None:
+    options = {"endpoint_url": "http://127.0.0.1:1", "key": "k", "secret": "s"}
+    env = built.env(
+        METRALE_ORCH_CACHE="s3://bucket/team", METRALE_ORCH_STORAGE_OPTIONS=json.dumps(options)
+    )
+    root = built.copy("unreachable", {HEADER: "#pragma once\n#define P 6\n"})
+    run = why_miss(root, env, "a", "--remote")
+    assert run.returncode == 1, run.text
+    assert run.err.splitlines() == [
+        "error: remote cache s3://bucket/team: cannot be read: connection refused by 127.0.0.1:1"
+    ], run.text
 
 
 def _lists_and_reads_headers(settings: CacheSettings) -> None:

@@ -15,6 +15,7 @@ touched or removed.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -31,6 +32,8 @@ log = logging.getLogger(__name__)
 
 #: The meta field holding the record of an entry's key parts.
 RECORD_META = "key_parts"
+#: What the remote's warnings add for a build (cut: why-miss builds nothing).
+_BUILD_WORDS = re.compile(r"(;|,)? *(off for the rest of this run|using the local cache only).*$")
 #: How the field shows in a header's canonical JSON (a test of the bytes, before parsing).
 _RECORD_FIELD = f'"{RECORD_META}":'.encode()
 
@@ -162,5 +165,10 @@ class TierHeads:
             raise TierUnreadable(self.name, self._failure(exc, "cannot be read")) from None
 
     def _failure(self, exc: Exception, what: str) -> str:
-        detail = self.warnings[-1] if self.warnings else str(exc)
+        """Why the remote failed: the call's own failure, else the warning that switched it
+        off, without the build's "using the local cache only" (nothing is built here)."""
+        if isinstance(exc, RemoteFailure) or not self.warnings:
+            return f"{what}: {exc}"
+        detail = self.warnings[-1].removeprefix(self.name + " ")
+        detail = _BUILD_WORDS.sub("", detail)
         return f"{what}: {detail}"
