@@ -25,6 +25,7 @@ from metrale_orch.cache import RECORD_META, CacheSettings, open_cache
 from metrale_orch.cache.local import read_object_head, scan_objects
 from metrale_orch.cache.objects import decode_object, encode_object, read_header
 from metrale_orch.cache.records import TierHeads
+from metrale_orch.cache.signing import generate_key_pair
 from metrale_orch.steps.keyrecord import Stored, key_record, nearest, record_changes
 from tests.support.servers import ObjectServer
 from tests.support.trust import HAS_NVCC, Run, base_env, doit_run, orch_run, write_files
@@ -106,9 +107,9 @@ def test_entries_keep_a_record_of_their_key_parts(built: Built) -> None:
     for obj in objects:
         head = read_object_head(obj.path)
         assert head is not None
-        key, meta = read_header(*head)
-        assert key == obj.key
-        records.append(meta[RECORD_META])
+        key, got = read_header(*head)
+        assert key == obj.key and got.outputs == {}
+        records.append(got.meta[RECORD_META])
     assert sorted(r["module"] for r in records) == ["a", "b"]
     a = next(r for r in records if r["module"] == "a")
     assert a["target"] == TARGET and a["hardware"] == "hw" and a["arch"] == "sm_90a"
@@ -204,6 +205,29 @@ def test_an_entry_whose_read_files_changed_is_named_stale(built: Built, tmp_path
         f"header {HEADER} changed since the entry was compiled",
     ], run.text
     assert "was compiled from files that changed since" in lines_of(run, "a")[0], run.text
+
+
+def test_an_entry_no_trusted_key_signed_is_named(built: Built, tmp_path: Path) -> None:
+    """With ``cache_trusted_keys``, the build's unsigned entries are not served: the key is
+    there, the module still compiles, and ``why-miss`` says why (no key file is made)."""
+    _, ci = generate_key_pair("ci")
+    config = tmp_path / "config"
+    env = built.env(METRALE_ORCH_CACHE_TRUSTED_KEYS=ci.line(), XDG_CONFIG_HOME=str(config))
+    env["METRALE_ORCH_LOCAL_CACHE"] = str(tmp_path / "cache")
+    del env["METRALE_ORCH_CACHE"]  # the shared remote stays as the first build left it
+    shutil.copytree(built.cache, tmp_path / "cache")
+    root = built.copy("untrusted")
+    run = why_miss(root, env, "b")
+    assert run.returncode == 0, run.text
+    summary, reason = lines_of(run, "b")
+    assert "is not signed by a trusted key (cache_trusted_keys)" in summary, run.text
+    assert reason == "not served: unsigned", run.text
+    assert not config.exists()
+    # A build then compiles it and signs it with this user's own key, which the local
+    # tier trusts: the entry hits.
+    assert doit_run(root, ["build"], env).returncode == 0
+    (line,) = lines_of(why_miss(root, env, "b"), "b")
+    assert line.startswith("hit ("), line
 
 
 # ------------------------------------------------------------------------------ the remote tier

@@ -2,18 +2,21 @@
 
 A build stores, with each entry, a record of its key's parts in the meta field
 :data:`RECORD_META` (:mod:`metrale_orch.steps.keyrecord`). :class:`TierHeads` reads one
-tier's entries without their payloads: the meta of one key (:meth:`TierHeads.meta`), and
-the records of every entry (:meth:`TierHeads.records`). The local tier is scanned on disk
+tier's entries without their payloads: one key's meta, and whether a build would refuse
+it for its signature (:meth:`TierHeads.entry`), and the records of every entry
+(:meth:`TierHeads.records`). The local tier is scanned on disk
 (two reads per entry); a remote bucket is listed and each entry's header read with one
 ranged request: a diagnosis costs one request per entry, so it is asked for
 (``--remote``), never made by a build. A REAPI action cache cannot be listed
-(:class:`TierUnreadable`). Headers are verified (their hash); payloads and signatures are
-not: a record only explains, it never serves a hit. Read-only: nothing is written,
-touched or removed.
+(:class:`TierUnreadable`). Headers are verified (their hash) and, with trusted keys, a
+key's own entry is checked as the build checks it (a signature covers the header alone);
+payloads are not read: a record only explains, it never serves a hit. Read-only: nothing
+is written, touched or removed (not even this user's local signing key is made).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from collections.abc import Callable, Mapping
@@ -23,10 +26,11 @@ from metrale_orch.cache.bucket import RemoteStore
 from metrale_orch.cache.bucket_failures import RemoteFailure, RemoteOff
 from metrale_orch.cache.errors import CacheError, why
 from metrale_orch.cache.local import LocalTier, read_object_head, scan_objects
-from metrale_orch.cache.objects import CorruptObject, read_header
+from metrale_orch.cache.objects import CorruptObject, DecodedObject, read_header
 from metrale_orch.cache.settings import CacheSettings
+from metrale_orch.cache.signing import Signing, Trust, local_signer
 
-__all__ = ["RECORD_META", "Records", "TierHeads", "TierUnreadable"]
+__all__ = ["RECORD_META", "Entry", "Records", "TierHeads", "TierUnreadable"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +64,15 @@ class Records:
     unreadable: int
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Entry:
+    """One key's entry as its header shows it."""
+
+    meta: Mapping[str, object]
+    #: Why a build would not serve it for its signature ("" when it would).
+    refused: str = ""
+
+
 class TierHeads:
     """One tier's entry headers, read-only: the local tier, or the remote one."""
 
@@ -84,6 +97,7 @@ class TierHeads:
                 max_size=settings.max_object_size,
             )
         self.warnings: list[str] = []
+        self._trust = _trust(settings, remote=remote)
 
     @property
     def name(self) -> str:
@@ -99,11 +113,24 @@ class TierHeads:
         if self._store is not None:
             self._store.close()
 
+    def entry(self, key: str) -> Entry | None:
+        """``key``'s entry, None when the tier holds none (or a bad one). Raises
+        :class:`TierUnreadable` when the remote fails."""
+        head = self._read(key)
+        obj = None if head is None else self._object(key, head)
+        if obj is None:
+            return None
+        refused = ""
+        if self._trust is not None:
+            verdict, reason = self._trust.check(obj)
+            refused = "" if verdict == "verified" else reason
+        return Entry(meta=obj.meta, refused=refused)
+
     def meta(self, key: str) -> Mapping[str, object] | None:
         """The meta of ``key``'s entry, None when the tier holds none (or a bad one).
         Raises :class:`TierUnreadable` when the remote fails."""
-        head = self._read(key)
-        return None if head is None else self._meta(key, head)
+        got = self.entry(key)
+        return None if got is None else got.meta
 
     def records(self, wanted: Callable[[bytes], bool] | None = None) -> Records:
         """The record of every entry of the tier (headers only) whose raw header
@@ -121,7 +148,8 @@ class TierHeads:
                 continue
             if wanted is not None and not wanted(head[1]):
                 continue
-            meta = self._meta(key, head)
+            obj = self._object(key, head)
+            meta = None if obj is None else obj.meta
             record = None if meta is None else meta.get(RECORD_META)
             if isinstance(record, Mapping):
                 found[key] = record
@@ -140,13 +168,13 @@ class TierHeads:
             log.debug("%s: entry %s: %s", self.name, key, why(exc))
         return None
 
-    def _meta(self, key: str, head: tuple[bytes, bytes]) -> Mapping[str, object] | None:
+    def _object(self, key: str, head: tuple[bytes, bytes]) -> DecodedObject | None:
         try:
-            named, meta = read_header(*head)
+            named, obj = read_header(*head)
         except CorruptObject as exc:
             log.debug("%s: entry %s: %s", self.name, key, exc.reason)
             return None
-        return meta if named == key else None
+        return obj if named == key else None
 
     def _keys(self) -> list[str]:
         if self._store is None:
@@ -172,3 +200,27 @@ class TierHeads:
         detail = self.warnings[-1].removeprefix(self.name + " ")
         detail = _BUILD_WORDS.sub("", detail)
         return f"{what}: {detail}"
+
+
+def _trust(settings: CacheSettings, *, remote: bool) -> Trust | None:
+    """The keys a build trusts the tier's entries from, None when it checks none: the
+    trusted keys; for the local tier also the signing key and this user's local key when
+    it exists (never made here). Raises ``SigningKeyError`` for an unusable signing key."""
+    if not settings.trusted_keys:
+        return None
+    signing = Signing(
+        trusted_keys=settings.trusted_keys,
+        signing_key=settings.signing_key,
+        signing_key_where=settings.signing_key_where,
+        local_key=None,
+    )
+    if remote:
+        return signing.remote
+    keys = set(signing.trusted)
+    if signing.own is not None:
+        keys.add(signing.own.public.raw)
+    path = settings.local_key
+    if path is not None and path.exists():
+        with contextlib.suppress(OSError, CacheError):  # refused or unreadable: not trusted
+            keys.add(local_signer(path).public.raw)
+    return Trust(keys)

@@ -113,6 +113,8 @@ def _summary(module: ModuleMiss, result: WhyMiss) -> str:
         return f"hit ({key})"
     if module.outcome == "stale":
         return f"miss: its entry {key} was compiled from files that changed since"
+    if module.outcome == "untrusted":
+        return f"miss: its entry {key} is not signed by a trusted key (cache_trusted_keys)"
     if not module.nearest:
         unrecorded = (
             f" ({result.unrecorded} stored entries have no record of their key's parts: "

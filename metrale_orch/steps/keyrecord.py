@@ -72,6 +72,7 @@ Part = Literal[
     "environment",
     "flag input",
     "input",
+    "signature",
     "checkout",
     "layer include",
     "module",

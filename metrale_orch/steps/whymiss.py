@@ -9,6 +9,8 @@ headers only (:class:`~metrale_orch.cache.records.TierHeads`):
   content it had (what a build checks before it serves an entry);
 - ``stale``: the tier holds the key, but a file its compile read changed since
   (a system header, a toolkit file): a build compiles again; each such file is named;
+- ``untrusted``: the tier holds the key, but no key of ``cache_trusted_keys`` (for the
+  local tier: nor this user's) signed it, so a build does not serve it; the reason is named;
 - ``miss``: the tier has no entry of the key. Among the stored entries of the same module
   (same hardware, and the same module name or source file), the one whose record of its
   key's parts (:mod:`~metrale_orch.steps.keyrecord`) differs from the current one in the
@@ -45,7 +47,7 @@ from metrale_orch.tree import Target
 __all__ = ["ModuleMiss", "Outcome", "WhyMiss", "explain_misses"]
 
 #: How a module's key fares in the tier (see the module docstring).
-Outcome = Literal["hit", "stale", "miss"]
+Outcome = Literal["hit", "stale", "untrusted", "miss"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -180,10 +182,13 @@ def _explain(
 ) -> ModuleMiss:
     """One module: its own entry when the tier holds one, else the nearest of the module."""
     name = km.module.name
-    meta = heads.meta(km.key)
-    if meta is not None:
+    entry = heads.entry(km.key)
+    if entry is not None and entry.refused:
+        untrusted = Change(part="signature", text=f"not served: {entry.refused}")
+        return ModuleMiss(module=name, key=km.key, outcome="untrusted", changes=(untrusted,))
+    if entry is not None:
         changed = changed_inputs(
-            meta.get("inputs"),
+            entry.meta.get("inputs"),
             module_cwd=km.module.cwd,
             staged=keyed.staged.hashes,
             roots=keyed.roots,
@@ -200,13 +205,13 @@ def _explain(
     found = nearest(current, stored)
     if found is None:
         return ModuleMiss(module=name, key=km.key, outcome="miss")
-    entry, changes = found
+    near, changes = found
     return ModuleMiss(
         module=name,
         key=km.key,
         outcome="miss",
-        nearest=entry.key,
-        nearest_target=str(entry.record.get("target", "")),
+        nearest=near.key,
+        nearest_target=str(near.record.get("target", "")),
         changes=changes,
     )
 
