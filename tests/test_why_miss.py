@@ -147,7 +147,7 @@ def test_an_edited_header_is_named_and_the_module_without_it_hits(built: Built) 
     assert lines_of(run, "a")[1:] == [f"header {HEADER} changed"], run.text
     (b,) = lines_of(run, "b")
     assert b.startswith("hit ("), run.text
-    assert run.out.splitlines()[-1].startswith(f"{TARGET}: 1 of 2 modules miss")
+    assert run.out.splitlines()[-1].startswith(f"{TARGET}: 1 of 2 modules misses the local")
 
 
 def test_the_extra_flags_environment_variable_is_named(built: Built) -> None:
@@ -242,7 +242,7 @@ def test_remote_names_the_nearest_entry_of_the_bucket(built: Built, tmp_path: Pa
     remote = why_miss(root, env, "a", "--remote")
     assert remote.returncode == 0, remote.text
     assert lines_of(remote, "a")[1:] == ["define SCALE changed: 2 -> 7"], remote.text
-    assert remote.out.splitlines()[-1].endswith(f"miss the remote cache file://{built.remote}")
+    assert remote.out.splitlines()[-1].endswith(f"misses the remote cache file://{built.remote}")
 
 
 def test_remote_without_a_remote_is_one_clear_error(built: Built) -> None:

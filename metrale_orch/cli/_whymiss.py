@@ -100,9 +100,10 @@ def format_lines(result: WhyMiss) -> list[str]:
         lines.append(head + _summary(module, result))
         lines.extend(head + change.text for change in module.changes)
     n = len(result.modules)
+    verb = "misses" if result.misses == 1 else "miss"
     lines.append(
         f"{result.target}: {result.misses} of {n} module{'s' if n != 1 else ''} "
-        f"miss the {result.tier}"
+        f"{verb} the {result.tier}"
     )
     return lines
 
