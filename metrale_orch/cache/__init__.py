@@ -28,6 +28,9 @@ What it owns:
 - **Statistics**: ``Cache.stats`` counts the whole process; :meth:`Cache.track`
   gives one context (a thread's task) exactly its own counts, uploads it
   queued included.
+- **Records**: a build stores with each entry, in its meta (:data:`RECORD_META`), a record
+  of the parts its key hashed, never changing the key; :class:`~.records.TierHeads` reads a
+  tier's records by header only, for ``why-miss``.
 - **Modes**: ``read-write``; ``read-only`` (the remote is never written — zero
   write requests; the local tier still fills); ``off`` (no cache at all).
 
@@ -37,8 +40,9 @@ knows nothing of doit and prints nothing.
 
 Its modules, bottom up: :mod:`~.errors`, :mod:`~.objects` (the object format
 and key encoding), :mod:`~.local` and :mod:`~.remote` (the tiers),
-:mod:`~.settings`, :mod:`~.stats`, :mod:`~.store` (:class:`Cache`) and
-:mod:`~.maintenance` (gc, verify, size of the local tier).
+:mod:`~.settings`, :mod:`~.stats`, :mod:`~.store` (:class:`Cache`),
+:mod:`~.maintenance` (gc, verify, size of the local tier) and :mod:`~.records` (a tier's
+entries read by header only: the records of their keys' parts that ``why-miss`` compares).
 """
 
 from __future__ import annotations
@@ -66,6 +70,9 @@ from metrale_orch.cache.maintenance import (
 from metrale_orch.cache.objects import (
     SCHEMA,
 )
+from metrale_orch.cache.records import (
+    RECORD_META,
+)
 from metrale_orch.cache.settings import (
     CacheSettings,
 )
@@ -85,6 +92,7 @@ from metrale_orch.cache.store import (
 
 __all__ = [
     "DEFAULT_MAX_OBJECT_SIZE",
+    "RECORD_META",
     "RUN_META",
     "SCHEMA",
     "Accept",

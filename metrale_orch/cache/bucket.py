@@ -60,8 +60,20 @@ from metrale_orch.cache.bucket_failures import (
     is_missing_bucket,
 )
 from metrale_orch.cache.deadline import DeadlineWorker
-from metrale_orch.cache.local import DEFAULT_MAX_OBJECT_SIZE, publish_atomic, read_object_file
-from metrale_orch.cache.objects import SCHEMA, CorruptObject, ObjectTooLarge
+from metrale_orch.cache.local import (
+    DEFAULT_MAX_OBJECT_SIZE,
+    publish_atomic,
+    read_object_file,
+    read_object_head,
+)
+from metrale_orch.cache.objects import (
+    KEY_RE,
+    PREFIX_SIZE,
+    SCHEMA,
+    CorruptObject,
+    ObjectTooLarge,
+    header_length,
+)
 from metrale_orch.fsutil import bytes_digest
 
 __all__ = ["RemoteStore", "extra_for", "remote_object_path"]
@@ -83,6 +95,8 @@ _SAFE_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _CHUNK = 8 * 1024 * 1024
 #: Longest TCP connect of the diagnosis that follows a timeout.
 _DIAGNOSE_SECONDS = 1.0
+#: Bytes a header read asks for first (most headers fit; a longer one is read again whole).
+_HEAD_GUESS = 64 * 1024
 
 
 def extra_for(url: str) -> tuple[str, str] | None:
@@ -100,10 +114,14 @@ def namespace_segment(namespace: str) -> str:
     return "ns-" + bytes_digest(namespace.encode("utf-8"))
 
 
+def remote_objects_dir(root: str, namespace: str) -> str:
+    """The directory of a namespace's objects under the store's root path (pure)."""
+    return f"{root.rstrip('/')}/{namespace_segment(namespace)}/v{SCHEMA}"
+
+
 def remote_object_path(root: str, namespace: str, key: str) -> str:
     """Where ``key`` lives under the store's root path (pure)."""
-    base = root.rstrip("/")
-    return f"{base}/{namespace_segment(namespace)}/v{SCHEMA}/{key[:2]}/{key}"
+    return f"{remote_objects_dir(root, namespace)}/{key[:2]}/{key}"
 
 
 def _not_open(*args: object, **kwargs: object) -> object:
@@ -173,6 +191,18 @@ class RemoteStore:
         if not self.writable:
             raise RemoteOff("remote is read-only")
         self._guarded(lambda: self._delete(key), resets=False)
+
+    def keys(self) -> list[str]:
+        """Every key stored in this cache's namespace, sorted: one listing of the store
+        (paged by the backend), for a diagnosis, never a build. Raises RemoteFailure, or
+        RemoteOff (also for a REAPI action cache, which cannot be listed)."""
+        return self._guarded(self._keys, resets=False)
+
+    def head(self, key: str) -> tuple[bytes, bytes] | None:
+        """The prefix and header bytes of ``key``'s object, its payload unread (one ranged
+        read, two for a header past 64 KiB); None if absent. Raises CorruptObject,
+        RemoteFailure or RemoteOff."""
+        return self._guarded(lambda: self._head(key), resets=False)
 
     def path(self, key: str) -> str:
         self._ensure_open()
@@ -450,6 +480,56 @@ class RemoteStore:
         finally:
             body.close()
         return b"".join(chunks)
+
+    def _keys(self) -> list[str]:
+        if self._protocol == "grpc":
+            raise RemoteOff("a REAPI action cache cannot be listed")
+        fs = self._fs
+        base = remote_objects_dir(self._root, self._namespace)
+        try:
+            found = self._run(fs._find if fs.async_impl else fs.find, base)
+        except FileNotFoundError as exc:
+            if is_missing_bucket(exc):
+                raise
+            return []
+        keys = set()
+        for path in found:
+            parent, _, name = str(path).rstrip("/").rpartition("/")
+            if KEY_RE.fullmatch(name) and parent.endswith("/" + name[:2]):
+                keys.add(name)
+        return sorted(keys)
+
+    def _head(self, key: str) -> tuple[bytes, bytes] | None:
+        path = remote_object_path(self._root, self._namespace, key)
+        if self._protocol in ("file", "local"):
+            found: tuple[bytes, bytes] | None = self._run(read_object_head, Path(path))
+            return found
+        try:
+            data = self._range(path, _HEAD_GUESS)
+            hlen = header_length(data[:PREFIX_SIZE])
+            if PREFIX_SIZE + hlen > len(data):
+                data = self._range(path, PREFIX_SIZE + hlen)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            if is_missing_bucket(exc):
+                raise
+            return None
+        if PREFIX_SIZE + hlen > len(data):
+            raise CorruptObject(f"truncated: {len(data)} bytes, but the header alone is {hlen}")
+        return data[:PREFIX_SIZE], data[PREFIX_SIZE : PREFIX_SIZE + hlen]
+
+    def _range(self, path: str, size: int) -> bytes:
+        """The first ``size`` bytes of ``path`` (fewer when it is shorter)."""
+        fs = self._fs
+        if self._protocol == "grpc":
+            got: bytes | None = fs.get(path, self.max_size)
+            if got is None:
+                raise FileNotFoundError(path)
+            return got[:size]
+        if self._protocol in ("s3", "s3a"):
+            return bytes(self._run(self._s3_read, path, size))
+        if fs.async_impl:
+            return bytes(self._run(fs._cat_file, path, start=0, end=size))
+        return bytes(self._run(fs.cat_file, path, start=0, end=size))
 
     def _put(self, key: str, data: bytes) -> bool:
         fs = self._fs

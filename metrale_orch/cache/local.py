@@ -55,6 +55,7 @@ __all__ = [
     "publish_atomic",
     "publish_replace",
     "read_object_file",
+    "read_object_head",
     "remove_entry",
     "scan_objects",
 ]
@@ -198,6 +199,31 @@ def read_object_file(path: Path, max_size: int) -> bytes | None:
         if len(data) != declared:
             raise CorruptObject(f"truncated: {len(data)} bytes read, header declares {declared}")
         return data
+    finally:
+        os.close(fd)
+
+
+def read_object_head(path: Path) -> tuple[bytes, bytes] | None:
+    """The prefix and header bytes of the object file at ``path`` (the payload unread), None
+    if absent. Raises :class:`CorruptObject` for an entry that is not a regular file or
+    whose header is cut short, ``OSError`` when it cannot be read."""
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW on a symlink
+            raise CorruptObject(not_regular("symlink")) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CorruptObject(not_regular(kind_of(st.st_mode)))
+        prefix = _pread_exact(fd, PREFIX_SIZE, 0)
+        hlen = header_length(prefix)
+        if PREFIX_SIZE + hlen > st.st_size:
+            raise CorruptObject(f"truncated: {st.st_size} bytes, but the header alone is {hlen}")
+        return prefix, _pread_exact(fd, hlen, PREFIX_SIZE)
     finally:
         os.close(fd)
 

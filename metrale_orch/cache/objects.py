@@ -47,6 +47,7 @@ __all__ = [
     "encode_object",
     "header_length",
     "key_of",
+    "read_header",
     "signed_message",
 ]
 
@@ -270,6 +271,28 @@ def declared_size(prefix: bytes, head: bytes) -> int:
         raise CorruptObject(f"truncated: header is {len(head)} bytes, prefix says {hlen}")
     specs = _parse_header(prefix, head).specs
     return _PREFIX.size + hlen + sum(size for _, size, _ in specs)
+
+
+def read_header(prefix: bytes, head: bytes) -> tuple[str, DecodedObject]:
+    """The key an object's verified header names, and the object without its payload
+    (``outputs`` empty; ``meta``, ``sig`` and ``message`` as :func:`decode_object` gives
+    them, so its signature can be checked). Pure; the payload is not read, so not verified:
+    what a listing of entries needs, never what a hit serves.
+
+    ``prefix`` is the first :data:`PREFIX_SIZE` bytes, ``head`` the :func:`header_length`
+    bytes after them. Raises :class:`CorruptObject`, also for another schema.
+    """
+    if len(head) != header_length(prefix):
+        raise CorruptObject(f"truncated: header is {len(head)} bytes")
+    header = _parse_header(prefix, head)
+    if header.schema != SCHEMA:
+        raise CorruptObject(f"schema {header.schema!r}, expected {SCHEMA}")
+    key = str(header.key)
+    sig = header.doc.get("sig")
+    message = b"" if sig is None else signed_message(key, header.doc)
+    size = PREFIX_SIZE + len(head) + sum(n for _, n, _ in header.specs)
+    meta = MappingProxyType(header.meta)
+    return key, DecodedObject(MappingProxyType({}), meta, size, sig, message)
 
 
 def decode_object(key: str, data: bytes) -> DecodedObject:

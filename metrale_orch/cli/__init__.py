@@ -4,7 +4,8 @@
 sub-command, turn any package error into one clear line and an exit code.
 Each group of sub-commands lives in a private module (``_layout``,
 ``_defaults``, ``_build``, ``_compdb``, ``_profile``, ``_cache``, ``_matrix``,
-``_resources``, ``_coverage``, ``_sass``, ``_size``, ``_remote``, ``_doit``) exposing
+``_resources``, ``_coverage``, ``_sass``, ``_size``, ``_remote``, ``_whymiss``,
+``_doit``) exposing
 ``register(subparsers)``; a sub-command is a function
 ``(args, ctx) -> int``. This package and the doit reporter are the only
 places that print.
@@ -42,6 +43,7 @@ from metrale_orch.cli import (
     _resources,
     _sass,
     _size,
+    _whymiss,
 )
 from metrale_orch.config import Config, find_root, load_config
 from metrale_orch.errors import (
@@ -110,6 +112,7 @@ def _parser() -> argparse.ArgumentParser:
         _sass,
         _size,
         _remote,
+        _whymiss,
         _doit,
     ):
         module.register(sub)

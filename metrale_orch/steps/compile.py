@@ -66,6 +66,8 @@ class BuildContext:
 
     plan: TargetPlan
     staged: StagedTarget
+    #: The project root (tree files are named relative to it).
+    root: Path
     #: The absolute stage path when the target's flags embed paths (its keys are then
     #: this checkout's), else "" (:func:`~metrale_orch.steps.keys.checkout_of`).
     checkout: str

@@ -44,6 +44,7 @@ from metrale_orch.fsutil import FileState, change_ns, file_hash, settled_change
 __all__ = [
     "FileHasher",
     "Input",
+    "changed_inputs",
     "classify",
     "external_stamps",
     "flag_files",
@@ -322,6 +323,32 @@ def inputs_match(
         if now != digest:
             return False
     return True
+
+
+def changed_inputs(
+    recorded: object,
+    *,
+    module_cwd: str,
+    staged: Mapping[str, str],
+    roots: Sequence[str],
+    hasher: FileHasher,
+) -> list[Input]:
+    """The recorded inputs whose content is not (or no longer) what was recorded, sorted:
+    empty exactly when :func:`inputs_match` holds, but for a record that is no list of
+    inputs or is empty (one :class:`Input` ``("record", "", "")`` then)."""
+    if not isinstance(recorded, list) or not recorded:
+        return [Input("record", "", "")]
+    out: list[Input] = []
+    for item in recorded:
+        if not (
+            isinstance(item, list) and len(item) == 3 and all(isinstance(x, str) for x in item)
+        ):
+            return [Input("record", "", "")]
+        kind, path, digest = item
+        now = _current(kind, path, module_cwd=module_cwd, staged=staged, roots=roots, hasher=hasher)
+        if not digest or now != digest:
+            out.append(Input(kind, path, digest))
+    return sorted(out)
 
 
 def unknown_state(digest: str) -> FileState:

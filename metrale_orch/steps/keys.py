@@ -1,6 +1,6 @@
 """A module's action key (SPEC 3.4): the parts it hashes, and the checkout-specific case.
 
-A module's key hashes (through :func:`metrale_orch.cache.cache_key`): the
+A module's key hashes (:func:`module_parts`, through :func:`metrale_orch.cache.cache_key`): the
 toolchain name and identity, the arch, the argv with the program *name* and
 paths relative to the module's role directory (its cwd), the values of the
 toolchain's environment allow-list, the module's entry and artefact name, and
@@ -20,14 +20,13 @@ import os
 import posixpath
 from collections.abc import Mapping, Sequence
 
-from metrale_orch import cache as cache_mod
 from metrale_orch.steps.deps import FileHasher
 from metrale_orch.steps.includes import EdgeMemo, Includes, effective_flags, module_closure
 from metrale_orch.steps.plan import PLAN_SCHEMA
 from metrale_orch.steps.plan_values import ModulePlan, TargetPlan
 from metrale_orch.steps.staging import StagedTarget
 
-__all__ = ["checkout_of", "embeds_paths", "module_key", "module_key_parts"]
+__all__ = ["checkout_of", "embeds_paths", "module_key_parts", "module_parts"]
 
 
 #: Flags that embed absolute source paths in the artefact (line info, debug info).
@@ -105,8 +104,7 @@ def checkout_of(plan: TargetPlan, staged: StagedTarget) -> str:
     return os.path.abspath(staged.dir) if _embeds_paths(plan, staged) else ""
 
 
-def module_key(
-    namespace: str,
+def module_parts(
     plan: TargetPlan,
     module: ModulePlan,
     *,
@@ -117,9 +115,11 @@ def module_key(
     checkout: str,
     hasher: FileHasher,
     memo: EdgeMemo | None = None,
-) -> str:
-    """The action key of ``module``: its scanned closure over the stage (plus files named
-    by flags, hashed through ``hasher``) and everything in :func:`module_key_parts`.
+) -> dict[str, object]:
+    """The parts a module's action key hashes (its key is
+    :func:`cache_key <metrale_orch.cache.cache_key>` of them): its scanned closure over the
+    stage (plus files named by flags, hashed through ``hasher``) and everything in
+    :func:`module_key_parts`.
     ``words`` are :func:`~metrale_orch.steps.includes.effective_flags` in the module's
     cwd; ``layer_include`` the ``-I`` the compile adds for its layer directory ("");
     ``memo``: the includes resolved by the keys of the target's other modules
@@ -145,4 +145,4 @@ def module_key(
     )
     if layer_include:  # run_compile adds it to the argv
         parts["layer_include"] = layer_include
-    return cache_mod.cache_key(namespace, parts)
+    return parts

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from metrale_orch.cache import RUN_META
+from metrale_orch.cache import RECORD_META, RUN_META
 from metrale_orch.fsutil import bytes_hash
 from metrale_orch.manifest import ModuleOutcome
 from metrale_orch.steps.compile import BuildContext, run_compile
@@ -26,6 +26,7 @@ from metrale_orch.steps.errors import (
     MissRefused,
     ModuleFailure,
 )
+from metrale_orch.steps.keyrecord import key_record, staged_sources
 from metrale_orch.steps.memo import Obtained, Origin
 from metrale_orch.steps.plan_values import ModulePlan
 from metrale_orch.steps.profile import SpanRecorder
@@ -54,17 +55,23 @@ class ModuleObtained:
 
 
 def run_pipeline(
-    ctx: BuildContext, module: ModulePlan, key: str, expected: float, rec: SpanRecorder
+    ctx: BuildContext,
+    module: ModulePlan,
+    key: str,
+    expected: float,
+    rec: SpanRecorder,
+    parts: Mapping[str, object],
 ) -> ModuleObtained:
     """One module: from the memo or the cache, else compiled (on a session thread);
-    ``expected`` is its compile's seconds in the last build (0 when unknown)."""
+    ``expected`` is its compile's seconds in the last build (0 when unknown), ``parts``
+    what its key hashed (:func:`~metrale_orch.steps.keys.module_parts`)."""
     t0 = time.perf_counter()
     progress = ctx.session.progress
     outcome: Obtainment | Literal["failed"] = "failed"
     origin: Origin = "compiled"
     failure: ModuleFailure | None = None
     try:
-        data, outcome, inputs, origin = obtain(ctx, module, key, rec, expected)
+        data, outcome, inputs, origin = obtain(ctx, module, key, rec, expected, parts)
     except (CompileError, MissRefused) as exc:
         failure = exc
         ctx.log.error("%s", exc)
@@ -96,7 +103,12 @@ def _recorded(outcome: Obtainment | Literal["failed"]) -> ModuleOutcome:
 
 
 def obtain(
-    ctx: BuildContext, module: ModulePlan, key: str, rec: SpanRecorder, expected: float
+    ctx: BuildContext,
+    module: ModulePlan,
+    key: str,
+    rec: SpanRecorder,
+    expected: float,
+    parts: Mapping[str, object],
 ) -> tuple[bytes, Obtainment, tuple[Input, ...], Origin]:
     """The artefact bytes of ``module``, how they were obtained (memo|run|local|remote|
     compiled), the inputs its compile read, and how the run first got them (compiled, or
@@ -112,7 +124,8 @@ def obtain(
     artefact found), then ``compile`` and ``store`` on a miss, in ``rec``. A lookup shared
     in the run (memo, run) is counted by the cache as ``shared``, never as a hit.
     Raises :class:`CompileError` when the compiler fails, and :class:`MissRefused` instead
-    of compiling when ``ctx.require_hits`` is set.
+    of compiling when ``ctx.require_hits`` is set. A stored entry keeps a record of
+    ``parts``, its key's parts (:func:`~metrale_orch.steps.keyrecord.key_record`).
     """
     session = ctx.session
 
@@ -154,7 +167,7 @@ def obtain(
                     "no tier, as there is no cache" if ctx.cache is None else ctx.cache.tiers(),
                     rejected,
                 )
-        data, inputs = _compile_and_store(ctx, module, key, rec, expected, rejected)
+        data, inputs = _compile_and_store(ctx, module, key, rec, expected, rejected, parts)
         return data, "compiled", inputs, "compiled"
 
 
@@ -206,6 +219,7 @@ def _compile_and_store(
     rec: SpanRecorder,
     expected: float,
     replace: bool,
+    parts: Mapping[str, object],
 ) -> tuple[bytes, tuple[Input, ...]]:
     """Compile ``module`` (``compile`` span), publish it to the cache (``store``) and the
     session's memo. Raises :class:`CompileError`."""
@@ -244,6 +258,15 @@ def _compile_and_store(
                     "compile_seconds": round(seconds, 6),
                     "inputs": [list(i) for i in inputs],
                     RUN_META: ctx.session.run,
+                    RECORD_META: key_record(
+                        parts,
+                        namespace=ctx.cache.settings.namespace,
+                        target=str(plan.target),
+                        hardware=plan.hardware,
+                        module=module.name,
+                        source=module.source_rel,
+                        tree=staged_sources(ctx.staged.files, ctx.root, module.cwd),
+                    ),
                 },
                 replace=replace,
             )

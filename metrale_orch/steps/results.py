@@ -2,7 +2,8 @@
 
 :class:`TargetResult` is the value :func:`~metrale_orch.steps.target.build_target`
 returns and, through ``to_dict()``, what a doit worker hands back (JSON-ready,
-keys sorted where they cross the process boundary).
+keys sorted where they cross the process boundary). :class:`KeyedTarget` is what
+:func:`~metrale_orch.steps.target.key_target` returns: the keys alone, nothing compiled.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from metrale_orch.fsutil import FileState
 from metrale_orch.manifest import ManifestModule, ModuleOutcome
 from metrale_orch.steps.errors import MissRefused, ModuleFailure
 from metrale_orch.steps.memo import Origin
+from metrale_orch.steps.plan_values import ModulePlan, TargetPlan
 from metrale_orch.steps.profile import Span
+from metrale_orch.steps.staging import StagedTarget
 
-__all__ = ["ModuleResult", "TargetResult"]
+__all__ = ["KeyedModule", "KeyedTarget", "ModuleResult", "TargetResult"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -111,3 +114,23 @@ class TargetResult:
             "external": {k: list(v) for k, v in self.external.items()},
             "spans": [s.to_dict() for s in self.spans],
         }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeyedModule:
+    """One module of a target, its action key and the parts the key hashed."""
+
+    module: ModulePlan
+    key: str
+    parts: Mapping[str, object]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeyedTarget:
+    """A target planned, staged and keyed (nothing compiled)."""
+
+    plan: TargetPlan
+    staged: StagedTarget
+    #: The toolchain's probed toolkit directories (what ``toolkit<i>`` inputs are below).
+    roots: tuple[str, ...]
+    modules: tuple[KeyedModule, ...]

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from metrale_orch.cache import Cache
+from metrale_orch.cache import Cache, cache_key
 from metrale_orch.config import Config
 from metrale_orch.fsutil import FileState, file_digest
 from metrale_orch.paths import STATE_DIR, TMP_DIR, stage_dir, target_dir
@@ -65,12 +65,12 @@ from metrale_orch.steps.includes import (
     scan_includes,
 )
 from metrale_orch.steps.install import install
-from metrale_orch.steps.keys import checkout_of, module_key
+from metrale_orch.steps.keys import checkout_of, module_parts
 from metrale_orch.steps.pipeline import ModuleObtained, run_pipeline
 from metrale_orch.steps.plan import config_docs, plan_target
 from metrale_orch.steps.plan_values import ModulePlan, PlanMemo, TargetPlan
 from metrale_orch.steps.profile import SpanRecorder
-from metrale_orch.steps.results import TargetResult
+from metrale_orch.steps.results import KeyedModule, KeyedTarget, TargetResult
 from metrale_orch.steps.session import BuildSession
 from metrale_orch.steps.staging import (
     check_contained,
@@ -90,7 +90,7 @@ from metrale_orch.toolchain.probe import find_toolchain
 from metrale_orch.tree import Layout, Target, discover, read_manifest_warnings
 from metrale_orch.tree.beyond import TREE_DIR, Beyond
 
-__all__ = ["build_target", "stage_target"]
+__all__ = ["build_target", "key_target", "stage_target"]
 
 _log = logging.getLogger("metrale_orch.steps")
 
@@ -195,6 +195,36 @@ def stage_target(
         )
     ]
     return commands, tuple(differences)
+
+
+def key_target(
+    root: Path,
+    target: Target | Layout,
+    *,
+    config: Config,
+    environ: Mapping[str, str],
+    toolchains: Mapping[str, Toolchain] | None = None,
+) -> KeyedTarget:
+    """Plan and stage one target as its build does and key each module, without compiling
+    (the toolchain is probed, as every build does). Raises what :func:`build_target` raises
+    before its first compile."""
+    root = Path(root)
+    layout = target if isinstance(target, Layout) else discover(root, target)
+    if toolchains is None:
+        toolchains = load_toolchains(root)
+    session = BuildSession.local(jobs=1, build_dir=Path(config.build_dir))
+    try:
+        rec = SpanRecorder(str(layout.target))
+        prep = _prepare(root, layout, config, None, environ, _log, toolchains, session, rec)
+        keyed = _key_all(prep, config.cache_namespace, session, rec)
+    finally:
+        session.close()
+    return KeyedTarget(
+        plan=prep.plan,
+        staged=prep.ctx.staged,
+        roots=prep.ctx.roots,
+        modules=tuple(keyed),
+    )
 
 
 def _search_dirs(prep: _Prepared, module: ModulePlan) -> tuple[str, ...]:
@@ -362,6 +392,7 @@ def _prepare(
         ctx = BuildContext(
             plan=plan,
             staged=staged,
+            root=root,
             checkout=checkout_of(plan, staged),
             program=found.program,
             roots=found.roots,
@@ -400,15 +431,14 @@ def _prepare(
 
 def _key_all(
     prep: _Prepared, namespace: str, session: BuildSession, rec: SpanRecorder
-) -> list[tuple[ModulePlan, str]]:
-    """Every module of the plan with its action key, in plan order."""
+) -> list[KeyedModule]:
+    """Every module of the plan with its action key and the parts it hashed, in plan order."""
     ctx = prep.ctx
-    keyed: list[tuple[ModulePlan, str]] = []
+    keyed: list[KeyedModule] = []
     edges: EdgeMemo = {}  # one stage, one scan: the modules share their headers' includes
     for module in prep.plan.modules:
         with rec.span("key", module=module.name) as args:
-            key = module_key(
-                namespace,
+            parts = module_parts(
                 prep.plan,
                 module,
                 staged=ctx.staged,
@@ -419,13 +449,17 @@ def _key_all(
                 hasher=session.hasher,
                 memo=edges,
             )
+            key = cache_key(namespace, parts)
             args["key"] = key
-        keyed.append((module, key))
+        keyed.append(KeyedModule(module=module, key=key, parts=parts))
     return keyed
 
 
 def _obtain_all(
-    prep: _Prepared, keyed: list[tuple[ModulePlan, str]], session: BuildSession, rec: SpanRecorder
+    prep: _Prepared,
+    keyed: list[KeyedModule],
+    session: BuildSession,
+    rec: SpanRecorder,
 ) -> list[ModuleObtained]:
     """Run the pipelines of the keyed modules on the session's threads, in this context
     (the cache's per-task statistics follow); results in plan order.
@@ -434,23 +468,30 @@ def _obtain_all(
     compile failure (a full disk, a stopped session) is raised after the others
     finished; an interrupt stops the session's compiles first."""
     ctx = prep.ctx
-    expected = {key: session.expected_seconds(key, rec.target, m.name) for m, key in keyed}
+    expected = {k.key: session.expected_seconds(k.key, rec.target, k.module.name) for k in keyed}
     session.progress.add(len(keyed), sum(expected.values()))
     runs = [
         # A context each: the cache's per-task statistics follow it onto the threads.
         functools.partial(
-            contextvars.copy_context().run, run_pipeline, ctx, module, key, expected[key], rec
+            contextvars.copy_context().run,
+            run_pipeline,
+            ctx,
+            k.module,
+            k.key,
+            expected[k.key],
+            rec,
+            k.parts,
         )
-        for module, key in keyed
+        for k in keyed
     ]
     # Obtained earlier in the run: verified in this thread, after the others are under way
     # (no thread handoff for most modules of a tree's later targets; the same pipeline).
-    here = [session.memo.holds(key, m.artefact) for m, key in keyed]
+    here = [session.memo.holds(k.key, k.module.artefact) for k in keyed]
     futures: dict[int, Future[ModuleObtained]] = {}
     try:
-        for i, (_module, key) in enumerate(keyed):
+        for i, k in enumerate(keyed):
             if not here[i]:
-                futures[i] = session.submit_pipeline(key, runs[i])
+                futures[i] = session.submit_pipeline(k.key, runs[i])
         with session.finishing():
             for i in range(len(keyed)):
                 if here[i]:
