@@ -1,4 +1,4 @@
-"""``metrale-orch size`` (metrale_orch.resources.size) and the ``size_budget`` setting.
+"""``metrale-orch size`` (metrale_orch.gate.size) and the ``size_budget`` setting.
 
 Real tools: one kernel built with nvcc as PTX (``h/m/q``), a cubin (``hc/m/q``) and a
 fatbin (``hf/m/q``); a fatbin of two images is made with nvcc for the per-arch
@@ -16,9 +16,10 @@ import pytest
 
 from metrale_orch.cache import SizeError, parse_size
 from metrale_orch.config import ConfigError, load_config
+from metrale_orch.gate import Duplicate, check_sizes
+from metrale_orch.gate.size import budget_of, duplicates_of, unknown_budget_keys
 from metrale_orch.proc import run_process
-from metrale_orch.resources import UnknownBudgetKey, check_sizes
-from metrale_orch.resources.size import budget_of, unknown_budget_keys
+from metrale_orch.resources import UnknownBudgetKey
 from metrale_orch.steps.target import build_target
 from metrale_orch.tree import Target
 from tests.support.build import make_config, output_kinds_tree, write
@@ -277,3 +278,36 @@ def test_a_fatbin_of_two_images_is_broken_down_by_arch(root: Path, tmp_path: Pat
     assert lines[1].split() == ["hf/m/q", "tiny", "fatbin", str(module.bytes)]
     assert [ln.split() for ln in lines[2:4]] == [[i.arch, str(i.bytes)] for i in module.images]
     assert code == 0
+
+
+def test_duplicates_of_names_each_entry_two_modules_export() -> None:
+    got = duplicates_of({"a": ("k", "x"), "b": ("k",), "c": ("x", "y"), "d": ()})
+    assert got == (
+        Duplicate(entry="k", modules=("a", "b")),
+        Duplicate(entry="x", modules=("a", "c")),
+    )
+    assert duplicates_of({"a": ("k",), "b": ("j",)}) == ()
+
+
+@pytest.mark.nvcc
+def test_an_entry_two_modules_of_a_target_export_is_a_duplicate(root: Path) -> None:
+    """The same kernel installed by two modules of one target (here the PTX copied under a
+    second module name): named with both modules, exit 1; the other targets are clean."""
+    tdir = root / "build" / "h/m/q"
+    shutil.copy(tdir / "tiny.ptx", tdir / "tiny2.ptx")
+    manifest = json.loads((tdir / "manifest.json").read_text())
+    (module,) = manifest["modules"]
+    manifest["modules"].append(
+        {**module, "artefact": "tiny2.ptx", "name": "tiny2", "stem": "tiny2"}
+    )
+    (tdir / "manifest.json").write_text(json.dumps(manifest))
+    code, out, err = _size(root, "size")
+    assert code == 1, (out, err)
+    (entry,) = check_sizes(root, root / "build", "h/m/q", {}, "x").duplicates
+    assert entry[0] == "h/m/q" and entry[1].modules == ("tiny", "tiny2")
+    assert (
+        f"h/m/q: duplicate entry {entry[1].entry}: exported by the modules tiny, tiny2 "
+        "(installed twice; a loader could get either)"
+    ) in out.splitlines()
+    assert out.rstrip().endswith("; 1 duplicate entries")
+    assert check_sizes(root, root / "build", "hc/*", {}, "x").duplicates == ()

@@ -1,6 +1,6 @@
 """``metrale-orch size [PATTERN] [--json | --format markdown]``: the bytes a build installed,
 per target, module and arch, against ``[tool.metrale-orch.size_budget]`` (the sizes and
-the budget check are :mod:`metrale_orch.resources.size`; this module parses arguments
+the budget check are :mod:`metrale_orch.gate.size`; this module parses arguments
 and formats).
 
 Exit codes: 0; 1 when a target is over its budget or its manifest or artefacts could not
@@ -17,7 +17,7 @@ from metrale_orch.errors import EXIT_FAILURE, EXIT_OK, printable
 
 if TYPE_CHECKING:
     from metrale_orch.cli import Context
-    from metrale_orch.resources import ModuleSize, SizeCheck, TargetBudget
+    from metrale_orch.gate import Duplicate, ModuleSize, SizeCheck, TargetBudget
 
 __all__ = ["register"]
 
@@ -58,7 +58,7 @@ def run_size(args: argparse.Namespace, ctx: Context) -> int:
     # Imported here, as cli/_resources does: the report's readers are needed by no other
     # command.
     from metrale_orch.config import source_label
-    from metrale_orch.resources import check_sizes
+    from metrale_orch.gate import check_sizes
 
     config = ctx.config()
     got = check_sizes(
@@ -68,7 +68,11 @@ def run_size(args: argparse.Namespace, ctx: Context) -> int:
         config.size_budget,
         source_label(config, "size_budget"),
     )
-    failed = bool(got.breaches) or any(t.status == "error" for t in got.report.targets)
+    failed = (
+        bool(got.breaches)
+        or bool(got.duplicates)
+        or any(t.status == "error" for t in got.report.targets)
+    )
     if args.json:
         print(readable_json(got.to_dict()), file=ctx.out)
     elif args.format == "markdown":
@@ -104,7 +108,7 @@ def _module_rows(target: str, m: ModuleSize) -> list[tuple[str, ...]]:
 
 
 def _budget_text(b: TargetBudget) -> str:
-    from metrale_orch.resources import budget_key_name  # see run_size
+    from metrale_orch.gate import budget_key_name  # see run_size
 
     if b.over:
         return f"over its budget of {_human(b.limit)} ({budget_key_name(b.key)})"
@@ -132,7 +136,16 @@ def _print_text(got: SizeCheck, ctx: Context) -> None:
         if t.target in budgets:
             line += f"; {_budget_text(budgets[t.target])}"
         print(printable(line), file=ctx.out)
+    for target, dup in got.duplicates:
+        print(printable(_duplicate_text(target, dup)), file=ctx.out)
     print(printable(_summary(got)), file=ctx.out)
+
+
+def _duplicate_text(target: str, dup: Duplicate) -> str:
+    return (
+        f"{target}: duplicate entry {dup.entry}: exported by the modules "
+        f"{', '.join(dup.modules)} (installed twice; a loader could get either)"
+    )
 
 
 def _summary(got: SizeCheck) -> str:
@@ -142,6 +155,7 @@ def _summary(got: SizeCheck) -> str:
     return (
         f"size: {len(built)} built target{'s' * (len(built) != 1)}, {_human(total)}; "
         f"{len(got.budgets)} with a budget, {over} over it"
+        + (f"; {len(got.duplicates)} duplicate entries" if got.duplicates else "")
     )
 
 
@@ -162,5 +176,7 @@ def _markdown(got: SizeCheck) -> str:
         if b is not None and b.over:
             budget = f"**{budget}**"
         lines.append(f"| {t.target} | {t.bytes} | {_human(t.bytes)} | {budget} |")
+    if got.duplicates:
+        lines += ["", *(f"- {_duplicate_text(target, d)}" for target, d in got.duplicates)]
     lines += ["", _summary(got)]
     return "\n".join(lines)

@@ -7,7 +7,9 @@
 - :mod:`~metrale_orch.gate.ptxisa`: NVIDIA's PTX ISA / CUDA release table;
 - :mod:`~metrale_orch.gate.assemble`: ``ptxas`` on each PTX, answers cached in ``.state/``;
 - :mod:`~metrale_orch.gate.report` and :mod:`~metrale_orch.gate.coverage`: the coverage
-  report (``metrale-orch coverage``, ``doit coverage``).
+  report (``metrale-orch coverage``, ``doit coverage``);
+- :mod:`~metrale_orch.gate.size`: the bytes a build installed, the size budget and the
+  entries two modules of one target export (``metrale-orch size``).
 
 It reads the tree, the configuration, the toolchains, the build plan's module names, the
 artefact readers of :mod:`metrale_orch.smoke` and the ``ptxas`` of
@@ -23,6 +25,16 @@ from metrale_orch.gate.errors import DeployError, GateError, KernelListError, Un
 from metrale_orch.gate.families import NamedKernel, family_kernels, fusion_kernels
 from metrale_orch.gate.ptxisa import CUDA_OF_ISA, isa_problem
 from metrale_orch.gate.report import Coverage, CoverageReport, Problem, Unchecked
+from metrale_orch.gate.size import (
+    Duplicate,
+    ModuleSize,
+    SizeCheck,
+    SizeReport,
+    TargetBudget,
+    TargetSize,
+    budget_key_name,
+    check_sizes,
+)
 
 __all__ = [
     "CACHE_NAME",
@@ -31,13 +43,21 @@ __all__ = [
     "Coverage",
     "CoverageReport",
     "DeployError",
+    "Duplicate",
     "GateError",
     "KernelListError",
+    "ModuleSize",
     "NamedKernel",
     "Problem",
+    "SizeCheck",
+    "SizeReport",
+    "TargetBudget",
+    "TargetSize",
     "Unchecked",
     "UnreadableArtefact",
+    "budget_key_name",
     "check_coverage",
+    "check_sizes",
     "duplicate_problems",
     "exported_entries",
     "family_kernels",

@@ -1,7 +1,6 @@
 """What a build's kernels cost: the register/spill report (per kernel, per arch, what
-ptxas made of each build), its committed baseline ``kernels.lock``
-(:mod:`~metrale_orch.resources.lock`) and the installed bytes with their budget
-(:mod:`~metrale_orch.resources.size`).
+ptxas made of each build) and its committed baseline ``kernels.lock``
+(:mod:`~metrale_orch.resources.lock`).
 
 :mod:`~metrale_orch.resources.report` holds the values and the pure parts (parsing
 ``ptxas -v``, comparing two reports); :mod:`~metrale_orch.resources.collect` the I/O
@@ -50,15 +49,6 @@ from metrale_orch.resources.report import (
     kernels_from_cubin,
     parse_ptxas_report,
 )
-from metrale_orch.resources.size import (
-    ModuleSize,
-    SizeCheck,
-    SizeReport,
-    TargetBudget,
-    TargetSize,
-    budget_key_name,
-    check_sizes,
-)
 
 __all__ = [
     "CACHE_NAME",
@@ -71,23 +61,16 @@ __all__ = [
     "LockFileError",
     "LockProblem",
     "ModuleResources",
-    "ModuleSize",
     "NoTargetMatches",
     "PtxasMissing",
     "ReportParseError",
     "ResourceLock",
     "ResourceReport",
     "ResourcesError",
-    "SizeCheck",
-    "SizeReport",
-    "TargetBudget",
     "TargetResources",
-    "TargetSize",
     "UnknownBudgetKey",
     "UnreadableArtefact",
-    "budget_key_name",
     "check_lock",
-    "check_sizes",
     "collect_resources",
     "diff_reports",
     "kernels_from_cubin",

@@ -9,10 +9,10 @@ target's own key over its hardware's) bounds each target: one over it is a
 :class:`TargetBudget` whose ``over`` is true. A budget key that names nothing of the
 tree is an error (a typo would otherwise check nothing).
 
-Not here yet: the same kernel entry exported by two modules of one target (issue 37,
-item 4). It needs the exported-entries reader of the coverage check; when that lands,
-:class:`TargetSize` gains the duplicates it finds and :class:`SizeCheck` counts them
-beside the breaches (see ``_size_target``).
+A kernel entry that two modules of one target export (read by
+:func:`~metrale_orch.gate.entries.read_artefact`, as the coverage check reads them) is a
+:class:`Duplicate` of that target: its code is installed twice, and a loader asking for
+the name could get either.
 
 Invariants: targets sorted by name, modules by artefact, images by arch; paths
 root-relative POSIX (artefacts relative to the build directory).
@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Literal
 
 from metrale_orch.errors import MetraleError
+from metrale_orch.gate.entries import read_artefact
+from metrale_orch.gate.errors import UnreadableArtefact as NoEntries
 from metrale_orch.paths import MANIFEST_NAME, rel_posix, target_dir
 from metrale_orch.resources.collect import read_target_manifest, select_targets
 from metrale_orch.resources.errors import UnknownBudgetKey, UnreadableArtefact
@@ -73,14 +75,24 @@ class ModuleSize:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Duplicate:
+    """A kernel entry that several modules of one target export (sorted)."""
+
+    entry: str
+    modules: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TargetSize:
-    """One target's artefacts, or why it has none (``detail``: one line)."""
+    """One target's artefacts, or why it has none (``detail``: one line), and the entries
+    two of its modules export."""
 
     target: str
     status: SizeStatus
     arch: str = ""
     detail: str = ""
     modules: tuple[ModuleSize, ...] = ()
+    duplicates: tuple[Duplicate, ...] = ()
 
     @property
     def bytes(self) -> int:
@@ -135,6 +147,11 @@ class SizeCheck:
         """The targets over their budget."""
         return tuple(b for b in self.budgets if b.over)
 
+    @property
+    def duplicates(self) -> tuple[tuple[str, Duplicate], ...]:
+        """(target, duplicate) of every entry two modules of one target export."""
+        return tuple((t.target, d) for t in self.report.targets for d in t.duplicates)
+
     def to_dict(self) -> dict[str, object]:
         """JSON-ready view."""
         return {
@@ -142,6 +159,20 @@ class SizeCheck:
             "budgets": [b.to_dict() for b in self.budgets],
             "over_budget": [b.target for b in self.breaches],
         }
+
+
+def duplicates_of(exports: Mapping[str, tuple[str, ...]]) -> tuple[Duplicate, ...]:
+    """The entries that more than one module exports, from ``module -> its entries``
+    (pure; sorted by entry)."""
+    by_entry: dict[str, list[str]] = {}
+    for module, entries in exports.items():
+        for entry in entries:
+            by_entry.setdefault(entry, []).append(module)
+    return tuple(
+        Duplicate(entry=entry, modules=tuple(sorted(modules)))
+        for entry, modules in sorted(by_entry.items())
+        if len(modules) > 1
+    )
 
 
 # -------------------------------------------------------------------------------- pure
@@ -230,9 +261,10 @@ def _size_target(root: Path, build_dir: Path, target: Target) -> TargetSize:
         return TargetSize(target=str(target), status="not-built", detail=f"not built (no {shown})")
     doc = read_target_manifest(manifest, shown)
     modules = []
+    exports: dict[str, tuple[str, ...]] = {}
     for module in sorted(doc.modules, key=lambda m: (m.artefact, m.name)):
         path = tdir / module.artefact
-        size, images = _artefact_size(path, doc.arch, rel_posix(path, root))
+        size, images, exports[module.name] = _artefact_size(path, doc.arch, rel_posix(path, root))
         modules.append(
             ModuleSize(
                 module=module.name,
@@ -241,23 +273,35 @@ def _size_target(root: Path, build_dir: Path, target: Target) -> TargetSize:
                 images=images,
             )
         )
-    # Issue 37 item 4's duplicate entries join here: the exported entries of each module
-    # (the coverage check's reader), an entry of two modules named on this target.
-    return TargetSize(target=str(target), status="ok", arch=doc.arch, modules=tuple(modules))
+    return TargetSize(
+        target=str(target),
+        status="ok",
+        arch=doc.arch,
+        modules=tuple(modules),
+        duplicates=duplicates_of(exports),
+    )
 
 
-def _artefact_size(path: Path, arch: str, shown: str) -> tuple[int, tuple[ImageSize, ...]]:
+def _artefact_size(
+    path: Path, arch: str, shown: str
+) -> tuple[int, tuple[ImageSize, ...], tuple[str, ...]]:
+    """(the file's bytes, its images, the entries it exports: none when no kernel reader
+    knows it, a Metal library say)."""
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise UnreadableArtefact(shown, f"cannot be read ({exc.strerror or exc})") from None
+    try:
+        exports = read_artefact(data, shown).exports
+    except NoEntries:
+        exports = ()
     whole = (ImageSize(arch=arch, bytes=len(data)),)
     if not is_fatbin(data):
-        return len(data), whole
+        return len(data), whole, exports
     try:
         entries = parse_fatbin(data).entries
     except ElfError:
-        return len(data), whole  # its bytes are known; its breakdown is not
+        return len(data), whole, exports  # its bytes are known; its breakdown is not
     images = [
         ImageSize(
             arch=_image_arch(
@@ -269,4 +313,4 @@ def _artefact_size(path: Path, arch: str, shown: str) -> tuple[int, tuple[ImageS
         )
         for e in entries
     ]
-    return len(data), tuple(sorted(images, key=lambda i: (i.arch, i.bytes)))
+    return len(data), tuple(sorted(images, key=lambda i: (i.arch, i.bytes))), exports
