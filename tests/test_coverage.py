@@ -13,6 +13,8 @@ import io
 import json
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -41,6 +43,8 @@ from metrale_orch.steps.target import build_target
 from metrale_orch.tree import Target
 from tests.support.build import make_cache, make_config
 from tests.support.trust import doit_run, write_files
+
+REPO = Path(__file__).resolve().parent.parent
 
 TARGET = "hw/m/q"
 FAMILIES = "kernels/hw/common/KERNEL_FAMILIES.toml"
@@ -514,3 +518,42 @@ def test_the_deploy_setting_reads() -> None:
     assert config.deploy == {"hw": {"min_cuda": "12.8"}}
     assert config.to_dict()["deploy"] == {"hw": {"min_cuda": "12.8"}}
     assert Problem(target="t", module="m", what="w").line() == "t: m: w"
+
+
+# --- the workflow's release gate step, run as a runner runs it ------------------------------
+
+
+@pytest.mark.nvcc
+def test_the_workflow_s_release_gate_step_runs_on_a_built_hardware(
+    project: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The build job's "Release gate" step (ci/github/kernels.yml), its script run by bash
+    in a built project: coverage, resources --check against a kernels.lock and size, each
+    into the job summary; a problem in one fails the step after all three ran."""
+    import yaml
+
+    root, _cache = project
+    workflow = yaml.safe_load((REPO / "ci/github/kernels.yml").read_text())
+    (step,) = [s for s in workflow["jobs"]["build"]["steps"] if s.get("name") == "Release gate"]
+    assert step["env"] == {"HW": "${{ matrix.hw }}"}
+    assert main(["--root", str(root), "resources", "--lock"], environ=os.environ) == 0
+    summary = tmp_path / "summary.md"
+    bindir = str(Path(sys.executable).parent)  # metrale-orch, as the job's install puts it
+    env = {**os.environ, "HW": "hw", "GITHUB_STEP_SUMMARY": str(summary)}
+    env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
+
+    def gate() -> tuple[int, str]:
+        summary.write_text("")
+        done = subprocess.run(["bash", "-c", step["run"]], cwd=root, env=env, check=False)
+        return done.returncode, summary.read_text()
+
+    code, text = gate()
+    assert code == 0, text
+    assert text.startswith("### Release gate: hw\n")
+    assert "coverage: no problem" in text and "match kernels.lock" in text
+    assert "### Installed size" in text
+    lock = root / "kernels.lock"
+    lock.write_text(lock.read_text().replace("attn_decode = ", "# attn_decode = "))
+    code, text = gate()
+    assert code == 1
+    assert "attn_decode" in text and "### Installed size" in text  # the size report ran too
