@@ -296,3 +296,23 @@ def test_a_local_cache_others_may_write_without_trusted_keys_is_warned(tmp_path:
     run = doit(root, ["forget"], env)
     run = doit(root, ["build:hopper/qwen/w8"], env)
     assert "writable by group or others" not in run.text, run.text
+
+
+@as_root
+def test_the_kept_ptxas_answers_of_another_user_are_not_taken(tmp_path: Path) -> None:
+    """The register report's and the coverage check's kept ptxas answers
+    (``.state/resources.json``, ``coverage.json``): another user's file is an empty memo, and
+    the next save writes this user's own."""
+    from metrale_orch.resources.answers import Answers
+
+    path = tmp_path / "state" / "coverage.json"
+    memo = Answers.load(path, 1, "the coverage cache")
+    memo.put("k", "")
+    memo.save(prune=False)
+    assert mine(path) and Answers.load(path, 1, "x").entries == {"k": ""}
+    give_away(path)
+    assert Answers.load(path, 1, "x").entries == {}
+    again = Answers.load(path, 1, "x")
+    again.put("k", "planted answers are gone")
+    again.save(prune=False)
+    assert mine(path) and Answers.load(path, 1, "x").entries == {"k": "planted answers are gone"}

@@ -162,14 +162,10 @@ def _write_temp(path: Path, data: bytes) -> Path:
     return tmp
 
 
-def read_object_file(path: Path, max_size: int) -> bytes | None:
-    """The bytes of the object file at ``path`` (framing checked, hashes not), None if absent.
-
-    Reads the fixed prefix, then the header, then exactly the size the header
-    declares. Raises :class:`CorruptObject` for an entry that is not a regular
-    file, is larger than ``max_size``, or whose size differs from what its
-    header declares; ``OSError`` when it cannot be read (permissions, I/O).
-    """
+def _open_regular(path: Path) -> int | None:
+    """A read-only descriptor of the object file at ``path`` (never through a link), None
+    if absent. Raises :class:`CorruptObject` for a link or anything but a regular file,
+    ``OSError`` when it cannot be opened."""
     try:
         fd = os.open(path, _READ_FLAGS)
     except (FileNotFoundError, NotADirectoryError):
@@ -179,9 +175,28 @@ def read_object_file(path: Path, max_size: int) -> bytes | None:
             raise CorruptObject(not_regular("symlink")) from None
         raise
     try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise CorruptObject(not_regular(kind_of(mode)))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_object_file(path: Path, max_size: int) -> bytes | None:
+    """The bytes of the object file at ``path`` (framing checked, hashes not), None if absent.
+
+    Reads the fixed prefix, then the header, then exactly the size the header
+    declares. Raises :class:`CorruptObject` for an entry that is not a regular
+    file, is larger than ``max_size``, or whose size differs from what its
+    header declares; ``OSError`` when it cannot be read (permissions, I/O).
+    """
+    fd = _open_regular(path)
+    if fd is None:
+        return None
+    try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise CorruptObject(not_regular(kind_of(st.st_mode)))
         size = st.st_size
         if size > max_size:
             raise ObjectTooLarge(f"{size} bytes, more than the {max_size}-byte limit on an object")
@@ -207,18 +222,11 @@ def read_object_head(path: Path) -> tuple[bytes, bytes] | None:
     """The prefix and header bytes of the object file at ``path`` (the payload unread), None
     if absent. Raises :class:`CorruptObject` for an entry that is not a regular file or
     whose header is cut short, ``OSError`` when it cannot be read."""
-    try:
-        fd = os.open(path, _READ_FLAGS)
-    except (FileNotFoundError, NotADirectoryError):
+    fd = _open_regular(path)
+    if fd is None:
         return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # O_NOFOLLOW on a symlink
-            raise CorruptObject(not_regular("symlink")) from None
-        raise
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise CorruptObject(not_regular(kind_of(st.st_mode)))
         prefix = _pread_exact(fd, PREFIX_SIZE, 0)
         hlen = header_length(prefix)
         if PREFIX_SIZE + hlen > st.st_size:

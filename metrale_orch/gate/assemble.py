@@ -12,21 +12,19 @@ The cache is best effort: an unreadable one is ignored, a failed write logged.
 
 from __future__ import annotations
 
-import json
-import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from metrale_orch.fsutil import bytes_hash, write_atomic
+from metrale_orch.fsutil import bytes_hash
 from metrale_orch.proc import ProcessError
+from metrale_orch.resources.answers import Answers
 from metrale_orch.resources.collect import locate_ptxas, ptxas_stamp, run_ptxas
 from metrale_orch.toolchain.definitions import Toolchain
 
 __all__ = ["CACHE_NAME", "Assembler", "ptxas_complaint"]
 
-log = logging.getLogger(__name__)
 
 #: The answer cache, in ``<build_dir>/.state/``.
 CACHE_NAME = "coverage.json"
@@ -45,13 +43,11 @@ def ptxas_complaint(output: str, path: str) -> str:
 
 @dataclass(slots=True)
 class Assembler:
-    """The ptxas answers of one run: the cache loaded from ``path``, what this run used."""
+    """The ptxas answers of one run (kept in :class:`~metrale_orch.resources.answers.Answers`
+    at ``<build_dir>/.state/coverage.json``): "" when the PTX assembles, else why not."""
 
-    path: Path
     environ: Mapping[str, str]
-    entries: dict[str, str]
-    used: set[str] = field(default_factory=set)
-    dirty: bool = False
+    answers: Answers
     runs: int = 0
     hits: int = 0
     #: (toolchain, arch) -> (ptxas, its stamp).
@@ -59,20 +55,8 @@ class Assembler:
 
     @classmethod
     def load(cls, path: Path, environ: Mapping[str, str]) -> Assembler:
-        """The cache at ``path`` (empty when missing, unreadable or of another schema)."""
-        entries: dict[str, str] = {}
-        try:
-            doc = json.loads(path.read_bytes())
-        except FileNotFoundError:
-            doc = None
-        except (OSError, ValueError) as exc:
-            log.warning("%s: ignoring an unreadable coverage cache (%s)", path, exc)
-            doc = None
-        if isinstance(doc, dict) and doc.get("schema") == _SCHEMA:
-            found = doc.get("entries")
-            if isinstance(found, dict):
-                entries = {k: v for k, v in found.items() if isinstance(v, str)}
-        return cls(path=path, environ=environ, entries=entries)
+        """The answers kept at ``path`` (none when missing, unreadable or of another schema)."""
+        return cls(environ=environ, answers=Answers.load(path, _SCHEMA, "the coverage cache"))
 
     def problem(self, toolchain: Toolchain, arch: str, ptx: Path, data: bytes) -> str | None:
         """Why ptxas refuses the PTX at ``ptx`` (whose bytes are ``data``) for ``arch``, or
@@ -84,9 +68,8 @@ class Assembler:
             self.ptxas[memo] = (ptxas, ptxas_stamp(ptxas))
         ptxas, stamp = self.ptxas[memo]
         key = f"{arch}|{bytes_hash(data)}|{stamp}"
-        self.used.add(key)
-        answer = self.entries.get(key)
-        if answer is not None:
+        answer = self.answers.get(key)
+        if isinstance(answer, str):
             self.hits += 1
             return answer or None
         self.runs += 1
@@ -97,19 +80,9 @@ class Assembler:
             if exc.returncode is None:
                 raise
             answer = ptxas_complaint(exc.output, str(ptx))
-        self.entries[key] = answer
-        self.dirty = True
+        self.answers.put(key, answer)
         return answer or None
 
     def save(self, *, prune: bool) -> None:
-        """Write the cache when this run changed it; ``prune`` drops what it did not use."""
-        if prune and self.entries.keys() - self.used:
-            self.entries = {k: v for k, v in self.entries.items() if k in self.used}
-            self.dirty = True
-        if not self.dirty:
-            return
-        doc = {"schema": _SCHEMA, "entries": self.entries}
-        try:
-            write_atomic(self.path, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
-        except OSError as exc:
-            log.warning("%s: cannot save the coverage cache (%s)", self.path, exc)
+        """Keep the answers when this run changed them; ``prune`` drops what it did not use."""
+        self.answers.save(prune=prune)

@@ -18,18 +18,17 @@ The cache is best effort: an unreadable one is ignored, a failed write is logged
 from __future__ import annotations
 
 import fnmatch
-import json
-import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from metrale_orch.errors import MetraleError
-from metrale_orch.fsutil import bytes_hash, write_atomic
+from metrale_orch.fsutil import bytes_hash
 from metrale_orch.manifest import Manifest, ManifestError, read_manifest
 from metrale_orch.paths import MANIFEST_NAME, STATE_DIR, rel_posix, target_dir
 from metrale_orch.proc import run_process
+from metrale_orch.resources.answers import Answers
 from metrale_orch.resources.errors import (
     BadManifest,
     NoTargetMatches,
@@ -60,7 +59,6 @@ __all__ = [
     "select_targets",
 ]
 
-log = logging.getLogger(__name__)
 
 #: The ptxas answer cache, in ``<build_dir>/.state/``.
 CACHE_NAME = "resources.json"
@@ -137,7 +135,8 @@ def collect_resources(
     build_dir = Path(os.path.abspath(build_dir))
     snap = TreeSnapshot(root)
     targets = select_targets(walk(root, snap), pattern)
-    run = _Run(root=root, environ=environ, cache=_Cache.load(build_dir / STATE_DIR / CACHE_NAME))
+    cache = Answers.load(build_dir / STATE_DIR / CACHE_NAME, _CACHE_SCHEMA, "the resource cache")
+    run = _Run(root=root, environ=environ, cache=cache)
     toolchains = load_toolchains(root)
     out = []
     for target in targets:
@@ -170,64 +169,22 @@ def collect_resources(
 # ---------------------------------------------------------------------------- internals
 
 
-@dataclass(slots=True)
-class _Cache:
-    """``key -> kernels`` of earlier ptxas runs; ``dirty`` when this run added some,
-    ``used`` the keys this run asked for."""
-
-    path: Path
-    entries: dict[str, list[dict[str, object]]]
-    dirty: bool = False
-    used: set[str] = field(default_factory=set)
-
-    @classmethod
-    def load(cls, path: Path) -> _Cache:
-        try:
-            doc = json.loads(path.read_bytes())
-        except FileNotFoundError:
-            return cls(path=path, entries={})
-        except (OSError, ValueError) as exc:
-            log.warning("%s: ignoring an unreadable resource cache (%s)", path, exc)
-            return cls(path=path, entries={})
-        if not isinstance(doc, dict) or doc.get("schema") != _CACHE_SCHEMA:
-            return cls(path=path, entries={})
-        entries = doc.get("entries")
-        if not isinstance(entries, dict):
-            return cls(path=path, entries={})
-        return cls(path=path, entries=entries)
-
-    def get(self, key: str) -> tuple[KernelResources, ...] | None:
-        self.used.add(key)
-        found = self.entries.get(key)
-        if not isinstance(found, list):
-            return None
-        try:
-            return tuple(KernelResources.from_dict(k) for k in found)
-        except (ValueError, AttributeError):
-            return None
-
-    def put(self, key: str, kernels: tuple[KernelResources, ...]) -> None:
-        self.entries[key] = [k.to_dict() for k in kernels]
-        self.dirty = True
-
-    def save(self, *, prune: bool) -> None:
-        if prune and self.entries.keys() - self.used:
-            self.entries = {k: v for k, v in self.entries.items() if k in self.used}
-            self.dirty = True
-        if not self.dirty:
-            return
-        doc = {"schema": _CACHE_SCHEMA, "entries": self.entries}
-        try:
-            write_atomic(self.path, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
-        except OSError as exc:
-            log.warning("%s: cannot save the resource cache (%s)", self.path, exc)
+def _kept_kernels(cache: Answers, key: str) -> tuple[KernelResources, ...] | None:
+    """The kernels ``cache`` keeps for ``key``, or None (none kept, or not readable)."""
+    found = cache.get(key)
+    if not isinstance(found, list):
+        return None
+    try:
+        return tuple(KernelResources.from_dict(k) for k in found)
+    except (ValueError, AttributeError):
+        return None
 
 
 @dataclass(slots=True)
 class _Run:
     root: Path
     environ: Mapping[str, str]
-    cache: _Cache
+    cache: Answers
     ptxas_runs: int = 0
     cache_hits: int = 0
     #: (toolchain, arch) -> (ptxas, its stamp for cache keys).
@@ -302,11 +259,11 @@ def _artefact_kernels(
         raise UnreadableArtefact(shown, "is neither PTX, a cubin nor a fatbin")
     ptxas, stamp = run.find_ptxas(toolchain, arch)
     key = f"ptx|{arch}|{bytes_hash(data)}|{identity}|{stamp}"
-    cached = run.cache.get(key)
+    cached = _kept_kernels(run.cache, key)
     if cached is not None:
         run.cache_hits += 1
         return cached
     run.ptxas_runs += 1
     kernels = parse_ptxas_report(run_ptxas(ptxas, path, arch, run.environ), where=shown)
-    run.cache.put(key, kernels)
+    run.cache.put(key, [k.to_dict() for k in kernels])
     return kernels
