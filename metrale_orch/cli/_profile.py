@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from metrale_orch.cli._size import human_bytes
 from metrale_orch.errors import UsageError
 from metrale_orch.paths import PROFILE_NAME, root_relative
 from metrale_orch.steps.profile import ProfileSummary, read_profile, summarize_profile
@@ -72,7 +73,8 @@ def format_summary(summary: ProfileSummary, shown: str) -> str:
     lines.append(
         f"modules: {o.get('compiled', 0)} compiled, {_hits(o.get('local', 0), 'local')}, "
         f"{_hits(o.get('remote', 0), 'remote')}, {shared}{o.get('failed', 0)} failed; "
-        f"{_human(summary.compiled_bytes)} compiled, {_human(summary.restored_bytes)} restored"
+        f"{human_bytes(summary.compiled_bytes)} compiled, "
+        f"{human_bytes(summary.restored_bytes)} restored"
     )
     steps = [(_STEP_WORDS.get(k, k), v) for k, v in summary.steps.items() if k != "build"]
     if steps:
@@ -86,14 +88,3 @@ _STEP_WORDS = {"wait": "waiting for a compile slot"}
 
 def _hits(n: int, tier: str) -> str:
     return f"{n} {tier} hit{'' if n == 1 else 's'}"
-
-
-def _human(n: int) -> str:
-    if n < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB"):
-        value /= 1024
-        if value < 1024 or unit == "GiB":
-            return f"{value:.1f} {unit}"
-    raise AssertionError  # pragma: no cover

@@ -82,7 +82,7 @@ def run_size(args: argparse.Namespace, ctx: Context) -> int:
     return EXIT_FAILURE if failed else EXIT_OK
 
 
-def _human(n: int) -> str:
+def human_bytes(n: int) -> str:
     """``n`` bytes for people: ``812 B``, ``305.1 KiB``, ``40.0 MiB``."""
     if n < 1024:
         return f"{n} B"
@@ -96,7 +96,7 @@ def _human(n: int) -> str:
 
 def _bytes(n: int) -> str:
     """``572 B``, ``3696 B (3.6 KiB)``: exact, and readable past a KiB."""
-    return f"{n} B" if n < 1024 else f"{n} B ({_human(n)})"
+    return f"{n} B" if n < 1024 else f"{n} B ({human_bytes(n)})"
 
 
 def _module_rows(target: str, m: ModuleSize) -> list[tuple[str, ...]]:
@@ -111,8 +111,8 @@ def _budget_text(b: TargetBudget) -> str:
     from metrale_orch.gate import budget_key_name  # see run_size
 
     if b.over:
-        return f"over its budget of {_human(b.limit)} ({budget_key_name(b.key)})"
-    return f"budget {_human(b.limit)} ({budget_key_name(b.key)})"
+        return f"over its budget of {human_bytes(b.limit)} ({budget_key_name(b.key)})"
+    return f"budget {human_bytes(b.limit)} ({budget_key_name(b.key)})"
 
 
 def _print_text(got: SizeCheck, ctx: Context) -> None:
@@ -153,7 +153,7 @@ def _summary(got: SizeCheck) -> str:
     total = sum(t.bytes for t in built)
     over = len(got.breaches)
     return (
-        f"size: {len(built)} built target{'s' * (len(built) != 1)}, {_human(total)}; "
+        f"size: {len(built)} built target{'s' * (len(built) != 1)}, {human_bytes(total)}; "
         f"{len(got.budgets)} with a budget, {over} over it"
         + (f"; {len(got.duplicates)} duplicate entries" if got.duplicates else "")
     )
@@ -175,7 +175,7 @@ def _markdown(got: SizeCheck) -> str:
         budget = "" if b is None else _budget_text(b)
         if b is not None and b.over:
             budget = f"**{budget}**"
-        lines.append(f"| {t.target} | {t.bytes} | {_human(t.bytes)} | {budget} |")
+        lines.append(f"| {t.target} | {t.bytes} | {human_bytes(t.bytes)} | {budget} |")
     if got.duplicates:
         lines += ["", *(f"- {_duplicate_text(target, d)}" for target, d in got.duplicates)]
     lines += ["", _summary(got)]
