@@ -17,14 +17,11 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-DODO = "from metrale_orch.dodo import *  # noqa: F403\n"
-TARGET = "hopper/qwen3-8b/bf16"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loader_noop import REPO, TARGET, _doit, _tree  # the sample tree's copy and no-op run
 
 #: mechanism -> (file under metrale_orch/, text, its replacement that switches it off).
 SWITCHED_OFF: dict[str, tuple[str, str, str]] = {
@@ -63,22 +60,6 @@ def _package(out: Path, name: str) -> Path:
     return where
 
 
-def _tree(out: Path, name: str) -> Path:
-    tree = out / f"tree-{name}"
-    shutil.rmtree(tree, ignore_errors=True)
-    shutil.copytree(REPO / "kernels", tree / "kernels")
-    (tree / "dodo.py").write_text(DODO)
-    return tree
-
-
-def _doit(tree: Path, args: list[str], env: dict[str, str]) -> tuple[float, str]:
-    start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "doit", *args], cwd=tree, env=env, capture_output=True, text=True
-    )
-    return time.perf_counter() - start, proc.stdout + proc.stderr
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("names", nargs="*", metavar="NAME", help=", ".join(SWITCHED_OFF))
@@ -96,7 +77,7 @@ def main() -> None:
     for name in names:
         env = {**base, "PYTHONPATH": str(_package(args.out, name))}
         env["PYTHONPYCACHEPREFIX"] = str(args.out / f"pyc-{name}")
-        sides[name] = (_tree(args.out, name), env)
+        sides[name] = (_tree(args.out, f"tree-{name}", False), env)
     selections = {"build": ["build"], "scoped": [f"build:{TARGET}"]}
     for tree, env in sides.values():
         for sel in selections.values():

@@ -31,7 +31,7 @@ from metrale_orch.steps.target import build_target
 from metrale_orch.toolchain import locate
 from metrale_orch.toolchain.definitions import builtin_toolchains
 from metrale_orch.tree import Target
-from tests.support.build import make_config
+from tests.support.build import make_config, output_kinds_tree
 
 #: ``cuobjdump -sass`` of ``bump`` (a one-loop kernel) for sm_90a, NOP padding shortened.
 CUOBJDUMP = """\
@@ -327,20 +327,8 @@ TARGETS = ("h/m/q", "hc/m/q", "hf/m/q")
 
 
 def _tree(root: Path) -> Path:
-    files = {
-        "kernels/h/HARDWARE.toml": '[hardware]\narch = "sm_90a"\n',
-        "kernels/hc/HARDWARE.toml": '[hardware]\narch = "sm_90a"\n[build]\ntoolchain = "cubin"\n',
-        "kernels/hf/HARDWARE.toml": '[hardware]\narch = "sm_100a"\n[build]\ntoolchain = "fat"\n',
-        "toolchains/cubin.toml": '[toolchain]\nname = "cubin"\nextends = "nvcc"\noutput = "cubin"',
-        "toolchains/fat.toml": '[toolchain]\nname = "fat"\nextends = "nvcc"\noutput = "fatbin"',
-    }
-    for hw in ("h", "hc", "hf"):
-        files[f"kernels/{hw}/m/MODEL.toml"] = "[model]\n"
-        files[f"kernels/{hw}/m/q/ops.cu"] = OPS
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    return root
+    """The output-kinds tree (PTX, cubin, fatbin) with ``ops.cu`` as each leaf's source."""
+    return output_kinds_tree(root, {"ops.cu": OPS})
 
 
 def _build(root: Path, build_dir: Path, environ: Mapping[str, str]) -> Path:

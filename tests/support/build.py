@@ -158,13 +158,15 @@ def make_cache(config: Config, mode: str = "read-write") -> Cache:
     return open_cache(CacheSettings(local_dir=config.local_cache, mode=mode))
 
 
-def output_kinds_tree(root: Path) -> Path:
+def output_kinds_tree(root: Path, leaf: dict[str, str] | None = None) -> Path:
     """One kernel (``tiny``, reading a common header) under three hardware trees, built
-    as PTX (``h``), a cubin (``hc``) and a fatbin (``hf``: sm_100a)."""
+    as PTX (``h``), a cubin (``hc``) and a fatbin (``hf``: sm_100a). ``leaf``: the sources
+    of each ``m/q`` leaf instead (file name -> text)."""
     kernel = (
         '#include "../../common/scale.cuh"\n'
         'extern "C" __global__ void tiny(float* x) { x[threadIdx.x] *= SCALE; }\n'
     )
+    sources = {"tiny.cu": kernel} if leaf is None else leaf
     files = {
         "kernels/h/HARDWARE.toml": '[hardware]\narch = "sm_90a"\n',
         "kernels/hc/HARDWARE.toml": '[hardware]\narch = "sm_90a"\n[build]\ntoolchain = "cubin"\n',
@@ -175,7 +177,7 @@ def output_kinds_tree(root: Path) -> Path:
     for hw in ("h", "hc", "hf"):
         files[f"kernels/{hw}/common/scale.cuh"] = "#define SCALE 2.0f\n"
         files[f"kernels/{hw}/m/MODEL.toml"] = "[model]\n"
-        files[f"kernels/{hw}/m/q/tiny.cu"] = kernel
+        files.update({f"kernels/{hw}/m/q/{name}": text for name, text in sources.items()})
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
