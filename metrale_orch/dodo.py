@@ -55,8 +55,10 @@ for them less); and the run's configuration is read for ``jobs`` (doit takes its
 ``num_process`` from ``DOIT_CONFIG`` before any task is made); the rest of the config
 only names classes. The run (:class:`~metrale_orch.tasks.run.Run`) made then is the one
 the tasks load into. The logic
-lives in :mod:`metrale_orch.tasks`; this module only wires it to doit, and it is
-the one place with a deferred import (:func:`_generation`, see there).
+lives in :mod:`metrale_orch.tasks`; this module only wires it to doit. Like the task
+actions, it imports what only a run that generates or builds needs when that runs
+(:func:`_generation`); where a deferred import may be is a rule that
+``tests/test_layering.py`` checks.
 """
 
 from __future__ import annotations
@@ -126,9 +128,8 @@ DOIT_CONFIG: dict[str, object] = {
 def _generation() -> Generation:
     """The task generation (:mod:`metrale_orch.tasks.specs`), imported on first need.
 
-    The one deferred import of the package's doit side, for no-op start-up speed:
-    generation imports the compile step and smoke (~100 ms), which a run answered
-    by the task cache never needs. Everything else is imported at the top.
+    Deferred for no-op start-up speed: generation imports the compile step and smoke
+    (~100 ms), which a run answered by the task cache never needs.
     """
     from metrale_orch.tasks.specs import GENERATION
 

@@ -13,8 +13,12 @@ from pathlib import Path
 import pytest
 
 from metrale_orch.paths import LOG_NAME
-from metrale_orch.tasks.actions import configure_build_log, flush_build_log
-from metrale_orch.tasks.buildlog import PACKAGE, _BuildLogHandler
+from metrale_orch.tasks.buildlog import (
+    PACKAGE,
+    _BuildLogHandler,
+    configure_build_log,
+    flush_build_log,
+)
 
 
 @pytest.fixture
@@ -84,7 +88,7 @@ def test_a_forked_worker_writes_its_own_lines(build_dir: Path) -> None:
 def test_lines_logged_just_before_exit_are_written(tmp_path: Path) -> None:
     code = (
         "import sys; from pathlib import Path\n"
-        "from metrale_orch.tasks.actions import configure_build_log\n"
+        "from metrale_orch.tasks.buildlog import configure_build_log\n"
         "log = configure_build_log(Path(sys.argv[1]), max_bytes=0, backups=0)\n"
         "for i in range(500): log.info('line %d', i)\n"
     )

@@ -495,7 +495,7 @@ def test_a_module_another_target_compiled_is_shared_not_from_cache(
     tmp_path: Path, fake: tuple[dict[str, str], Path]
 ) -> None:
     # Issue 35: q3's common modules were said "from cache" though no cache served them.
-    from metrale_orch.tasks.actions import summarise_result
+    from metrale_orch.tasks.outcomes import summarise_result
     from metrale_orch.tasks.report_lines import format_modules
 
     env, _log = fake

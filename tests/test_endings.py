@@ -29,7 +29,7 @@ import pytest
 from metrale_orch import dodo
 from metrale_orch.cli import main
 from metrale_orch.errors import Interrupted, interrupt_exit_code, printable
-from metrale_orch.tasks.actions import BuildFailed
+from metrale_orch.tasks.outcomes import BuildFailed
 from metrale_orch.tasks.report_lines import format_interrupted, format_summary
 from metrale_orch.tasks.run_end import exit_status
 from tests.support.project import (

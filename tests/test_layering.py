@@ -308,3 +308,62 @@ def test_no_module_is_over_600_lines() -> None:
         and len(path.read_text(encoding="utf-8").splitlines()) > MAX_MODULE_LINES
     }
     assert over == OVER_600, f"over {MAX_MODULE_LINES} lines: {sorted(over - OVER_600)}"
+
+
+# ------------------------------------------------------------------ deferred imports
+
+#: Modules on a start-up path (every doit run imports them, every CLI command registers
+#: them) whose functions import what only they need, when they run: a no-op run or
+#: ``metrale-orch --help`` never loads the build, the cache or the tree package.
+START_UP_PATHS: tuple[str, ...] = (
+    "metrale_orch.dodo",
+    "metrale_orch.tasks.actions",
+    "metrale_orch.tasks.creators",
+    "metrale_orch.tasks.reporter",
+    "metrale_orch.tasks.smoke",
+    "metrale_orch.cli._",
+)
+
+#: Packages imported where they are used, anywhere: optional extras (``remote``: grpc and
+#: protobuf behind :mod:`metrale_orch.remote`; ``gpu``: CuPy and NumPy behind
+#: :mod:`metrale_orch.smoke.dtypes`; the protobuf generator) and heavy libraries that
+#: most runs never need (fsspec's stores, cryptography's signatures, rich's live line,
+#: the shared log handler, platformdirs' lookups).
+DEFERRED_ANYWHERE: frozenset[str] = frozenset(
+    {
+        "metrale_orch.remote",
+        "metrale_orch.smoke.dtypes",
+        "cupy",
+        "grpc_tools",
+        "fsspec",
+        "cryptography",
+        "rich",
+        "concurrent_log_handler",
+        "platformdirs",
+    }
+)
+
+
+def _deferred_imports(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, module) of every import inside a function (``TYPE_CHECKING`` blocks aside)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for fn in ast.walk(tree):
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import):
+                    yield from ((node.lineno, alias.name) for alias in node.names)
+                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    yield node.lineno, node.module
+
+
+def test_deferred_imports_only_where_they_keep_start_up_light() -> None:
+    """An import inside a function is for the start-up paths and the optional or heavy
+    packages above; anywhere else it belongs at the top, where a reader looks."""
+    found = []
+    for module, path in MODULES:
+        if module.startswith(START_UP_PATHS) or "._proto" in module:
+            continue
+        for line, name in _deferred_imports(path):
+            if not any(name == d or name.startswith(f"{d}.") for d in DEFERRED_ANYWHERE):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {name}")
+    assert not found, "\n".join(found)

@@ -22,10 +22,10 @@ from metrale_orch.cache import CacheStats
 from metrale_orch.config import load_config
 from metrale_orch.paths import TREE_TASK
 from metrale_orch.tasks import actions, taskcache
-from metrale_orch.tasks.actions import nonzero_counters
 from metrale_orch.tasks.checker import SignatureCheck
 from metrale_orch.tasks.creators import cached_tasks, record_task_dicts, replay_task_dicts
 from metrale_orch.tasks.dicts import BuildSpec
+from metrale_orch.tasks.outcomes import nonzero_counters
 from metrale_orch.tasks.scope import in_scope
 from metrale_orch.tasks.specs import (
     GENERATION,

@@ -74,6 +74,7 @@ from metrale_orch.cache.objects import (
     ObjectTooLarge,
     header_length,
 )
+from metrale_orch.cache.reapi_tier import ReapiObjects
 from metrale_orch.fsutil import bytes_digest
 
 __all__ = ["RemoteStore", "extra_for", "remote_object_path"]
@@ -387,7 +388,6 @@ class RemoteStore:
 
     def _open_reapi(self) -> None:
         """A REAPI action cache and CAS (:mod:`metrale_orch.cache.reapi_tier`) as the store."""
-        from metrale_orch.cache.reapi_tier import ReapiObjects
         from metrale_orch.remote.client import RemoteClient
 
         options = dict(self._options)

@@ -14,6 +14,7 @@ instead) and a compile that ran and failed (a :class:`RemoteRun` with its exit c
 
 from __future__ import annotations
 
+import hashlib
 import os
 import posixpath
 import threading
@@ -21,6 +22,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import xxhash
 
 from metrale_orch.executor.action import RemoteForm
 from metrale_orch.executor.offload import RemoteRun, RemoteUnavailable
@@ -205,10 +208,6 @@ class ReapiBackend:
 
 def _digests(path: Path) -> tuple[Digest, str]:
     """The REAPI digest of ``path`` and the xxh3-128 of the same bytes, in one read."""
-    import hashlib
-
-    import xxhash
-
     sha, xxh, size = hashlib.sha256(), xxhash.xxh3_128(), 0
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):

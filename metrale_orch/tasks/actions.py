@@ -8,68 +8,44 @@ errors (turned into a one-line ``TaskFailed``), the per-process build log and
 cache, and a small JSON-ready value per task that the reporter aggregates.
 
 What the actions of a run share lives on its :class:`~metrale_orch.tasks.run.Run`
-(:func:`~metrale_orch.tasks.doit_api.current_run`): the configuration, the opened cache
-(a remote tier's circuit breaker and connections live once per worker rather than once
-per target), the build session (:class:`~metrale_orch.steps.session.BuildSession`: the
-executor that runs at most ``jobs`` compiles at once, the artefacts already obtained),
-which every target built by this process shares, and the stop state: Ctrl-C and SIGTERM
-stop the session's compiles at once (:func:`install_sigterm_handler`).
+(:func:`~metrale_orch.tasks.doit_api.current_run`); Ctrl-C and SIGTERM stop the run's
+compiles at once (:func:`install_sigterm_handler`).
 
 Deferred imports: doit imports this module on every invocation (the task dicts
-name its functions), and a no-op run calls none of them; so the build step, the
-cache, the tree package, the log handler and the whole-tree check are imported by
-the action that runs them (:func:`_build_step`, :func:`_parse_target`,
-:func:`configure_build_log`, :func:`check_action`, :func:`coverage_action`), and nowhere
-else.
+name its functions), and a no-op run calls none of them; so each action imports
+what it runs when it runs: the build (:mod:`metrale_orch.tasks.building`: the build
+step, the cache, the tree package, the build log), the whole-tree check and the
+release gate's coverage.
 """
 
 from __future__ import annotations
 
+import _thread
 import contextlib
-import logging
+import multiprocessing
 import os
 import shutil
 import signal
 import sys
 import threading
-from collections.abc import Mapping
 from pathlib import Path
-from types import FrameType, ModuleType
-from typing import TYPE_CHECKING
+from types import FrameType
 
 from doit.exceptions import TaskFailed
 
-from metrale_orch.config import Config
 from metrale_orch.errors import Interrupted, MetraleError, printable
-from metrale_orch.paths import BUILD_TASK, LOG_NAME, compdb_part
-from metrale_orch.tasks.checker import (
-    EXTERNAL_KEY,
-    INPUTS_KEY,
-    OUTPUTS_KEY,
-    PROFILE_KEY,
-    encode_outputs,
-)
+from metrale_orch.paths import BUILD_TASK, compdb_part
 from metrale_orch.tasks.doit_api import current_run
-from metrale_orch.tasks.run import RUN_ENV, Run
-
-if TYPE_CHECKING:
-    from metrale_orch.cache import Cache, CacheStats
-    from metrale_orch.steps.results import TargetResult
-    from metrale_orch.steps.session import BuildSession
-    from metrale_orch.tree import Target
+from metrale_orch.tasks.outcomes import BuildFailed
+from metrale_orch.tasks.run import Run
 
 __all__ = [
-    "LOG_NAME",
-    "REFUSED_KEY",
-    "RUN_ENV",
-    "BuildFailed",
     "build_action",
     "check_action",
     "clean_action",
-    "configure_build_log",
+    "coverage_action",
     "default_target_threads",
     "error_action",
-    "flush_build_log",
     "install_sigterm_handler",
     "progress_counts",
     "skip_action",
@@ -78,27 +54,8 @@ __all__ = [
     "wait_for_builds",
 ]
 
-_log = logging.getLogger("metrale_orch.steps")
-
 #: Most targets doit runs at once by default with remote execution.
 REMOTE_TARGET_THREADS = 32
-
-#: The value key of a target's modules that ``require_hits`` did not compile (a count).
-REFUSED_KEY = "refused"
-
-#: The values of a target that a stopped run did not build.
-STOPPED: dict[str, object] = {"outcome": "stopped"}
-
-
-class BuildFailed(TaskFailed):  # type: ignore[misc]
-    """A ``TaskFailed`` that also carries the task's values (cache statistics, outcome).
-
-    doit saves no values for a failed task; the reporter reads them from here.
-    """
-
-    def __init__(self, msg: str, values: dict[str, object] | None = None) -> None:
-        super().__init__(msg)
-        self.values = dict(values or {})
 
 
 def progress_counts() -> tuple[dict[str, float], int]:
@@ -158,13 +115,9 @@ def _sigterm(signum: int, frame: FrameType | None) -> None:
     # every result, saves the finished ones and ends the run (the reporter then exits
     # 128 + signum). Worker processes are told too, as a SIGTERM sent to this process
     # alone does not reach them.
-    import multiprocessing
-
     for child in multiprocessing.active_children():
         with contextlib.suppress(OSError):
             os.kill(child.pid or 0, signum)
-    import _thread
-
     stop.timer = threading.Timer(STOP_GRACE, _thread.interrupt_main, (signum,))
     stop.timer.daemon = True
     stop.timer.start()
@@ -194,55 +147,7 @@ def install_sigterm_handler() -> bool:
     return True
 
 
-# ------------------------------------------------------------------------------ logging
-
-
-def configure_build_log(build_dir: Path, *, max_bytes: int, backups: int) -> logging.Logger:
-    """Attach the shared rotating build log to the package logger (idempotent per process;
-    :mod:`metrale_orch.tasks.buildlog`, imported here: a no-op run never logs)."""
-    from metrale_orch.tasks import buildlog
-
-    return buildlog.configure_build_log(build_dir, max_bytes=max_bytes, backups=backups)
-
-
-def flush_build_log() -> None:
-    """Wait until this process's build-log records so far are in the file."""
-    buildlog = sys.modules.get("metrale_orch.tasks.buildlog")
-    if buildlog is not None:
-        buildlog.flush_build_log()
-
-
 # ------------------------------------------------------------------------------ actions
-
-
-def _build_step() -> tuple[ModuleType, ModuleType]:
-    """The build step and the cache (:mod:`metrale_orch.steps.target`,
-    :mod:`metrale_orch.cache`), imported when a build runs (see the module docstring)."""
-    from metrale_orch import cache
-    from metrale_orch.steps import target as build
-
-    return build, cache
-
-
-def _parse_target(name: str) -> Target:
-    """``name`` as a :class:`~metrale_orch.tree.Target`; the tree package is imported
-    here, by a build that runs, never by a no-op (see the module docstring)."""
-    from metrale_orch.tree import Target
-
-    return Target.parse(name)
-
-
-def _cache(run: Run, config: Config, cache_mod: ModuleType) -> Cache:
-    key = (
-        "cache",
-        str(config.root),
-        config.cache,
-        config.cache_mode,
-        str(config.local_cache),
-        config.cache_trusted_keys,
-        config.cache_signing_key,
-    )
-    return run.cache(key, lambda: cache_mod.open_cache(cache_mod.CacheSettings.from_config(config)))
 
 
 def default_target_threads(run: Run) -> int:
@@ -259,93 +164,6 @@ def default_target_threads(run: Run) -> int:
     return max(1, config.jobs)
 
 
-def _session(run: Run, config: Config, build_dir: Path) -> BuildSession:
-    """The run's build session for ``config`` (made on first use): its compiles are
-    ordered by the kept compile times (:mod:`metrale_orch.steps.times`), longest first."""
-    from metrale_orch.paths import STATE_DIR
-    from metrale_orch.steps.session import BuildSession  # see the module docstring
-    from metrale_orch.steps.times import read_times
-
-    def make() -> BuildSession:
-        times = read_times(build_dir / STATE_DIR)
-        expected, by_module = times.by_key(), times.by_module()
-        if config.remote_executor:
-            return _remote_session(run, config, build_dir, expected, by_module)
-        return BuildSession.local(
-            jobs=config.jobs,
-            build_dir=build_dir,
-            expected=expected,
-            by_module=by_module,
-            probes=run.probes,
-            run=os.environ.get(RUN_ENV, ""),
-        )
-
-    return run.session((str(build_dir), config.jobs, config.remote_executor), make)
-
-
-def _remote_session(
-    run: Run,
-    config: Config,
-    build_dir: Path,
-    expected: Mapping[str, float],
-    by_module: Mapping[tuple[str, str], float],
-) -> BuildSession:
-    """A session whose compiles go to ``config.remote_executor`` (raises the one-line
-    error of a missing ``remote`` extra)."""
-    from metrale_orch.executor.offload import RemoteExecutor
-    from metrale_orch.executor.reapi import open_backend
-    from metrale_orch.steps.session import BuildSession, local_executor
-
-    executor = RemoteExecutor(
-        open_backend(config),
-        local_executor(config.jobs, build_dir),
-        remote_jobs=config.remote_jobs,
-        strict=config.remote_strict,
-    )
-    return BuildSession(
-        executor,
-        expected=expected,
-        by_module=by_module,
-        remote=True,
-        container_image=config.remote_container_image,
-        probes=run.probes,
-        run=os.environ.get(RUN_ENV, ""),
-    )
-
-
-def _remote_counts(session: BuildSession, target: str) -> dict[str, object]:
-    """Where this target's compile actions ran (empty without remote execution)."""
-    counts = getattr(session.executor, "counts", None)
-    if not callable(counts):
-        return {}
-    found = counts(target).to_dict()
-    return found if isinstance(found, dict) else {}
-
-
-def summarise_result(result: TargetResult) -> dict[str, object]:
-    """The small JSON value a build task saves and the reporter aggregates (pure).
-
-    ``outcome``: ``built`` (at least one module compiled in this run, by this target or
-    by another that shared it), ``cached`` (every module restored from a cache, by this
-    target or by another that shared it), ``failed``. ``modules``: how many were
-    compiled, local or remote hits, ``shared`` (another target of the run obtained
-    them: never counted as hits), failed.
-    """
-    counts: dict[str, int] = {}
-    for m in result.modules:
-        name = "shared" if m.shared else str(m.outcome) or "unknown"
-        counts[name] = counts.get(name, 0) + 1
-    if result.failed:
-        outcome = "failed"
-    elif result.modules and all(
-        m.outcome in ("local", "remote") and m.shared != "compiled" for m in result.modules
-    ):
-        outcome = "cached"
-    else:
-        outcome = "built"
-    return {"outcome": outcome, "modules": dict(sorted(counts.items()))}
-
-
 def build_action(root: str, target: str) -> dict[str, object] | TaskFailed:
     """Build one target (doit action). Package errors become one-line failures.
 
@@ -355,84 +173,10 @@ def build_action(root: str, target: str) -> dict[str, object] | TaskFailed:
     states of the files it installed (checked by the next run) and its profile
     spans (written to ``profile.json`` by the reporter, never stored).
     """
+    from metrale_orch.tasks.building import build_target_action  # see the module docstring
+
     with current_run().active():
-        try:
-            return _build_action(root, target)
-        finally:
-            flush_build_log()  # the target's lines are in the log when doit reports it
-
-
-def _build_action(root: str, target: str) -> dict[str, object] | TaskFailed:
-    build, cache_mod = _build_step()
-    stats: CacheStats = cache_mod.CacheStats()
-    if stop_requested():  # doit's `--continue` goes on handing out targets
-        return BuildFailed(f"{BUILD_TASK}:{target}: not started: the run was stopped", STOPPED)
-    run = current_run()
-    try:
-        config = run.config(Path(root))
-        log = configure_build_log(
-            config.build_dir, max_bytes=config.log_max_bytes, backups=config.log_backups
-        )
-        cache = _cache(run, config, cache_mod)
-        session = _session(run, config, Path(config.build_dir))
-        with cache.track() as stats:
-            result: TargetResult = build.build_target(
-                Path(root),
-                _parse_target(target),
-                config=config,
-                cache=cache,
-                environ=os.environ,
-                log=log.getChild("build"),
-                session=session,
-            )
-            cache.flush()  # uploads finish before doit may end this worker
-        remote = _remote_counts(session, target)
-    except MetraleError as exc:
-        _log.error("%s:%s: %s", BUILD_TASK, target, exc)
-        from metrale_orch.executor import ActionStopped  # loaded by the build already
-
-        stopped = bool(stop_requested()) and isinstance(exc, ActionStopped)
-        failed: dict[str, object] = {
-            "outcome": "stopped" if stopped else "failed",
-            "cache": nonzero_counters(stats),
-            "exit_code": exc.exit_code,
-        }
-        return BuildFailed(f"{BUILD_TASK}:{target}: {exc}", failed)
-    values = summarise_result(result)
-    values["seconds"] = round(result.seconds, 3)
-    values["cache"] = nonzero_counters(stats)
-    if remote:
-        values["remote"] = remote
-    values[INPUTS_KEY] = dict(result.inputs)
-    values[OUTPUTS_KEY] = encode_outputs(result.outputs)
-    if result.external:
-        values[EXTERNAL_KEY] = {k: list(v) for k, v in result.external.items()}
-    values[PROFILE_KEY] = [span.to_dict() for span in result.spans]
-    if result.refused:  # require_hits: counted in the run's summary
-        values[REFUSED_KEY] = len(result.refused)
-    warnings = [*result.warnings, *cache.warnings()]
-    if warnings:
-        values["warnings"] = sorted({str(w) for w in warnings})
-    if result.failed:
-        return BuildFailed(_failure_text(target, result), values)
-    return values
-
-
-def nonzero_counters(stats: CacheStats) -> dict[str, int | float]:
-    """A task's cache statistics without the zero counters: the value is saved with the
-    task in doit's database and read back on every run, so it stays small
-    (``CacheStats.from_dict`` reads a missing counter as 0)."""
-    return {k: v for k, v in stats.to_dict().items() if v}
-
-
-def _failure_text(target: str, result: TargetResult) -> str:
-    describe = getattr(result, "failure_text", None)
-    if callable(describe):
-        return str(describe())
-    errors = getattr(result, "errors", None)
-    if errors:
-        return f"{BUILD_TASK}:{target}: " + "\n".join(str(e) for e in errors)
-    return f"{BUILD_TASK}:{target}: failed (see the build log)"
+        return build_target_action(root, target)
 
 
 def skip_action(target: str, reason: str, explicit: bool) -> dict[str, object] | TaskFailed:
@@ -491,11 +235,10 @@ def coverage_action(root: str) -> dict[str, object] | TaskFailed:
     Returns its report's lines as the task's ``summary`` value (the reporter prints it
     last, as smoke's) when there is no problem, else ``TaskFailed`` with them: with doit's
     thread runner, what an action prints may land in another task's captured output."""
-    from metrale_orch.config import load_config
     from metrale_orch.gate import check_coverage  # as check_action: only this task needs it
 
     try:
-        got = check_coverage(load_config(Path(root), os.environ), None, os.environ)
+        got = check_coverage(current_run().config(Path(root)), None, os.environ)
     except MetraleError as exc:
         return TaskFailed(printable(f"error: {exc}"))
     text = "\n".join(printable(line) for line in got.lines())

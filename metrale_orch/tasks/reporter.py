@@ -76,16 +76,12 @@ from metrale_orch.paths import (
     STATE_DIR,
     STATS_NAME,
 )
-from metrale_orch.tasks.actions import (
-    REFUSED_KEY,
-    BuildFailed,
-    progress_counts,
-    stop_requested,
-)
+from metrale_orch.tasks.actions import progress_counts, stop_requested
 from metrale_orch.tasks.checker import PROFILE_KEY
 from metrale_orch.tasks.database import Database
 from metrale_orch.tasks.dicts import KIND
 from metrale_orch.tasks.doit_api import Task, current_run, running_backend
+from metrale_orch.tasks.outcomes import REFUSED_KEY, BuildFailed
 from metrale_orch.tasks.progress import LiveLine, progress_text
 from metrale_orch.tasks.report_lines import (
     add_remote_counts,

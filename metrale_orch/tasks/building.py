@@ -1,0 +1,186 @@
+"""The build action's work: one target built in this process, its value for doit.
+
+Imported by :func:`metrale_orch.tasks.actions.build_action` when the first build runs
+(the one deferred import of the build step: a no-op run never loads the compile step,
+the cache or the tree package). What the targets of a run share lives on its
+:class:`~metrale_orch.tasks.run.Run`: the configuration, the opened cache (a remote
+tier's circuit breaker and connections live once per worker rather than once per
+target) and the build session (:class:`~metrale_orch.steps.session.BuildSession`: the
+executor that runs at most ``jobs`` compiles at once, the artefacts already obtained).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from doit.exceptions import TaskFailed
+
+from metrale_orch import cache as cache_mod
+from metrale_orch.config import Config
+from metrale_orch.errors import MetraleError
+from metrale_orch.executor import ActionStopped
+from metrale_orch.executor.offload import RemoteExecutor
+from metrale_orch.executor.reapi import open_backend
+from metrale_orch.paths import BUILD_TASK, STATE_DIR
+from metrale_orch.steps import target as build
+from metrale_orch.steps.results import TargetResult
+from metrale_orch.steps.session import BuildSession, local_executor
+from metrale_orch.steps.times import read_times
+from metrale_orch.tasks.buildlog import configure_build_log, flush_build_log
+from metrale_orch.tasks.checker import (
+    EXTERNAL_KEY,
+    INPUTS_KEY,
+    OUTPUTS_KEY,
+    PROFILE_KEY,
+    encode_outputs,
+)
+from metrale_orch.tasks.doit_api import current_run
+from metrale_orch.tasks.outcomes import (
+    REFUSED_KEY,
+    STOPPED,
+    BuildFailed,
+    failure_text,
+    nonzero_counters,
+    summarise_result,
+)
+from metrale_orch.tasks.run import RUN_ENV, Run
+from metrale_orch.tree import Target
+
+__all__ = ["build_target_action"]
+
+_log = logging.getLogger("metrale_orch.steps")
+
+
+def build_target_action(root: str, target: str) -> dict[str, object] | TaskFailed:
+    """Build one target; package errors become one-line failures (see
+    :func:`~metrale_orch.tasks.actions.build_action`)."""
+    try:
+        return _build(root, target)
+    finally:
+        flush_build_log()  # the target's lines are in the log when doit reports it
+
+
+def _build(root: str, target: str) -> dict[str, object] | TaskFailed:
+    stats = cache_mod.CacheStats()
+    run = current_run()
+    if run.stop.signum:  # doit's `--continue` goes on handing out targets
+        return BuildFailed(f"{BUILD_TASK}:{target}: not started: the run was stopped", STOPPED)
+    try:
+        config = run.config(Path(root))
+        log = configure_build_log(
+            config.build_dir, max_bytes=config.log_max_bytes, backups=config.log_backups
+        )
+        cache = _cache(run, config)
+        session = _session(run, config, Path(config.build_dir))
+        with cache.track() as stats:
+            result: TargetResult = build.build_target(
+                Path(root),
+                Target.parse(target),
+                config=config,
+                cache=cache,
+                environ=os.environ,
+                log=log.getChild("build"),
+                session=session,
+            )
+            cache.flush()  # uploads finish before doit may end this worker
+        remote = _remote_counts(session, target)
+    except MetraleError as exc:
+        _log.error("%s:%s: %s", BUILD_TASK, target, exc)
+        stopped = bool(run.stop.signum) and isinstance(exc, ActionStopped)
+        failed: dict[str, object] = {
+            "outcome": "stopped" if stopped else "failed",
+            "cache": nonzero_counters(stats),
+            "exit_code": exc.exit_code,
+        }
+        return BuildFailed(f"{BUILD_TASK}:{target}: {exc}", failed)
+    values = summarise_result(result)
+    values["seconds"] = round(result.seconds, 3)
+    values["cache"] = nonzero_counters(stats)
+    if remote:
+        values["remote"] = remote
+    values[INPUTS_KEY] = dict(result.inputs)
+    values[OUTPUTS_KEY] = encode_outputs(result.outputs)
+    if result.external:
+        values[EXTERNAL_KEY] = {k: list(v) for k, v in result.external.items()}
+    values[PROFILE_KEY] = [span.to_dict() for span in result.spans]
+    if result.refused:  # require_hits: counted in the run's summary
+        values[REFUSED_KEY] = len(result.refused)
+    warnings = [*result.warnings, *cache.warnings()]
+    if warnings:
+        values["warnings"] = sorted({str(w) for w in warnings})
+    if result.failed:
+        return BuildFailed(failure_text(target, result), values)
+    return values
+
+
+def _cache(run: Run, config: Config) -> cache_mod.Cache:
+    key = (
+        "cache",
+        str(config.root),
+        config.cache,
+        config.cache_mode,
+        str(config.local_cache),
+        config.cache_trusted_keys,
+        config.cache_signing_key,
+    )
+    return run.cache(key, lambda: cache_mod.open_cache(cache_mod.CacheSettings.from_config(config)))
+
+
+def _session(run: Run, config: Config, build_dir: Path) -> BuildSession:
+    """The run's build session for ``config`` (made on first use): its compiles are
+    ordered by the kept compile times (:mod:`metrale_orch.steps.times`), longest first."""
+
+    def make() -> BuildSession:
+        times = read_times(build_dir / STATE_DIR)
+        expected, by_module = times.by_key(), times.by_module()
+        if config.remote_executor:
+            return _remote_session(run, config, build_dir, expected, by_module)
+        return BuildSession.local(
+            jobs=config.jobs,
+            build_dir=build_dir,
+            expected=expected,
+            by_module=by_module,
+            probes=run.probes,
+            run=os.environ.get(RUN_ENV, ""),
+        )
+
+    return run.session((str(build_dir), config.jobs, config.remote_executor), make)
+
+
+def _remote_session(
+    run: Run,
+    config: Config,
+    build_dir: Path,
+    expected: Mapping[str, float],
+    by_module: Mapping[tuple[str, str], float],
+) -> BuildSession:
+    """A session whose compiles go to ``config.remote_executor`` (raises the one-line
+    error of a missing ``remote`` extra)."""
+
+    executor = RemoteExecutor(
+        open_backend(config),
+        local_executor(config.jobs, build_dir),
+        remote_jobs=config.remote_jobs,
+        strict=config.remote_strict,
+    )
+    return BuildSession(
+        executor,
+        expected=expected,
+        by_module=by_module,
+        remote=True,
+        container_image=config.remote_container_image,
+        probes=run.probes,
+        run=os.environ.get(RUN_ENV, ""),
+    )
+
+
+def _remote_counts(session: BuildSession, target: str) -> dict[str, object]:
+    """Where this target's compile actions ran (empty without remote execution)."""
+    counts = getattr(session.executor, "counts", None)
+    if not callable(counts):
+        return {}
+    found = counts(target).to_dict()
+    return found if isinstance(found, dict) else {}
