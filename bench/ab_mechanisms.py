@@ -44,19 +44,20 @@ SWITCHED_OFF: dict[str, tuple[str, str, str]] = {
 }
 
 
-def _package(out: Path, name: str) -> Path:
+def _package(out: Path, name: str, changes: list[tuple[str, str, str]] | None = None) -> Path:
     """A copy of the package (``out/pkg-NAME/metrale_orch``) with ``name`` switched off
-    ("base": unchanged); the directory to put on ``PYTHONPATH``."""
+    (``changes``: its edits, by default :data:`SWITCHED_OFF`'s; "base": unchanged); the
+    directory to put on ``PYTHONPATH``."""
     where = out / f"pkg-{name}"
     shutil.rmtree(where, ignore_errors=True)
     shutil.copytree(REPO / "metrale_orch", where / "metrale_orch")
     if name != "base":
-        rel, text, off = SWITCHED_OFF[name]
-        path = where / "metrale_orch" / rel
-        source = path.read_text()
-        if source.count(text) != 1:
-            sys.exit(f"{name}: {rel} no longer holds the text this benchmark switches off")
-        path.write_text(source.replace(text, off))
+        for rel, text, off in changes if changes is not None else [SWITCHED_OFF[name]]:
+            path = where / "metrale_orch" / rel
+            source = path.read_text()
+            if source.count(text) != 1:
+                sys.exit(f"{name}: {rel} no longer holds the text this benchmark switches off")
+            path.write_text(source.replace(text, off))
     return where
 
 

@@ -129,13 +129,17 @@ _READY_S = 60.0
 
 
 def _stop_process(proc: subprocess.Popen[Any], timeout: float, *, group: bool = True) -> None:
-    """SIGTERM ``proc`` (its process group when ``group``), SIGKILL after ``timeout``; reaped."""
+    """SIGTERM ``proc`` (its process group when ``group``), SIGKILL after ``timeout``; reaped,
+    its pipes closed."""
     if proc.poll() is None:
         _signal(proc, signal.SIGTERM, group)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=timeout)
     _signal(proc, signal.SIGKILL, group)  # stragglers in its group too
     proc.wait()
+    for pipe in (proc.stdout, proc.stderr):  # a probe's output nobody read (a failed test)
+        if pipe is not None:
+            pipe.close()
 
 
 def _signal(proc: subprocess.Popen[Any], sig: int, group: bool) -> None:
