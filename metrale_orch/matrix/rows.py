@@ -267,22 +267,24 @@ def plan_rows(
     unmapped = unmapped_hardware((hw for hw, _ in selected), runners, pattern)
     if unmapped and not allow_unmapped:
         raise UnmappedHardware(unmapped, runners.path)
-    mapped = [(hw, ts) for hw, ts in selected if runners.placement_for(hw.name) is not None]
+    mapped = [
+        (hw, ts, placement)
+        for hw, ts in selected
+        if (placement := runners.placement_for(hw.name)) is not None
+    ]
 
     every = {t.name: t.modules for hw in hardware for t in hw.targets}
     costs, timed = plan_costs(every, times or {})
-    per_hw = {hw.name: {t.name: costs[t.name] for t in ts} for hw, ts in mapped}
+    per_hw = {hw.name: {t.name: costs[t.name] for t in ts} for hw, ts, _ in mapped}
     counts = {
         hw.name: shards.get(hw.name)
         or (math.ceil(len(ts) / shard_size) if shard_size is not None else 1)
-        for hw, ts in mapped
+        for hw, ts, _ in mapped
     }
     if total_shards is not None:
         counts = _allocate(per_hw, total_shards, shards)
     rows: list[MatrixRow] = []
-    for hw, targets in mapped:
-        placement = runners.placement_for(hw.name)
-        assert placement is not None  # mapped
+    for hw, targets, placement in mapped:
         parts = plan_shards(targets, counts[hw.name], per_hw[hw.name])
         whole = len(targets) == len(hw.targets)
         rows.extend(_build_rows(hw, parts, whole, placement, runners, costs if timed else None))
