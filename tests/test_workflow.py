@@ -31,6 +31,7 @@ ROW_KEYS = set(
         toolchain="nvcc",
         targets=(),
         modules=0,
+        seconds=None,
         build="",
         smoke="",
     ).to_dict()

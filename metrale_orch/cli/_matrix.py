@@ -24,7 +24,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             f"build runner class (from {mx.DEFAULT_RUNNERS_FILE}), the build selector "
             "(build:<hw>/*), the smoke task (smoke:<hw>, empty where the hardware smokes "
             "on another class: see --smoke-rows) and whether its toolchain is installed "
-            "on that runner class. Rows are sorted and stable."
+            "on that runner class. --shards N splits the build rows into N rows in all, "
+            "balanced by the kept compile seconds (<build_dir>/.state/target-times.json; "
+            "a target never built by its module count). Rows are sorted and stable."
         ),
     )
     p.add_argument(
@@ -49,14 +51,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--shard-size",
         type=int,
         metavar="N",
-        help="split each hardware into rows of at most N targets, balanced by module count",
+        help="split each hardware into rows of at most N targets, balanced by the kept "
+        "compile seconds (module counts without them)",
     )
     p.add_argument(
         "--shards",
         action="append",
         default=[],
-        metavar="HW=N",
-        help="split hardware HW into N rows (repeatable; overrides --shard-size for HW)",
+        metavar="N|HW=N",
+        help="N: N build rows in all, shared among the hardware by their kept compile "
+        "seconds (one each at least) and balanced within each (the slowest near "
+        "total/N); HW=N: split hardware HW into N rows (repeatable; counted in N, and "
+        "overrides --shard-size for HW)",
     )
     p.add_argument(
         "--smoke-rows",
@@ -72,10 +78,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run_matrix(args: argparse.Namespace, ctx: Context) -> int:
     runners_file = args.runners if args.runners is not None else ctx.root / mx.DEFAULT_RUNNERS_FILE
     runners = mx.load_runners(runners_file, ctx.root)
-    shards = mx.parse_shard_specs(args.shards)
+    total, shards = mx.parse_shards(args.shards)
     if args.shard_size is not None and args.shard_size < 1:
         raise mx.ShardSpecError(f"--shard-size {args.shard_size}", "N must be at least 1")
     hardware = mx.scan_tree(ctx.root)
+    times = mx.read_kept_seconds(ctx.config().build_dir)
     plan = mx.plan_smoke_matrix if args.smoke_rows else mx.plan_matrix
     matrix = plan(
         hardware,
@@ -84,6 +91,8 @@ def run_matrix(args: argparse.Namespace, ctx: Context) -> int:
         allow_unmapped=args.allow_unmapped,
         shard_size=args.shard_size,
         shards=shards,
+        total_shards=total,
+        times=times,
     )
     if args.allow_unmapped:
         unmapped = mx.unmapped_hardware(hardware, runners, args.pattern)

@@ -6,7 +6,9 @@ JSON object a workflow feeds to ``strategy.matrix``
 the runner class it runs on, its targets, the doit task selector that builds them, its
 smoke task, and whether the hardware's toolchain is installed on that runner
 class. A large hardware may be split into several rows ("shards") by target,
-balanced by module count.
+balanced by the kept compile seconds (module counts where there are none), and
+``--shards N`` shares N rows in all among the hardware by their seconds
+(:mod:`~metrale_orch.matrix.balance`).
 
 A hardware builds on one runner class and smokes on another when the runner map
 says so (:class:`Placement`): compiles need no GPU, so a CPU class compiles and
@@ -17,16 +19,17 @@ smoke-only row on the smoke class, as it does for a hardware split into shards.
 Invariants:
 
 * :func:`plan_rows`, :func:`plan_matrix`, :func:`plan_smoke_matrix`,
-  :func:`parse_runners`, :func:`parse_shard_specs` and :func:`plan_shards` are
-  pure functions of values; only :func:`load_runners` and :func:`scan_tree`
-  read files.
+  :func:`parse_runners`, :func:`parse_shards`, :func:`parse_shard_specs` and
+  :func:`plan_shards` are pure functions of values; only :func:`load_runners`,
+  :func:`scan_tree` and :func:`read_kept_seconds` read files.
 * Output is deterministic: rows sorted by (hardware, shard), targets sorted,
   shard assignment independent of input order (greedy LPT with total
   tie-breaks).
 * Every target of a selected hardware appears in exactly one row.
 
 The runner map and its format are :mod:`~metrale_orch.matrix.runners`; the rows,
-:mod:`~metrale_orch.matrix.rows`; the errors, :mod:`~metrale_orch.matrix.errors`.
+:mod:`~metrale_orch.matrix.rows`; the split by time, :mod:`~metrale_orch.matrix.balance`;
+the errors, :mod:`~metrale_orch.matrix.errors`.
 """
 
 from metrale_orch.matrix.errors import (
@@ -42,10 +45,12 @@ from metrale_orch.matrix.rows import (
     RowOptions,
     TargetLoad,
     parse_shard_specs,
+    parse_shards,
     plan_matrix,
     plan_rows,
     plan_shards,
     plan_smoke_matrix,
+    read_kept_seconds,
     scan_tree,
     unmapped_hardware,
 )
@@ -75,10 +80,12 @@ __all__ = [
     "load_runners",
     "parse_runners",
     "parse_shard_specs",
+    "parse_shards",
     "plan_matrix",
     "plan_rows",
     "plan_shards",
     "plan_smoke_matrix",
+    "read_kept_seconds",
     "scan_tree",
     "unmapped_hardware",
 ]

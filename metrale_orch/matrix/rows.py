@@ -2,24 +2,27 @@
 
 :func:`scan_tree` reads the tree (each hardware's toolchain and targets, weighed by
 module count); :func:`plan_rows`, :func:`plan_matrix` and :func:`plan_smoke_matrix`
-turn it and the runner map (:mod:`~metrale_orch.matrix.runners`) into rows, a large
-hardware split into shards balanced by :func:`plan_shards` (greedy LPT, total
-tie-breaks). Rows are sorted by (hardware, shard), targets sorted, and every target of
-a selected hardware is in exactly one row.
+turn it, the runner map (:mod:`~metrale_orch.matrix.runners`) and the kept compile
+seconds into rows, a large hardware split into shards balanced by time
+(:mod:`~metrale_orch.matrix.balance`: greedy LPT, total tie-breaks). Rows are sorted by
+(hardware, shard), targets sorted, and every target of a selected hardware is in
+exactly one row.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict, Unpack
 
+from metrale_orch.matrix.balance import allocate_rows, plan_costs, plan_lpt, row_cost
 from metrale_orch.matrix.errors import NoMatch, ShardSpecError, UnmappedHardware
 from metrale_orch.matrix.runners import Placement, RunnerClass, Runners
+from metrale_orch.paths import STATE_DIR
+from metrale_orch.steps.times import read_target_seconds, read_times
 from metrale_orch.toolchain.definitions import load_toolchains, select_toolchain
 from metrale_orch.tree import LayoutError, TreeSnapshot, resolve_all
 
@@ -58,6 +61,10 @@ class MatrixRow:
     toolchain: str
     targets: tuple[str, ...]
     modules: int
+    #: The expected compile seconds of the row's targets (kept times, a never-built
+    #: target estimated from its module count); None without kept times, and in a
+    #: smoke-only row.
+    seconds: float | None
     #: doit task names, space-separated (``build:<hw>/*`` when the row covers the hardware).
     build: str
     #: ``smoke:<hw>``, or "" where the row is one shard of several (see ``plan_smoke_matrix``).
@@ -82,6 +89,7 @@ class MatrixRow:
             "name": self.name,
             "runner": self.runner.name,
             "runs-on": list(self.runner.labels),
+            "seconds": self.seconds,
             "shard": self.shard,
             "shards": self.shards,
             "smoke": self.smoke,
@@ -123,7 +131,38 @@ def scan_tree(root: Path) -> tuple[HardwareInfo, ...]:
     return tuple(infos)
 
 
+def read_kept_seconds(build_dir: Path) -> dict[str, float]:
+    """The kept compile seconds by target under ``<build_dir>/.state`` (I/O): the
+    ``target-times.json`` summary, else the sums of ``compile-times.json``; ``{}``
+    when neither is there or readable (the rows are then balanced by module count)."""
+    state = Path(build_dir) / STATE_DIR
+    return read_target_seconds(state) or read_times(state).target_seconds()
+
+
 # --------------------------------------------------------------------------- planning
+
+
+def parse_shards(specs: Iterable[str]) -> tuple[int | None, dict[str, int]]:
+    """``["8", "hopper=3"]`` -> ``(8, {"hopper": 3})``: the rows in all (``--shards N``,
+    None when not given) and the rows of given hardware. Raises :class:`ShardSpecError`."""
+    total: int | None = None
+    per_hw = []
+    for spec in specs:
+        if "=" in spec:
+            per_hw.append(spec)
+            continue
+        try:
+            n = int(spec)
+        except ValueError:
+            raise ShardSpecError(
+                spec, "expected N or HW=N, e.g. --shards 8 or --shards hopper=3"
+            ) from None
+        if n < 1:
+            raise ShardSpecError(spec, "N must be at least 1")
+        if total is not None and total != n:
+            raise ShardSpecError(spec, f"the number of rows is given twice ({total} and {n})")
+        total = n
+    return total, parse_shard_specs(per_hw)
 
 
 def parse_shard_specs(specs: Iterable[str]) -> dict[str, int]:
@@ -146,32 +185,23 @@ def parse_shard_specs(specs: Iterable[str]) -> dict[str, int]:
     return out
 
 
-def _weight(t: TargetLoad) -> int:
-    # Every target costs something (resolve, stage, manifest) even with no modules.
-    return max(1, t.modules)
-
-
-def plan_shards(targets: Sequence[TargetLoad], count: int) -> tuple[tuple[TargetLoad, ...], ...]:
+def plan_shards(
+    targets: Sequence[TargetLoad], count: int, costs: Mapping[str, float] | None = None
+) -> tuple[tuple[TargetLoad, ...], ...]:
     """Split ``targets`` into ``min(count, len(targets))`` non-empty shards (greedy LPT).
 
-    Heaviest target first (ties by name), each into the lightest shard (ties by
-    fewer targets, then lower index). The result depends only on the set of
-    targets, and the loads of any two shards differ by at most the heaviest
-    target's weight. Each shard's targets are sorted by name.
+    Each target weighs its ``costs`` entry (seconds, :func:`~.balance.plan_costs`), else
+    its module count (at least 1). Costliest target first (ties by name), each into the
+    lightest shard (ties by fewer targets, then lower index). The result depends only
+    on the set of targets, and the loads of any two shards differ by at most the
+    heaviest target's weight. Each shard's targets are sorted by name; shard 1 holds the
+    alphabetically first target.
     """
-    n = min(count, len(targets))
-    if n <= 1:
-        return (tuple(sorted(targets, key=lambda t: t.name)),) if targets else ()
-    order = sorted(targets, key=lambda t: (-_weight(t), t.name))
-    heap = [(0, 0, i) for i in range(n)]
-    bins: list[list[TargetLoad]] = [[] for _ in range(n)]
-    for t in order:
-        load, size, i = heapq.heappop(heap)
-        bins[i].append(t)
-        heapq.heappush(heap, (load + _weight(t), size + 1, i))
-    shards = [tuple(sorted(b, key=lambda t: t.name)) for b in bins]
-    # Number shards by their first target so shard 1 holds the alphabetically first one.
-    return tuple(sorted(shards, key=lambda s: s[0].name))
+    by_name = {t.name: t for t in targets}
+    weights = {
+        t.name: costs[t.name] if costs is not None else float(max(1, t.modules)) for t in targets
+    }
+    return tuple(tuple(by_name[n] for n in part) for part in plan_lpt(weights, count))
 
 
 def _select(hw: HardwareInfo, pattern: str | None) -> tuple[TargetLoad, ...]:
@@ -200,6 +230,8 @@ class RowOptions(TypedDict, total=False):
     allow_unmapped: bool
     shard_size: int | None
     shards: Mapping[str, int] | None
+    total_shards: int | None
+    times: Mapping[str, float] | None
 
 
 def plan_rows(
@@ -210,17 +242,61 @@ def plan_rows(
     allow_unmapped: bool = False,
     shard_size: int | None = None,
     shards: Mapping[str, int] | None = None,
+    total_shards: int | None = None,
+    times: Mapping[str, float] | None = None,
 ) -> tuple[MatrixRow, ...]:
     """The matrix rows, sorted by (hardware, shard).
 
     ``pattern`` (fnmatch) selects hardware by name, or targets by
     ``hw/model/quant``. ``shards`` maps a hardware to its number of rows;
-    ``shard_size`` splits every other hardware into rows of at most that many
-    targets. Raises :class:`UnmappedHardware` (unless ``allow_unmapped``, which
-    leaves such hardware out), :class:`ShardSpecError`, :class:`NoMatch`.
+    ``total_shards`` is the number of build rows in all, shared among the other
+    selected hardware by time (:func:`~.balance.allocate_rows`, one row each at least);
+    else ``shard_size`` splits every other hardware into rows of at most that many
+    targets. ``times``: the kept compile seconds by target, which the split balances
+    (module counts without them). Raises :class:`UnmappedHardware` (unless
+    ``allow_unmapped``, which leaves such hardware out), :class:`ShardSpecError`,
+    :class:`NoMatch`.
     """
     shards = dict(shards or {})
     names = tuple(sorted(hw.name for hw in hardware))
+    _check_shard_options(names, shards, shard_size, total_shards)
+    selected = [(hw, _select(hw, pattern)) for hw in sorted(hardware, key=lambda h: h.name)]
+    selected = [(hw, targets) for hw, targets in selected if targets]
+    if pattern is not None and not selected:
+        raise NoMatch(pattern, names)
+    unmapped = unmapped_hardware((hw for hw, _ in selected), runners, pattern)
+    if unmapped and not allow_unmapped:
+        raise UnmappedHardware(unmapped, runners.path)
+    mapped = [
+        (hw, ts, placement)
+        for hw, ts in selected
+        if (placement := runners.placement_for(hw.name)) is not None
+    ]
+
+    every = {t.name: t.modules for hw in hardware for t in hw.targets}
+    costs, timed = plan_costs(every, times or {})
+    per_hw = {hw.name: {t.name: costs[t.name] for t in ts} for hw, ts, _ in mapped}
+    counts = {
+        hw.name: shards.get(hw.name)
+        or (math.ceil(len(ts) / shard_size) if shard_size is not None else 1)
+        for hw, ts, _ in mapped
+    }
+    if total_shards is not None:
+        counts = _allocate(per_hw, total_shards, shards)
+    rows: list[MatrixRow] = []
+    for hw, targets, placement in mapped:
+        parts = plan_shards(targets, counts[hw.name], per_hw[hw.name])
+        whole = len(targets) == len(hw.targets)
+        rows.extend(_build_rows(hw, parts, whole, placement, runners, costs if timed else None))
+    return tuple(rows)
+
+
+def _check_shard_options(
+    names: Sequence[str],
+    shards: Mapping[str, int],
+    shard_size: int | None,
+    total_shards: int | None,
+) -> None:
     for hw_name in sorted(shards):
         if hw_name not in names:
             raise ShardSpecError(
@@ -230,29 +306,31 @@ def plan_rows(
             )
     if shard_size is not None and shard_size < 1:
         raise ShardSpecError(f"--shard-size {shard_size}", "N must be at least 1")
+    if total_shards is not None and total_shards < 1:
+        raise ShardSpecError(str(total_shards), "N must be at least 1")
+    if total_shards is not None and shard_size is not None:
+        raise ShardSpecError(
+            str(total_shards), "--shards N and --shard-size both set the rows: give one"
+        )
 
-    selected = [(hw, _select(hw, pattern)) for hw in sorted(hardware, key=lambda h: h.name)]
-    selected = [(hw, targets) for hw, targets in selected if targets]
-    if pattern is not None and not selected:
-        raise NoMatch(pattern, names)
-    unmapped = unmapped_hardware((hw for hw, _ in selected), runners, pattern)
-    if unmapped and not allow_unmapped:
-        raise UnmappedHardware(unmapped, runners.path)
 
-    rows: list[MatrixRow] = []
-    for hw, targets in selected:
-        placement = runners.placement_for(hw.name)
-        if placement is None:
-            continue
-        if hw.name in shards:
-            count = shards[hw.name]
-        elif shard_size is not None:
-            count = math.ceil(len(targets) / shard_size)
-        else:
-            count = 1
-        whole = len(targets) == len(hw.targets)
-        rows.extend(_build_rows(hw, plan_shards(targets, count), whole, placement, runners))
-    return tuple(rows)
+def _allocate(
+    per_hw: Mapping[str, Mapping[str, float]], total: int, shards: Mapping[str, int]
+) -> dict[str, int]:
+    """``--shards N``: the rows of each selected hardware, N in all (see
+    :func:`~.balance.allocate_rows`); ``shards`` fixes some hardware's count."""
+    fixed = {hw: min(n, len(per_hw[hw])) for hw, n in shards.items() if hw in per_hw}
+    others = sorted(hw for hw in per_hw if hw not in fixed)
+    need = sum(fixed.values()) + len(others)
+    if total < need:
+        given = "".join(f"{hw}={n} plus " for hw, n in sorted(fixed.items()))
+        raise ShardSpecError(
+            str(total),
+            f"{need} rows at least are needed: {given}one for each selected hardware "
+            f"({', '.join(others)}), as a row builds one hardware's targets; give at least "
+            f"{need}, or select fewer hardware with a PATTERN",
+        )
+    return allocate_rows(per_hw, total, fixed)
 
 
 def _build_rows(
@@ -261,15 +339,18 @@ def _build_rows(
     whole: bool,
     placement: Placement,
     runners: Runners,
+    seconds: Mapping[str, float] | None,
 ) -> list[MatrixRow]:
     """One hardware's build rows, one per shard, on its build class. The one row of an
-    unsharded hardware also smokes, unless the hardware smokes on another class."""
+    unsharded hardware also smokes, unless the hardware smokes on another class.
+    ``seconds``: each target's expected seconds (None: no kept times)."""
     rows = []
     for index, part in enumerate(parts, start=1):
         if len(parts) == 1 and whole:
             build = f"build:{hw.name}/*"
         else:
             build = " ".join(f"build:{t.name}" for t in part)
+        names = tuple(t.name for t in part)
         rows.append(
             MatrixRow(
                 hw=hw.name,
@@ -278,8 +359,9 @@ def _build_rows(
                 runner=runners.classes[placement.build],
                 placement=placement,
                 toolchain=hw.toolchain,
-                targets=tuple(t.name for t in part),
+                targets=names,
                 modules=sum(t.modules for t in part),
+                seconds=None if seconds is None else round(row_cost(seconds, names), 1),
                 build=build,
                 smoke=f"smoke:{hw.name}" if len(parts) == 1 and not placement.split else "",
             )
@@ -324,6 +406,7 @@ def plan_smoke_matrix(
             toolchain=first.toolchain,
             targets=tuple(sorted(t for row in mine for t in row.targets)),
             modules=sum(row.modules for row in mine),
+            seconds=None,
             build="",
             smoke=f"smoke:{name}",
         )
