@@ -279,3 +279,34 @@ def test_cli_without_times_weighs_modules(tree: Path) -> None:
         (["hopper/llama/bf16", "hopper/qwen3/nvfp4"], 3, None),
         (["hopper/qwen3/bf16"], 3, None),
     ]
+
+
+def test_keep_times_merges_the_rows_times_into_the_kept_ones(tree: Path) -> None:
+    # What the workflow's keep-times job does: the kept file (restored from the Actions
+    # cache) and each build row's report, as download-artifact lays them out.
+    kept = {"schema": 1, "targets": {"hopper/qwen3/bf16": 30.0, "hopper/llama/bf16": 5.0}}
+    _write(tree / "build" / ".state" / "target-times.json", json.dumps(kept))
+    reports = tree / "row-reports"
+    row1 = {"schema": 1, "targets": {"hopper/qwen3/bf16": 12.5}}
+    row2 = {"schema": 1, "targets": {"apple/qwen3/f16": 3.0}}
+    _write(reports / "kernels-hopper-1" / ".state" / "target-times.json", json.dumps(row1))
+    _write(reports / "kernels-apple" / ".state" / "target-times.json", json.dumps(row2))
+    _write(reports / "kernels-apple" / "cache-stats.json", "{}")
+    code, out, err = cli(tree, "--keep-times", str(reports))
+    assert (code, err) == (0, "")
+    assert out == f"kept the compile seconds of 3 targets (2 files read from {reports})\n"
+    merged = json.loads((tree / "build" / ".state" / "target-times.json").read_text())
+    # A row's new seconds replace the kept ones; a target no row compiled keeps its own.
+    assert merged == {
+        "schema": 1,
+        "targets": {"apple/qwen3/f16": 3.0, "hopper/llama/bf16": 5.0, "hopper/qwen3/bf16": 12.5},
+    }
+    assert mx.read_kept_seconds(tree / "build") == merged["targets"]
+    # Nothing kept yet (the first run): the rows' times alone.
+    (tree / "build" / ".state" / "target-times.json").unlink()
+    assert cli(tree, "--keep-times", str(reports))[0] == 0
+    assert set(mx.read_kept_seconds(tree / "build")) == {"apple/qwen3/f16", "hopper/qwen3/bf16"}
+    # A directory that is not there is one line, exit 2.
+    code, out, err = cli(tree, "--keep-times", str(tree / "nowhere"))
+    assert (code, out) == (2, "")
+    assert "nowhere: not a directory" in err and err.count("\n") == 1

@@ -68,7 +68,7 @@ def test_triggers_and_permissions(workflow: dict[Any, Any]) -> None:
     assert isinstance(on, dict)
     assert {"push", "pull_request"} <= set(on)
     assert workflow["permissions"] == {"contents": "read"}
-    assert set(workflow["jobs"]) == {"plan", "build", "smoke"}
+    assert set(workflow["jobs"]) == {"plan", "build", "keep-times", "smoke"}
 
 
 def test_plan_job_exposes_the_matrix(workflow: dict[Any, Any]) -> None:
@@ -117,13 +117,43 @@ def test_row_jobs_run_on_the_rows_runner_with_the_shared_cache(
     assert upload["if"] == "always()"
     assert upload["uses"] == "actions/upload-artifact@v6"
     paths = upload["with"]["path"].strip().splitlines()
-    assert paths == ["build/smoke-${{ matrix.hw }}.xml", "build/cache-stats.json"]
+    assert paths[:2] == ["build/smoke-${{ matrix.hw }}.xml", "build/cache-stats.json"]
     assert "${{ matrix.id }}" in upload["with"]["name"]  # unique per row, no '/'
 
     summary = _step(job, "Summary")
     assert summary["if"] == "always()"
     assert '>> "$GITHUB_STEP_SUMMARY"' in summary["run"]
     assert "metrale-orch cache stats" in summary["run"]
+
+
+def test_the_compile_times_go_round_through_the_actions_cache(workflow: dict[Any, Any]) -> None:
+    jobs = workflow["jobs"]
+    # The build rows upload what they kept (.state is hidden: upload-artifact skips it
+    # unless told), ...
+    (upload,) = _uses(jobs["build"], "actions/upload-artifact")
+    assert "build/.state/target-times.json" in upload["with"]["path"].splitlines()
+    assert upload["with"]["include-hidden-files"] is True
+    # ... the keep-times job, after every row, merges it into the kept file and saves it ...
+    keep = jobs["keep-times"]
+    assert set(keep["needs"]) == {"plan", "build"} and "!cancelled()" in keep["if"]
+    steps = [s.get("name", s.get("uses")) for s in _steps(keep)]
+    order = ["Restore the kept compile times", "Download the build rows' reports"]
+    order += ["Merge the compile times", "Save the kept compile times"]
+    assert [n for n in steps if n in order] == order
+    (download,) = _uses(keep, "actions/download-artifact")
+    assert download["with"]["pattern"] == "kernels-*"
+    merge = _step(keep, "Merge the compile times")["run"]
+    assert merge == f"metrale-orch matrix --keep-times {download['with']['path']}"
+    (save,) = _uses(keep, "actions/cache/save")
+    # ... and the next plan restores it before it computes the matrix.
+    (restore,) = _uses(jobs["plan"], "actions/cache/restore")
+    plan_steps = [s.get("name") for s in _steps(jobs["plan"])]
+    assert plan_steps.index(restore["name"]) < plan_steps.index("Compute the matrix")
+    for got in (restore, *_uses(keep, "actions/cache/restore")):
+        assert got["with"]["path"] == save["with"]["path"] == "build/.state/target-times.json"
+        assert got["with"]["restore-keys"] == "metrale-orch-times-"
+        assert got["with"]["key"] == save["with"]["key"]
+    assert save["with"]["key"].startswith("metrale-orch-times-")
 
 
 def test_build_job_builds_the_rows_selector_then_smokes(workflow: dict[Any, Any]) -> None:
@@ -171,7 +201,7 @@ def test_actions_are_pinned_to_a_major_version(workflow: dict[Any, Any]) -> None
     uses = [s["uses"] for job in workflow["jobs"].values() for s in _steps(job) if "uses" in s]
     assert uses, "the workflow uses actions (at least actions/checkout)"
     for action in uses:
-        assert re.fullmatch(r"[\w.-]+/[\w.-]+@v\d+", action), action
+        assert re.fullmatch(r"[\w.-]+/[\w.-]+(/[\w.-]+)?@v\d+", action), action
 
 
 # --------------------------------------------------------------------------- actionlint

@@ -71,11 +71,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "whose build rows do not smoke it (sharded, or smoked on another class than it "
         "builds on): for a job that runs smoke:<hw> after every build row, from cache hits",
     )
+    p.add_argument(
+        "--keep-times",
+        type=Path,
+        metavar="DIR",
+        help="print no matrix: merge every target-times.json under DIR (the build rows' "
+        "of a CI run) into the build directory's kept compile seconds, which the next "
+        "--shards N balances by (a target a row did not compile keeps its older seconds)",
+    )
     p.add_argument("--pretty", action="store_true", help="indent the JSON (for people)")
     p.set_defaults(run=run_matrix)
 
 
 def run_matrix(args: argparse.Namespace, ctx: Context) -> int:
+    if args.keep_times is not None:
+        return _keep_times(args.keep_times, ctx)
     runners_file = args.runners if args.runners is not None else ctx.root / mx.DEFAULT_RUNNERS_FILE
     runners = mx.load_runners(runners_file, ctx.root)
     total, shards = mx.parse_shards(args.shards)
@@ -104,4 +114,19 @@ def run_matrix(args: argparse.Namespace, ctx: Context) -> int:
             )
     text = readable_json(matrix) if args.pretty else canonical_json(matrix)
     print(text, file=ctx.out)
+    return 0
+
+
+def _keep_times(found: Path, ctx: Context) -> int:
+    if not found.is_dir():
+        raise mx.MatrixError(f"--keep-times {found}: not a directory")
+    build_dir = ctx.config().build_dir
+    try:
+        files, targets = mx.keep_seconds(build_dir, found)
+    except OSError as exc:
+        raise mx.MatrixError(f"cannot keep the compile seconds under {build_dir}: {exc}") from None
+    print(
+        f"kept the compile seconds of {targets} targets ({files} files read from {found})",
+        file=ctx.out,
+    )
     return 0

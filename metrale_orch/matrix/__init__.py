@@ -21,7 +21,7 @@ Invariants:
 * :func:`plan_rows`, :func:`plan_matrix`, :func:`plan_smoke_matrix`,
   :func:`parse_runners`, :func:`parse_shards`, :func:`parse_shard_specs` and
   :func:`plan_shards` are pure functions of values; only :func:`load_runners`,
-  :func:`scan_tree` and :func:`read_kept_seconds` read files.
+  :func:`scan_tree` and :func:`read_kept_seconds` read files; :func:`keep_seconds` writes one.
 * Output is deterministic: rows sorted by (hardware, shard), targets sorted,
   shard assignment independent of input order (greedy LPT with total
   tie-breaks).
@@ -44,6 +44,7 @@ from metrale_orch.matrix.rows import (
     MatrixRow,
     RowOptions,
     TargetLoad,
+    keep_seconds,
     parse_shard_specs,
     parse_shards,
     plan_matrix,
@@ -77,6 +78,7 @@ __all__ = [
     "ShardSpecError",
     "TargetLoad",
     "UnmappedHardware",
+    "keep_seconds",
     "load_runners",
     "parse_runners",
     "parse_shard_specs",

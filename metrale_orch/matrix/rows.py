@@ -22,7 +22,12 @@ from metrale_orch.matrix.balance import allocate_rows, plan_costs, plan_lpt, row
 from metrale_orch.matrix.errors import NoMatch, ShardSpecError, UnmappedHardware
 from metrale_orch.matrix.runners import Placement, RunnerClass, Runners
 from metrale_orch.paths import STATE_DIR
-from metrale_orch.steps.times import read_target_seconds, read_times
+from metrale_orch.steps.times import (
+    TARGET_TIMES,
+    read_target_seconds,
+    read_times,
+    write_target_seconds,
+)
 from metrale_orch.toolchain.definitions import load_toolchains, select_toolchain
 from metrale_orch.tree import LayoutError, TreeSnapshot, resolve_all
 
@@ -137,6 +142,20 @@ def read_kept_seconds(build_dir: Path) -> dict[str, float]:
     when neither is there or readable (the rows are then balanced by module count)."""
     state = Path(build_dir) / STATE_DIR
     return read_target_seconds(state) or read_times(state).target_seconds()
+
+
+def keep_seconds(build_dir: Path, found: Path) -> tuple[int, int]:
+    """Merge every ``target-times.json`` under ``found`` (the build rows' of a CI run, in
+    sorted path order) into ``<build_dir>/.state``'s summary: a target keeps its older
+    seconds unless a row compiled it again. Returns (files, targets kept). Raises
+    ``OSError`` when the summary cannot be written."""
+    state = Path(build_dir) / STATE_DIR
+    seconds = read_target_seconds(state)
+    files = sorted(p.parent for p in Path(found).rglob(TARGET_TIMES))
+    for directory in files:
+        seconds.update(read_target_seconds(directory))
+    write_target_seconds(state, seconds)
+    return len(files), len(seconds)
 
 
 # --------------------------------------------------------------------------- planning

@@ -36,6 +36,7 @@ __all__ = [
     "merge_compiles",
     "read_target_seconds",
     "read_times",
+    "write_target_seconds",
     "write_times",
 ]
 
@@ -130,8 +131,14 @@ def write_times(state_dir: Path, times: CompileTimes) -> None:
         for t, mods in sorted(times.modules.items())
     }
     write_atomic(state / TIMES, _encode({"schema": SCHEMA, "modules": modules}))
-    targets = dict(sorted(times.target_seconds().items()))
-    write_atomic(state / TARGET_TIMES, _encode({"schema": SCHEMA, "targets": targets}))
+    write_target_seconds(state, times.target_seconds())
+
+
+def write_target_seconds(state_dir: Path, seconds: Mapping[str, float]) -> None:
+    """Write the per-target summary alone, sorted (raises ``OSError``): what CI keeps
+    between runs to balance its build rows (``metrale-orch matrix --keep-times``)."""
+    targets = dict(sorted(seconds.items()))
+    write_atomic(Path(state_dir) / TARGET_TIMES, _encode({"schema": SCHEMA, "targets": targets}))
 
 
 def longest_first(
