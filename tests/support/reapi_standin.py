@@ -80,7 +80,8 @@ class StandIn:
         """The Execute script (see the module docstring)."""
         action = re_pb2.Action.FromString(self._blob(request.action_digest, context))
         command = re_pb2.Command.FromString(self._blob(action.command_digest, context))
-        self._blob(action.input_root_digest, context)
+        if action.input_root_digest.size_bytes:  # the empty blob is always there
+            self._blob(action.input_root_digest, context)
         name = f"standin/{next(self._ids)}"
         meta = re_pb2.ExecutedActionMetadata(queued_timestamp=_now())
         yield operation(name, _STAGE.QUEUED)
