@@ -1,16 +1,23 @@
 """X1-X3: remote execution and the REAPI tier (issue 20), against peers in the same run.
 
     python bench/bench_remote.py x1 [OUT]
-    python bench/bench_remote.py x2 [OUT] [--workers 1,4,16] [--scale 0.1] [--sleep 0.2]
+    python bench/bench_remote.py x2 [OUT] [--workers 1,4,16] [--scale 0.1] [--action-seconds 0.2]
+    python bench/bench_remote.py x2 [OUT] --simulated --workers 16,64,256 [--action-seconds 0.2]
+        [--scale 1.0] [--before DIR] [--profile]
     python bench/bench_remote.py x3 [OUT]
 
 X1  the sample tree cold (cache off): ``doit build`` with local ``jobs = 2`` against the same
     build sent to a BuildGrid 0.4.4 engine with 2 test workers on this machine (real nvcc
     both ways): the wall times and the overhead per action.
 X2  the real-shaped tree (``bench/gen_tree.py --profile real --scale``) with a fake compiler
-    that sleeps ``--sleep`` seconds, cache off, remote with 1, 4, 16 workers (a fresh
+    that sleeps ``--action-seconds`` seconds, cache off, remote with 1, 4, 16 workers (a fresh
     engine each, so nothing comes from its action cache): the build time against the ideal
-    ``distinct compiles x sleep / workers``.
+    ``distinct compiles x sleep / workers``. With ``--simulated`` the engine is the stand-in
+    (:mod:`tests.support.reapi_standin`, threads of this process): workers that sleep the
+    action seconds without CPU and return the declared outputs, so the client is what is
+    measured; one line per worker count, ``X2 simulated 16 workers: 41.2 s, ideal 32.2 s,
+    1.28x, client CPU 0.9 ms/action``. Client CPU (here and in X1) is ``getrusage`` of the
+    ``doit`` process (``RUSAGE_CHILDREN``) over the actions that ran remotely.
 X3  warm rebuilds of the sample tree (a fresh checkout, an empty build directory, every
     module a hit) from the local tier, from S3 (moto) and from a REAPI action cache
     (BuildGrid's CAS + action cache), each filled by one cold build first.
@@ -24,8 +31,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import re
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -131,11 +138,14 @@ def x1(args: argparse.Namespace) -> None:
     local = timed([PY, "-m", "doit", "build"], root, env_for(out, METRALE_ORCH_JOBS="2"))
     compiles = compiles_of(root)
     print(f"X1 the sample tree cold: {compiles} compiles (load {os.getloadavg()[0]:.2f})")
-    print(f"  local, jobs 2:            {local.seconds:6.2f} s   ({line_of(local.text, 'build: ')})")
+    print(
+        f"  local, jobs 2:            {local.seconds:6.2f} s   ({line_of(local.text, 'build: ')})"
+    )
     with postgres_cluster() as pg, engine(pg, 2, offering(REPO)) as stack:
         root = checkout(out, "sample-remote")
         remote = timed([PY, "-m", "doit", "build"], root, remote_env(out, stack))
-    print(f"  remote, 2 workers:        {remote.seconds:6.2f} s   ({line_of(remote.text, 'remote: ')})")
+    said = line_of(remote.text, "remote: ")
+    print(f"  remote, 2 workers:        {remote.seconds:6.2f} s   ({said})")
     per = (remote.seconds - local.seconds) / max(1, compiles) * 2  # two in flight either way
     ran = ran_remotely(remote.text)
     print(
@@ -191,7 +201,9 @@ def x2(args: argparse.Namespace) -> None:
         return
     out: Path = args.out
     props = offering(root)
-    print(f"X2 the real-shaped tree (--scale {args.scale}), fake compiler sleeping {args.seconds} s")
+    print(
+        f"X2 the real-shaped tree (--scale {args.scale}), fake compiler sleeping {args.seconds} s"
+    )
     with postgres_cluster() as pg:
         for workers in counts:
             with engine(pg, workers, props) as stack:
@@ -246,8 +258,9 @@ def x2_simulated(args: argparse.Namespace, root: Path, counts: list[int]) -> Non
             )
             print(
                 f"  {eng.executed} actions ({compiles} compiles), at most {eng.peak} at once; "
-                f"client CPU {run.cpu:.1f} s ({run.sys:.1f} s system); one client core feeds {args.seconds / per:.0f} "
-                f"workers at {args.seconds} s an action; load {os.getloadavg()[0]:.2f}"
+                f"client CPU {run.cpu:.1f} s ({run.sys:.1f} s system); one client core "
+                f"feeds {args.seconds / per:.0f} workers at {args.seconds} s an action; "
+                f"load {os.getloadavg()[0]:.2f}"
             )
             if args.profile:
                 show_profile(out / f"x2-{workers}.prof")

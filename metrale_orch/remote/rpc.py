@@ -20,7 +20,6 @@ from typing import Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import grpc
-import grpc.experimental
 from google.longrunning import operations_pb2
 from google.protobuf.descriptor import FileDescriptor
 from google.protobuf.message import Message
@@ -139,11 +138,6 @@ class Rpc:
             ("grpc.max_receive_message_length", MAX_MESSAGE),
             ("grpc.max_send_message_length", MAX_MESSAGE),
             ("grpc.primary_user_agent", "metrale-orch"),
-            # A streaming call's reader then waits in gRPC's C core on the call's own
-            # queue, instead of a Python condition polled every 0.1 s: a build holds
-            # hundreds of Execute streams open, each polling, on a client that is
-            # then busy waking threads (issue 38's profile).
-            (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),
         ]
         if tls:
             creds = grpc.ssl_channel_credentials(root_certificates=_read_ca(ca_file))
