@@ -239,7 +239,7 @@ def x2_simulated(args: argparse.Namespace, root: Path, counts: list[int]) -> Non
                 env = env_for(
                     out,
                     METRALE_ORCH_REMOTE_EXECUTOR=eng.url,
-                    METRALE_ORCH_REMOTE_JOBS=str(max(4, 2 * workers)),
+                    METRALE_ORCH_REMOTE_JOBS=str(args.remote_jobs or max(4, 2 * workers)),
                     METRALE_ORCH_REMOTE_STRICT="1",
                     PYTHONPATH=pythonpath,
                 )
@@ -330,6 +330,9 @@ def main() -> None:
     x2_args.add_argument("--simulated", action="store_true", help="the stand-in engine")
     x2_args.add_argument("--before", type=Path, help="simulated: another revision's tree, A/B")
     x2_args.add_argument("--profile", action="store_true", help="simulated: cProfile the build")
+    x2_args.add_argument(
+        "--remote-jobs", type=int, default=0, help="simulated: remote_jobs (default 2 x workers)"
+    )
     args = ap.parse_args()
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
