@@ -1,16 +1,23 @@
 """X1-X3: remote execution and the REAPI tier (issue 20), against peers in the same run.
 
     python bench/bench_remote.py x1 [OUT]
-    python bench/bench_remote.py x2 [OUT] [--workers 1,4,16] [--scale 0.1] [--sleep 0.2]
+    python bench/bench_remote.py x2 [OUT] [--workers 1,4,16] [--scale 0.1] [--action-seconds 0.2]
+    python bench/bench_remote.py x2 [OUT] --simulated --workers 16,64,256 [--action-seconds 0.2]
+        [--scale 1.0] [--before DIR] [--profile]
     python bench/bench_remote.py x3 [OUT]
 
 X1  the sample tree cold (cache off): ``doit build`` with local ``jobs = 2`` against the same
     build sent to a BuildGrid 0.4.4 engine with 2 test workers on this machine (real nvcc
     both ways): the wall times and the overhead per action.
 X2  the real-shaped tree (``bench/gen_tree.py --profile real --scale``) with a fake compiler
-    that sleeps ``--sleep`` seconds, cache off, remote with 1, 4, 16 workers (a fresh
+    that sleeps ``--action-seconds`` seconds, cache off, remote with 1, 4, 16 workers (a fresh
     engine each, so nothing comes from its action cache): the build time against the ideal
-    ``distinct compiles x sleep / workers``.
+    ``distinct compiles x sleep / workers``. With ``--simulated`` the engine is the stand-in
+    (:mod:`tests.support.reapi_standin`, threads of this process): workers that sleep the
+    action seconds without CPU and return the declared outputs, so the client is what is
+    measured; one line per worker count, ``X2 simulated 16 workers: 41.2 s, ideal 32.2 s,
+    1.28x, client CPU 0.9 ms/action``. Client CPU (here and in X1) is ``getrusage`` of the
+    ``doit`` process (``RUSAGE_CHILDREN``) over the actions that ran remotely.
 X3  warm rebuilds of the sample tree (a fresh checkout, an empty build directory, every
     module a hit) from the local tier, from S3 (moto) and from a REAPI action cache
     (BuildGrid's CAS + action cache), each filled by one cold build first.
@@ -25,12 +32,15 @@ import argparse
 import contextlib
 import json
 import os
+import re
+import resource
 import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -46,6 +56,8 @@ from tests.support.reapi import ReapiStack, StackOptions, reapi_stack  # noqa: E
 from tests.support.reapi_deps import PostgresCluster, postgres_cluster  # noqa: E402
 
 PY = sys.executable
+#: The real-shaped tree's scale for ``x2 --simulated`` (2,573 distinct compiles at 1.0).
+SIMULATED_SCALE = 1.0
 DODO = "from metrale_orch.dodo import *  # noqa: F403\n"
 
 
@@ -58,13 +70,28 @@ def checkout(out: Path, name: str) -> Path:
     return root
 
 
-def timed(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, str]:
+class Timed(NamedTuple):
+    """One measured run: wall seconds, its output, and the CPU seconds (user + system) of
+    the process and what it waited for (``getrusage(RUSAGE_CHILDREN)``): the client's own,
+    never the engine's (servers here are threads of this process, or not waited for)."""
+
+    seconds: float
+    text: str
+    cpu: float
+    #: Of ``cpu``, the kernel's part (system time).
+    sys: float
+
+
+def timed(argv: list[str], cwd: Path, env: dict[str, str]) -> Timed:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     took = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed in {cwd}:\n{proc.stdout}{proc.stderr}")
-    return took, proc.stdout + proc.stderr
+    sys = after.ru_stime - before.ru_stime
+    return Timed(took, proc.stdout + proc.stderr, after.ru_utime - before.ru_utime + sys, sys)
 
 
 def line_of(text: str, prefix: str) -> str:
@@ -100,23 +127,45 @@ def remote_env(out: Path, stack: ReapiStack, **extra: str) -> dict[str, str]:
     )
 
 
+def ran_remotely(text: str) -> int:
+    found = re.search(r"remote: (\d+) ran remotely", text)
+    return int(found.group(1)) if found else 0
+
+
 def x1(args: argparse.Namespace) -> None:
     out: Path = args.out
     root = checkout(out, "sample-local")
-    local, text = timed([PY, "-m", "doit", "build"], root, env_for(out, METRALE_ORCH_JOBS="2"))
-    actions = json.loads((root / "build" / "profile.json").read_text())["traceEvents"]
-    compiles = sum(1 for e in actions if e.get("cat") == "compile")
-    print(f"X1 the sample tree cold: {compiles} compiles")
-    print(f"  local, jobs 2:            {local:6.2f} s   ({line_of(text, 'build: ')})")
+    local = timed([PY, "-m", "doit", "build"], root, env_for(out, METRALE_ORCH_JOBS="2"))
+    compiles = compiles_of(root)
+    print(f"X1 the sample tree cold: {compiles} compiles (load {os.getloadavg()[0]:.2f})")
+    print(
+        f"  local, jobs 2:            {local.seconds:6.2f} s   ({line_of(local.text, 'build: ')})"
+    )
     with postgres_cluster() as pg, engine(pg, 2, offering(REPO)) as stack:
         root = checkout(out, "sample-remote")
-        remote, text = timed([PY, "-m", "doit", "build"], root, remote_env(out, stack))
-    print(f"  remote, 2 workers:        {remote:6.2f} s   ({line_of(text, 'remote: ')})")
-    per = (remote - local) / max(1, compiles) * 2  # two compiles in flight either way
-    print(f"  ratio {remote / local:.2f}x; overhead {per * 1000:.0f} ms per action (2 at a time)")
+        # BuildGrid here serves 64 calls at once (its thread pool): the default remote_jobs
+        # (100 Execute streams) starves the workers' own calls, and nothing runs remotely.
+        env = remote_env(out, stack, METRALE_ORCH_REMOTE_JOBS="8")
+        remote = timed([PY, "-m", "doit", "build"], root, env)
+    said = line_of(remote.text, "remote: ")
+    print(f"  remote, 2 workers:        {remote.seconds:6.2f} s   ({said})")
+    per = (remote.seconds - local.seconds) / max(1, compiles) * 2  # two in flight either way
+    ran = ran_remotely(remote.text)
+    print(
+        f"  ratio {remote.seconds / local.seconds:.2f}x; overhead {per * 1000:.0f} ms per action "
+        f"(2 at a time); client CPU {remote.cpu / max(1, ran) * 1000:.1f} ms/action "
+        f"({remote.cpu:.2f} s for {ran} remote actions)"
+    )
 
 
-def x2(args: argparse.Namespace) -> None:
+def compiles_of(root: Path) -> int:
+    events = json.loads((root / "build" / "profile.json").read_text())["traceEvents"]
+    return sum(1 for e in events if e.get("cat") == "compile")
+
+
+def real_tree(args: argparse.Namespace) -> Path:
+    """The real-shaped tree at ``--scale`` with the fake compiler on PATH (its toolchain
+    sends ``FAKECC_SLEEP``, the action seconds, with every action)."""
     out: Path = args.out
     root = out / "real"
     if root.exists():
@@ -132,27 +181,100 @@ def x2(args: argparse.Namespace) -> None:
     fake.write_text(FAKECC)
     fake.chmod(0o755)
     (root / "toolchains").mkdir(exist_ok=True)
-    # FAKECC_SLEEP is one of the variables the toolchain reads: it goes with every action.
     (root / "toolchains" / "nvcc.toml").write_text(TOOLCHAIN + 'env_allowlist = ["FAKECC_SLEEP"]\n')
-    os.environ["FAKECC_SLEEP"] = str(args.sleep)
+    os.environ["FAKECC_SLEEP"] = str(args.seconds)
     os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    return root
+
+
+def fresh(root: Path) -> None:
+    """No build and no doit state: every compile runs again."""
+    shutil.rmtree(root / "build", ignore_errors=True)
+    for db in root.glob(".doit.db*"):
+        db.unlink()
+
+
+def x2(args: argparse.Namespace) -> None:
+    if args.scale is None:
+        args.scale = SIMULATED_SCALE if args.simulated else 0.1
+    root = real_tree(args)
+    counts = [int(w) for w in args.workers.split(",")]
+    if args.simulated:
+        x2_simulated(args, root, counts)
+        return
+    out: Path = args.out
     props = offering(root)
-    print(f"X2 the real-shaped tree (--scale {args.scale}), fake compiler sleeping {args.sleep} s")
+    print(
+        f"X2 the real-shaped tree (--scale {args.scale}), fake compiler sleeping {args.seconds} s"
+    )
     with postgres_cluster() as pg:
-        for workers in [int(w) for w in args.workers.split(",")]:
+        for workers in counts:
             with engine(pg, workers, props) as stack:
-                shutil.rmtree(root / "build", ignore_errors=True)
-                for db in root.glob(".doit.db*"):
-                    db.unlink()
+                fresh(root)
                 env = remote_env(out, stack, METRALE_ORCH_REMOTE_JOBS=str(max(4, 2 * workers)))
-                took, text = timed([PY, "-m", "doit", "build"], root, env)
-            events = json.loads((root / "build" / "profile.json").read_text())["traceEvents"]
-            compiles = sum(1 for e in events if e.get("cat") == "compile")
-            ideal = compiles * args.sleep / workers
+                run = timed([PY, "-m", "doit", "build"], root, env)
+            compiles = compiles_of(root)
+            ideal = compiles * args.seconds / workers
             print(
-                f"  {workers:>2} workers: {took:7.2f} s for {compiles} compiles, "
-                f"ideal {ideal:6.1f} s ({took / ideal:.2f}x)  [{line_of(text, 'remote: ')}]"
+                f"  {workers:>2} workers: {run.seconds:7.2f} s for {compiles} compiles, "
+                f"ideal {ideal:6.1f} s ({run.seconds / ideal:.2f}x), client CPU "
+                f"{run.cpu / max(1, ran_remotely(run.text)) * 1000:.1f} ms/action  "
+                f"[{line_of(run.text, 'remote: ')}]"
             )
+
+
+def x2_simulated(args: argparse.Namespace, root: Path, counts: list[int]) -> None:
+    """X2 against the stand-in engine: workers that sleep, so the client is what is measured.
+    With ``--before DIR`` each worker count is built first with DIR first on PYTHONPATH
+    (another revision's work tree), then with this one."""
+    from tests.support.reapi_standin import standin_engine
+
+    out: Path = args.out
+    print(
+        f"X2 simulated: the real-shaped tree (--scale {args.scale}), {args.seconds} s per action, "
+        f"load {os.getloadavg()[0]:.2f}"
+    )
+    sides = [("before", str(args.before)), ("", str(REPO))] if args.before else [("", str(REPO))]
+    for workers in counts:
+        for label, pythonpath in sides:
+            with standin_engine(workers, args.seconds) as eng:
+                fresh(root)
+                env = env_for(
+                    out,
+                    METRALE_ORCH_REMOTE_EXECUTOR=eng.url,
+                    METRALE_ORCH_REMOTE_JOBS=str(args.remote_jobs or max(4, 2 * workers)),
+                    METRALE_ORCH_REMOTE_STRICT="1",
+                    PYTHONPATH=pythonpath,
+                )
+                argv = [PY, "-m", "doit", "build"]
+                if args.profile:
+                    argv = [PY, str(HERE / "profile_threads.py"), str(out / f"x2-{workers}.prof")]
+                    argv += ["-m", "doit", "build"]
+                run = timed(argv, root, env)
+            compiles = compiles_of(root)
+            ideal = compiles * args.seconds / workers
+            per = run.cpu / max(1, eng.executed)
+            tag = f" ({label})" if label else ""
+            print(
+                f"X2 simulated {workers} workers{tag}: {run.seconds:.1f} s, ideal {ideal:.1f} s, "
+                f"{run.seconds / ideal:.2f}x, client CPU {per * 1000:.1f} ms/action"
+            )
+            print(
+                f"  {eng.executed} actions ({compiles} compiles), at most {eng.peak} at once; "
+                f"client CPU {run.cpu:.1f} s ({run.sys:.1f} s system); one client core "
+                f"feeds {args.seconds / per:.0f} workers at {args.seconds} s an action; "
+                f"load {os.getloadavg()[0]:.2f}"
+            )
+            if args.profile:
+                show_profile(out / f"x2-{workers}.prof")
+
+
+def show_profile(path: Path, top: int = 30) -> None:
+    import pstats
+
+    stats = pstats.Stats(str(path))
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
 
 
 def x3(args: argparse.Namespace) -> None:
@@ -202,9 +324,18 @@ def main() -> None:
     for name in ("x1", "x2", "x3"):
         p = sub.add_parser(name)
         p.add_argument("out", type=Path, nargs="?", default=HERE / "out" / f"remote-{name}")
-    sub.choices["x2"].add_argument("--workers", default="1,4,16")
-    sub.choices["x2"].add_argument("--scale", type=float, default=0.1)
-    sub.choices["x2"].add_argument("--sleep", type=float, default=0.2)
+    x2_args = sub.choices["x2"]
+    x2_args.add_argument("--workers", default="1,4,16")
+    x2_args.add_argument(
+        "--scale", type=float, default=None, help=f"default 0.1, {SIMULATED_SCALE} simulated"
+    )
+    x2_args.add_argument("--action-seconds", "--sleep", dest="seconds", type=float, default=0.2)
+    x2_args.add_argument("--simulated", action="store_true", help="the stand-in engine")
+    x2_args.add_argument("--before", type=Path, help="simulated: another revision's tree, A/B")
+    x2_args.add_argument("--profile", action="store_true", help="simulated: cProfile the build")
+    x2_args.add_argument(
+        "--remote-jobs", type=int, default=0, help="simulated: remote_jobs (default 2 x workers)"
+    )
     args = ap.parse_args()
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)

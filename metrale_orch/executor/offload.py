@@ -145,7 +145,10 @@ class RemoteExecutor:
         self.local = local
         self.strict = strict
         self._remote_jobs = remote_jobs
-        self._slots = threading.BoundedSemaphore(remote_jobs)
+        #: Free remote slots, and the condition a sender waits on for one (woken by a
+        #: slot given back or by stop(): no polling, however many wait).
+        self._free = remote_jobs
+        self._room = threading.Condition(threading.Lock())
         self._cancel = threading.Event()
         self._breaker = _Breaker()
         self._lock = threading.Lock()
@@ -165,6 +168,8 @@ class RemoteExecutor:
 
     def stop(self) -> None:
         self._cancel.set()
+        with self._room:
+            self._room.notify_all()
         self.local.stop()
         self.backend.close()  # calls in flight fail at once: nothing waits for the engine
 
@@ -212,9 +217,12 @@ class RemoteExecutor:
         )
 
     def _send(self, action: Action, form: RemoteForm) -> RemoteRun:
-        while not self._slots.acquire(timeout=0.1):
-            if self._cancel.is_set():
-                raise ActionStopped(f"{action.label or action.argv[0]}: not started: stopped")
+        with self._room:
+            while self._free == 0:
+                if self._cancel.is_set():
+                    raise ActionStopped(f"{action.label or action.argv[0]}: not started: stopped")
+                self._room.wait()
+            self._free -= 1
         with self._lock:
             self._in_flight += 1
         try:
@@ -227,7 +235,9 @@ class RemoteExecutor:
         finally:
             with self._lock:
                 self._in_flight -= 1
-            self._slots.release()
+            with self._room:
+                self._free += 1
+                self._room.notify()
         if self._cancel.is_set():
             raise ActionStopped(f"{action.label or action.argv[0]}: stopped")
         return run

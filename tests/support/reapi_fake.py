@@ -185,10 +185,11 @@ class _Execution(remote_execution_pb2_grpc.ExecutionServicer):
 
 
 @contextlib.contextmanager
-def fake_remote() -> Iterator[FakeRemote]:
-    """Serve a fresh :class:`FakeRemote` on 127.0.0.1 for the ``with`` block."""
+def fake_remote(threads: int = 16) -> Iterator[FakeRemote]:
+    """Serve a fresh :class:`FakeRemote` on 127.0.0.1 for the ``with`` block, on ``threads``
+    server threads (one per call in flight, a stream's for as long as it lasts)."""
     fake = FakeRemote()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads))
     remote_execution_pb2_grpc.add_CapabilitiesServicer_to_server(_Capabilities(fake), server)
     remote_execution_pb2_grpc.add_ContentAddressableStorageServicer_to_server(_Cas(fake), server)
     remote_execution_pb2_grpc.add_ExecutionServicer_to_server(_Execution(fake), server)
