@@ -32,7 +32,6 @@ import shutil
 import signal
 import sys
 import threading
-from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType, ModuleType
 from typing import TYPE_CHECKING
@@ -56,6 +55,7 @@ if TYPE_CHECKING:
     from metrale_orch.cache import Cache, CacheStats
     from metrale_orch.steps.results import TargetResult
     from metrale_orch.steps.session import BuildSession
+    from metrale_orch.steps.times import CompileTimes
     from metrale_orch.tree import Target
 
 __all__ = [
@@ -111,6 +111,10 @@ def progress_counts() -> tuple[dict[str, float], int]:
         for name, value in session.progress.snapshot().items():
             total[name] = total.get(name, 0) + value
         total["in_flight"] = total.get("in_flight", 0) + session.executor.running
+        memory = getattr(session.executor, "memory", None)  # a local executor's, if any
+        if isinstance(memory, tuple):
+            total["memory"] = total.get("memory", 0) + memory[0]
+            total["memory_budget"] = max(total.get("memory_budget", 0), memory[1])
     return total, jobs
 
 
@@ -268,14 +272,15 @@ def _session(run: Run, config: Config, build_dir: Path) -> BuildSession:
 
     def make() -> BuildSession:
         times = read_times(build_dir / STATE_DIR)
-        expected, by_module = times.by_key(), times.by_module()
         if config.remote_executor:
-            return _remote_session(run, config, build_dir, expected, by_module)
+            return _remote_session(run, config, build_dir, times)
         return BuildSession.local(
             jobs=config.jobs,
             build_dir=build_dir,
-            expected=expected,
-            by_module=by_module,
+            expected=times.by_key(),
+            by_module=times.by_module(),
+            peaks=times.peak_by_module(),
+            memory=config.memory,
             probes=run.probes,
             run=os.environ.get(RUN_ENV, ""),
         )
@@ -287,8 +292,7 @@ def _remote_session(
     run: Run,
     config: Config,
     build_dir: Path,
-    expected: Mapping[str, float],
-    by_module: Mapping[tuple[str, str], float],
+    times: CompileTimes,
 ) -> BuildSession:
     """A session whose compiles go to ``config.remote_executor`` (raises the one-line
     error of a missing ``remote`` extra)."""
@@ -298,14 +302,15 @@ def _remote_session(
 
     executor = RemoteExecutor(
         open_backend(config),
-        local_executor(config.jobs, build_dir),
+        local_executor(config.jobs, build_dir, config.memory),
         remote_jobs=config.remote_jobs,
         strict=config.remote_strict,
     )
     return BuildSession(
         executor,
-        expected=expected,
-        by_module=by_module,
+        expected=times.by_key(),
+        by_module=times.by_module(),
+        peaks=times.peak_by_module(),
         remote=True,
         container_image=config.remote_container_image,
         probes=run.probes,
