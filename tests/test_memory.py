@@ -171,6 +171,35 @@ def test_priority_slots_keep_the_holders_predictions_within_the_budget() -> None
     assert slots.memory == (0, 250)
 
 
+def test_the_first_in_line_waits_for_memory_rather_than_be_overtaken() -> None:
+    slots = PrioritySlots(3, memory=100)
+    order: list[str] = []
+    held = slots.slot(0.0, 60)
+    assert held.__enter__()
+
+    def take(name: str, expected: float, memory: int) -> None:
+        with slots.slot(expected, memory) as got:
+            assert got
+            order.append(name)
+
+    def queued(n: int) -> None:  # until n threads wait in line (no timing involved)
+        while len(slots._waiting) < n:
+            threading.Event().wait(0.001)
+
+    first = threading.Thread(target=take, args=("large", 5.0, 60))  # 60 + 60 > 100: waits
+    first.start()
+    queued(1)
+    second = threading.Thread(target=take, args=("small", 1.0, 10))  # would fit, but waits
+    second.start()
+    queued(2)
+    # The small one would fit beside the holder, but the large one is first in line.
+    assert order == [] and slots.memory == (60, 100)
+    held.__exit__(None, None, None)  # both start now: 60 + 10 fit
+    first.join(10)
+    second.join(10)
+    assert sorted(order) == ["large", "small"]
+
+
 # -- the executor, with a compiler that takes memory ----------------------------------------
 
 
