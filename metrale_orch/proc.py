@@ -9,8 +9,10 @@ the tail of the program's output, so callers can report it without a traceback.
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +22,7 @@ from metrale_orch.errors import MetraleError
 
 __all__ = [
     "Completed",
+    "Measured",
     "ProcessError",
     "decode_output",
     "finished",
@@ -53,6 +56,8 @@ class Completed:
     where: str = ""
     #: A remote engine's stages of it: name -> (start, end) in ``time.time()`` seconds.
     stages: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    #: Its peak memory in bytes (:attr:`Measured.peak`; 0: not measured).
+    memory: int = 0
 
 
 class ProcessError(MetraleError):
@@ -121,19 +126,43 @@ def wait_process(
     return finished(args, proc.returncode, out, err, time.perf_counter() - start)
 
 
+#: ``ru_maxrss`` is in KiB on Linux, in bytes on macOS.
+_MAXRSS_UNIT = 1 if sys.platform == "darwin" else 1024
+
+
+class Measured(subprocess.Popen[bytes]):
+    """A process that keeps its peak memory when it is reaped: the ``ru_maxrss`` that
+    ``wait4`` returns, the largest resident set of the process and of every descendant
+    it waited for (a compiler driver and the tools it ran), in bytes (0 until reaped
+    by ``wait``/``communicate``)."""
+
+    peak = 0
+
+    def _try_wait(self, wait_flags: int) -> tuple[int, int]:
+        # CPython's POSIX Popen reaps its child here (wait, communicate) with waitpid;
+        # wait4 does the same and also returns the child's resource usage.
+        try:
+            pid, status, usage = os.wait4(self.pid, wait_flags)
+        except ChildProcessError:  # as CPython's: reaped elsewhere, status unknown
+            return (self.pid, 0)
+        if pid == self.pid:
+            self.peak = usage.ru_maxrss * _MAXRSS_UNIT
+        return (pid, status)
+
+
 def start_process(
     argv: Sequence[str],
     *,
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
     new_session: bool = False,
-) -> tuple[list[str], subprocess.Popen[bytes]]:
+) -> tuple[list[str], Measured]:
     """Start ``argv`` (no standard input, output piped; with ``new_session`` in a process
     group of its own) and return its argv as text with the process. Raises
     :class:`ProcessError` when it cannot be started."""
     args = [str(a) for a in argv]
     try:
-        proc = subprocess.Popen(
+        proc = Measured(
             args,
             cwd=cwd,
             env=None if env is None else dict(env),
@@ -152,7 +181,12 @@ def start_process(
 
 
 def finished(
-    args: Sequence[str], returncode: int, out: bytes | None, err: bytes | None, seconds: float
+    args: Sequence[str],
+    returncode: int,
+    out: bytes | None,
+    err: bytes | None,
+    seconds: float,
+    memory: int = 0,
 ) -> Completed:
     """The :class:`Completed` of a process that exited; raises :class:`ProcessError` for a
     non-zero status."""
@@ -160,7 +194,12 @@ def finished(
     if returncode != 0:
         raise ProcessError(args, returncode, output=stdout + stderr)
     return Completed(
-        argv=tuple(args), returncode=returncode, stdout=stdout, stderr=stderr, seconds=seconds
+        argv=tuple(args),
+        returncode=returncode,
+        stdout=stdout,
+        stderr=stderr,
+        seconds=seconds,
+        memory=memory,
     )
 
 

@@ -210,9 +210,12 @@ def complete_events(doc: Mapping[str, object]) -> list[dict[str, object]]:
     assert isinstance(events, list)
     out = []
     for e in events:
-        assert e["ph"] in ("X", "M"), e
+        assert e["ph"] in ("X", "M", "C"), e
         if e["ph"] == "M":
             assert e["name"] in ("process_name", "thread_name") and e["args"]["name"]
+            continue
+        if e["ph"] == "C":  # the counter of the compilers' peak memory
+            assert e["name"] == "memory in use" and e["args"]["MiB"] >= 0, e
             continue
         assert set(e) == {"name", "cat", "ph", "ts", "dur", "pid", "tid", "args"}, e
         assert all(isinstance(e[k], int) and e[k] >= 0 for k in ("ts", "dur", "pid", "tid"))

@@ -65,6 +65,9 @@ class Config:
     #: Most compile actions run at once on this machine (default: the CPUs this process
     #: may use, :func:`default_jobs`).
     jobs: int = 1
+    #: Bytes the running compiles' predicted peak memory may add up to on this machine
+    #: (0: ``MemAvailable`` when the build starts).
+    memory: int = 0
     #: Remote Execution API endpoint (``grpc://host:port``, ``grpcs://`` for TLS), or "".
     remote_executor: str = ""
     #: The REAPI instance name ("" for the server's default instance).
@@ -123,6 +126,7 @@ class Config:
             if self.hip_compat_dir is None
             else _rel(self.hip_compat_dir, self.root),
             "jobs": self.jobs,
+            "memory": self.memory,
             "remote_executor": self.remote_executor,
             "remote_instance": self.remote_instance,
             # Header values are credentials (an API key): never shown or written.
@@ -165,6 +169,7 @@ _KEYS: dict[str, tuple[str | None, str]] = {
     "log_backups": (None, "count"),
     "hip_compat_dir": ("METRALE_ORCH_HIP_COMPAT_DIR", "optpath"),
     "jobs": ("METRALE_ORCH_JOBS", "jobs"),
+    "memory": ("METRALE_ORCH_MEMORY", "memory"),
     "remote_executor": ("METRALE_ORCH_REMOTE_EXECUTOR", "grpc"),
     "remote_instance": ("METRALE_ORCH_REMOTE_INSTANCE", "str"),
     "remote_headers": ("METRALE_ORCH_REMOTE_HEADERS", "headers"),
@@ -186,6 +191,7 @@ _KEYS: dict[str, tuple[str | None, str]] = {
 EXECUTION_KEYS = frozenset(
     {
         "jobs",
+        "memory",
         "remote_executor",
         "remote_instance",
         "remote_headers",
@@ -211,6 +217,7 @@ _TEXT_KINDS = (
     "count",
     "table",
     "jobs",
+    "memory",
     "bool",
     "headers",
     "public_keys",

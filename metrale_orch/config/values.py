@@ -217,6 +217,8 @@ def convert(kind: str, value: object, where: str, key: str, root: Path, from_tex
                     "is needed",
                 )
         return table
+    if kind == "memory":
+        return _memory(value, where, key)
     if kind == "size_budget":
         table = convert("table", value, where, key, root, from_text)
         assert isinstance(table, Mapping)
@@ -248,12 +250,25 @@ def _budget(value: object, where: str, key: str, name: str) -> int:
         raise ConfigError(
             where, shown, "must name a hardware (hopper) or a target (hw/model/quant)"
         )
+    return _bytes(value, where, shown)
+
+
+def _bytes(value: object, where: str, shown: str) -> int:
+    """A size in bytes: a whole number of bytes, or text such as ``"40M"``."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     size = size_bytes(value) if isinstance(value, str) else None
     if size is None:
         raise ConfigError(where, shown, f"must be {_SIZE_HINT}, got {value!r}")
     return size
+
+
+def _memory(value: object, where: str, key: str) -> int:
+    """The ``memory`` setting in bytes: ``"16G"`` or a whole number of bytes; 0 or ""
+    for the memory available when a build starts."""
+    if isinstance(value, str) and not value.strip():
+        return 0
+    return _bytes(value, where, key)
 
 
 #: The keys of a ``[tool.metrale-orch.deploy.<hw>]`` table.

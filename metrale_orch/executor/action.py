@@ -56,6 +56,9 @@ class Action:
     #: Expected seconds (from the last build's profile; 0 when unknown): among waiting
     #: actions the longest expected starts first, so a build does not end on one long one.
     expected: float = 0.0
+    #: Predicted peak memory in bytes (from the last build; 0 when unknown): the local
+    #: executor starts it only while the running actions' predictions and it fit.
+    memory: int = 0
     #: What the action is for, in logs ("hopper/qwen3-8b/bf16 gemv").
     label: str = ""
     #: The remote form, for an executor that can send it (None: local only).

@@ -5,6 +5,12 @@ Each action runs in a process group of its own (``start_new_session``), so
 ``cicc``, ``ptxas``, the host compiler) at once: SIGTERM to the group, then
 SIGKILL to what is left after a grace period. A terminal's Ctrl-C reaches
 this process only; the build turns it into :meth:`~LocalExecutor.stop`.
+
+An action starts only while its predicted peak memory fits beside the running ones'
+(:mod:`metrale_orch.executor.memory`); each one's measured peak comes back on its
+:class:`~metrale_orch.proc.Completed`. One killed by SIGKILL that this executor did
+not send (the out-of-memory killer's) runs again once, alone, and is then reported as
+killed for memory.
 """
 
 from __future__ import annotations
@@ -18,8 +24,16 @@ import time
 from pathlib import Path
 
 from metrale_orch.executor.action import Action, ActionStopped
+from metrale_orch.executor.memory import KILLED_FOR_MEMORY, available_memory
 from metrale_orch.executor.slots import MachineSlots, PrioritySlots
-from metrale_orch.proc import Completed, finished, start_process, timed_out
+from metrale_orch.proc import (
+    Completed,
+    ProcessError,
+    decode_output,
+    finished,
+    start_process,
+    timed_out,
+)
 
 __all__ = ["LocalExecutor"]
 
@@ -27,13 +41,19 @@ __all__ = ["LocalExecutor"]
 GRACE = 2.0
 
 
+class _KilledForMemory(ProcessError):
+    """An action ended by a SIGKILL this executor did not send."""
+
+
 class LocalExecutor:
     """Runs actions on this machine: at most ``jobs`` at once in this process, and, with
-    ``slot_dir``, at most ``jobs`` at once across every process sharing that directory."""
+    ``slot_dir``, at most ``jobs`` at once across every process sharing that directory;
+    in this process, only while their predicted peaks fit ``memory`` bytes (0: the
+    memory available when it starts; where that cannot be read, no limit)."""
 
-    def __init__(self, jobs: int, *, slot_dir: Path | None = None) -> None:
+    def __init__(self, jobs: int, *, slot_dir: Path | None = None, memory: int = 0) -> None:
         self._jobs = jobs
-        self._slots = PrioritySlots(jobs)
+        self._slots = PrioritySlots(jobs, memory or available_memory())
         self._machine = MachineSlots(slot_dir, jobs) if slot_dir is not None else None
         self._stopped = threading.Event()
         self._lock = threading.Lock()
@@ -51,13 +71,32 @@ class LocalExecutor:
             return len(self._running)
 
     @property
+    def memory(self) -> tuple[int, int]:
+        """The predicted peaks of the running actions added up, and the budget (bytes)."""
+        return self._slots.memory
+
+    @property
     def stopped(self) -> bool:
         return self._stopped.is_set()
 
     def run(self, action: Action) -> Completed:
+        try:
+            return self._admitted(action, alone=False)
+        except _KilledForMemory:
+            pass  # the out-of-memory killer's, most likely: once more, with nothing beside it
+        try:
+            return self._admitted(action, alone=True)
+        except _KilledForMemory as again:
+            reason = f"{KILLED_FOR_MEMORY} (SIGKILL), twice: the second time running alone"
+            raise ProcessError(
+                again.argv, again.returncode, output=again.output, reason=reason
+            ) from None
+
+    def _admitted(self, action: Action, *, alone: bool) -> Completed:
+        """Run ``action`` once its slots are held (``alone``: with no other action)."""
         if self._stopped.is_set():
             raise ActionStopped(f"{action.label or action.argv[0]}: not started: the build stopped")
-        with self._slots.slot(action.expected) as got:
+        with self._slots.slot(action.expected, action.memory, alone) as got:
             if not got:
                 raise ActionStopped(f"{action.label or action.argv[0]}: not started: stopped")
             if self._machine is None:
@@ -106,7 +145,10 @@ class LocalExecutor:
                 proc.wait()
         if self._stopped.is_set():
             raise ActionStopped(f"{action.label or args[0]}: stopped")
-        return finished(args, proc.returncode, out, err, time.perf_counter() - start)
+        if proc.returncode == -signal.SIGKILL:  # neither stop() nor the timeout sent it
+            output = decode_output(out) + decode_output(err)
+            raise _KilledForMemory(args, proc.returncode, output=output, reason=KILLED_FOR_MEMORY)
+        return finished(args, proc.returncode, out, err, time.perf_counter() - start, proc.peak)
 
 
 #: Seconds to read what a killed compiler printed: a process it started in a session of

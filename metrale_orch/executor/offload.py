@@ -166,6 +166,11 @@ class RemoteExecutor:
         with self._lock:
             return self.local.running + self._in_flight
 
+    @property
+    def memory(self) -> tuple[int, int]:
+        """The local executor's memory in use and budget (remote actions take none here)."""
+        return self.local.memory
+
     def stop(self) -> None:
         self._cancel.set()
         with self._room:

@@ -1,7 +1,10 @@
 """Slots that bound how many actions run at once: in this process, and on this machine.
 
 :class:`PrioritySlots` hands ``jobs`` slots to the threads of one process, the
-waiting action with the longest expected time first (ties in arrival order).
+waiting action with the longest expected time first (ties in arrival order), and
+only while its predicted peak memory fits
+(:class:`~metrale_orch.executor.memory.MemoryBudget`): the first in line waits for
+memory rather than be overtaken, so a large compile is never starved by smaller ones.
 
 :class:`MachineSlots` is the jobserver shared by every process of one build
 (doit's ``-P process`` workers): ``jobs`` slot files under the build's state
@@ -24,44 +27,58 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from metrale_orch.executor.memory import MemoryBudget
+
 __all__ = ["MachineSlots", "PrioritySlots"]
 
 
 class _Waiter:
     """One thread waiting for a slot: woken alone, when the slot is handed to it."""
 
-    __slots__ = ("event", "granted")
+    __slots__ = ("alone", "event", "granted", "memory")
 
-    def __init__(self) -> None:
+    def __init__(self, memory: int, alone: bool) -> None:
         self.event = threading.Event()
         self.granted = False
+        self.memory = memory
+        self.alone = alone
 
 
 class PrioritySlots:
-    """``jobs`` slots for the threads of this process (see the module docstring).
+    """``jobs`` slots for the threads of this process (see the module docstring), within
+    ``memory`` bytes of predicted peaks (0: no limit).
 
     A released slot is handed straight to the first waiter in line, and only that
     thread wakes (hundreds of module pipelines may wait at once)."""
 
-    def __init__(self, jobs: int) -> None:
+    def __init__(self, jobs: int, memory: int = 0) -> None:
         if jobs < 1:
             raise ValueError(f"jobs must be at least 1, not {jobs}")
         self.jobs = jobs
         self._free = jobs
+        self._memory = MemoryBudget(memory)
         self._lock = threading.Lock()
         self._waiting: list[tuple[float, int, _Waiter]] = []
         self._order = itertools.count()
         self._closed = False
 
+    @property
+    def memory(self) -> tuple[int, int]:
+        """The predicted peaks of the slots' holders added up, and the budget (bytes)."""
+        with self._lock:
+            return self._memory.in_use, self._memory.budget
+
     @contextlib.contextmanager
-    def slot(self, expected: float) -> Iterator[bool]:
-        """Hold a slot for the ``with`` block; yields False (and holds none) once closed."""
-        got = self._acquire(expected)
+    def slot(self, expected: float, memory: int = 0, alone: bool = False) -> Iterator[bool]:
+        """Hold a slot for the ``with`` block; yields False (and holds none) once closed.
+        ``memory``: the predicted peak in bytes (0: unknown); ``alone``: start only when
+        no other slot is held, and let none be taken meanwhile."""
+        got = self._acquire(expected, memory, alone)
         try:
             yield got
         finally:
             if got:
-                self._release()
+                self._release(memory, alone)
 
     def close(self) -> None:
         """Wake every waiter with no slot; later callers get none."""
@@ -71,26 +88,44 @@ class PrioritySlots:
         for _exp, _n, waiter in waiting:
             waiter.event.set()
 
-    def _acquire(self, expected: float) -> bool:
+    def _acquire(self, expected: float, memory: int, alone: bool) -> bool:
         with self._lock:
             if self._closed:
                 return False
-            if self._free and not self._waiting:
+            if self._free and not self._waiting and self._memory.fits(memory, alone):
                 self._free -= 1
+                self._memory.take(memory, alone)
                 return True
-            waiter = _Waiter()
+            waiter = _Waiter(memory, alone)
             heapq.heappush(self._waiting, (-float(expected), next(self._order), waiter))
+            granted = self._admit()
+        for other in granted:
+            other.event.set()
         waiter.event.wait()
         return waiter.granted
 
-    def _release(self) -> None:
+    def _release(self, memory: int, alone: bool) -> None:
         with self._lock:
-            if not self._waiting:
-                self._free += 1
-                return
-            _exp, _n, waiter = heapq.heappop(self._waiting)
-            waiter.granted = True  # the slot passes to it without ever being free
-        waiter.event.set()
+            self._free += 1
+            self._memory.give(memory, alone)
+            granted = self._admit()
+        for waiter in granted:
+            waiter.event.set()
+
+    def _admit(self) -> list[_Waiter]:
+        """Grant slots to the waiters in line while a slot is free and the first one's
+        memory fits (the lock held); returns them, to be woken outside the lock."""
+        granted = []
+        while self._waiting and self._free:
+            waiter = self._waiting[0][2]
+            if not self._memory.fits(waiter.memory, waiter.alone):
+                break
+            heapq.heappop(self._waiting)
+            self._free -= 1
+            self._memory.take(waiter.memory, waiter.alone)
+            waiter.granted = True
+            granted.append(waiter)
+        return granted
 
 
 class MachineSlots:

@@ -155,6 +155,8 @@ class Ran:
     #: Seconds the steps waited for an executor slot before their compiler started:
     #: the part of the executor's time that is not the compiler's own (the profile's).
     waited: float = 0.0
+    #: The largest peak memory of its steps in bytes (0: not measured, e.g. remote).
+    memory: int = 0
 
 
 def run_compile(
@@ -437,6 +439,7 @@ def _run_steps(
             env=ctx.environ,
             timeout=ctx.compile_timeout,
             expected=expected,
+            memory=ctx.session.peaks.get((target, module.name), 0),
             label=f"{target} {module.name}",
             remote=remote if len(steps.argvs) == 1 else None,
             owner=target,
@@ -450,7 +453,8 @@ def _run_steps(
         waited += max(0.0, time.perf_counter() - asked - done.seconds)
         seconds += done.seconds
         returncode = done.returncode
-        ran = Ran(where=done.where, stages=done.stages, waited=waited)
+        memory = max(ran.memory, done.memory)
+        ran = Ran(where=done.where, stages=done.stages, waited=waited, memory=memory)
         texts.append((done.stdout + done.stderr).strip())
         first = step is steps.argvs[0]
         if steps.intermediate is not None and first and not steps.intermediate.is_file():

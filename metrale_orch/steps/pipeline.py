@@ -237,6 +237,8 @@ def _compile_and_store(
         )
         if ran.where:
             args["where"] = ran.where
+        if ran.memory:  # the compiler's peak memory in bytes (kept for the next build)
+            args["memory"] = ran.memory
     for name, (begin, end) in ran.stages.items():  # the remote engine's, as it reported
         rec.add_between(
             "remote",

@@ -10,7 +10,9 @@ Perfetto and ``chrome://tracing`` open (complete events ``"ph": "X"``, times in
 microseconds, plus ``"M"`` events naming each worker process and thread). A
 ``compile`` span holds the module's wait for an executor slot before its compiler
 started: its args say how long each took (``seconds``: the compiler's own, ``wait``:
-the slot's), and :func:`summarize_profile` counts them apart.
+the slot's), and :func:`summarize_profile` counts them apart; its ``memory`` is the
+compiler's measured peak in bytes, and a counter track (``"ph": "C"``, ``memory in
+use``) adds up the peaks of the compiles running at each moment.
 :func:`read_profile` and :func:`summarize_profile` read it back for
 ``metrale-orch profile``.
 
@@ -228,10 +230,46 @@ def trace_document(spans: Iterable[Span], *, origin_ns: int, main_pid: int) -> d
         for (pid, tid), name in sorted(threads.items())
     ]
     return {
-        "traceEvents": [*meta, *events],
+        "traceEvents": [*meta, *events, *_memory_track(events, main_pid)],
         "displayTimeUnit": "ms",
         "otherData": {"producer": "metrale-orch", "version": PROFILE_VERSION},
     }
+
+
+#: The counter track of the compiles' peak memory, and its unit.
+_MEMORY_TRACK = "memory in use"
+_MIB = 1024 * 1024
+
+
+def _memory_track(events: Sequence[Mapping[str, object]], pid: int) -> list[dict[str, object]]:
+    """Counter events (MiB) of the peak memory of the compilers running at each moment:
+    each ``compile`` event with a ``memory`` arg counts over its compiler's own time
+    (the end of the span less its ``seconds``), sorted by time (pure)."""
+    changes: dict[int, int] = {}
+    for event in events:
+        args = event.get("args")
+        if event.get("cat") != "compile" or not isinstance(args, Mapping):
+            continue
+        memory = _num(args.get("memory", 0))
+        if memory > 0:
+            end = _num(event["ts"]) + _num(event["dur"])
+            start = max(_num(event["ts"]), end - round(compile_seconds(event) * 1e6))
+            changes[start] = changes.get(start, 0) + memory
+            changes[end] = changes.get(end, 0) - memory
+    track, total = [], 0
+    for ts, change in sorted(changes.items()):
+        total += change
+        track.append(
+            {
+                "name": _MEMORY_TRACK,
+                "ph": "C",
+                "ts": ts,
+                "pid": pid,
+                "tid": 0,
+                "args": {"MiB": round(total / _MIB, 1)},
+            }
+        )
+    return track
 
 
 def encode_profile(doc: Mapping[str, object]) -> bytes:

@@ -89,10 +89,11 @@ class Progress:
                 self.hits += 1
 
 
-def local_executor(jobs: int, build_dir: Path) -> LocalExecutor:
+def local_executor(jobs: int, build_dir: Path, memory: int = 0) -> LocalExecutor:
     """This machine's executor: ``jobs`` compiles at once across every process of the
-    build (slot files under ``<build_dir>/.state/jobs/``)."""
-    return LocalExecutor(jobs, slot_dir=Path(build_dir) / STATE_DIR / SLOTS_DIR)
+    build (slot files under ``<build_dir>/.state/jobs/``), within ``memory`` bytes of
+    predicted peaks (0: the memory available now)."""
+    return LocalExecutor(jobs, slot_dir=Path(build_dir) / STATE_DIR / SLOTS_DIR, memory=memory)
 
 
 class BuildSession:
@@ -104,6 +105,7 @@ class BuildSession:
         *,
         expected: Mapping[str, float] | None = None,
         by_module: Mapping[tuple[str, str], float] | None = None,
+        peaks: Mapping[tuple[str, str], int] | None = None,
         remote: bool = False,
         container_image: str = "",
         probes: ProbeMemo | None = None,
@@ -131,6 +133,8 @@ class BuildSession:
         self.expected_by_module: Mapping[tuple[str, str], float] = MappingProxyType(
             dict(by_module or {})
         )
+        #: Peak memory in bytes of each ``(target, module)``'s last measured compile.
+        self.peaks: Mapping[tuple[str, str], int] = MappingProxyType(dict(peaks or {}))
         self._swept: set[str] = set()
         self._lock = threading.Lock()
         #: The first pipeline of each key in flight (see ``submit_pipeline``).
@@ -162,15 +166,18 @@ class BuildSession:
         build_dir: Path,
         expected: Mapping[str, float] | None = None,
         by_module: Mapping[tuple[str, str], float] | None = None,
+        peaks: Mapping[tuple[str, str], int] | None = None,
+        memory: int = 0,
         probes: ProbeMemo | None = None,
         run: str = "",
     ) -> BuildSession:
         """A session running compiles on this machine, ``jobs`` at once across every process
-        of the build (slot files under ``build_dir``)."""
+        of the build (slot files under ``build_dir``), within ``memory`` bytes."""
         return cls(
-            local_executor(jobs, build_dir),
+            local_executor(jobs, build_dir, memory),
             expected=expected,
             by_module=by_module,
+            peaks=peaks,
             probes=probes,
             run=run,
         )

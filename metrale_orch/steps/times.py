@@ -14,7 +14,12 @@ ordered. Two uses:
   end on one long target compiling alone. Targets never built go first (a new
   target in a warm tree is the one with work to do), the larger ones first.
 
-Only an ordering: a missing, stale or unreadable file changes no result.
+The same file keeps each module's peak memory in bytes where it was measured
+(``"memory": {target: {module: bytes}}``, beside ``"modules"``, so a file without it
+still reads): the local executor admits a compile only while the predicted peaks of
+the running ones fit (:mod:`metrale_orch.executor.memory`).
+
+Only an ordering and an admission: a missing, stale or unreadable file changes no result.
 """
 
 from __future__ import annotations
@@ -48,9 +53,25 @@ SCHEMA = 1
 
 @dataclass(frozen=True, slots=True)
 class CompileTimes:
-    """``target -> module -> (key, seconds)`` of each module's last compile (pure data)."""
+    """``target -> module -> (key, seconds)`` of each module's last compile, and
+    ``target -> module -> bytes`` of its peak memory where measured (pure data)."""
 
     modules: Mapping[str, Mapping[str, tuple[str, float]]] = field(default_factory=dict)
+    peaks: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+
+    def peak_by_key(self) -> dict[str, int]:
+        """Peak bytes by the cache key of each module's kept entry (the largest)."""
+        out: dict[str, int] = {}
+        for target, mods in self.peaks.items():
+            for module, peak in mods.items():
+                key = self.modules.get(target, {}).get(module, ("", 0.0))[0]
+                out[key] = max(out.get(key, 0), peak)
+        out.pop("", None)
+        return out
+
+    def peak_by_module(self) -> dict[tuple[str, str], int]:
+        """Peak bytes by ``(target, module)``: the prediction of its next compile."""
+        return {(t, m): p for t, mods in self.peaks.items() for m, p in mods.items()}
 
     def by_key(self) -> dict[str, float]:
         """Seconds by cache key (the longest where two targets compiled one key)."""
@@ -75,18 +96,29 @@ def merge_compiles(
     *,
     seen: Mapping[str, Collection[str]] | None = None,
     alive: Collection[str] | None = None,
+    peaks: Iterable[tuple[str, str, int]] = (),
 ) -> CompileTimes:
     """``old`` with each ``(target, module, key, seconds)`` of a run's successful compiles
-    replacing that module's entry (pure). ``seen``: the modules each target of the run
-    has now (others of those targets are dropped); ``alive``: every target the tree
-    still has (the others are dropped)."""
+    replacing that module's entry, and each ``(target, module, bytes)`` of ``peaks`` its
+    peak (pure). ``seen``: the modules each target of the run has now (others of those
+    targets are dropped); ``alive``: every target the tree still has (the others are
+    dropped). A module keeps its last measured peak until a new one replaces it."""
     modules = {t: dict(mods) for t, mods in old.modules.items() if alive is None or t in alive}
     for target, names in (seen or {}).items():
         if target in modules:
             modules[target] = {m: v for m, v in modules[target].items() if m in names}
     for target, module, key, seconds in compiles:
         modules.setdefault(target, {})[module] = (key, float(seconds))
-    return CompileTimes({t: mods for t, mods in modules.items() if mods})
+    memory = {t: dict(mods) for t, mods in old.peaks.items()}
+    for target, module, peak in peaks:
+        memory.setdefault(target, {})[module] = int(peak)
+    kept = {
+        t: {m: p for m, p in mods.items() if m in modules.get(t, {})} for t, mods in memory.items()
+    }
+    return CompileTimes(
+        {t: mods for t, mods in modules.items() if mods},
+        {t: mods for t, mods in kept.items() if mods},
+    )
 
 
 def read_times(state_dir: Path) -> CompileTimes:
@@ -108,7 +140,17 @@ def read_times(state_dir: Path) -> CompileTimes:
                 and not isinstance(entry[1], bool)
             ):
                 modules.setdefault(str(target), {})[str(module)] = (entry[0], float(entry[1]))
-    return CompileTimes(modules)
+    return CompileTimes(modules, _read_peaks(doc.get("memory")))
+
+
+def _read_peaks(raw: object) -> dict[str, dict[str, int]]:
+    """The ``"memory"`` table of the file ({} when absent or malformed)."""
+    peaks: dict[str, dict[str, int]] = {}
+    for target, mods in (raw if isinstance(raw, dict) else {}).items():
+        for module, peak in (mods if isinstance(mods, dict) else {}).items():
+            if isinstance(peak, int) and not isinstance(peak, bool) and peak > 0:
+                peaks.setdefault(str(target), {})[str(module)] = peak
+    return peaks
 
 
 def read_target_seconds(state_dir: Path) -> dict[str, float]:
@@ -130,7 +172,10 @@ def write_times(state_dir: Path, times: CompileTimes) -> None:
         t: {m: [k, round(s, 6)] for m, (k, s) in sorted(mods.items())}
         for t, mods in sorted(times.modules.items())
     }
-    write_atomic(state / TIMES, _encode({"schema": SCHEMA, "modules": modules}))
+    doc: dict[str, object] = {"schema": SCHEMA, "modules": modules}
+    if times.peaks:
+        doc["memory"] = {t: dict(sorted(m.items())) for t, m in sorted(times.peaks.items())}
+    write_atomic(state / TIMES, _encode(doc))
     write_target_seconds(state, times.target_seconds())
 
 

@@ -68,6 +68,10 @@ def progress_counts() -> tuple[dict[str, float], int]:
         for name, value in session.progress.snapshot().items():
             total[name] = total.get(name, 0) + value
         total["in_flight"] = total.get("in_flight", 0) + session.executor.running
+        memory = getattr(session.executor, "memory", None)  # a local executor's, if any
+        if isinstance(memory, tuple):
+            total["memory"] = total.get("memory", 0) + memory[0]
+            total["memory_budget"] = max(total.get("memory_budget", 0), memory[1])
     return total, jobs
 
 

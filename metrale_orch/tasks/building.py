@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
 from pathlib import Path
 
 from doit.exceptions import TaskFailed
@@ -28,7 +27,7 @@ from metrale_orch.paths import BUILD_TASK, STATE_DIR
 from metrale_orch.steps import target as build
 from metrale_orch.steps.results import TargetResult
 from metrale_orch.steps.session import BuildSession, local_executor
-from metrale_orch.steps.times import read_times
+from metrale_orch.steps.times import CompileTimes, read_times
 from metrale_orch.tasks.buildlog import configure_build_log, flush_build_log
 from metrale_orch.tasks.checker import (
     EXTERNAL_KEY,
@@ -131,18 +130,20 @@ def _cache(run: Run, config: Config) -> cache_mod.Cache:
 
 def _session(run: Run, config: Config, build_dir: Path) -> BuildSession:
     """The run's build session for ``config`` (made on first use): its compiles are
-    ordered by the kept compile times (:mod:`metrale_orch.steps.times`), longest first."""
+    ordered by the kept compile times (:mod:`metrale_orch.steps.times`), longest first,
+    and admitted by their kept peak memory."""
 
     def make() -> BuildSession:
         times = read_times(build_dir / STATE_DIR)
-        expected, by_module = times.by_key(), times.by_module()
         if config.remote_executor:
-            return _remote_session(run, config, build_dir, expected, by_module)
+            return _remote_session(run, config, build_dir, times)
         return BuildSession.local(
             jobs=config.jobs,
             build_dir=build_dir,
-            expected=expected,
-            by_module=by_module,
+            expected=times.by_key(),
+            by_module=times.by_module(),
+            peaks=times.peak_by_module(),
+            memory=config.memory,
             probes=run.probes,
             run=os.environ.get(RUN_ENV, ""),
         )
@@ -150,26 +151,20 @@ def _session(run: Run, config: Config, build_dir: Path) -> BuildSession:
     return run.session((str(build_dir), config.jobs, config.remote_executor), make)
 
 
-def _remote_session(
-    run: Run,
-    config: Config,
-    build_dir: Path,
-    expected: Mapping[str, float],
-    by_module: Mapping[tuple[str, str], float],
-) -> BuildSession:
+def _remote_session(run: Run, config: Config, build_dir: Path, times: CompileTimes) -> BuildSession:
     """A session whose compiles go to ``config.remote_executor`` (raises the one-line
     error of a missing ``remote`` extra)."""
-
     executor = RemoteExecutor(
         open_backend(config),
-        local_executor(config.jobs, build_dir),
+        local_executor(config.jobs, build_dir, config.memory),
         remote_jobs=config.remote_jobs,
         strict=config.remote_strict,
     )
     return BuildSession(
         executor,
-        expected=expected,
-        by_module=by_module,
+        expected=times.by_key(),
+        by_module=times.by_module(),
+        peaks=times.peak_by_module(),
         remote=True,
         container_image=config.remote_container_image,
         probes=run.probes,

@@ -3,13 +3,15 @@
 On a terminal the reporter keeps one line at the bottom, redrawn a few times a
 second:
 
-    modules 41/69 · 2 in flight · 12 hits · 0 failed · 0:17 · ETA 0:09
+    modules 41/69 · 2 in flight · 3.1/15.6 GiB · 12 hits · 0 failed · 0:17 · ETA 0:09
 
 The counts are the build session's (:class:`~metrale_orch.steps.session.Progress`)
 of every process whose session this one can read: doit's own process, where the
 default (thread) runs build every target. Under ``-P process`` the workers' counts
 reach the reporter only as their targets finish, so the line counts targets there.
-The ETA comes from the last build's profile: the compile seconds still expected
+The memory is the predicted peaks of the compiles in flight against the budget
+(:mod:`metrale_orch.executor.memory`), shown while any is known. The ETA comes from
+the last build's profile: the compile seconds still expected
 (modules of started targets, and whole targets not started yet) over ``jobs``.
 
 ``rich`` is imported only when a build runs on a terminal (~40-80 ms; tqdm took
@@ -37,13 +39,17 @@ def format_eta(seconds: float) -> str:
 
 
 def progress_text(counts: Mapping[str, float], elapsed: float, eta: float | None) -> str:
-    """The line's text (pure): ``counts`` has done, total, in_flight, hits, shared (said
+    """The line's text (pure): ``counts`` has done, total, in_flight, memory and
+    memory_budget (bytes; said only while some memory is predicted), hits, shared (said
     only when some module was: shared in the run, not a hit), failed."""
     done, total = int(counts.get("done", 0)), int(counts.get("total", 0))
     shared = int(counts.get("shared", 0))
+    memory, budget = counts.get("memory", 0) / 2**30, counts.get("memory_budget", 0) / 2**30
+    of = f"/{budget:.1f}" if budget else ""
     parts = [
         f"modules {done}/{total}",
         f"{int(counts.get('in_flight', 0))} in flight",
+        *([f"{memory:.1f}{of} GiB"] if memory else []),
         f"{int(counts.get('hits', 0))} hits",
         *([f"{shared} shared"] if shared else []),
         f"{int(counts.get('failed', 0))} failed",

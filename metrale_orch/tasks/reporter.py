@@ -423,6 +423,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         from metrale_orch.steps.times import merge_compiles, read_times, write_times
 
         compiled: dict[str, float] = {}
+        measured: dict[str, int] = {}  # the compiler's peak memory by key
         keyed: list[tuple[str, str, str]] = []
         for item in self._spans:
             target, module = str(item.get("target", "")), str(item.get("module", ""))
@@ -438,6 +439,9 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
                 seconds = args.get("seconds")
                 if isinstance(seconds, int | float):
                     compiled[key] = float(seconds)
+                memory = args.get("memory")
+                if isinstance(memory, int) and memory > 0:
+                    measured[key] = memory
         state = Path(STATE_DIR)
         try:
             state = current_run().config().build_dir / STATE_DIR
@@ -448,7 +452,14 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             for target, module, _key in keyed:
                 seen.setdefault(target, set()).add(module)
             compiles = [(t, m, k, known[k]) for t, m, k in keyed if k in known]
-            merged = merge_compiles(old, compiles, seen=seen, alive=self._alive or None)
+            peaks = {**old.peak_by_key(), **measured}
+            merged = merge_compiles(
+                old,
+                compiles,
+                seen=seen,
+                alive=self._alive or None,
+                peaks=[(t, m, peaks[k]) for t, m, k in keyed if k in peaks],
+            )
             if merged != old:
                 write_times(state, merged)
         except (MetraleError, OSError) as exc:  # only an ordering: never fails the run

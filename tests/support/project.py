@@ -104,6 +104,9 @@ times = os.environ.get("FAKECC_TIMES")
 if times:
     with open(times, "a") as fh:
         fh.write(f"start {time.time_ns()} {os.getpid()} {os.path.basename(source)}\\n")
+held = bytearray(int(os.environ.get("FAKECC_ALLOC_MB", "0") or 0) * 2**20)
+for page in range(0, len(held), 4096):  # touched: resident, as a compiler's memory is
+    held[page] = 1
 delay = float(os.environ.get("FAKECC_DELAY", "0") or 0)
 if delay:
     time.sleep(delay)

@@ -1,0 +1,369 @@
+"""Memory-aware admission (issue 38, item 2): each compile's peak memory is measured and
+kept beside its time; the local executor starts a compile only while the running ones'
+predicted peaks and its own fit the budget, never stalls, admits a compile with no
+history by ``jobs`` alone, and runs one killed for memory once more, alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from metrale_orch.config import ConfigError, load_config
+from metrale_orch.executor import Action, LocalExecutor, PrioritySlots
+from metrale_orch.executor.memory import MemoryBudget, available_memory
+from metrale_orch.proc import ProcessError
+from metrale_orch.steps.profile import Span, trace_document
+from metrale_orch.steps.times import TIMES, CompileTimes, merge_compiles, read_times, write_times
+from metrale_orch.tasks.progress import progress_text
+from tests.support.project import doit
+
+MIB = 1024 * 1024
+
+#: A compiler stand-in: logs "start"/"end" with wall-clock ns and its label in $LOG,
+#: holds $1 MiB resident, waits until $BARRIER actions have started (when set), sleeps
+#: $2 s. KILL=once kills itself with SIGKILL the first time ($KILL_MARK marks it),
+#: KILL=always every time.
+HOG = """\
+import os, signal, sys, time
+mb, seconds, label = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+log = os.environ["LOG"]
+def note(kind):
+    with open(log, "a") as fh:
+        fh.write(f"{kind} {time.time_ns()} {label}\\n")
+note("start")
+held = bytearray(mb * 1024 * 1024)
+for page in range(0, len(held), 4096):
+    held[page] = 1
+kill, mark = os.environ.get("KILL", ""), os.environ.get("KILL_MARK", "")
+if kill == "always" or (kill == "once" and not os.path.exists(mark)):
+    open(mark, "w").close() if mark else None
+    note("end")
+    os.kill(os.getpid(), signal.SIGKILL)
+barrier = int(os.environ.get("BARRIER", "0") or 0)
+deadline = time.time() + 20
+while barrier and time.time() < deadline:
+    if open(log).read().count("start ") >= barrier:
+        break
+    time.sleep(0.01)
+else:
+    if barrier:
+        sys.exit("the others never started beside it")
+time.sleep(seconds)
+note("end")
+"""
+
+
+def hog(
+    tmp_path: Path,
+    label: str,
+    mb: int = 1,
+    seconds: float = 0.1,
+    env: Mapping[str, object] | None = None,
+    **kw: object,
+) -> Action:
+    """An action running :data:`HOG` (``kw``: more of the action's fields)."""
+    script = tmp_path / "hog.py"
+    if not script.exists():
+        script.write_text(HOG)
+    environ = {"PATH": os.environ["PATH"], "LOG": str(tmp_path / "log")}
+    environ.update({k: str(v) for k, v in (env or {}).items()})
+    return Action(
+        argv=(sys.executable, str(script), str(mb), str(seconds), label),
+        cwd=tmp_path,
+        env=environ,
+        label=label,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def intervals(log: Path) -> list[tuple[int, int, str]]:
+    """(start ns, end ns, label) of every run the log recorded, in order of start."""
+    starts: dict[str, list[int]] = {}
+    out = []
+    for line in log.read_text().splitlines():
+        kind, ns, label = line.split(" ", 2)
+        if kind == "start":
+            starts.setdefault(label, []).append(int(ns))
+        else:
+            out.append((starts[label].pop(0), int(ns), label))
+    return sorted(out)
+
+
+def most_at_once(runs: list[tuple[int, int, str]], weight: dict[str, int]) -> int:
+    """The largest sum of ``weight`` over the runs overlapping at one moment."""
+    events = sorted([(s, 1, lab) for s, _e, lab in runs] + [(e, 0, lab) for _s, e, lab in runs])
+    now = most = 0
+    for _ns, starts, label in events:  # an end sorts before a start at the same ns
+        now += weight[label] if starts else -weight[label]
+        most = max(most, now)
+    return most
+
+
+# -- the rule, alone ------------------------------------------------------------------------
+
+
+def test_the_budget_admits_what_fits_never_stalls_and_knows_no_history() -> None:
+    budget = MemoryBudget(250)
+    assert budget.fits(1000)  # nothing runs: even one over the whole budget starts
+    budget.take(100)
+    assert budget.fits(150) and not budget.fits(151)
+    assert budget.fits(0)  # no prediction: admitted by jobs alone, as before any history
+    budget.take(150)
+    assert not budget.fits(1) and budget.fits(0)
+    assert (budget.in_use, budget.running) == (250, 2)
+    budget.give(100)
+    budget.give(150)
+    assert (budget.in_use, budget.running) == (0, 0)
+    unlimited = MemoryBudget(0)
+    unlimited.take(10**12)
+    assert unlimited.fits(10**12)
+
+
+def test_a_compile_run_alone_starts_when_nothing_runs_and_lets_nothing_beside_it() -> None:
+    budget = MemoryBudget(250)
+    budget.take(10)
+    assert not budget.fits(10, alone=True)
+    budget.give(10)
+    assert budget.fits(10, alone=True)
+    budget.take(10, alone=True)
+    assert not budget.fits(0) and not budget.fits(1)
+    budget.give(10, alone=True)
+    assert budget.fits(1)
+
+
+def test_memavailable_is_read_in_bytes(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:  32000000 kB\nMemFree: 1 kB\nMemAvailable:   2048 kB\n")
+    assert available_memory(meminfo) == 2048 * 1024
+    meminfo.write_text("MemTotal:  32000000 kB\n")
+    assert available_memory(meminfo) == 0  # unknown: no limit
+    assert available_memory(tmp_path / "missing") == 0
+
+
+def test_priority_slots_keep_the_holders_predictions_within_the_budget() -> None:
+    """Threads only: every holder sees the predictions in use within the budget, except
+    while one predicted over the whole budget holds a slot alone."""
+    slots = PrioritySlots(4, memory=250)
+    seen: list[tuple[int, int]] = []
+    lock = threading.Lock()
+
+    def hold(memory: int) -> None:
+        with slots.slot(0.0, memory) as got:
+            assert got
+            in_use, _budget = slots.memory
+            with lock:
+                seen.append((memory, in_use))
+            threading.Event().wait(0.01)
+
+    sizes = [100, 100, 100, 60, 60, 400, 100, 0, 0, 150, 90, 100]
+    with ThreadPoolExecutor(max_workers=len(sizes)) as pool:
+        list(pool.map(hold, sizes))
+    assert sorted(m for m, _ in seen) == sorted(sizes)  # every one ran
+    for memory, in_use in seen:
+        assert in_use <= 250 or memory == in_use == 400, seen
+    assert slots.memory == (0, 250)
+
+
+def test_the_first_in_line_waits_for_memory_rather_than_be_overtaken() -> None:
+    slots = PrioritySlots(3, memory=100)
+    order: list[str] = []
+    held = slots.slot(0.0, 60)
+    assert held.__enter__()
+
+    def take(name: str, expected: float, memory: int) -> None:
+        with slots.slot(expected, memory) as got:
+            assert got
+            order.append(name)
+
+    def queued(n: int) -> None:  # until n threads wait in line (no timing involved)
+        while len(slots._waiting) < n:
+            threading.Event().wait(0.001)
+
+    first = threading.Thread(target=take, args=("large", 5.0, 60))  # 60 + 60 > 100: waits
+    first.start()
+    queued(1)
+    second = threading.Thread(target=take, args=("small", 1.0, 10))  # would fit, but waits
+    second.start()
+    queued(2)
+    # The small one would fit beside the holder, but the large one is first in line.
+    assert order == [] and slots.memory == (60, 100)
+    held.__exit__(None, None, None)  # both start now: 60 + 10 fit
+    first.join(10)
+    second.join(10)
+    assert sorted(order) == ["large", "small"]
+
+
+# -- the executor, with a compiler that takes memory ----------------------------------------
+
+
+def test_predictions_below_jobs_times_the_peak_hold_the_sum_within_the_budget(
+    tmp_path: Path,
+) -> None:
+    executor = LocalExecutor(4, memory=250 * MIB)
+    actions = [hog(tmp_path, f"a{i}", mb=20, memory=100 * MIB) for i in range(6)]
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        done = list(pool.map(executor.run, actions))
+    assert all(d.returncode == 0 for d in done)
+    runs = intervals(tmp_path / "log")
+    assert len(runs) == 6
+    assert most_at_once(runs, {f"a{i}": 100 * MIB for i in range(6)}) <= 250 * MIB
+    # Each compile's peak is measured: its process's largest resident set.
+    assert all(20 * MIB < d.memory < 200 * MIB for d in done), [d.memory for d in done]
+
+
+def test_with_no_history_compiles_are_admitted_by_jobs_alone(tmp_path: Path) -> None:
+    # A budget of one byte, but no prediction: all four must run at once (each waits
+    # until the four have started, and fails if they never do).
+    executor = LocalExecutor(4, memory=1)
+    actions = [hog(tmp_path, f"n{i}", env={"BARRIER": 4}) for i in range(4)]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        done = list(pool.map(executor.run, actions))
+    assert all(d.returncode == 0 for d in done)
+    assert executor.peak == 4
+
+
+def test_a_compile_predicted_over_the_whole_budget_still_runs_alone(tmp_path: Path) -> None:
+    executor = LocalExecutor(3, memory=100 * MIB)
+    weights = {"big": 500 * MIB, **{f"s{i}": 40 * MIB for i in range(3)}}
+    actions = [hog(tmp_path, label, memory=w) for label, w in weights.items()]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        done = list(pool.map(executor.run, actions))
+    assert all(d.returncode == 0 for d in done)
+    runs = intervals(tmp_path / "log")
+    (big,) = [r for r in runs if r[2] == "big"]
+    assert not [r for r in runs if r[2] != "big" and r[0] < big[1] and big[0] < r[1]], runs
+
+
+def test_a_compile_killed_for_memory_runs_again_alone_once(tmp_path: Path) -> None:
+    executor = LocalExecutor(3)
+    env = {"KILL": "once", "KILL_MARK": str(tmp_path / "killed")}
+    actions = [hog(tmp_path, "oom", env=env, expected=9.0)]
+    actions += [hog(tmp_path, f"o{i}", seconds=0.3) for i in range(3)]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        done = list(pool.map(executor.run, actions))
+    assert all(d.returncode == 0 for d in done)
+    runs = intervals(tmp_path / "log")
+    _killed, retried = [r for r in runs if r[2] == "oom"]
+    others = [r for r in runs if r[2] != "oom"]
+    # The retry started after everything else ended: nothing ran beside it.
+    assert all(end <= retried[0] for _s, end, _l in others), runs
+
+
+def test_a_compile_killed_again_alone_is_reported_as_killed_for_memory(tmp_path: Path) -> None:
+    executor = LocalExecutor(2)
+    with pytest.raises(ProcessError, match="killed for memory") as got:
+        executor.run(hog(tmp_path, "oom", env={"KILL": "always"}))
+    assert got.value.returncode == -9
+    assert [r[2] for r in intervals(tmp_path / "log")] == ["oom", "oom"]  # tried twice
+    # A compile this executor kills for its timeout is no memory kill: reported once.
+    with pytest.raises(ProcessError, match="timed out") as late:
+        executor.run(hog(tmp_path, "slow", seconds=30, timeout=0.5))
+    assert "memory" not in str(late.value)
+
+
+# -- kept, configured, shown ----------------------------------------------------------------
+
+
+def test_peaks_are_kept_beside_the_times_and_an_old_file_still_reads(tmp_path: Path) -> None:
+    old = CompileTimes({"t": {"m": ("k1", 1.0), "n": ("k2", 2.0)}}, {"t": {"m": 5 * MIB}})
+    new = merge_compiles(
+        old,
+        [("t", "n", "k3", 2.5), ("u", "m", "k1", 1.0)],
+        seen={"t": {"m", "n"}},
+        peaks=[("t", "n", 7 * MIB), ("u", "m", 5 * MIB)],
+    )
+    assert new.peaks == {"t": {"m": 5 * MIB, "n": 7 * MIB}, "u": {"m": 5 * MIB}}
+    assert new.peak_by_key() == {"k1": 5 * MIB, "k3": 7 * MIB}
+    assert new.peak_by_module()[("t", "n")] == 7 * MIB
+    # A module gone from its target takes its peak with it.
+    assert merge_compiles(new, [], seen={"t": {"n"}}).peaks["t"] == {"n": 7 * MIB}
+    write_times(tmp_path, new)
+    assert read_times(tmp_path) == new
+    (tmp_path / TIMES).write_text('{"schema": 1, "modules": {"t": {"m": ["k", 1.5]}}}')
+    assert read_times(tmp_path) == CompileTimes({"t": {"m": ("k", 1.5)}})
+
+
+def test_the_memory_setting_takes_sizes(tmp_path: Path) -> None:
+    assert load_config(tmp_path, environ={}).memory == 0  # MemAvailable at the start
+    env = {"METRALE_ORCH_MEMORY": "16G"}
+    assert load_config(tmp_path, environ=env).memory == 16 * 1024**3
+    (tmp_path / "pyproject.toml").write_text('[tool.metrale-orch]\nmemory = "1.5G"\n')
+    assert load_config(tmp_path, environ={}).memory == 1536 * MIB
+    (tmp_path / "pyproject.toml").write_text('[tool.metrale-orch]\nmemory = "lots"\n')
+    with pytest.raises(ConfigError, match="memory: must be a number of bytes"):
+        load_config(tmp_path, environ={})
+
+
+def test_the_live_line_and_the_profile_show_memory_in_use() -> None:
+    counts = {"done": 1, "total": 4, "in_flight": 2, "memory": 3 * 2**30, "memory_budget": 2**34}
+    assert "2 in flight · 3.0/16.0 GiB · " in progress_text(counts, 1.0, None)
+    assert "GiB" not in progress_text({"done": 1, "total": 4}, 1.0, None)
+    spans = [
+        Span(step="compile", target="t", module=m, start_ns=s, end_ns=e, pid=1, tid=t, args=a)
+        for m, s, e, t, a in (
+            ("a", 0, 4_000_000, 2, {"seconds": 0.003, "memory": 100 * MIB}),
+            ("b", 0, 3_000_000, 3, {"seconds": 0.001, "memory": 50 * MIB}),
+        )
+    ]
+    events = trace_document(spans, origin_ns=0, main_pid=1)["traceEvents"]
+    assert isinstance(events, list)
+    track = [(e["ts"], e["args"]["MiB"]) for e in events if e["ph"] == "C"]
+    # a's compiler ran 1-4 ms, b's 2-3 ms (each span's end less its seconds).
+    assert track == [(1000, 100.0), (2000, 150.0), (3000, 100.0), (4000, 0.0)]
+
+
+# -- a build, as doit runs it ----------------------------------------------------------------
+
+
+def _timeline(path: Path) -> list[tuple[int, int, str]]:
+    """(start, end, module) of each compile the fake compiler recorded."""
+    started: dict[str, int] = {}
+    runs = []
+    for line in path.read_text().splitlines():
+        kind, ns, pid, source = line.split(" ", 3)
+        if kind == "start":
+            started[pid] = int(ns)
+        else:
+            runs.append((started.pop(pid), int(ns), source.rsplit(".", 1)[0]))
+    return sorted(runs)
+
+
+def test_a_second_cold_build_keeps_the_recorded_peaks_within_the_memory_setting(
+    fake_project: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    root, env = fake_project
+    env = {**env, "FAKECC_ALLOC_MB": "60", "FAKECC_DELAY": "0.2", "METRALE_ORCH_JOBS": "3"}
+    env["METRALE_ORCH_CACHE_MODE"] = "off"
+    # No history: a budget of one byte changes nothing, every compile is admitted by jobs.
+    first = doit(root, ["build"], {**env, "METRALE_ORCH_MEMORY": "1"})
+    assert first.returncode == 0, first.text
+    kept = json.loads((root / "build/.state" / TIMES).read_text())
+    peaks = kept["memory"]
+    assert sorted(peaks) == ["gb10/qwen/w4", "gb10/qwen/w8", "hopper/qwen/w4", "hopper/qwen/w8"]
+    peak = max(p for mods in peaks.values() for p in mods.values())
+    assert all(60 * MIB < p < 200 * MIB for mods in peaks.values() for p in mods.values())
+    # Below jobs x the peak: two at once fit, three do not.
+    budget = 2 * peak + peak // 4
+    assert doit(root, ["forget", "build"], env).returncode == 0
+    times = tmp_path / "times"
+    limited = {**env, "METRALE_ORCH_MEMORY": str(budget), "FAKECC_TIMES": str(times)}
+    again = doit(root, ["build"], limited)
+    assert again.returncode == 0, again.text
+    runs = _timeline(times)
+    assert len(runs) == 7, runs  # every distinct compile, again
+    # Each compile weighs its prediction: its module's kept peak (the larger where two
+    # hardware compile a module of one name).
+    weight: dict[str, int] = {}
+    for mods in peaks.values():
+        for module, p in mods.items():
+            weight[module] = max(weight.get(module, 0), p)
+    assert most_at_once(runs, weight) <= budget
+    profile = json.loads((root / "build/profile.json").read_text())["traceEvents"]
+    assert any(e["ph"] == "C" and e["name"] == "memory in use" for e in profile)
