@@ -1,6 +1,7 @@
 """G1 on the real-shaped tree: ``coverage`` and ``resources --check``, cold and cached.
 
     python bench/bench_gate.py [OUT] [--scale 1.0] [--reps 5] [--jobs 1] [--targets PATTERN]
+        [--before DIR] [--reuse]
 
 Generates ``bench/gen_tree.py --profile real`` (as bench/bench_real.py does), declares
 the kernels the server loads by name in the NVIDIA commons' family and fusion files
@@ -19,8 +20,12 @@ After one ``metrale-orch resources --lock`` it measures, in fresh processes:
   ``--reps``);
 - ``resources --check`` cold (``build/.state/resources.json`` removed) and cached;
 
-and prints one line each with the targets, modules and ptxas runs the command
-reported, and the cached runs against issue 37's goal of 2 s. ``--targets PATTERN``
+and prints one line each, wall and CPU seconds (user + system: steadier than wall on a
+shared machine), with the targets, modules and ptxas runs the command reported, and
+the cached runs against issue 37's goal of 2 s. ``--before DIR``: the cached runs of
+another revision's package (``DIR`` first on ``PYTHONPATH``, e.g. ``git archive REV
+metrale_orch | tar -x -C DIR``) take turns with this one's. ``--reuse``: measure the
+tree already built at ``OUT`` (no generation, build or lock). ``--targets PATTERN``
 builds and checks only the targets the wildcard selects (the suite's smoke test).
 The HIP, SCALE and Metal targets are in the run as in the tree: the fake hipcc writes
 no code object, so coverage names each of their modules (counted per hardware below);
@@ -33,6 +38,7 @@ import argparse
 import fnmatch
 import os
 import re
+import resource
 import shutil
 import sys
 import tomllib
@@ -146,14 +152,50 @@ def problems_by_hw(run: Run) -> str:
     return ", ".join(f"{hw} {n}" for hw, n in sorted(counts.items())) or "none"
 
 
-def timed(label: str, cold: Run, cached: list[Run]) -> None:
-    warm = med([r.seconds for r in cached])
-    rcs = sorted({r.rc for r in cached})
-    print(f"  {label:17} cold    {ms(cold.seconds)}   exit {cold.rc}: {summary(cold)}")
-    print(
-        f"  {label:17} cached  {ms(warm)}   (median of {len(cached)}, exit {rcs}) "
-        f"{warm / GOAL_S:.2f}x the {GOAL_S:.0f} s goal: {summary(cached[-1])}"
+class Timed:
+    """A :class:`Run` with the CPU seconds (user + system) its process used."""
+
+    def __init__(self, argv: list[str], cwd: Path, env: dict[str, str]) -> None:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.run = Run(argv, cwd, env)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+
+
+def cached_line(label: str, runs: list[Timed]) -> str:
+    wall, cpu = med([t.run.seconds for t in runs]), med([t.cpu for t in runs])
+    rcs = sorted({t.run.rc for t in runs})
+    return (
+        f"  {label:26} {ms(wall)} wall, {ms(cpu)} CPU   {wall / GOAL_S:.2f}x the "
+        f"{GOAL_S:.0f} s goal (medians of {len(runs)}, exit {rcs})"
     )
+
+
+def measure(
+    cli: list[str], pattern: list[str], root: Path, env: dict[str, str], args: argparse.Namespace
+) -> dict[str, Timed]:
+    """Each command cold once, then its cached runs, those of ``--before`` taking turns."""
+    state = root / "build" / ".state"
+    envs = {"": env}
+    if args.before:
+        envs["before: "] = dict(env, PYTHONPATH=str(args.before.resolve()))
+    colds: dict[str, Timed] = {}
+    for label, argv, memo in (
+        ("coverage", [*cli, "coverage", *pattern], "coverage.json"),
+        ("resources --check", [*cli, "resources", "--check", *pattern], "resources.json"),
+    ):
+        (state / memo).unlink(missing_ok=True)
+        cold = colds[label] = Timed(argv, root, env)
+        print(f"  {label:26} {ms(cold.run.seconds)} wall, {ms(cold.cpu)} CPU   cold, exit ", end="")
+        print(f"{cold.run.rc}: {summary(cold.run)}")
+        cached: dict[str, list[Timed]] = {tag: [] for tag in envs}
+        for _ in range(args.reps):
+            for tag, e in envs.items():
+                cached[tag].append(Timed(argv, root, e))
+        for tag, runs in cached.items():
+            print(cached_line(f"{tag}{label}", runs))
+        print(f"  {'':26} cached: {summary(cached[''][-1].run)}")
+    return colds
 
 
 def main() -> int:
@@ -163,8 +205,24 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5, help="cached runs of each command")
     ap.add_argument("--jobs", type=int, default=1, help="doit -n for the build")
     ap.add_argument("--targets", metavar="PATTERN", help="only these (hw/model/quant wildcard)")
+    ap.add_argument("--reuse", action="store_true", help="measure the tree built at OUT")
+    ap.add_argument(
+        "--before",
+        type=Path,
+        metavar="DIR",
+        help="a tree of another revision: its cached runs take turns with this one's",
+    )
     args = ap.parse_args()
     root: Path = args.out.resolve()
+    if args.reuse:
+        fakes = root / "fakes"
+        found = {
+            "FAKES_BIN": str(fakes / "bin"),
+            "SCALE_HOME": str(fakes / "scale"),
+            "METRALE_HIPCC": str(fakes / "bin" / "hipcc"),
+        }  # what install_fakes returned when the tree was built
+        env = bench_env(root, found, bytecode=True)
+        return report(root, env, args)
     if root.exists():
         shutil.rmtree(root)
     tree = generate_real(root, scale=args.scale)
@@ -187,26 +245,23 @@ def main() -> int:
     build = Run([PY, "-m", "doit", *jobs, *tasks], root, env)
     print(f"build (fake compilers, real ptxas later): {build.seconds:.1f} s, exit {build.rc}")
     cli = [str(Path(PY).parent / "metrale-orch"), "--root", str(root)]
-    pattern = [args.targets] if args.targets else []
-    lock = Run([*cli, "resources", "--lock", *pattern], root, env)
+    lock = Run([*cli, "resources", "--lock", *pattern(args)], root, env)
     print(f"resources --lock: {lock.seconds:.1f} s, exit {lock.rc}: {summary(lock)}")
     if lock.rc != 0:
         print(lock.out[-2000:] + lock.err[-2000:])
         return 1
+    return report(root, env, args)
 
-    state = root / "build" / ".state"
-    results: dict[str, tuple[Run, list[Run]]] = {}
-    for label, argv, memo in (
-        ("coverage", [*cli, "coverage", *pattern], "coverage.json"),
-        ("resources --check", [*cli, "resources", "--check", *pattern], "resources.json"),
-    ):
-        (state / memo).unlink(missing_ok=True)
-        cold = Run(argv, root, env)
-        results[label] = (cold, [Run(argv, root, env) for _ in range(args.reps)])
+
+def pattern(args: argparse.Namespace) -> list[str]:
+    return [args.targets] if args.targets else []
+
+
+def report(root: Path, env: dict[str, str], args: argparse.Namespace) -> int:
+    cli = [str(Path(PY).parent / "metrale-orch"), "--root", str(root)]
     print(f"\nrelease gate on the real-shaped tree (fresh processes, {root})")
-    for label, (cold, cached) in results.items():
-        timed(label, cold, cached)
-    print(f"  coverage problems per hardware: {problems_by_hw(results['coverage'][0])}")
+    colds = measure(cli, pattern(args), root, env, args)
+    print(f"  coverage problems per hardware: {problems_by_hw(colds['coverage'].run)}")
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"  load average (1, 5, 15 min) at the end: {load}")
     return 0
