@@ -264,21 +264,35 @@ _CANONICAL_HEADER = re.compile(r'\["([^"\\\x00-\x1f\x7f]+)"\.([A-Za-z0-9_-]+)\]'
 _CANONICAL_KERNEL = re.compile(r"([A-Za-z0-9_-]+) = \{ ([^{}]*) \}")
 _CANONICAL_PAIR = re.compile(r"([A-Za-z0-9_-]+) = (0|[1-9][0-9]*)")
 _CANONICAL_SCHEMA = re.compile(r"schema = (0|[1-9][0-9]*)")
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_N = "(0|[1-9][0-9]*)"
+#: A kernel's line with the fields in encode_lock's order (the generic form above reads
+#: any other; this one only saves time).
+_CANONICAL_LINE = re.compile(
+    rf"([A-Za-z0-9_-]+) = \{{ regs = {_N}, smem = {_N}, stack = {_N}"
+    rf"(?:, spill_stores = {_N}, spill_loads = {_N})? \}}"
+)
+#: Control characters but for newline and tab.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 def _canonical_doc(text: str) -> dict[str, object] | None:
     """What ``tomllib.loads`` makes of ``text`` when every line is one :func:`encode_lock`
     writes (pure; the lock of a large tree is a megabyte, and tomllib reads it in seconds);
     None for anything else (tomllib reads it then, and names the mistake)."""
+    if _CONTROL.search(text):
+        return None
     doc: dict[str, object] = {}
     table: dict[str, object] | None = None
     for line in text.split("\n"):
-        if _CONTROL.search(line):
-            return None
-        if not line.strip(" \t") or line.startswith("#"):
+        if table is not None and (m := _CANONICAL_LINE.fullmatch(line)) and m[1] not in table:
+            regs, smem, stack, stores, loads = m.group(2, 3, 4, 5, 6)
+            numbers = {"regs": int(regs), "smem": int(smem), "stack": int(stack)}
+            if stores is not None:
+                numbers.update(spill_stores=int(stores), spill_loads=int(loads))
+            table[m[1]] = numbers
+        elif not line.strip(" \t") or line.startswith("#"):
             continue
-        if table is None and (m := _CANONICAL_SCHEMA.fullmatch(line)) and "schema" not in doc:
+        elif table is None and (m := _CANONICAL_SCHEMA.fullmatch(line)) and "schema" not in doc:
             doc["schema"] = int(m[1])
         elif m := _CANONICAL_HEADER.fullmatch(line):
             archs = doc.setdefault(m[1], {})
