@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator
+import tomllib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ from metrale_orch.resources import (
     read_lock,
     update_lock,
 )
-from metrale_orch.resources.lock import LockedTarget, decode_lock, encode_lock
+from metrale_orch.resources.lock import LockedTarget, _canonical_doc, decode_lock, encode_lock
 from metrale_orch.resources.report import ModuleResources, TargetStatus
 from metrale_orch.steps.target import build_target
 from metrale_orch.tree import Target
@@ -121,6 +122,51 @@ def test_names_that_need_quoting_round_trip() -> None:
     assert "_Z5scalePf = {" in text and '"ns::k<float, 4>" = {' in text
     assert '"x.y" = {' in text  # a dot would split a bare key
     assert decode_lock(text, "kernels.lock") == lock
+
+
+_LINE = "k = { regs = 1, smem = 0, stack = 0 }"
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda t: t,
+        lambda t: t.replace("\n", "\r\n"),
+        lambda t: t + '["h/m/a".sm_90a]\n' + _LINE + "\n",  # a table defined twice
+        lambda t: t + _LINE + "\n" + _LINE + "\n",  # a key defined twice
+        lambda t: t + "k2 = { regs = 1, regs = 2, smem = 0, stack = 0 }\n",
+        lambda t: t + "k3 = { regs = 01, smem = 0, stack = 0 }\n",
+        lambda t: t + "k4 = { regs = 1_0, smem = 0, stack = 0 }\n",
+        lambda t: t + "k5 = {regs = 1, smem = 0, stack = 0}\n",
+        lambda t: t + "k6 = { }\n",
+        lambda t: t + "schema = 1\n",
+        lambda t: t + "  # indented comment\n \t\n",
+        lambda t: t + '["schema".sm_90a]\n' + _LINE + "\n",
+        lambda t: t + '["h/m/\tc".sm_90a]\n' + _LINE + "\n",
+        lambda t: t + "# a comment with a \x01\n",
+        lambda t: t + '["h/m/c"]\nsm_90a = 3\n',
+    ],
+)
+def test_the_quick_reader_reads_what_tomllib_reads_or_hands_it_over(
+    edit: Callable[[str], str],
+) -> None:
+    """decode_lock reads the lines encode_lock writes without tomllib (a large tree's lock
+    is a megabyte); on any other text the quick reader gives up and tomllib decides."""
+    odd = ("_Z5scalePf", "ns::k<float, 4>", 'quo"te\\back', "ünï", "x.y", "")
+    quoted = encode_lock(lock_from_report(_report(('h/m/"q\\ü', tuple(map(_k, odd))))))
+    assert _canonical_doc(quoted) in (None, tomllib.loads(quoted))
+    report = _report(
+        (A, (_k("probe", "sm_100a"), _k("probe"), _k("from_cubin", spill=None))),
+        (B, (_k("alpha", stack=32, spill=8), _k("zeta", regs=40, smem=128))),
+    )
+    text = encode_lock(lock_from_report(report))
+    assert _canonical_doc(text) == tomllib.loads(text)
+    changed = edit(text)
+    try:
+        expected: object = tomllib.loads(changed)
+    except tomllib.TOMLDecodeError:
+        expected = None
+    assert _canonical_doc(changed) in (None, expected)
 
 
 def test_a_kernel_of_two_modules_is_locked_at_the_larger_numbers() -> None:

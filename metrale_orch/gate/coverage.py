@@ -239,19 +239,23 @@ def _module_artefact(
         return "no artefact: the last build of the target did not make it (rebuild the target)"
     if entry.outcome == "failed":
         return "failed to compile in the last build"
-    path = tdir / entry.artefact
-    shown = rel_posix(path, run.root)
+    # Text, not a Path: this runs once per module of a tree (a plain name, as the build writes).
+    name = entry.artefact
+    plain = "/" not in name and name not in ("", ".", "..")
+    path = f"{tdir}{os.sep}{name}" if plain else os.fspath(tdir / name)
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as fh:
+            data = fh.read()
     except OSError as exc:
+        shown = rel_posix(path, run.root)
         return f"artefact {shown} cannot be read ({exc.strerror or exc}); rebuild the target"
     memo = (bytes_hash(data), arch, toolchain.name)
     if memo not in run.judged:  # identical artefacts of other targets: read and judged once
-        run.judged[memo] = _judge(run, toolchain, arch, path, data)
+        run.judged[memo] = _judge(run, toolchain, arch, Path(path), data)
     view, problem = run.judged[memo]
     if view is None:
-        return f"{shown}: {problem}"
-    return view, [f"{shown}: {problem}"] if problem else []
+        return f"{rel_posix(path, run.root)}: {problem}"
+    return view, [f"{rel_posix(path, run.root)}: {problem}"] if problem else []
 
 
 def _judge(

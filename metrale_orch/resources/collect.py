@@ -169,15 +169,21 @@ def collect_resources(
 # ---------------------------------------------------------------------------- internals
 
 
-def _kept_kernels(cache: Answers, key: str) -> tuple[KernelResources, ...] | None:
-    """The kernels ``cache`` keeps for ``key``, or None (none kept, or not readable)."""
-    found = cache.get(key)
+def _kept_kernels(run: _Run, key: str) -> tuple[KernelResources, ...] | None:
+    """The kernels the cache keeps for ``key``, or None (none kept, or not readable);
+    read once per run (identical artefacts of many targets share a key)."""
+    if key in run.kept:
+        run.cache.get(key)  # counts as used
+        return run.kept[key]
+    found = run.cache.get(key)
     if not isinstance(found, list):
         return None
     try:
-        return tuple(KernelResources.from_dict(k) for k in found)
+        kernels = tuple(KernelResources.from_dict(k) for k in found)
     except (ValueError, AttributeError):
         return None
+    run.kept[key] = kernels
+    return kernels
 
 
 @dataclass(slots=True)
@@ -189,6 +195,8 @@ class _Run:
     cache_hits: int = 0
     #: (toolchain, arch) -> (ptxas, its stamp for cache keys).
     ptxas: dict[tuple[str, str], tuple[Path, str]] = field(default_factory=dict)
+    #: cache key -> the kernels read from the cache for it in this run.
+    kept: dict[str, tuple[KernelResources, ...]] = field(default_factory=dict)
 
     def find_ptxas(self, toolchain: Toolchain, arch: str) -> tuple[Path, str]:
         memo = (toolchain.name, arch)
@@ -228,42 +236,49 @@ def _collect_target(
     doc = read_target_manifest(manifest, shown)
     arch = doc.arch
     out = []
+    # An artefact is a plain file name (read_target_manifest checks): paths are joined as text.
+    under, below = os.fspath(tdir), rel_posix(tdir, build_dir)
     for module in sorted(doc.modules, key=lambda m: (m.artefact, m.name)):
-        path = tdir / module.artefact
+        path = os.path.join(under, module.artefact)
         kernels = _artefact_kernels(run, toolchain, path, arch, doc.toolchain_identity)
         out.append(
             ModuleResources(
-                module=module.name, artefact=rel_posix(path, build_dir), kernels=kernels
+                module=module.name, artefact=f"{below}/{module.artefact}", kernels=kernels
             )
         )
     return TargetResources(target=str(target), status="ok", arch=arch, modules=tuple(out))
 
 
 def _artefact_kernels(
-    run: _Run, toolchain: Toolchain, path: Path, arch: str, identity: str
+    run: _Run, toolchain: Toolchain, path: str, arch: str, identity: str
 ) -> tuple[KernelResources, ...]:
-    shown = rel_posix(path, run.root)
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as fh:
+            data = fh.read()
     except OSError as exc:
+        shown = rel_posix(path, run.root)
         raise UnreadableArtefact(shown, f"cannot be read ({exc.strerror or exc})") from None
     if is_elf(data):
         return kernels_from_cubin(parse_cubin(data), arch)
     if is_fatbin(data):
         cubins = [e.elf for e in parse_fatbin(data).entries if e.elf is not None]
         if not cubins:
-            raise UnreadableArtefact(shown, "the fatbin holds no uncompressed cubin to read")
+            raise UnreadableArtefact(
+                rel_posix(path, run.root), "the fatbin holds no uncompressed cubin to read"
+            )
         found = [k for info in cubins for k in kernels_from_cubin(info, info.arch)]
         return tuple(sorted(found, key=lambda k: (k.kernel, k.arch)))
     if b".entry" not in data and b".target" not in data:
-        raise UnreadableArtefact(shown, "is neither PTX, a cubin nor a fatbin")
+        raise UnreadableArtefact(rel_posix(path, run.root), "is neither PTX, a cubin nor a fatbin")
     ptxas, stamp = run.find_ptxas(toolchain, arch)
     key = f"ptx|{arch}|{bytes_hash(data)}|{identity}|{stamp}"
-    cached = _kept_kernels(run.cache, key)
+    cached = _kept_kernels(run, key)
     if cached is not None:
         run.cache_hits += 1
         return cached
     run.ptxas_runs += 1
-    kernels = parse_ptxas_report(run_ptxas(ptxas, path, arch, run.environ), where=shown)
+    report = run_ptxas(ptxas, Path(path), arch, run.environ)
+    kernels = parse_ptxas_report(report, where=rel_posix(path, run.root))
     run.cache.put(key, [k.to_dict() for k in kernels])
+    run.kept[key] = kernels
     return kernels

@@ -77,6 +77,7 @@ _FIELDS = (
     ("spill_stores", "spill_store_bytes", True),
     ("spill_loads", "spill_load_bytes", True),
 )
+_FIELD_KEYS = frozenset(f for f, _, _ in _FIELDS)
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _TARGET = re.compile(r"[^/]+/[^/]+/[^/]+")
 
@@ -225,7 +226,9 @@ def decode_lock(text: str, shown: str) -> ResourceLock:
     """Read :func:`encode_lock`'s text (pure). Raises :class:`LockFileError` naming
     ``shown`` and the line (bad TOML) or the key at fault."""
     try:
-        doc = tomllib.loads(text)
+        doc = _canonical_doc(text)
+        if doc is None:
+            doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise LockFileError(
             shown,
@@ -243,15 +246,68 @@ def decode_lock(text: str, shown: str) -> ResourceLock:
                 shown, f"{_key(target)}: expected a table named by a target (hw/model/quant)"
             )
         kernels = [
-            _decode_kernel(f"{_key(target)}.{_key(arch)}", arch, name, value, shown)
+            _decode_kernel(where, arch, name, value, shown)
             for arch, table in sorted(archs.items())
-            for name, value in sorted(_table(table, f"{_key(target)}.{_key(arch)}", shown))
+            for where in (f"{_key(target)}.{_key(arch)}",)
+            for name, value in sorted(_table(table, where, shown))
         ]
         if kernels:
             targets.append(
                 LockedTarget(target=target, kernels=tuple(sorted(kernels, key=_by_name)))
             )
     return ResourceLock(targets=tuple(targets))
+
+
+#: The lines :func:`encode_lock` writes (a basic-string target without escapes, bare
+#: keys, integers as TOML spells them); :func:`_canonical_doc` reads only these.
+_CANONICAL_HEADER = re.compile(r'\["([^"\\\x00-\x1f\x7f]+)"\.([A-Za-z0-9_-]+)\]')
+_CANONICAL_KERNEL = re.compile(r"([A-Za-z0-9_-]+) = \{ ([^{}]*) \}")
+_CANONICAL_PAIR = re.compile(r"([A-Za-z0-9_-]+) = (0|[1-9][0-9]*)")
+_CANONICAL_SCHEMA = re.compile(r"schema = (0|[1-9][0-9]*)")
+_N = "(0|[1-9][0-9]*)"
+#: A kernel's line with the fields in encode_lock's order (the generic form above reads
+#: any other; this one only saves time).
+_CANONICAL_LINE = re.compile(
+    rf"([A-Za-z0-9_-]+) = \{{ regs = {_N}, smem = {_N}, stack = {_N}"
+    rf"(?:, spill_stores = {_N}, spill_loads = {_N})? \}}"
+)
+#: Control characters but for newline and tab.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def _canonical_doc(text: str) -> dict[str, object] | None:
+    """What ``tomllib.loads`` makes of ``text`` when every line is one :func:`encode_lock`
+    writes (pure; the lock of a large tree is a megabyte, and tomllib reads it in seconds);
+    None for anything else (tomllib reads it then, and names the mistake)."""
+    if _CONTROL.search(text):
+        return None
+    doc: dict[str, object] = {}
+    table: dict[str, object] | None = None
+    for line in text.split("\n"):
+        if table is not None and (m := _CANONICAL_LINE.fullmatch(line)) and m[1] not in table:
+            regs, smem, stack, stores, loads = m.group(2, 3, 4, 5, 6)
+            numbers = {"regs": int(regs), "smem": int(smem), "stack": int(stack)}
+            if stores is not None:
+                numbers.update(spill_stores=int(stores), spill_loads=int(loads))
+            table[m[1]] = numbers
+        elif not line.strip(" \t") or line.startswith("#"):
+            continue
+        elif table is None and (m := _CANONICAL_SCHEMA.fullmatch(line)) and "schema" not in doc:
+            doc["schema"] = int(m[1])
+        elif m := _CANONICAL_HEADER.fullmatch(line):
+            archs = doc.setdefault(m[1], {})
+            if not isinstance(archs, dict) or m[2] in archs:
+                return None
+            table = archs[m[2]] = {}
+        elif table is not None and (m := _CANONICAL_KERNEL.fullmatch(line)):
+            pairs = [_CANONICAL_PAIR.fullmatch(p) for p in m[2].split(", ")]
+            value = {p[1]: int(p[2]) for p in pairs if p is not None}
+            if m[1] in table or None in pairs or len(value) != len(pairs):
+                return None
+            table[m[1]] = value
+        else:
+            return None
+    return doc
 
 
 def _table(value: object, where: str, shown: str) -> Iterable[tuple[str, object]]:
@@ -261,13 +317,15 @@ def _table(value: object, where: str, shown: str) -> Iterable[tuple[str, object]
 
 
 def _decode_kernel(where: str, arch: str, name: str, value: object, shown: str) -> KernelResources:
-    key = f"{where}.{_key(name)}"
     if not isinstance(value, dict):
+        key = f"{where}.{_key(name)}"
         raise LockFileError(shown, f"{key}: expected {{ regs = ..., smem = ..., stack = ... }}")
-    unknown = sorted(set(value) - {f for f, _, _ in _FIELDS})
-    if unknown:
+    if not value.keys() <= _FIELD_KEYS:
+        unknown = sorted(value.keys() - _FIELD_KEYS)
         known = ", ".join(f for f, _, _ in _FIELDS)
-        raise LockFileError(shown, f"{key}: unknown key {unknown[0]!r} (known: {known})")
+        raise LockFileError(
+            shown, f"{where}.{_key(name)}: unknown key {unknown[0]!r} (known: {known})"
+        )
     numbers: dict[str, int | None] = {}
     for field, attr, optional in _FIELDS:
         number = value.get(field)
@@ -276,7 +334,9 @@ def _decode_kernel(where: str, arch: str, name: str, value: object, shown: str) 
             continue
         if not isinstance(number, int) or isinstance(number, bool) or number < 0:
             got = "nothing" if number is None else repr(number)
-            raise LockFileError(shown, f"{key}.{field}: expected a whole number >= 0, got {got}")
+            raise LockFileError(
+                shown, f"{where}.{_key(name)}.{field}: expected a whole number >= 0, got {got}"
+            )
         numbers[attr] = number
     return KernelResources(
         kernel=name,
