@@ -9,7 +9,9 @@ the tail of the program's output, so callers can report it without a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import shlex
 import subprocess
 import sys
@@ -134,7 +136,12 @@ class Measured(subprocess.Popen[bytes]):
     """A process that keeps its peak memory when it is reaped: the ``ru_maxrss`` that
     ``wait4`` returns, the largest resident set of the process and of every descendant
     it waited for (a compiler driver and the tools it ran), in bytes (0 until reaped
-    by ``wait``/``communicate``)."""
+    by ``wait``/``communicate``, and 0 when not known).
+
+    Not known when it is no larger than this process's own peak: a child starts from
+    this process's memory (fork's copy or vfork's share), and Linux records that
+    memory's high-water mark in the child's ``ru_maxrss`` when it runs ``exec``, so
+    ``wait4`` reports at least this process's peak whatever the compiler used."""
 
     peak = 0
 
@@ -146,8 +153,19 @@ class Measured(subprocess.Popen[bytes]):
         except ChildProcessError:  # as CPython's: reaped elsewhere, status unknown
             return (self.pid, 0)
         if pid == self.pid:
-            self.peak = usage.ru_maxrss * _MAXRSS_UNIT
+            peak = usage.ru_maxrss * _MAXRSS_UNIT
+            self.peak = peak if peak > _own_high_water() else 0
         return (pid, status)
+
+
+def _own_high_water() -> int:
+    """This process's peak resident set since it started its program, in bytes: Linux's
+    ``VmHWM`` (its own ``ru_maxrss`` also holds its parent's, recorded at ``exec``)."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status", "rb") as status:
+        for line in status:
+            if line.startswith(b"VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * _MAXRSS_UNIT
 
 
 def start_process(
