@@ -260,13 +260,10 @@ def decode_lock(text: str, shown: str) -> ResourceLock:
 
 #: The lines :func:`encode_lock` writes (a basic-string target without escapes, bare
 #: keys, integers as TOML spells them); :func:`_canonical_doc` reads only these.
-_CANONICAL_HEADER = re.compile(r'\["([^"\\\x00-\x1f\x7f]+)"\.([A-Za-z0-9_-]+)\]')
-_CANONICAL_KERNEL = re.compile(r"([A-Za-z0-9_-]+) = \{ ([^{}]*) \}")
-_CANONICAL_PAIR = re.compile(r"([A-Za-z0-9_-]+) = (0|[1-9][0-9]*)")
-_CANONICAL_SCHEMA = re.compile(r"schema = (0|[1-9][0-9]*)")
 _N = "(0|[1-9][0-9]*)"
-#: A kernel's line with the fields in encode_lock's order (the generic form above reads
-#: any other; this one only saves time).
+_CANONICAL_HEADER = re.compile(r'\["([^"\\\x00-\x1f\x7f]+)"\.([A-Za-z0-9_-]+)\]')
+_CANONICAL_SCHEMA = re.compile(rf"schema = {_N}")
+#: A kernel's line, its fields in encode_lock's order.
 _CANONICAL_LINE = re.compile(
     rf"([A-Za-z0-9_-]+) = \{{ regs = {_N}, smem = {_N}, stack = {_N}"
     rf"(?:, spill_stores = {_N}, spill_loads = {_N})? \}}"
@@ -299,12 +296,6 @@ def _canonical_doc(text: str) -> dict[str, object] | None:
             if not isinstance(archs, dict) or m[2] in archs:
                 return None
             table = archs[m[2]] = {}
-        elif table is not None and (m := _CANONICAL_KERNEL.fullmatch(line)):
-            pairs = [_CANONICAL_PAIR.fullmatch(p) for p in m[2].split(", ")]
-            value = {p[1]: int(p[2]) for p in pairs if p is not None}
-            if m[1] in table or None in pairs or len(value) != len(pairs):
-                return None
-            table[m[1]] = value
         else:
             return None
     return doc

@@ -3,9 +3,9 @@
 doit runs these in its own process (``-n 1``) or in worker processes
 (``-n N -P process``); everything they need is re-derived from their string
 arguments, so a task pickles under fork, spawn and forkserver alike. They are
-the doit-side wrapper of the build steps: the one broad ``except`` for package
-errors (turned into a one-line ``TaskFailed``), the per-process build log and
-cache, and a small JSON-ready value per task that the reporter aggregates.
+the doit-side wrapper of the build steps; a build's own work (the one broad
+``except`` for package errors, the per-process build log and cache, the small
+JSON-ready value the reporter aggregates) is :mod:`metrale_orch.tasks.building`'s.
 
 What the actions of a run share lives on its :class:`~metrale_orch.tasks.run.Run`
 (:func:`~metrale_orch.tasks.doit_api.current_run`); Ctrl-C and SIGTERM stop the run's
