@@ -1,14 +1,21 @@
 """``metrale-orch layout`` and ``metrale-orch check``: look at the tree, and ask whether
-the build will accept it (the checks live in :mod:`metrale_orch.tasks.check`)."""
+the build will accept it (the checks live in :mod:`metrale_orch.tasks.check`).
+
+``layout`` shows each module under the name the build installs it as: the build's own
+:func:`~metrale_orch.steps.plan.module_names` (``[modules]`` renames), never re-derived."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
+from functools import partial
 from typing import TYPE_CHECKING
 
 from metrale_orch import tree as lay
 from metrale_orch.canonical import readable_json
 from metrale_orch.errors import UsageError, printable
+from metrale_orch.steps.errors import BuildConfigError
+from metrale_orch.steps.plan import module_names
 from metrale_orch.tasks.check import check_tree, report_lines
 from metrale_orch.tree.picture import FORMATS, draw_layout
 
@@ -65,26 +72,27 @@ def run_layout(args: argparse.Namespace, ctx: Context) -> int:
         if args.format:
             raise UsageError(f"--format {args.format} needs a TARGET (hw/model/quant)")
         if args.json:
-            print(readable_json(lay.dump(root)), file=ctx.out)
+            print(readable_json(lay.dump(root, partial(module_names, root=root))), file=ctx.out)
             return 0
         return _list_targets(ctx)
     target = _parse_target(args.target)
     snap = lay.TreeSnapshot(root)
     try:
         layout = lay.discover(root, target, snap)
-    except lay.LayoutError as exc:
+        names = module_names(layout, root)
+    except (lay.LayoutError, BuildConfigError) as exc:
         if args.json:
             print(readable_json({str(target): {"error": str(exc)}}), file=ctx.out)
             return 2
         raise
     if args.json:
-        view = {str(target): lay.layout_to_dict(layout, root)}
+        view = {str(target): lay.layout_to_dict(layout, root, names)}
         print(readable_json(view), file=ctx.out)
         return 0
     if args.format:
-        ctx.out.write(draw_layout(layout, root, args.format))
+        ctx.out.write(draw_layout(layout, root, args.format, names))
         return 0
-    _print_layout(layout, snap, ctx)
+    _print_layout(layout, snap, names, ctx)
     return 0
 
 
@@ -102,7 +110,9 @@ def _list_targets(ctx: Context) -> int:
     return 2 if failed else 0
 
 
-def _print_layout(layout: lay.Layout, snap: lay.TreeSnapshot, ctx: Context) -> None:
+def _print_layout(
+    layout: lay.Layout, snap: lay.TreeSnapshot, names: Mapping[str, str], ctx: Context
+) -> None:
     out, rel = ctx.out, snap.rel
     hw = layout.hardware
     inherits = f", inherits {hw.inherits}" if hw.inherits else ""
@@ -140,7 +150,9 @@ def _print_layout(layout: lay.Layout, snap: lay.TreeSnapshot, ctx: Context) -> N
     width = max((len(stem) for stem, _ in mods), default=0)
     for stem, entry in mods:
         role = layout.role_of(entry).value
-        print(f"  {stem:<{width}}  {rel(entry.source)}  ({role})", file=out)
+        name = names.get(stem, stem)
+        installed = f"  installed as {name}" if name != stem else ""
+        print(f"  {stem:<{width}}  {rel(entry.source)}  ({role}){installed}", file=out)
     if not mods:
         print("  (none)", file=out)
     print("shadows:", file=out)
