@@ -8,19 +8,14 @@ from the real ptxas.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
-from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
-from metrale_orch.cli import main
-from metrale_orch.steps.target import build_target
-from metrale_orch.tree import Target
-from tests.support.build import make_config, write
+from tests.support.nvcc_tree import built_tree, run_cli
 
 #: The sample tree's register-pressure probe: SUMS running sums live under 32 registers.
 PROBE = Path(__file__).resolve().parent.parent / "kernels/hopper/qwen3-8b/bf16/spill_probe.cu"
@@ -36,22 +31,13 @@ def _probe(kernel: str, sums: int) -> str:
 
 def _built(root: Path, grows: int, starts: int) -> Path:
     """A tree whose ``grows`` kernel keeps GROWS sums and ``starts`` STARTS, built."""
-    write(root, "kernels/h/HARDWARE.toml", '[hardware]\narch = "sm_90a"\n')
-    write(root, "kernels/h/m/MODEL.toml", "[model]\n")
-    write(root, "kernels/h/m/q/grows.cu", _probe("grows", grows))
-    write(root, "kernels/h/m/q/starts.cu", _probe("starts", starts))
-    config = make_config(root, root / "cache", cache_mode="off", build_dir=str(root / "build"))
-    result = build_target(
-        root, Target.parse(TARGET), config=config, cache=None, environ=dict(os.environ)
-    )
-    assert not result.failed, result.failure_text()
-    return root
-
-
-def _cli(root: Path, argv: list[str], environ: Mapping[str, str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = main(["--root", str(root), *argv], environ=environ, out=out, err=err)
-    return code, out.getvalue(), err.getvalue()
+    files = {
+        "kernels/h/HARDWARE.toml": '[hardware]\narch = "sm_90a"\n',
+        "kernels/h/m/MODEL.toml": "[model]\n",
+        "kernels/h/m/q/grows.cu": _probe("grows", grows),
+        "kernels/h/m/q/starts.cu": _probe("starts", starts),
+    }
+    return built_tree(root, files, [TARGET])
 
 
 def test_more_spill_is_not_called_new(tmp_path: Path) -> None:
@@ -60,12 +46,12 @@ def test_more_spill_is_not_called_new(tmp_path: Path) -> None:
     environ = dict(os.environ)
     base = _built(tmp_path / "base", grows=40, starts=4)
     now = _built(tmp_path / "now", grows=48, starts=40)
-    code, out, _ = _cli(base, ["resources", TARGET, "--json"], environ)
+    code, out, _ = run_cli(base, ["resources", TARGET, "--json"], environ)
     (target,) = json.loads(out)["targets"]
     spills = {k["kernel"]: k["spill_store_bytes"] for m in target["modules"] for k in m["kernels"]}
     assert spills["grows"] > 0 and spills["starts"] == 0  # the base: one spills, one not
 
-    code, out, err = _cli(now, ["resources", TARGET, "--diff", str(base / "build")], environ)
+    code, out, err = run_cli(now, ["resources", TARGET, "--diff", str(base / "build")], environ)
     assert err == ""
     grows, starts, summary = out.splitlines()
     assert grows.startswith(f"{TARGET} grows sm_90a: ") and grows.endswith("  [more spill]")
@@ -74,7 +60,7 @@ def test_more_spill_is_not_called_new(tmp_path: Path) -> None:
     assert summary.endswith("2 kernels changed (2 kernels now), 1 new spill, 1 more spill")
     assert code == 1
 
-    code, out, _ = _cli(
+    code, out, _ = run_cli(
         now, ["resources", TARGET, "--diff", str(base / "build"), "--json"], environ
     )
     doc = json.loads(out)

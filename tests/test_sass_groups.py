@@ -9,20 +9,15 @@ after the build is refused (exit 2, one line) rather than compared by its manife
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
-from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
-from metrale_orch.cli import main
 from metrale_orch.sass import compare_builds
-from metrale_orch.steps.target import build_target
-from metrale_orch.tree import Target
-from tests.support.build import make_config
+from tests.support.nvcc_tree import built_tree, run_cli
 
 OPS = """\
 extern "C" __global__ void scale(float* x, int n) {
@@ -42,22 +37,7 @@ def _tree(root: Path, ops: str) -> Path:
         "kernels/h/m/q/ops.cu": ops,
         "kernels/h/m/r/ops.cu": ops,
     }
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    config = make_config(root, root / "cache", cache_mode="off", build_dir=str(root / "build"))
-    for name in TARGETS:
-        result = build_target(
-            root, Target.parse(name), config=config, cache=None, environ=dict(os.environ)
-        )
-        assert not result.failed, result.failure_text()
-    return root
-
-
-def _cli(root: Path, argv: list[str], environ: Mapping[str, str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = main(["--root", str(root), *argv], environ=environ, out=out, err=err)
-    return code, out.getvalue(), err.getvalue()
+    return built_tree(root, files, TARGETS)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +57,7 @@ def test_one_change_installed_by_two_targets_is_shown_once(trees: tuple[Path, Pa
         base / "build/h/m/r/ops.ptx"
     ).read_bytes()
     environ = dict(os.environ)
-    code, out, err = _cli(changed, ["sass-diff", str(base / "build")], environ)
+    code, out, err = run_cli(changed, ["sass-diff", str(base / "build")], environ)
     assert (code, err) == (1, "")
     lines = out.splitlines()
     counts = [ln for ln in lines if ln.startswith("h/m/")]
@@ -91,7 +71,7 @@ def test_one_change_installed_by_two_targets_is_shown_once(trees: tuple[Path, Pa
         "(2 modules, 1 disassembled)"
     )
 
-    code, out, _ = _cli(changed, ["sass-diff", str(base / "build"), "--json"], environ)
+    code, out, _ = run_cli(changed, ["sass-diff", str(base / "build"), "--json"], environ)
     (change,) = json.loads(out)["changes"]
     assert (change["target"], change["targets"], change["kernel"]) == (
         "h/m/q",
@@ -116,7 +96,7 @@ def test_a_base_whose_files_are_not_its_manifests_is_refused(
     else:
         ptx.unlink()
     environ = dict(os.environ)
-    code, out, err = _cli(root, ["sass-diff", str(copy)], environ)
+    code, out, err = run_cli(root, ["sass-diff", str(copy)], environ)
     assert (code, out) == (2, "")
     assert err.count("\n") == 1 and "Traceback" not in err
     shown = copy.as_posix()
