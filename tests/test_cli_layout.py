@@ -7,11 +7,9 @@ import json
 import os
 import subprocess
 import sys
-from functools import partial
 from pathlib import Path
 
 from metrale_orch.cli import main
-from metrale_orch.steps.plan import module_names
 from metrale_orch.tree import discover, dump, manifest_warnings, read_manifest_warnings
 from tests.support.tree import files, hw, kernel_toml, model, write
 
@@ -73,14 +71,11 @@ def test_layout_json_is_the_dump_format(tmp_path: Path) -> None:
     tree(tmp_path)
     code, out, _ = run(tmp_path, "layout", "--json", "hopper/qwen/bf16")
     assert code == 0
-    # The dump format, and each module's installed name (which the tree alone cannot say).
-    whole = dump(tmp_path, partial(module_names, root=tmp_path))
+    whole = dump(tmp_path)
     assert json.loads(out) == {"hopper/qwen/bf16": whole["hopper/qwen/bf16"]}
     code, out, _ = run(tmp_path, "layout", "--json")
     assert code == 0 and json.loads(out) == whole
     assert str(tmp_path) not in out  # root-relative paths only
-    spec = {t: {k: v for k, v in view.items() if k != "module_names"} for t, view in whole.items()}
-    assert spec == dump(tmp_path)
 
 
 def test_layout_of_a_broken_target_is_one_line_and_exit_2(tmp_path: Path) -> None:

@@ -1,9 +1,11 @@
 """``metrale-orch layout`` names each module as the build installs it (issue 43).
 
 ``[modules]`` renames a module's artefact; the build, ``profile``, ``rdeps``, ``size`` and
-``resources`` all use the installed name, so ``layout`` shows it beside the source (text),
-in ``module_names`` (``--json``, added beside the SPEC 1.7 fields) and on the node
-(``--format``). A bad ``[modules]`` table is one line naming the file and key, exit 2.
+``resources`` all use the installed name, so ``layout`` shows it beside the source (text)
+and on the node (``--format``). ``--json`` stays ``dump(root)`` exactly (SPEC 1.7); the names
+join it only with ``--installed-names`` (``module_names`` beside ``modules``). A bad
+``[modules]`` table is one line naming the file and key, exit 2 (text, pictures); with
+``--installed-names`` it is the target's ``module_names_error``, beside its layout.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 from pathlib import Path
 
 from metrale_orch.cli import main
+from metrale_orch.tree import dump
 from tests.support.tree import files, hw, kernel_toml, model
 
 Q, R = "h/m/q", "h/m/r"
@@ -57,9 +60,21 @@ def test_text_shows_the_installed_name_where_modules_renames(tmp_path: Path) -> 
     assert code == 0 and "  norm  kernels/h/common/norm.cu  (common)  installed as norm_c" in out
 
 
-def test_json_adds_module_names_beside_modules(tmp_path: Path) -> None:
+def test_plain_json_is_exactly_the_dump(tmp_path: Path) -> None:
+    """SPEC 1.7: ``layout --json`` prints ``dump(root)``, with a rename or a bad table."""
+    for leaf_modules, sub in (('norm = "norm_q"', "renamed"), ("norm = 3", "bad")):
+        root = _tree(tmp_path / sub, leaf_modules)
+        whole = dump(root)
+        code, out, _ = _run(root, "layout", "--json")
+        assert code == 0 and json.loads(out) == whole, sub
+        code, out, _ = _run(root, "layout", "--json", Q)
+        assert code == 0 and json.loads(out) == {Q: whole[Q]}, sub
+        assert "module_names" not in out and "error" not in whole[Q], sub
+
+
+def test_installed_names_adds_module_names_beside_modules(tmp_path: Path) -> None:
     root = _tree(tmp_path)
-    code, out, _ = _run(root, "layout", "--json", Q)
+    code, out, _ = _run(root, "layout", "--json", "--installed-names", Q)
     assert code == 0
     view = json.loads(out)[Q]
     assert view["modules"] == {
@@ -74,10 +89,17 @@ def test_json_adds_module_names_beside_modules(tmp_path: Path) -> None:
         "gemv": "gemv",
         "norm": "norm_q",
     }
-    code, out, _ = _run(root, "layout", "--json")
+    assert {k: v for k, v in view.items() if k != "module_names"} == dump(root)[Q]
+    code, out, _ = _run(root, "layout", "--json", "--installed-names")
     whole = json.loads(out)
     assert code == 0 and whole[Q] == view
     assert whole[R]["module_names"]["norm"] == "norm_c"
+
+
+def test_installed_names_needs_json(tmp_path: Path) -> None:
+    root = _tree(tmp_path)
+    code, out, err = _run(root, "layout", "--installed-names", Q)
+    assert (code, out) == (2, "") and "--installed-names needs --json" in err
 
 
 def test_pictures_label_renamed_modules(tmp_path: Path) -> None:
@@ -96,9 +118,13 @@ def test_a_bad_modules_table_is_one_line_exit_2(tmp_path: Path) -> None:
     assert (code, out) == (2, "")
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith("error: kernels/h/m/q/KERNEL.toml: [modules] norm: must be a module")
-    code, out, _ = _run(root, "layout", "--json", Q)
-    assert code == 2 and "[modules] norm" in json.loads(out)[Q]["error"]
-    code, out, _ = _run(root, "layout", "--json")
+    spec = dump(root)
+    code, out, _ = _run(root, "layout", "--json", "--installed-names", Q)
+    view = json.loads(out)[Q]
+    assert code == 2 and "[modules] norm" in view.pop("module_names_error")
+    assert view == spec[Q]  # the layout is still shown, as dump gives it
+    code, out, _ = _run(root, "layout", "--json", "--installed-names")
     whole = json.loads(out)
-    assert "[modules] norm" in whole[Q]["error"]
+    assert code == 0 and "[modules] norm" in whole[Q]["module_names_error"]
+    assert "module_names" not in whole[Q] and "error" not in whole[Q]
     assert whole[R]["module_names"]["attn"] == "attn_decode"  # the other target still shows

@@ -1,9 +1,10 @@
 """The SPEC 1.7 JSON view of resolved layouts (``metrale-orch layout --json``, ``dump``).
 
 Every path in the view is relative to the project root, in POSIX spelling;
-keys are sorted, so the same tree always dumps the same bytes. Given each module's
-installed name (the build's ``[modules]`` renames, which the tree does not compute), the
-view adds ``module_names`` ({stem: name}) beside ``modules`` ({stem: source}).
+keys are sorted, so the same tree always dumps the same bytes. ``dump(root)`` is exactly
+SPEC 1.7. Only when asked (``names_of``: the build's ``[modules]`` renames, which the tree
+does not compute) does a resolved target's view also carry ``module_names`` ({stem: name})
+or, for a bad ``[modules]`` table, ``module_names_error``; its SPEC 1.7 fields stay as they are.
 """
 
 from __future__ import annotations
@@ -17,17 +18,19 @@ from metrale_orch.tree.errors import LayoutError
 from metrale_orch.tree.resolve import resolve_all
 from metrale_orch.tree.values import Entry, Layout
 
-__all__ = ["Json", "dump", "layout_to_dict"]
+__all__ = ["Json", "NamesOf", "dump", "layout_to_dict"]
 
 #: A JSON value, as :func:`json.dumps` takes it.
 Json: TypeAlias = "str | int | float | bool | Sequence[Json] | Mapping[str, Json] | None"
+#: A layout's installed module names (stem -> name); raises a package error when it cannot.
+NamesOf: TypeAlias = Callable[[Layout], Mapping[str, str]]
 
 
 def layout_to_dict(
-    layout: Layout, root: Path | str, names: Mapping[str, str] | None = None
+    layout: Layout, root: Path | str, names_of: NamesOf | None = None
 ) -> dict[str, Json]:
     """The SPEC 1.7 JSON view of one layout, every path relative to ``root``; with
-    ``names`` (stem -> installed name), also ``module_names`` (pure)."""
+    ``names_of``, also ``module_names`` or ``module_names_error``."""
     root = Path(root)
 
     def r(path: Path) -> str:
@@ -48,35 +51,25 @@ def layout_to_dict(
         "common_subdirs": {n: r(p) for n, p in sorted(layout.common_subdirs.items())},
         "configs": [r(p) for p in layout.configs()],
         "modules": {stem: r(e.source) for stem, e in layout.modules()},
-        **({} if names is None else {"module_names": dict(sorted(names.items()))}),
         "shadows": [
             [s.role.value, s.name, r(s.winner), r(s.loser), s.reason] for s in layout.shadows
         ],
     }
+    if names_of is not None:
+        try:
+            view["module_names"] = dict(sorted(names_of(layout).items()))
+        except MetraleError as exc:
+            view["module_names_error"] = str(exc)
     return dict(sorted(view.items()))
 
 
-def dump(
-    root: Path | str, names_of: Callable[[Layout], Mapping[str, str]] | None = None
-) -> dict[str, Json]:
-    """Every walked target keyed ``hw/model/quant``: its layout view or ``{"error": message}``.
-
-    ``names_of`` gives a layout's installed module names (``module_names`` in its view);
-    a package error it raises (a bad ``[modules]`` table) is that target's error.
-    """
-    out = {str(target): _view(result, root, names_of) for target, result in resolve_all(root)}
+def dump(root: Path | str, names_of: NamesOf | None = None) -> dict[str, Json]:
+    """Every walked target keyed ``hw/model/quant``: its layout view or ``{"error": message}``
+    (SPEC 1.7 exactly without ``names_of``; see :func:`layout_to_dict` with it)."""
+    out: dict[str, Json] = {}
+    for target, result in resolve_all(root):
+        if isinstance(result, LayoutError):
+            out[str(target)] = {"error": str(result)}
+        else:
+            out[str(target)] = layout_to_dict(result, root, names_of)
     return dict(sorted(out.items()))
-
-
-def _view(
-    result: Layout | LayoutError,
-    root: Path | str,
-    names_of: Callable[[Layout], Mapping[str, str]] | None,
-) -> Json:
-    if isinstance(result, LayoutError):
-        return {"error": str(result)}
-    try:
-        names = None if names_of is None else names_of(result)
-    except MetraleError as exc:
-        return {"error": str(exc)}
-    return layout_to_dict(result, root, names)
