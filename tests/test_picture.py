@@ -12,6 +12,7 @@ import pytest
 
 from metrale_orch.cli import main
 from metrale_orch.paths import rel_posix
+from metrale_orch.steps.plan import module_names
 from metrale_orch.tree import Layout, Target, discover
 from metrale_orch.tree.picture import draw_layout
 from tests.support.tree import hw, kernel_toml, model, write
@@ -166,7 +167,9 @@ def test_cli_prints_the_picture(fmt: str) -> None:
     out, err = io.StringIO(), io.StringIO()
     code = main(["--root", str(REPO), "layout", SHADOWS, "--format", fmt], out=out, err=err)
     assert code == 0, err.getvalue()
-    assert out.getvalue() == draw_layout(_layout(SHADOWS), REPO, fmt)  # type: ignore[arg-type]
+    layout = _layout(SHADOWS)
+    names = module_names(layout, REPO)  # the CLI names renamed modules as installed
+    assert out.getvalue() == draw_layout(layout, REPO, fmt, names)  # type: ignore[arg-type]
 
 
 def test_cli_refuses_a_picture_without_a_target() -> None:

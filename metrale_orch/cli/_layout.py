@@ -1,14 +1,22 @@
 """``metrale-orch layout`` and ``metrale-orch check``: look at the tree, and ask whether
-the build will accept it (the checks live in :mod:`metrale_orch.tasks.check`)."""
+the build will accept it (the checks live in :mod:`metrale_orch.tasks.check`).
+
+``layout`` shows each module under the name the build installs it as: the build's own
+:func:`~metrale_orch.steps.plan.module_names` (``[modules]`` renames), never re-derived.
+``--json`` prints ``dump(root)`` exactly (SPEC 1.7); the names join it only with
+``--installed-names``."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
+from functools import partial
 from typing import TYPE_CHECKING
 
 from metrale_orch import tree as lay
 from metrale_orch.canonical import readable_json
 from metrale_orch.errors import UsageError, printable
+from metrale_orch.steps.plan import module_names
 from metrale_orch.tasks.check import check_tree, report_lines
 from metrale_orch.tree.picture import FORMATS, draw_layout
 
@@ -31,6 +39,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         choices=FORMATS,
         help="draw TARGET as a graph: layers as clusters, shadows struck through with their "
         "reason, `use` and redirects as edges (Graphviz dot, or Mermaid for Markdown)",
+    )
+    p.add_argument(
+        "--installed-names",
+        action="store_true",
+        help="with --json, add each resolved target's module_names ({stem: installed name}, "
+        "after [modules] renames), or module_names_error for a bad [modules] table; text "
+        "and pictures always show installed names",
     )
     p.set_defaults(run=run_layout)
 
@@ -61,11 +76,14 @@ def _parse_target(text: str) -> lay.Target:
 
 def run_layout(args: argparse.Namespace, ctx: Context) -> int:
     root = ctx.root
+    if args.installed_names and not args.json:
+        raise UsageError("--installed-names needs --json (text and pictures always show them)")
+    names_of = partial(module_names, root=root) if args.installed_names else None
     if args.target is None:
         if args.format:
             raise UsageError(f"--format {args.format} needs a TARGET (hw/model/quant)")
         if args.json:
-            print(readable_json(lay.dump(root)), file=ctx.out)
+            print(readable_json(lay.dump(root, names_of)), file=ctx.out)
             return 0
         return _list_targets(ctx)
     target = _parse_target(args.target)
@@ -78,13 +96,14 @@ def run_layout(args: argparse.Namespace, ctx: Context) -> int:
             return 2
         raise
     if args.json:
-        view = {str(target): lay.layout_to_dict(layout, root)}
-        print(readable_json(view), file=ctx.out)
-        return 0
+        view = lay.layout_to_dict(layout, root, names_of)
+        print(readable_json({str(target): view}), file=ctx.out)
+        return 2 if "module_names_error" in view else 0
+    names = module_names(layout, root)  # a bad [modules] table: one line, exit 2
     if args.format:
-        ctx.out.write(draw_layout(layout, root, args.format))
+        ctx.out.write(draw_layout(layout, root, args.format, names))
         return 0
-    _print_layout(layout, snap, ctx)
+    _print_layout(layout, snap, names, ctx)
     return 0
 
 
@@ -102,7 +121,9 @@ def _list_targets(ctx: Context) -> int:
     return 2 if failed else 0
 
 
-def _print_layout(layout: lay.Layout, snap: lay.TreeSnapshot, ctx: Context) -> None:
+def _print_layout(
+    layout: lay.Layout, snap: lay.TreeSnapshot, names: Mapping[str, str], ctx: Context
+) -> None:
     out, rel = ctx.out, snap.rel
     hw = layout.hardware
     inherits = f", inherits {hw.inherits}" if hw.inherits else ""
@@ -140,7 +161,9 @@ def _print_layout(layout: lay.Layout, snap: lay.TreeSnapshot, ctx: Context) -> N
     width = max((len(stem) for stem, _ in mods), default=0)
     for stem, entry in mods:
         role = layout.role_of(entry).value
-        print(f"  {stem:<{width}}  {rel(entry.source)}  ({role})", file=out)
+        name = names.get(stem, stem)
+        installed = f"  installed as {name}" if name != stem else ""
+        print(f"  {stem:<{width}}  {rel(entry.source)}  ({role}){installed}", file=out)
     if not mods:
         print("  (none)", file=out)
     print("shadows:", file=out)

@@ -209,7 +209,7 @@ def _change_line(c: KernelChange) -> str:
     else:
         assert c.old is not None
         what = f"gone (was {_summary(c.old)})"
-    mark = "  [new spill]" if c.new_spill else ""
+    mark = f"  [{c.spill_change} spill]" if c.spill_change else ""
     return f"{c.target} {c.kernel} {c.arch}: {what}{mark}"
 
 
@@ -217,14 +217,16 @@ def _print_diff(old: ResourceReport, new: ResourceReport, as_json: bool, ctx: Co
     from metrale_orch.resources import diff_reports  # see run_resources
 
     changes = diff_reports(old, new)
-    spills = sum(c.new_spill for c in changes)
-    code = EXIT_FAILURE if spills else EXIT_OK
+    spills = sum(c.spill_change == "new" for c in changes)
+    more = sum(c.spill_change == "more" for c in changes)
+    code = EXIT_FAILURE if spills or more else EXIT_OK
     if as_json:
         doc = {
             "old": old.build_dir,
             "new": new.build_dir,
             "changes": [c.to_dict() for c in changes],
             "new_spills": spills,
+            "more_spills": more,
         }
         print(readable_json(doc), file=ctx.out)
         return code
@@ -242,6 +244,7 @@ def _print_diff(old: ResourceReport, new: ResourceReport, as_json: bool, ctx: Co
         printable(
             f"diff {old.build_dir} → {new.build_dir}: {summary} "
             f"({compared} kernels now), {spills} new spill{'s' * (spills != 1)}"
+            + (f", {more} more spill" if more else "")
         ),
         file=ctx.out,
     )

@@ -4,7 +4,8 @@ unified diff of its normalised SASS (the comparison is :mod:`metrale_orch.sass`;
 module parses arguments and formats).
 
 Exit codes: 0 when no kernel changed; 1 when one did (for CI), or a target could not be
-compared; 2 for a usage error or a missing disassembler.
+compared; 2 for a usage error, a missing disassembler, or an artefact that is missing or
+not what its manifest records.
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "(cuobjdump or nvdisasm; PTX is assembled with ptxas for its arch first), with "
             "register numbers, branch addresses and labels normalised so that a rebuild of "
             "the same source shows nothing. Modules whose artefacts are byte-identical are "
-            "not disassembled. Exit 1 when any kernel changed, 0 when none."
+            "not disassembled; a change is shown once, with every target that installs the "
+            "same artefacts. Every artefact is first checked against its manifest's hash. "
+            "Exit 1 when any kernel changed, 0 when none, 2 when either directory's "
+            "artefacts are not those its manifests list."
         ),
     )
     p.add_argument("base", metavar="BASE_BUILD_DIR", type=Path, help="the build to compare with")
@@ -87,7 +91,8 @@ def _plural(n: int, word: str) -> str:
 
 
 def _count_line(c: KernelDiff) -> str:
-    where = f"{c.target}: {c.module}: {c.kernel} ({c.arch})"
+    """The change's line, naming every target that installs it (one change, one diff)."""
+    where = f"{', '.join(c.targets)}: {c.module}: {c.kernel} ({c.arch})"
     if c.kind == "added":
         return f"{where}: new, {_plural(c.added, 'line')}"
     if c.kind == "removed":
@@ -98,6 +103,9 @@ def _count_line(c: KernelDiff) -> str:
 def _summary(got: SassDiff) -> str:
     changed = len(got.changes)
     what = f"{_plural(changed, 'kernel')} changed" if changed else "no kernel changed"
+    installing = len({t for c in got.changes for t in c.targets})
+    if installing > 1:
+        what += f" in {_plural(installing, 'target')}"
     skipped = [
         f"{_plural(n, 'target')} {label}"
         for status, label in (

@@ -29,6 +29,7 @@ __all__ = [
     "KernelResources",
     "ModuleResources",
     "ResourceReport",
+    "SpillChange",
     "TargetResources",
     "TargetStatus",
     "diff_reports",
@@ -40,6 +41,9 @@ __all__ = [
 #: no register report (HIP, Metal, SCALE); ``error``: a manifest or artefact could not be read.
 TargetStatus = Literal["ok", "not-built", "no-report", "error"]
 ChangeKind = Literal["changed", "added", "removed"]
+#: How a kernel's spilling grew: ``new`` from none (or a new kernel that spills), ``more``
+#: bytes than it already spilled.
+SpillChange = Literal["new", "more"]
 _STATUSES: Mapping[str, TargetStatus] = {
     "ok": "ok",
     "not-built": "not-built",
@@ -185,17 +189,25 @@ class KernelChange:
     new: KernelResources | None
 
     @property
-    def new_spill(self) -> bool:
-        """The kernel spills where it did not, or spills more bytes than before."""
+    def spill_change(self) -> SpillChange | None:
+        """``new`` when the kernel spills where it did not, ``more`` when it spilled and
+        now spills more bytes (stores or loads); None when its spilling did not grow."""
         if self.new is None:
-            return False
+            return None
         before = (0, 0) if self.old is None else _spill_bytes(self.old)
         after = _spill_bytes(self.new)
-        return after[0] > before[0] or after[1] > before[1]
+        if after[0] <= before[0] and after[1] <= before[1]:
+            return None
+        return "more" if any(before) else "new"
+
+    @property
+    def new_spill(self) -> bool:
+        """The kernel spills where it did not (not: spills more than it did)."""
+        return self.spill_change == "new"
 
     def to_dict(self) -> dict[str, object]:
-        """JSON-ready view."""
-        return asdict(self)
+        """JSON-ready view: the fields, and ``spill`` (:attr:`spill_change`)."""
+        return {**asdict(self), "spill": self.spill_change}
 
 
 # ------------------------------------------------------------------------------- parsing

@@ -14,12 +14,18 @@ from __future__ import annotations
 
 from metrale_orch.sass.compare import SASS_OUTPUTS, compare_builds
 from metrale_orch.sass.diff import KernelDiff, SassDiff, TargetNote, diff_functions
-from metrale_orch.sass.errors import DisassemblerMissing, SassError, UndisassemblableArtefact
+from metrale_orch.sass.errors import (
+    ArtefactMismatch,
+    DisassemblerMissing,
+    SassError,
+    UndisassemblableArtefact,
+)
 from metrale_orch.sass.listing import FunctionCode, normalise_instruction, parse_listing
 from metrale_orch.sass.tools import Disassembler, disassemble, find_disassembler
 
 __all__ = [
     "SASS_OUTPUTS",
+    "ArtefactMismatch",
     "Disassembler",
     "DisassemblerMissing",
     "FunctionCode",

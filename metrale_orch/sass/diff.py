@@ -3,8 +3,9 @@
 :func:`diff_functions` compares the normalised functions
 (:class:`~metrale_orch.sass.listing.FunctionCode`) of one module in two builds and returns
 one :class:`KernelDiff` per function whose code differs, appeared or went, with its unified
-diff; :class:`SassDiff` is a whole comparison as the command reports it. Everything is
-sorted by (target, module, kernel, arch).
+diff; :class:`SassDiff` is a whole comparison as the command reports it. A change is listed
+once per distinct pair of artefacts, with every target that installs that pair
+(:attr:`KernelDiff.targets`). Everything is sorted by (first target, module, kernel, arch).
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ CONTEXT = 3
 class KernelDiff:
     """One function whose machine code differs between the two builds."""
 
+    #: The first of :attr:`targets` (the one the diff's file names are of).
     target: str
+    #: Every target installing the same pair of artefacts (same bytes on both sides), sorted.
+    targets: tuple[str, ...]
     module: str
     kernel: str
     arch: str
@@ -48,6 +52,7 @@ class KernelDiff:
     def to_dict(self) -> dict[str, object]:
         return {
             "target": self.target,
+            "targets": list(self.targets),
             "module": self.module,
             "kernel": self.kernel,
             "arch": self.arch,
@@ -122,6 +127,7 @@ def diff_functions(
         out.append(
             KernelDiff(
                 target=target,
+                targets=(target,),
                 module=module,
                 kernel=name,
                 arch=arch,

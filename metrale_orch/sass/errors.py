@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from metrale_orch.errors import EXIT_FAILURE, EXIT_USAGE, MetraleError
 
-__all__ = ["DisassemblerMissing", "SassError", "UndisassemblableArtefact"]
+__all__ = ["ArtefactMismatch", "DisassemblerMissing", "SassError", "UndisassemblableArtefact"]
 
 
 class SassError(MetraleError):
@@ -33,3 +33,20 @@ class UndisassemblableArtefact(SassError):
 
     exit_code = EXIT_FAILURE
     template = "{path}: {problem}"
+
+
+class ArtefactMismatch(SassError):
+    """An artefact a build directory's manifest lists is missing, unreadable, or not the
+    bytes the manifest's hash names (exit 2: that directory is not the build its manifest
+    describes, so nothing it holds can be compared)."""
+
+    path: str
+    manifest: str
+    #: What is wrong: "is missing", "cannot be read (...)", "is not the bytes ...".
+    problem: str
+
+    exit_code = EXIT_USAGE
+    template = (
+        "sass-diff: {path}, listed in {manifest}, {problem}; that build directory is not "
+        "the build its manifest describes: copy it again whole, or rebuild it"
+    )

@@ -1,27 +1,36 @@
 """The SPEC 1.7 JSON view of resolved layouts (``metrale-orch layout --json``, ``dump``).
 
 Every path in the view is relative to the project root, in POSIX spelling;
-keys are sorted, so the same tree always dumps the same bytes.
+keys are sorted, so the same tree always dumps the same bytes. ``dump(root)`` is exactly
+SPEC 1.7. Only when asked (``names_of``: the build's ``[modules]`` renames, which the tree
+does not compute) does a resolved target's view also carry ``module_names`` ({stem: name})
+or, for a bad ``[modules]`` table, ``module_names_error``; its SPEC 1.7 fields stay as they are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeAlias
 
+from metrale_orch.errors import MetraleError
 from metrale_orch.tree.errors import LayoutError
 from metrale_orch.tree.resolve import resolve_all
 from metrale_orch.tree.values import Entry, Layout
 
-__all__ = ["Json", "dump", "layout_to_dict"]
+__all__ = ["Json", "NamesOf", "dump", "layout_to_dict"]
 
 #: A JSON value, as :func:`json.dumps` takes it.
 Json: TypeAlias = "str | int | float | bool | Sequence[Json] | Mapping[str, Json] | None"
+#: A layout's installed module names (stem -> name); raises a package error when it cannot.
+NamesOf: TypeAlias = Callable[[Layout], Mapping[str, str]]
 
 
-def layout_to_dict(layout: Layout, root: Path | str) -> dict[str, Json]:
-    """The SPEC 1.7 JSON view of one layout, every path relative to ``root``."""
+def layout_to_dict(
+    layout: Layout, root: Path | str, names_of: NamesOf | None = None
+) -> dict[str, Json]:
+    """The SPEC 1.7 JSON view of one layout, every path relative to ``root``; with
+    ``names_of``, also ``module_names`` or ``module_names_error``."""
     root = Path(root)
 
     def r(path: Path) -> str:
@@ -46,15 +55,21 @@ def layout_to_dict(layout: Layout, root: Path | str) -> dict[str, Json]:
             [s.role.value, s.name, r(s.winner), r(s.loser), s.reason] for s in layout.shadows
         ],
     }
+    if names_of is not None:
+        try:
+            view["module_names"] = dict(sorted(names_of(layout).items()))
+        except MetraleError as exc:
+            view["module_names_error"] = str(exc)
     return dict(sorted(view.items()))
 
 
-def dump(root: Path | str) -> dict[str, Json]:
-    """Every walked target keyed ``hw/model/quant``: its layout view or ``{"error": message}``."""
+def dump(root: Path | str, names_of: NamesOf | None = None) -> dict[str, Json]:
+    """Every walked target keyed ``hw/model/quant``: its layout view or ``{"error": message}``
+    (SPEC 1.7 exactly without ``names_of``; see :func:`layout_to_dict` with it)."""
     out: dict[str, Json] = {}
     for target, result in resolve_all(root):
         if isinstance(result, LayoutError):
             out[str(target)] = {"error": str(result)}
         else:
-            out[str(target)] = layout_to_dict(result, root)
+            out[str(target)] = layout_to_dict(result, root, names_of)
     return dict(sorted(out.items()))

@@ -4,7 +4,9 @@ The picture shows what ``metrale-orch layout TARGET`` lists, in the shape of the
 each of the target's layers is a cluster, each entry a node in the layer that
 contributed it, each declared shadow a struck-through loser with an edge from its
 winner labelled with the declared reason, each ``[sources] use`` an edge from the file
-taken to the entry, and a model redirect an edge between the two model names.
+taken to the entry, and a model redirect an edge between the two model names. Given the
+installed module names (the build's ``[modules]`` renames), a renamed module's node says
+the name its artefact is installed under.
 
 Everything is root-relative POSIX text and emitted in a fixed order (layers by index,
 entries by name, shadows as the layout orders them), so the same tree always draws the
@@ -13,7 +15,7 @@ same text.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -57,12 +59,24 @@ class _Graph:
     edges: tuple[_Edge, ...]
 
 
-def draw_layout(layout: Layout, root: Path, fmt: PictureFormat) -> str:
-    """The layout as ``dot`` or ``mermaid`` text ending in a newline (pure)."""
-    return "\n".join(_render(_graph(layout, root), _SYNTAX[fmt])) + "\n"
+def draw_layout(
+    layout: Layout, root: Path, fmt: PictureFormat, names: Mapping[str, str] | None = None
+) -> str:
+    """The layout as ``dot`` or ``mermaid`` text ending in a newline (pure); ``names``
+    (stem -> installed name) labels each renamed module with its name."""
+    return "\n".join(_render(_graph(layout, root, names or {}), _SYNTAX[fmt])) + "\n"
 
 
-def _graph(layout: Layout, root: Path) -> _Graph:
+def _installed_as(layout: Layout, names: Mapping[str, str]) -> dict[Path, str]:
+    """Source -> `` (installed as <name>)`` for each module ``names`` renames (pure)."""
+    return {
+        entry.source: f" (installed as {names[stem]})"
+        for stem, entry in layout.modules()
+        if names.get(stem, stem) != stem
+    }
+
+
+def _graph(layout: Layout, root: Path, names: Mapping[str, str]) -> _Graph:
     clusters = tuple(
         (i, f"{i} {layer.role.value} {layer.tier.value}: {rel_posix(layer.dir, root)}")
         for i, layer in enumerate(layout.layers)
@@ -71,6 +85,7 @@ def _graph(layout: Layout, root: Path) -> _Graph:
     edges: list[_Edge] = []
     by_source: dict[tuple[str, Path], str] = {}
     losers = {shadow.loser for shadow in layout.shadows}
+    renamed = _installed_as(layout, names)
     loser_ids: dict[Path, str] = {}
     entries: list[tuple[str, str, Entry]] = [
         (role, name, entry)
@@ -82,8 +97,9 @@ def _graph(layout: Layout, root: Path) -> _Graph:
         # A common file whose stem a leaf source replaces is staged but not compiled:
         # one node, struck through, rather than the entry and its loser twice.
         lost = entry.source in losers
+        label = name if lost else name + renamed.get(entry.source, "")
         nodes.append(
-            _Node(id=node_id, label=name, layer=entry.layer, kind="loser" if lost else "entry")
+            _Node(id=node_id, label=label, layer=entry.layer, kind="loser" if lost else "entry")
         )
         by_source[(role, entry.source)] = node_id
         if lost:
