@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+from doit.task import Task
 
 from metrale_orch.cli import main
 from metrale_orch.paths import profile_history
@@ -34,6 +35,8 @@ from metrale_orch.steps.history import (
     new_record,
 )
 from metrale_orch.steps.profile import ProfileSummary
+from metrale_orch.tasks.doit_api import new_run
+from metrale_orch.tasks.reporter import BuildReporter
 from tests.support.project import doit, make_project, project_env, use_fake_compiler
 
 HISTORY = "build/.state/profile-history.json"
@@ -354,3 +357,15 @@ def test_a_record_round_trips_through_the_file() -> None:
     data = encode_history([built])
     assert decode_history(data) == (built,)
     assert encode_history(decode_history(data)) == data
+
+
+def test_a_target_found_up_to_date_leaves_the_eta(tmp_path: Path) -> None:
+    """The ETA waits for the kept seconds of the selected targets not started yet: one
+    doit finds up to date will never start, and is not waited for."""
+    new_run(tmp_path, {})
+    reporter = BuildReporter(io.StringIO(), {})
+    reporter._expected = {"build:h/m/a": 4.0, "build:h/m/b": 60.0}
+    reporter._selected = {"build:h/m/a", "build:h/m/b"}
+    assert reporter._progress_text().endswith(" · ETA 1:04")
+    reporter.skip_uptodate(Task("build:h/m/b", None))
+    assert reporter._progress_text().endswith(" · ETA 0:04")
