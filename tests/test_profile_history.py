@@ -4,18 +4,10 @@ survives a damaged file; the progress line's ETA comes from the kept compile tim
 
 from __future__ import annotations
 
-import fcntl
 import io
 import json
 import os
-import pty
 import re
-import select
-import struct
-import subprocess
-import sys
-import termios
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -38,6 +30,7 @@ from metrale_orch.steps.profile import ProfileSummary
 from metrale_orch.tasks.doit_api import new_run
 from metrale_orch.tasks.reporter import BuildReporter
 from tests.support.project import doit, make_project, project_env, use_fake_compiler
+from tests.support.terminal import doit_on_terminal
 
 HISTORY = "build/.state/profile-history.json"
 STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
@@ -254,38 +247,6 @@ def test_a_history_that_cannot_be_written_never_fails_the_build(tmp_path: Path) 
 # ------------------------------------------------------------------ the ETA on a terminal
 
 
-def on_terminal(root: Path, args: list[str], env: Mapping[str, str], timeout: float = 120) -> str:
-    """What ``python -m doit ARGS`` writes on a terminal 200 columns wide."""
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
-    environ = {k: v for k, v in env.items() if k != "CI"} | {"TERM": "xterm"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "doit", *args],
-        cwd=root,
-        env=environ,
-        stdin=slave,
-        stdout=slave,
-        stderr=slave,
-    )
-    os.close(slave)
-    chunks, deadline = [], time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            if not select.select([master], [], [], 1)[0]:
-                continue
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # EIO: the build closed the terminal
-                break
-            if not data:
-                break
-            chunks.append(data)
-    finally:
-        os.close(master)
-        assert proc.wait(timeout=30) == 0
-    return b"".join(chunks).decode(errors="replace")
-
-
 def test_the_eta_after_a_build_the_cache_served_comes_from_the_kept_times(tmp_path: Path) -> None:
     root, env = project(tmp_path)
     first = doit(root, ["build"], env)
@@ -294,7 +255,8 @@ def test_the_eta_after_a_build_the_cache_served_comes_from_the_kept_times(tmp_pa
     # An edited module compiles for a while: the live line is drawn, with an ETA.
     source = root / "kernels/hopper/qwen/w8/mul.cu"
     source.write_text(source.read_text() + "\n// edited\n")
-    text = on_terminal(root, ["build"], {**env, "FAKECC_DELAY": "1.5"})
+    code, text = doit_on_terminal(root, ["build"], {**env, "FAKECC_DELAY": "1.5"})
+    assert code == 0, text
     assert "from cache, 2 up to date" in text and "modules " in text, text
     assert re.search(r"modules \d+/\d+ · .* · ETA \d+:\d\d", text), text
 

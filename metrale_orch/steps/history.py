@@ -33,7 +33,7 @@ from pathlib import Path
 from metrale_orch.canonical import canonical_json
 from metrale_orch.fsutil import write_atomic
 from metrale_orch.steps.errors import HistoryError
-from metrale_orch.steps.profile import ProfileSummary, summarize_profile
+from metrale_orch.steps.profile import ProfileSummary, read_at, summarize_profile
 
 __all__ = [
     "KEEP",
@@ -91,14 +91,8 @@ class BuildRecord:
             raise ValueError(f"finished: expected a UTC time, got {finished!r:.40}")
         if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
             raise ValueError(f"words: expected a list of text, got {words!r:.40}")
-        summary = doc.get("summary")
-        if not isinstance(summary, dict):
-            raise ValueError(f"summary: expected an object, got {summary!r:.40}")
-        try:
-            parsed = ProfileSummary.from_dict(summary)
-        except ValueError as exc:
-            raise ValueError(f"summary.{exc}") from None
-        return cls(build=build, finished=finished, words=tuple(words), summary=parsed)
+        summary = read_at("summary", ProfileSummary.from_dict, doc.get("summary"))
+        return cls(build=build, finished=finished, words=tuple(words), summary=summary)
 
 
 def new_record(
@@ -160,12 +154,7 @@ def decode_history(data: bytes) -> tuple[BuildRecord, ...]:
         raise ValueError("builds: expected a list")
     history: list[BuildRecord] = []
     for i, item in enumerate(builds):
-        if not isinstance(item, dict):
-            raise ValueError(f"builds[{i}]: expected an object, got {item!r:.40}")
-        try:
-            record = BuildRecord.from_dict(item)
-        except ValueError as exc:
-            raise ValueError(f"builds[{i}].{exc}") from None
+        record = read_at(f"builds[{i}]", BuildRecord.from_dict, item)
         if history and record.build <= history[-1].build:
             raise ValueError(f"builds[{i}].build: {record.build} is not after {history[-1].build}")
         history.append(record)

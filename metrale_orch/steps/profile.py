@@ -49,6 +49,7 @@ __all__ = [
     "Step",
     "compile_seconds",
     "encode_profile",
+    "read_at",
     "read_profile",
     "summarize_profile",
     "trace_document",
@@ -383,12 +384,10 @@ class ProfileSummary:
     def from_dict(cls, doc: Mapping[str, object]) -> ProfileSummary:
         """The inverse of :meth:`to_dict`; raises ``ValueError`` naming the bad field
         (``slowest[2].seconds: ...``): a number must be finite and not negative."""
-        slowest = []
-        for i, item in enumerate(_objects(doc, "slowest")):
-            try:
-                slowest.append(CompileTime.from_dict(item))
-            except ValueError as exc:
-                raise ValueError(f"slowest[{i}].{exc}") from None
+        listed = doc.get("slowest")
+        if not isinstance(listed, list):
+            raise ValueError(f"slowest: expected a list, got {_shown(listed)}")
+        slowest = [read_at(f"slowest[{i}]", CompileTime.from_dict, c) for i, c in enumerate(listed)]
         steps = _table(doc, "steps", _seconds)
         return cls(
             slowest=tuple(slowest),
@@ -516,11 +515,16 @@ def _seconds(doc: Mapping[str, object], key: str) -> float:
     return float(value)
 
 
-def _objects(doc: Mapping[str, object], key: str) -> list[Mapping[str, object]]:
-    value = doc.get(key)
-    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-        raise ValueError(f"{key}: expected a list of objects, got {_shown(value)}")
-    return value
+def read_at(where: str, read: Callable[[Mapping[str, object]], T], doc: object) -> T:
+    """``read(doc)``, for the object found at ``where`` in a file (``slowest[2]``): a
+    ``ValueError`` it raises, or ``doc`` not being an object, names ``where`` first
+    (``slowest[2].seconds: ...``) (pure)."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"{where}: expected an object, got {_shown(doc)}")
+    try:
+        return read(doc)
+    except ValueError as exc:
+        raise ValueError(f"{where}.{exc}") from None
 
 
 def _table(
