@@ -1,8 +1,8 @@
 """The build history: what the last builds did, for ``metrale-orch profile`` to look back on.
 
 ``<build_dir>/profile.json`` holds the last build that ran something, whatever it did: a
-build the cache served leaves a profile with no compiles. Every such build also adds a
-:class:`BuildRecord` to ``<build_dir>/.state/profile-history.json``
+build the cache served leaves a profile with no compiles. Every build that runs something
+also adds a :class:`BuildRecord` to ``<build_dir>/.state/profile-history.json``
 (:func:`~metrale_orch.paths.profile_history`): its ordinal (``build #12``), when it
 ended, what doit was asked (its selection) and the summary of its profile
 (:func:`~metrale_orch.steps.profile.summarize_profile`, the :data:`KEPT_COMPILES`
