@@ -21,6 +21,7 @@ __all__ = [
     "DB_NAME",
     "LOG_NAME",
     "MANIFEST_NAME",
+    "PROFILE_HISTORY_NAME",
     "PROFILE_NAME",
     "SMOKE_TASK",
     "STAGE_DIR",
@@ -29,6 +30,7 @@ __all__ = [
     "TMP_DIR",
     "TREE_TASK",
     "compdb_part",
+    "profile_history",
     "rel_posix",
     "root_relative",
     "stage_dir",
@@ -48,6 +50,9 @@ MANIFEST_NAME = "manifest.json"
 STATS_NAME = "cache-stats.json"
 #: The last build's profile (Chrome trace events: where its time went), in ``build_dir``.
 PROFILE_NAME = "profile.json"
+#: The summaries of the last builds that ran something (``metrale-orch profile --list``),
+#: under ``<build_dir>/.state`` (:func:`profile_history`).
+PROFILE_HISTORY_NAME = "profile-history.json"
 #: The JSON Compilation Database editors read (clangd: VS Code, CLion, Neovim), in
 #: ``build_dir``; its per-target parts live in ``<build_dir>/.state/compdb/``.
 COMPDB_NAME = "compile_commands.json"
@@ -88,6 +93,11 @@ def compdb_part(build_dir: Path, hardware: str, model: str, quant: str) -> Path:
     """Where one target's part of the compilation database is kept:
     ``<build_dir>/.state/compdb/<hw>/<model>/<quant>.json`` (pure)."""
     return build_dir / STATE_DIR / "compdb" / hardware / model / f"{quant}.json"
+
+
+def profile_history(build_dir: Path) -> Path:
+    """Where the build history is kept: ``<build_dir>/.state/profile-history.json`` (pure)."""
+    return build_dir / STATE_DIR / PROFILE_HISTORY_NAME
 
 
 def stage_dir(build_dir: Path, hardware: str, model: str, quant: str) -> Path:

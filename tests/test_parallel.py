@@ -11,10 +11,7 @@ to a ``jobs = 1`` build.
 from __future__ import annotations
 
 import json
-import os
-import pty
 import re
-import select
 import shutil
 import signal
 import subprocess
@@ -31,6 +28,7 @@ from tests.support.project import (
     project_env,
     use_fake_compiler,
 )
+from tests.support.terminal import doit_on_terminal
 
 MODES = {
     "default": [],
@@ -268,34 +266,8 @@ def test_the_live_line_shows_on_a_terminal_and_not_in_a_pipe(tmp_path: Path) -> 
     shutil.rmtree(root / "build")
     (root / ".doit.db").unlink()
 
-    primary, secondary = pty.openpty()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "doit", "build"],
-        cwd=root,
-        env=env,
-        stdin=secondary,
-        stdout=secondary,
-        stderr=secondary,
-    )
-    os.close(secondary)
-    chunks: list[bytes] = []
-    try:
-        while True:
-            ready, _, _ = select.select([primary], [], [], 60)
-            if not ready:
-                break
-            try:
-                data = os.read(primary, 4096)
-            except OSError:  # the child closed the terminal
-                break
-            if not data:
-                break
-            chunks.append(data)
-    finally:
-        proc.wait(60)
-        os.close(primary)
-    screen = b"".join(chunks).decode("utf-8", "replace")
-    assert proc.returncode == 0, screen
+    code, screen = doit_on_terminal(root, ["build"], env)
+    assert code == 0, screen
     assert "modules " in screen and "in flight" in screen, screen
     assert "build: " in screen and "4 built" in screen, screen
 

@@ -51,7 +51,6 @@ from metrale_orch.matrix.rows import (
     plan_rows,
     plan_shards,
     plan_smoke_matrix,
-    read_kept_seconds,
     scan_tree,
     unmapped_hardware,
 )
@@ -63,6 +62,7 @@ from metrale_orch.matrix.runners import (
     load_runners,
     parse_runners,
 )
+from metrale_orch.steps.times import read_kept_seconds
 
 __all__ = [
     "DEFAULT_RUNNERS_FILE",

@@ -25,7 +25,6 @@ from metrale_orch.paths import STATE_DIR
 from metrale_orch.steps.times import (
     TARGET_TIMES,
     read_target_seconds,
-    read_times,
     write_target_seconds,
 )
 from metrale_orch.toolchain.definitions import load_toolchains, select_toolchain
@@ -134,14 +133,6 @@ def scan_tree(root: Path) -> tuple[HardwareInfo, ...]:
             )
         )
     return tuple(infos)
-
-
-def read_kept_seconds(build_dir: Path) -> dict[str, float]:
-    """The kept compile seconds by target under ``<build_dir>/.state`` (I/O): the
-    ``target-times.json`` summary, else the sums of ``compile-times.json``; ``{}``
-    when neither is there or readable (the rows are then balanced by module count)."""
-    state = Path(build_dir) / STATE_DIR
-    return read_target_seconds(state) or read_times(state).target_seconds()
 
 
 def keep_seconds(build_dir: Path, found: Path) -> tuple[int, int]:

@@ -20,6 +20,8 @@ __all__ = [
     "BuildError",
     "CompileError",
     "ContainmentError",
+    "HistoryError",
+    "HistoryMissing",
     "MissRefused",
     "ModuleFailure",
     "ProfileError",
@@ -207,3 +209,23 @@ class ProfileError(BuildError):
     problem: str
 
     template = "{path}: {problem} (run doit build to write a new profile)"
+
+
+class HistoryMissing(BuildError):
+    """No build has written the build history (``<build_dir>/.state/profile-history.json``)."""
+
+    path: str
+
+    template = "no build history yet ({path}): run doit build"
+
+
+class HistoryError(BuildError):
+    """The build history is not one this package wrote; names the file and the entry
+    (``builds[3].finished: ...``)."""
+
+    exit_code = 2
+
+    path: str
+    problem: str
+
+    template = "{path}: {problem} (the next doit build that runs something starts a new one)"

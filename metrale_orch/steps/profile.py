@@ -26,14 +26,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal, get_args
+from typing import Literal, TypeVar, get_args
 
 from metrale_orch.canonical import canonical_json
 from metrale_orch.steps.errors import ProfileError, ProfileMissing
@@ -48,6 +49,7 @@ __all__ = [
     "Step",
     "compile_seconds",
     "encode_profile",
+    "read_at",
     "read_profile",
     "summarize_profile",
     "trace_document",
@@ -60,6 +62,7 @@ ArgValue = str | int | float
 #: The args of a span being recorded (:meth:`SpanRecorder.span`).
 SpanArgs = dict[str, ArgValue]
 
+T = TypeVar("T")
 _STEPS: frozenset[str] = frozenset(get_args(Step))
 #: A ``lookup`` span's ``source`` when another target of the run obtained the artefact.
 _SHARED_SOURCES = ("memo", "run")
@@ -316,6 +319,27 @@ class CompileTime:
     outcome: str
     wait: float = 0.0
 
+    def to_dict(self) -> dict[str, object]:
+        """The compile as plain data (a build history's record)."""
+        return {
+            "target": self.target,
+            "module": self.module,
+            "seconds": round(self.seconds, 6),
+            "outcome": self.outcome,
+            "wait": round(self.wait, 6),
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, object]) -> CompileTime:
+        """The inverse of :meth:`to_dict`; raises ``ValueError`` naming the bad field."""
+        return cls(
+            target=_str(doc, "target"),
+            module=_str(doc, "module"),
+            seconds=_seconds(doc, "seconds"),
+            outcome=_str(doc, "outcome"),
+            wait=_seconds(doc, "wait"),
+        )
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProfileSummary:
@@ -341,6 +365,46 @@ class ProfileSummary:
     #: Lookups another target of the run answered (``lookup`` spans from its memo or
     #: from a cache entry this run stored): neither hits nor compiles.
     shared: int = 0
+
+    def to_dict(self) -> dict[str, object]:
+        """The summary as plain data (a build history's record; :meth:`from_dict`)."""
+        return {
+            "slowest": [c.to_dict() for c in self.slowest],
+            "targets": self.targets,
+            "workers": self.workers,
+            "wall_seconds": round(self.wall_seconds, 6),
+            "outcomes": dict(sorted(self.outcomes.items())),
+            "steps": {k: round(v, 6) for k, v in sorted(self.steps.items())},
+            "compiled_bytes": self.compiled_bytes,
+            "restored_bytes": self.restored_bytes,
+            "shared": self.shared,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, object]) -> ProfileSummary:
+        """The inverse of :meth:`to_dict`; raises ``ValueError`` naming the bad field
+        (``slowest[2].seconds: ...``): a number must be finite and not negative."""
+        listed = doc.get("slowest")
+        if not isinstance(listed, list):
+            raise ValueError(f"slowest: expected a list, got {_shown(listed)}")
+        slowest = [read_at(f"slowest[{i}]", CompileTime.from_dict, c) for i, c in enumerate(listed)]
+        steps = _table(doc, "steps", _seconds)
+        return cls(
+            slowest=tuple(slowest),
+            targets=_count(doc, "targets"),
+            workers=_count(doc, "workers"),
+            wall_seconds=_seconds(doc, "wall_seconds"),
+            outcomes=MappingProxyType(_table(doc, "outcomes", _count)),
+            steps=MappingProxyType(dict(sorted(steps.items(), key=lambda kv: (-kv[1], kv[0])))),
+            compiled_bytes=_count(doc, "compiled_bytes"),
+            restored_bytes=_count(doc, "restored_bytes"),
+            shared=_count(doc, "shared"),
+        )
+
+    @property
+    def compiles(self) -> int:
+        """The compiles the build ran, compiled or failed."""
+        return self.outcomes.get("compiled", 0) + self.outcomes.get("failed", 0)
 
 
 def summarize_profile(events: Sequence[Mapping[str, object]], *, top: int = 10) -> ProfileSummary:
@@ -419,15 +483,67 @@ def _event_order(event: Mapping[str, object]) -> tuple[int, int, int, str, int]:
 def _str(doc: Mapping[str, object], key: str) -> str:
     value = doc.get(key, "")
     if not isinstance(value, str):
-        raise ValueError(f"span field {key!r} is not text: {value!r}")
+        raise ValueError(f"{key}: expected text, got {_shown(value)}")
     return value
 
 
 def _int(doc: Mapping[str, object], key: str) -> int:
     value = doc.get(key)
     if not isinstance(value, int) or isinstance(value, bool):
-        raise ValueError(f"span field {key!r} is not an integer: {value!r}")
+        raise ValueError(f"{key}: expected an integer, got {_shown(value)}")
     return value
+
+
+def _count(doc: Mapping[str, object], key: str) -> int:
+    """A count or a byte size: an integer, not negative."""
+    value = _int(doc, key)
+    if value < 0:
+        raise ValueError(f"{key}: expected 0 or more, got {value}")
+    return value
+
+
+def _seconds(doc: Mapping[str, object], key: str) -> float:
+    """Seconds: a finite number, not negative."""
+    value = doc.get(key)
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ValueError(f"{key}: expected seconds (a number, 0 or more), got {_shown(value)}")
+    return float(value)
+
+
+def read_at(where: str, read: Callable[[Mapping[str, object]], T], doc: object) -> T:
+    """``read(doc)``, for the object found at ``where`` in a file (``slowest[2]``): a
+    ``ValueError`` it raises, or ``doc`` not being an object, names ``where`` first
+    (``slowest[2].seconds: ...``) (pure)."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"{where}: expected an object, got {_shown(doc)}")
+    try:
+        return read(doc)
+    except ValueError as exc:
+        raise ValueError(f"{where}.{exc}") from None
+
+
+def _table(
+    doc: Mapping[str, object], key: str, read: Callable[[Mapping[str, object], str], T]
+) -> dict[str, T]:
+    """The object at ``key``, each value read by ``read`` (``key.name: ...`` when bad)."""
+    value = doc.get(key)
+    if not isinstance(value, dict):
+        raise ValueError(f"{key}: expected an object, got {_shown(value)}")
+    try:
+        return {str(name): read(value, name) for name in value}
+    except ValueError as exc:
+        raise ValueError(f"{key}.{exc}") from None
+
+
+def _shown(value: object) -> str:
+    """A value as an error message quotes it: its ``repr``, cut short."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _num(value: object) -> int:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from metrale_orch.canonical import canonical_json
 from metrale_orch.fsutil import write_atomic
+from metrale_orch.paths import STATE_DIR
 
 __all__ = [
     "TARGET_TIMES",
@@ -39,6 +40,7 @@ __all__ = [
     "CompileTimes",
     "longest_first",
     "merge_compiles",
+    "read_kept_seconds",
     "read_target_seconds",
     "read_times",
     "write_target_seconds",
@@ -151,6 +153,15 @@ def _read_peaks(raw: object) -> dict[str, dict[str, int]]:
             if isinstance(peak, int) and not isinstance(peak, bool) and peak > 0:
                 peaks.setdefault(str(target), {})[str(module)] = peak
     return peaks
+
+
+def read_kept_seconds(build_dir: Path) -> dict[str, float]:
+    """The kept compile seconds by target under ``<build_dir>/.state``: the
+    ``target-times.json`` summary, else the sums of ``compile-times.json``; ``{}`` when
+    neither is there or readable. A build the cache served changes neither, so the next
+    one still knows every target's time (the ETA of the progress line, CI's rows)."""
+    state = Path(build_dir) / STATE_DIR
+    return read_target_seconds(state) or read_times(state).target_seconds()
 
 
 def read_target_seconds(state_dir: Path) -> dict[str, float]:

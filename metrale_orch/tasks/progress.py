@@ -11,8 +11,9 @@ default (thread) runs build every target. Under ``-P process`` the workers' coun
 reach the reporter only as their targets finish, so the line counts targets there.
 The memory is the predicted peaks of the compiles in flight against the budget
 (:mod:`metrale_orch.executor.memory`), shown while any is known. The ETA comes from
-the last build's profile: the compile seconds still expected
-(modules of started targets, and whole targets not started yet) over ``jobs``.
+the kept compile times (:mod:`metrale_orch.steps.times`: each module's last compile, which
+a build the cache served leaves as they were): the compile seconds still expected (modules
+of started targets, and whole targets neither started nor found up to date) over ``jobs``.
 
 ``rich`` is imported only when a build runs on a terminal (~40-80 ms; tqdm took
 60-120 ms and enlighten 140-190 ms on this machine), never for a pipe, CI or a no-op.

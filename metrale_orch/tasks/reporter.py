@@ -71,10 +71,13 @@ from metrale_orch.paths import (
     BUILD_TASK,
     COMPDB_NAME,
     COVERAGE_TASK,
+    PROFILE_HISTORY_NAME,
     PROFILE_NAME,
     SMOKE_TASK,
     STATE_DIR,
     STATS_NAME,
+    profile_history,
+    root_relative,
 )
 from metrale_orch.tasks.actions import progress_counts, stop_requested
 from metrale_orch.tasks.checker import PROFILE_KEY
@@ -138,10 +141,11 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         #: The live progress line on a terminal (:mod:`metrale_orch.tasks.progress`).
         self._live: LiveLine | None = None
         self._tty = _is_terminal(outstream)
-        #: Last build's compile seconds per target, and the targets finished this run.
+        #: Kept compile seconds per target, the targets finished this run, and those
+        #: the ETA counts no more (started: their modules count; up to date; ignored).
         self._expected: dict[str, float] = {}
         self._finished: set[str] = set()
-        self._started_names: set[str] = set()
+        self._not_pending: set[str] = set()
         self._selected: set[str] = set()
         #: Every target the tree has (the kept compile times of the others are dropped).
         self._alive: set[str] = set()
@@ -196,7 +200,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             with self._count_lock:  # doit's target threads call this at once
                 self._started += 1
                 started = self._started
-                self._started_names.add(task.name)
+                self._not_pending.add(task.name)
                 if self._tty and self._live is None:
                     self._live = _live_line(self.outstream, self._progress_text)
             width = len(str(max(self._total, started)))
@@ -208,6 +212,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
     def skip_uptodate(self, task: Task) -> None:
         if _is_build(task):
             self._any_build = True
+            self._not_pending.add(task.name)
             self._bump("uptodate")
         elif task.name != BUILD_TASK and not task.name.startswith("_"):
             self.write(f"-- {task.title()}\n")
@@ -215,6 +220,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
     def skip_ignore(self, task: Task) -> None:
         if _is_build(task):
             self._any_build = True
+            self._not_pending.add(task.name)
             self._bump("ignored")
             self._ignored.append(task.name[len(_BASE) :])
         elif task.name != BUILD_TASK and not task.name.startswith("_"):
@@ -307,7 +313,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             for name, sec in self._expected.items()
             if name in self._selected
             and name not in self._finished
-            and name not in self._started_names
+            and name not in self._not_pending
         )
         eta = left / max(1, jobs) if self._expected else None
         return progress_text(counts, elapsed, eta)
@@ -466,7 +472,8 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             _warn_unwritten("the compile times", state, exc)
 
     def _write_profile(self) -> None:
-        """Write every span of this run to profile.json, atomically (Chrome trace events)."""
+        """Write every span of this run to profile.json, atomically (Chrome trace events),
+        and add the run to the build history (:mod:`metrale_orch.steps.history`)."""
         # Imported only after a run that built: a no-op never needs the profile's classes.
         from metrale_orch.steps.profile import Span, encode_profile, trace_document
 
@@ -476,14 +483,33 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
                 spans.append(Span.from_dict(item))
             except ValueError:  # not from this package's actions: leave it out
                 continue
+        doc = trace_document(spans, origin_ns=self._origin_ns, main_pid=os.getpid())
         path = Path(PROFILE_NAME)
         try:
             config = current_run().config()
             path = config.build_dir / PROFILE_NAME
-            doc = trace_document(spans, origin_ns=self._origin_ns, main_pid=os.getpid())
             write_atomic(path, encode_profile(doc))
         except (MetraleError, OSError) as exc:  # the profile must never fail the run
             _warn_unwritten("the build profile", path, exc)
+        events = doc["traceEvents"]
+        self._write_history(events if isinstance(events, list) else [])
+
+    def _write_history(self, events: list[dict[str, object]]) -> None:
+        """Add this run to the build history; a damaged one is replaced, and said."""
+        from metrale_orch.steps.history import record_build
+
+        path = Path(PROFILE_HISTORY_NAME)
+        try:
+            run = current_run()
+            build_dir = run.config().build_dir
+            path = profile_history(build_dir)
+            words = run.selection.words if run.selection is not None else ()
+            name = root_relative(path, run.root)
+            damaged = record_build(path, events, words=words, name=name)
+            if damaged is not None:
+                _warn(f"{name}: {damaged.problem}: replaced by a new history")
+        except (MetraleError, OSError) as exc:  # the history must never fail the run
+            _warn_unwritten("the build history", path, exc)
 
     def _write_compdb(self) -> None:
         """Merge the parts of every buildable target of the tree (selected or not, built
@@ -518,7 +544,16 @@ def _warn_unwritten(what: str, path: Path, exc: BaseException) -> None:
     """One stderr line for a file of the run's report that could not be written: which,
     where, and why (an ``OSError``'s own words, e.g. "No space left on device")."""
     reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-    sys.stderr.write(printable(f"warning: could not write {what} {path}: {reason}") + "\n")
+    _warn(f"could not write {what} {path}: {reason}")
+
+
+def _warn(text: str) -> None:
+    """``warning: text`` on the process's own stderr: doit's target threads each swap
+    ``sys.stderr`` for a capturing writer around their actions and restore what they
+    found, so after two ran at once it is left as one of those, and lost."""
+    stream = sys.__stderr__ or sys.stderr
+    stream.write(printable(f"warning: {text}") + "\n")
+    stream.flush()
 
 
 def _is_terminal(stream: TextIO) -> bool:
@@ -541,20 +576,13 @@ def _live_line(stream: TextIO, sample: Callable[[], str]) -> LiveLine | None:
 
 
 def _expected_target_seconds() -> dict[str, float]:
-    """``build:<target>`` -> the compile seconds of its last build (its profile), for the
-    ETA; {} when there is no profile."""
-    from metrale_orch.steps.profile import compile_seconds, read_profile
+    """``build:<target>`` -> the kept compile seconds of its modules' last compiles
+    (:mod:`metrale_orch.steps.times`), for the ETA; {} when none are kept. Not the last
+    profile's: a build the cache served compiled nothing, and its profile says so."""
+    from metrale_orch.steps.times import read_kept_seconds
 
     try:
-        config = current_run().config()
-        events = read_profile(config.build_dir / PROFILE_NAME)
-    except (MetraleError, OSError):
+        build_dir = current_run().config().build_dir
+    except MetraleError:
         return {}
-    out: dict[str, float] = {}
-    for event in events:
-        args = event.get("args")
-        if event.get("cat") != "compile" or not isinstance(args, dict):
-            continue
-        name = f"{_BASE}{args.get('target', '')}"
-        out[name] = out.get(name, 0.0) + compile_seconds(event)
-    return out
+    return {f"{_BASE}{target}": s for target, s in read_kept_seconds(build_dir).items()}
