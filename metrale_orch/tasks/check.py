@@ -200,9 +200,12 @@ def check_tree(
         wanted_toolchains(results, toolchains or {}), environ, state_dir, ProbeMemo()
     )
     for target, layout in results:
+        name = str(target)
+        unsafe = lay.unsafe_target_name(target)  # a matrix row cannot name it
+        if unsafe is not None:
+            found.error(unsafe, name)
         if isinstance(layout, lay.LayoutError):
             continue
-        name = str(target)
         for problem in steps.problems(layout):
             found.error(problem, name)
         if toolchains is None:
