@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from metrale_orch.cli import main
-from tests.support.project import make_project, project_env, use_fake_compiler
+from tests.support.project import doit, make_project, project_env, use_fake_compiler
 
 RUNNERS = '[runners.cpu]\nlabels = ["cpu"]\ntoolchains = ["nvcc"]\n\n[default]\nrunner = "cpu"\n'
 
@@ -72,3 +72,63 @@ def test_plain_names_still_make_rows(tmp_path: Path) -> None:
     assert code == 0, err
     assert "hopper/qwen3-8b_v1.5/q" in out
     assert orch(root, env, "check")[0] == 0
+
+
+# ------------------------------------------------------------------- names the tree lacks
+
+LONG = "x" * 300
+
+
+def test_why_miss_refuses_a_target_the_tree_lacks_as_status_does(tmp_path: Path) -> None:
+    """hopper has common files: keying hopper/qwen/nope staged them alone and said "hit"."""
+    root, env = _project(tmp_path, "qwen3")
+    code, out, err = orch(root, env, "why-miss", "hopper/qwen/nope")
+    status = orch(root, env, "status", "hopper/qwen/nope")
+    assert (code, out) == (2, "")
+    assert (
+        err
+        == status[2]
+        == (
+            "error: no target matches 'hopper/qwen/nope' (targets of that hardware: "
+            "hopper/qwen/w4, hopper/qwen/w8, hopper/qwen3/q); `metrale-orch status` lists every "
+            "target\n"
+        )
+    )
+    assert orch(root, env, "why", "hopper/qwen/nope")[2] == status[2]
+    assert not (root / "build/hopper/qwen/nope").exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("layout", f"hopper/qwen/{LONG}"),
+        ("layout", f"{LONG}/qwen/w4"),
+        ("why", f"hopper/{LONG}/w4"),
+        ("status", f"hopper/qwen/{LONG}"),
+        ("why-miss", f"hopper/qwen/{LONG}"),
+        ("size", f"hopper/qwen/{LONG}"),
+        ("resources", f"hopper/qwen/{LONG}"),
+        ("rdeps", f"kernels/hopper/{LONG}/w4/scale.cu"),
+    ],
+    ids=lambda args: args[0] if args[0] != "layout" or args[1][0] == "h" else "layout-hw",
+)
+def test_a_name_too_long_for_a_directory_is_one_line(tmp_path: Path, args: tuple[str, str]) -> None:
+    root, env = _project(tmp_path, "qwen3")
+    code, _out, err = orch(root, env, *args)
+    assert "internal error" not in err and "Traceback" not in err
+    if args[0] == "rdeps":  # a file: the tree has none of that name
+        assert code == 0
+        return
+    (line,) = err.splitlines()
+    assert code == 2 and line.startswith("error: ") and LONG in line
+
+
+def test_doit_build_of_a_name_too_long_fails_it_with_the_reason(tmp_path: Path) -> None:
+    root, env = _project(tmp_path, "qwen3")
+    run = doit(root, [f"build:hopper/qwen/{LONG}"], env)
+    assert run.returncode == 2, run.text
+    assert "Traceback" not in run.text and "OSError" not in run.text
+    assert (
+        f"FAILED build:hopper/qwen/{LONG}: not a target: 'hopper/qwen/{LONG}': a directory "
+        "name is at most 255 bytes, one here is 300; `doit list` shows every target"
+    ) in run.out
