@@ -55,6 +55,7 @@ __all__ = [
     "Reach",
     "Status",
     "TargetStatus",
+    "choose_specs",
     "rdeps",
     "select_specs",
     "statuses",
@@ -159,13 +160,19 @@ def _in_root(root: Path) -> Iterator[None]:
 def select_specs(root: Path, environ: Mapping[str, str], pattern: str | None) -> list[BuildSpec]:
     """The build specs of the targets matching ``pattern`` (all when None), as ``doit``
     generates them, through its task cache (reads the tree; probes compilers when the task
-    cache misses): the lookup ``status``, ``why`` and ``why-miss`` share. Where the tree
-    does not load, a named target is its failure, as in doit. Raises
+    cache misses): the lookup ``status``, ``why`` and ``why-miss`` share. Raises
     :class:`NoSuchTarget`."""
     specs, _how = generation.cached_build_specs(root, environ)
+    return choose_specs(root, specs, pattern)
+
+
+def choose_specs(root: Path, specs: list[BuildSpec], pattern: str | None) -> list[BuildSpec]:
+    """The specs ``pattern`` selects (all when None); a target named exactly while the tree
+    does not load is a failing spec with the reason, as ``doit build:<target>`` says it.
+    Raises :class:`NoSuchTarget`."""
     if pattern is None:
         return specs
-    pat = strip_base(pattern)
+    pat = strip_base(pattern).strip("/")
     chosen = [s for s in specs if fnmatch.fnmatchcase(s.target, pat)]
     if not chosen and "*" not in pat and any(s.target == TREE_TASK for s in specs):
         chosen = named_failures(root, specs, [pat])
