@@ -15,14 +15,24 @@ from tests.support.tree import files, hw, kernel_toml, model, write
 
 
 def fake_path(root: Path) -> dict[str, str]:
-    """An environment whose PATH finds an ``nvcc`` that must never run (``check`` runs no
-    compiler): running it leaves ``ran-nvcc`` beside the root."""
+    """An environment whose PATH finds an ``nvcc`` that must never run: running it leaves
+    ``ran-nvcc`` beside the root. Its host compiler is not on PATH, so the build skips its
+    targets without running it, and ``check``, finding it as the build does, lists them
+    (:func:`skipped`)."""
     bindir = root.parent / f"{root.name}-bin"
     bindir.mkdir(exist_ok=True)
     nvcc = bindir / "nvcc"
     nvcc.write_text(f"#!/bin/sh\ntouch '{root.parent / 'ran-nvcc'}'\nexit 1\n")
     nvcc.chmod(0o755)
     return {"PATH": str(bindir)}
+
+
+def skipped(*targets: str) -> str:
+    """The line ``check`` lists ``targets`` with: the build skips them under :func:`fake_path`."""
+    return (
+        "skipped: toolchain 'nvcc' is not installed: its host compiler `gcc` was not found; "
+        f"install a host C++ compiler (gcc) on PATH [target {', '.join(targets)}]"
+    )
 
 
 def run(root: Path, *argv: str) -> tuple[int, str, str]:
@@ -112,8 +122,8 @@ def test_layout_without_target_lists_every_target(tmp_path: Path) -> None:
 def test_check_clean_tree(tmp_path: Path) -> None:
     tree(tmp_path)
     code, out, err = run(tmp_path, "check")
-    assert (code, err) == (0, "")
-    assert out == "check: ok (the build accepts all 2 targets)\n"
+    assert (code, err) == (0, skipped("gb10/qwen/bf16", "hopper/qwen/bf16") + "\n")
+    assert out == "check: ok (the build accepts all 2 targets; 2 skipped: compiler not installed)\n"
 
 
 def test_check_reports_every_problem_at_once(tmp_path: Path) -> None:
@@ -182,6 +192,7 @@ def test_check_flags_a_redirect_out_of_kernels(tmp_path: Path) -> None:
     code, out, err = run(tmp_path, "check")
     assert code == 2 and out == "", err
     assert err.splitlines() == [
+        skipped("gb10/qwen/bf16", "gb10/stolen/bf16", "hopper/qwen/bf16"),
         "problem: kernels/gb10/../../outside/bf16/evil.cu: lies outside kernels/; kernel trees "
         "build only their own files (reached through [model] kernel_source of "
         "kernels/gb10/stolen/MODEL.toml); point that kernel_source at a model directory "
@@ -256,6 +267,7 @@ def test_check_warns_about_likely_typos_and_still_passes(tmp_path: Path) -> None
         "`kernel_source`? (the key is ignored)",
         "warning: kernels/hopper/common/KERNEL.toml: [build] extra_nvcc_flag: unknown key, did "
         "you mean `extra_nvcc_flags`? (the key is ignored)",
+        skipped("gb10/qwen/bf16", "hopper/qwen/bf16"),
     ]
 
 

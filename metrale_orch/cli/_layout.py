@@ -53,15 +53,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "check",
         help="will the build accept this tree? report every problem at once",
         description=(
-            "Report everything the build would refuse, before any compile: every target "
-            "resolves and stays inside kernels/ (no symlinks, no escaping include), every "
-            "hardware's [defaults], kernels/LEVERS.toml, [hardware] arch, [build] flags, "
+            "Report everything the build would refuse, before any kernel is compiled: every "
+            "target resolves and stays inside kernels/ (no symlinks, no escaping include), "
+            "every hardware's [defaults], kernels/LEVERS.toml, [hardware] arch, [build] flags, "
             "[modules] names, SMOKE.toml, vendor -> toolchain, toolchains/*.toml and "
             "pyproject.toml [tool.metrale-orch] are valid; also no shadow whose winner is "
             "byte-identical to its loser, no kernel file duplicated byte for byte, every file "
             "name UTF-8. Problems are grouped by file. Targets whose compiler is not "
-            "installed are listed (the build skips them); likely typos are warnings. Exit 0 "
-            "when the build will accept the tree, 2 with the list of problems."
+            "installed, or cannot build their arch, are listed (the build skips them); likely "
+            "typos are warnings. Exit 0 when the build will accept the tree, 2 with the list "
+            "of problems."
         ),
     )
     c.set_defaults(run=run_check)

@@ -60,10 +60,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run_why_miss(args: argparse.Namespace, ctx: Context) -> int:
     # Imported here: keying a target needs the whole build step (see cli/_compdb).
-    from metrale_orch.steps.whymiss import explain_misses
+    from metrale_orch.steps.whymiss import explain_misses, parse_target
     from metrale_orch.tasks.runlock import BuildLock
+    from metrale_orch.views.status import select_specs
 
     config = ctx.config()
+    target = args.target.removeprefix(BUILD_TASK + ":")
+    parse_target(target)  # a malformed name says so, before the tree is asked
+    # A target the tree does not have is refused as `status` and `why` refuse it (keying
+    # it would stage the hardware's common files alone and report them).
+    select_specs(ctx.root.resolve(), ctx.environ, target)
 
     def say(line: str) -> None:
         ctx.err.write(printable(line) + "\n")
@@ -74,7 +80,7 @@ def run_why_miss(args: argparse.Namespace, ctx: Context) -> int:
     try:
         result = explain_misses(
             ctx.root.resolve(),
-            args.target.removeprefix(BUILD_TASK + ":"),
+            target,
             config=config,
             environ=ctx.environ,
             module=args.module,

@@ -28,7 +28,7 @@ from metrale_orch.steps.times import (
     write_target_seconds,
 )
 from metrale_orch.toolchain.definitions import load_toolchains, select_toolchain
-from metrale_orch.tree import LayoutError, TreeSnapshot, resolve_all
+from metrale_orch.tree import LayoutError, TreeSnapshot, resolve_all, unsafe_target_name
 
 # --------------------------------------------------------------------------- values
 
@@ -114,13 +114,17 @@ def scan_tree(root: Path) -> tuple[HardwareInfo, ...]:
     The toolchain of each hardware is chosen as the build chooses it
     (``toolchains.select_toolchain``: ``[build] toolchain``, else by vendor).
     A target that fails to resolve is kept with zero modules (the build reports
-    its error). Raises ``LayoutError`` when the tree cannot be walked and
+    its error). Raises ``LayoutError`` when the tree cannot be walked or a target's name
+    cannot be a task name in a row (``UnsafeTargetName``: whitespace, ``*?[]=``), and
     ``ToolchainError`` when a hardware's toolchain cannot be chosen.
     """
     snap = TreeSnapshot(root)
     toolchains = load_toolchains(root)
     by_hw: dict[str, list[TargetLoad]] = {}
     for target, layout in resolve_all(root, snap):
+        unsafe = unsafe_target_name(target)
+        if unsafe is not None:
+            raise unsafe
         modules = 0 if isinstance(layout, LayoutError) else len(layout.modules())
         by_hw.setdefault(target.hardware, []).append(TargetLoad(name=str(target), modules=modules))
     infos = []

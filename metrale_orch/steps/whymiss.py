@@ -44,7 +44,7 @@ from metrale_orch.steps.results import KeyedModule, KeyedTarget
 from metrale_orch.steps.target import key_target
 from metrale_orch.tree import Target
 
-__all__ = ["ModuleMiss", "Outcome", "WhyMiss", "explain_misses"]
+__all__ = ["ModuleMiss", "Outcome", "WhyMiss", "explain_misses", "parse_target"]
 
 #: How a module's key fares in the tier (see the module docstring).
 Outcome = Literal["hit", "stale", "untrusted", "miss"]
@@ -122,7 +122,7 @@ def explain_misses(
     configured, is a REAPI action cache, or fails.
     """
     root = Path(root)
-    keyed = key_target(root, _parse(target), config=config, environ=environ)
+    keyed = key_target(root, parse_target(target), config=config, environ=environ)
     chosen = _chosen(keyed, module)
     heads = TierHeads(CacheSettings.from_config(config), remote=remote)
     try:
@@ -152,7 +152,9 @@ def explain_misses(
         heads.close()
 
 
-def _parse(text: str) -> Target:
+def parse_target(text: str) -> Target:
+    """``hw/model/quant`` (pure); raises :class:`~metrale_orch.errors.UsageError` for any
+    other shape."""
     try:
         return Target.parse(text)
     except ValueError as exc:

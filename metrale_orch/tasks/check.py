@@ -23,12 +23,15 @@ hardware rather than restating their rules:
   (:func:`~metrale_orch.defaults.read_tree_levers`).
 
 Each step runs on its own, so one target's first error never hides another
-file's. No compiler runs: a plan is checked without a toolchain identity (the
-views that plan, ``rdeps``, use :data:`UNPROBED` for it). Each compiler is located
-as the build locates it
-(:func:`~metrale_orch.toolchain.definitions.locate_toolchain`): one that is not installed is
-no problem (the build skips its targets) but is listed with the build's reason
-(:attr:`CheckReport.skipped`); a variable naming an unusable one is a problem. Beyond what the build
+file's. No kernel is compiled: a plan is checked without a toolchain identity (the
+views that plan, ``rdeps``, use :data:`UNPROBED` for it). Each toolchain is found as
+the build finds it, by the same function
+(:func:`~metrale_orch.toolchain.readiness.ready_toolchain`: located, probed, and for
+a toolchain with ``arch_check_args`` an empty kernel compiled for the arch, remembered
+in the build's state directory): one that is not installed, or cannot build the arch,
+is no problem (the build skips its targets) but is listed with the build's reason
+(:attr:`CheckReport.skipped`), so ``check`` skips what the build skips; a variable
+naming an unusable compiler, or a failing probe, is a problem. Beyond what the build
 refuses, ``check`` also refuses symlinks no target reads, shadows whose winner
 is byte-identical to its loser and kernel files duplicated byte for byte, and
 warns about likely typos in manifests.
@@ -57,6 +60,7 @@ from metrale_orch.config import Config, load_config
 from metrale_orch.defaults import read_tree_levers
 from metrale_orch.errors import MetraleError, is_printable, printable
 from metrale_orch.fsutil import file_hash
+from metrale_orch.paths import STATE_DIR
 from metrale_orch.smoke import scan_cases
 from metrale_orch.steps.dropped import shadow_exemptions
 from metrale_orch.steps.errors import BuildConfigError, ToolchainMissing
@@ -70,12 +74,13 @@ from metrale_orch.steps.staging import (
     uncontained,
 )
 from metrale_orch.toolchain.definitions import Toolchain, load_toolchains, select_toolchain
-from metrale_orch.toolchain.locate import locate_toolchain
+from metrale_orch.toolchain.probe import ProbeMemo
+from metrale_orch.toolchain.readiness import start_finding, tool_key, wanted_toolchains
 from metrale_orch.tree.beyond import IncludeMemo
 
 __all__ = ["UNPROBED", "CheckReport", "check_tree", "report_lines"]
 
-#: The toolchain identity ``check`` plans with: it runs no compiler.
+#: The toolchain identity ``check`` plans with (its plans compile nothing).
 UNPROBED = "unprobed"
 
 #: Targets named after a problem before "(and N more)".
@@ -88,7 +93,8 @@ class CheckReport:
 
     ``problems``: what the build would refuse (``check`` exits 2), grouped by the
     file each names; ``warnings``: likely typos (the build goes on); ``skipped``:
-    targets whose compiler is not installed, one line per toolchain.
+    targets whose compiler is not installed or cannot build their arch, one line per
+    reason (the build's own).
     """
 
     problems: tuple[str, ...]
@@ -98,7 +104,7 @@ class CheckReport:
     targets: int
     #: Targets named by at least one problem.
     failing: int
-    #: Targets whose compiler is not installed.
+    #: Targets the build skips: their compiler is not installed or cannot build the arch.
     skipping: int
     #: Distinct files the problems name.
     files: int
@@ -162,7 +168,8 @@ def check_tree(
 ) -> CheckReport:
     """Check the tree at ``root`` as the build would see it under ``environ`` (I/O: reads
     the configuration, the toolchain files and every file name, manifest and source
-    under kernels/; runs no compiler)."""
+    under kernels/; finds and probes each toolchain as the build does, compiling no
+    kernel)."""
     found = _Found()
     skipped: dict[str, set[str]] = defaultdict(set)
     config: Config | None = None
@@ -187,32 +194,31 @@ def check_tree(
     memo = PlanMemo(root)
     steps = _Steps(root=root, config=config, toolchains=toolchains, environ=environ, memo=memo)
 
-    # Where each compiler is, as the build finds it (the arch picks SCALE's), never run.
-    located: dict[tuple[str, str], MetraleError | None] = {}
+    # Each compiler found, probed and checked for the arch as the build finds it.
+    state_dir = None if config is None else config.build_dir / STATE_DIR
+    tools = start_finding(
+        wanted_toolchains(results, toolchains or {}), environ, state_dir, ProbeMemo()
+    )
     for target, layout in results:
+        name = str(target)
+        unsafe = lay.unsafe_target_name(target)  # a matrix row cannot name it
+        if unsafe is not None:
+            found.error(unsafe, name)
         if isinstance(layout, lay.LayoutError):
             continue
-        name = str(target)
         for problem in steps.problems(layout):
             found.error(problem, name)
         if toolchains is None:
             continue
         try:
-            toolchain = select_toolchain(layout.hardware, toolchains)
+            outcome = tools[tool_key(select_toolchain(layout.hardware, toolchains), layout)]
         except MetraleError:
             continue  # reported above
-        key = (toolchain.name, layout.hardware.arch or "")
-        if key not in located:
-            try:
-                locate_toolchain(toolchain, environ, arch=key[1])
-                located[key] = None
-            except MetraleError as exc:
-                located[key] = exc
-        outcome = located[key]
-        if isinstance(outcome, ToolchainMissing):
-            skipped[str(outcome)].add(name)
-        elif outcome is not None:  # a variable naming an unusable compiler or root
-            found.error(outcome, name)
+        tool = outcome.result()
+        if isinstance(tool, ToolchainMissing):
+            skipped[str(tool)].add(name)
+        elif isinstance(tool, MetraleError):  # an unusable compiler, root or probe
+            found.error(tool, name)
     for problem in _hardware_problems(snap, toolchains, memo):
         found.error(problem)
     for problem in _levers_problems(root):

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,9 +45,16 @@ from metrale_orch.tasks.dicts import (
 )
 from metrale_orch.tasks.scope import in_scope
 from metrale_orch.tasks.smoke import smoke_tasks
-from metrale_orch.toolchain.archcheck import find_toolchain_for_arch
 from metrale_orch.toolchain.definitions import Toolchain, load_toolchains, select_toolchain
 from metrale_orch.toolchain.probe import FoundToolchain, ProbeMemo
+from metrale_orch.toolchain.readiness import (
+    ToolKey,
+    probe_failed,
+    ready_toolchain,
+    start_finding,
+    tool_key,
+    wanted_toolchains,
+)
 from metrale_orch.tree import (
     Layout,
     LayoutError,
@@ -178,7 +184,7 @@ def generate_specs(
 
     explicit = explicit_targets(argv)
     memo = PlanMemo(root)
-    found: dict[tuple[str, str], FoundToolchain | MetraleError] = {}
+    found: dict[ToolKey, FoundToolchain | MetraleError] = {}
     hip_compat: HipCompat | None = None  # the project's HIP compat directory, read once
     cacheable = True
     specs: list[BuildSpec] = []
@@ -191,7 +197,7 @@ def generate_specs(
     # Every toolchain the targets select is found (probed) at once, on threads, while the
     # first targets are planned: a target waits only for its own toolchain's probe.
     state_dir = config.build_dir / STATE_DIR
-    pending = _start_finding(_wanted_toolchains(checked, toolchains), environ, state_dir, probes)
+    pending = start_finding(wanted_toolchains(checked, toolchains), environ, state_dir, probes)
     for target, layout in checked:
         name = str(target)
         if isinstance(layout, LayoutError):
@@ -199,17 +205,17 @@ def generate_specs(
             continue
         try:
             toolchain = select_toolchain(layout.hardware, toolchains)
-            tool_key = (toolchain.name, layout.hardware.arch or "")
-            if tool_key not in found:
-                started = pending.get(tool_key)
-                found[tool_key] = (
+            key = tool_key(toolchain, layout)
+            if key not in found:
+                started = pending.get(key)
+                found[key] = (
                     started.result()
                     if started is not None
-                    else _find_toolchain(toolchain, environ, state_dir, tool_key[1], probes)
+                    else ready_toolchain(toolchain, environ, state_dir, key[1], probes)
                 )
                 # A failed version probe may pass next time: never cached.
-                cacheable = cacheable and not _probe_failed(found[tool_key])
-            tool = found[tool_key]
+                cacheable = cacheable and not probe_failed(found[key])
+            tool = found[key]
             if isinstance(tool, ToolchainMissing):
                 reason = str(tool)
                 task = plan_skip_task(
@@ -264,70 +270,6 @@ def _unnamable(rels: Sequence[str]) -> str | None:
     if is_printable("\n".join(rels)):
         return None
     return next((p for p in rels if not is_printable(str(p))), None)
-
-
-def _start_finding(
-    wanted: Mapping[tuple[str, str], Toolchain],
-    environ: Mapping[str, str],
-    state_dir: Path,
-    probes: ProbeMemo,
-) -> dict[tuple[str, str], Future[FoundToolchain | MetraleError]]:
-    """:func:`_find_toolchain` of each wanted (toolchain, arch), each on a thread of its own.
-
-    A find is a few short compiler runs (or a wait for the probe another thread runs), so
-    a pool smaller than the finds made the last toolchains' finds queue behind the first
-    ones (four NVIDIA arches waiting on one nvcc probe held up the HIP and Metal per-arch
-    dry runs until the targets' loop reached them)."""
-    if not wanted:
-        return {}
-    pool = ThreadPoolExecutor(max_workers=min(len(wanted), 32), thread_name_prefix="metrale-find")
-    pending = {
-        key: pool.submit(_find_toolchain, toolchain, environ, state_dir, key[1], probes)
-        for key, toolchain in wanted.items()
-    }
-    pool.shutdown(wait=False)  # the submitted finds still run; each is waited for
-    return pending
-
-
-def _wanted_toolchains(
-    checked: Sequence[tuple[Target, Layout | LayoutError]], toolchains: Mapping[str, Toolchain]
-) -> dict[tuple[str, str], Toolchain]:
-    """(toolchain name, arch) -> toolchain of every target that resolved, as the targets'
-    loop selects them (a target whose selection fails wants none)."""
-    wanted: dict[tuple[str, str], Toolchain] = {}
-    for _target, layout in checked:
-        if isinstance(layout, LayoutError):
-            continue
-        try:
-            toolchain = select_toolchain(layout.hardware, toolchains)
-        except MetraleError:
-            continue
-        wanted.setdefault((toolchain.name, layout.hardware.arch or ""), toolchain)
-    return wanted
-
-
-def _find_toolchain(
-    toolchain: Toolchain,
-    environ: Mapping[str, str],
-    state_dir: Path,
-    arch: str,
-    probes: ProbeMemo,
-) -> FoundToolchain | MetraleError:
-    """The toolchain found and probed for ``arch`` (which picks the compiler of some
-    toolchains: SCALE's per-arch nvcc), or why not: a :class:`ToolchainMissing` (also
-    for a compiler that cannot build the arch, hipcc's clang and gfx1151) skips the
-    targets, any other error fails them."""
-    try:
-        return find_toolchain_for_arch(
-            toolchain, environ, state_dir=state_dir, arch=arch, memo=probes
-        )
-    except MetraleError as exc:
-        return exc
-
-
-def _probe_failed(tool: FoundToolchain | MetraleError) -> bool:
-    """Whether finding the toolchain failed other than by its absence."""
-    return isinstance(tool, MetraleError) and not isinstance(tool, ToolchainMissing)
 
 
 def spec_inputs(root: Path, spec: BuildSpec) -> frozenset[str]:

@@ -39,9 +39,11 @@ from metrale_orch.tree.errors import (
     UnknownModel,
     UnknownVendor,
     UnnamableFile,
+    UnsafeTargetName,
     UseCollides,
     UseError,
     unnamable_message,
+    unsafe_target_name,
 )
 from metrale_orch.tree.names import (
     COMMON,
@@ -121,6 +123,7 @@ __all__ = [
     "UnknownModel",
     "UnknownVendor",
     "UnnamableFile",
+    "UnsafeTargetName",
     "UseCollides",
     "UseError",
     "discover",
@@ -140,5 +143,6 @@ __all__ = [
     "supports_quant",
     "symlinks",
     "unnamable_message",
+    "unsafe_target_name",
     "walk",
 ]

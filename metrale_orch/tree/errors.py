@@ -13,7 +13,7 @@ from dataclasses import KW_ONLY
 from pathlib import Path
 
 from metrale_orch.errors import MetraleError, printable
-from metrale_orch.tree.names import HARDWARE_TOML, VENDOR_EXT, toml_key
+from metrale_orch.tree.names import HARDWARE_TOML, VENDOR_EXT, name_hazard, toml_key
 from metrale_orch.tree.values import Role, Target
 
 
@@ -245,3 +245,30 @@ def unnamable_message(rel: str) -> str:
         f"{printable(rel)}: the name is not valid UTF-8; rename it (kernel trees, "
         "doit's database and the cache keys hold file names as UTF-8)"
     )
+
+
+class UnsafeTargetName(LayoutError):
+    """A directory name that breaks its target's doit task name in a CI matrix row (split
+    at whitespace, matched as a pattern, or read as a doit variable)."""
+
+    rel: str
+    target: str
+    hazard: str
+
+    template = (
+        "{rel}: the directory name holds {hazard}: target {target} cannot be named in a "
+        "matrix row or on doit's command line (a row's build tasks are split at whitespace, "
+        "`*?[]` are patterns, `=` is a doit variable); rename the directory"
+    )
+
+
+def unsafe_target_name(target: Target) -> UnsafeTargetName | None:
+    """The first of ``target``'s directories whose name breaks its task name, or None
+    (pure)."""
+    parts = (target.hardware, target.model, target.quant)
+    for depth, name in enumerate(parts, 1):
+        hazard = name_hazard(name)
+        if hazard is not None:
+            rel = "/".join(("kernels", *parts[:depth]))
+            return UnsafeTargetName(printable(rel), printable(str(target)), hazard)
+    return None

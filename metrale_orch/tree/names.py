@@ -20,6 +20,7 @@ __all__ = [
     "ext_of",
     "is_kernel_file",
     "join_rel",
+    "name_hazard",
     "source_ext",
     "stem_of",
     "toml_key",
@@ -78,3 +79,19 @@ def toml_key(stem: str) -> str:
 def join_rel(rel: str, name: str) -> str:
     """``rel/name`` for root-relative spellings (``name`` alone under the root)."""
     return f"{rel}/{name}" if rel else name
+
+
+#: What a target's name must not hold besides whitespace: a CI matrix row's ``build`` is
+#: its doit task names joined by spaces and split at whitespace by the workflow; each
+#: name is matched as an fnmatch pattern (``*?[]``), and doit takes an argument holding
+#: ``=`` for a variable, not a task.
+_TASK_NAME_HAZARDS = "*?[]="
+
+
+def name_hazard(name: str) -> str | None:
+    """What in a directory ``name`` breaks its target's task name on a command line, or
+    None (pure): ``"whitespace"``, or the pattern and doit characters it holds."""
+    if any(c.isspace() for c in name):
+        return "whitespace"
+    held = "".join(c for c in _TASK_NAME_HAZARDS if c in name)
+    return f"{held!r}" if held else None

@@ -21,6 +21,7 @@ from pathlib import Path
 _PARTS = operator.attrgetter("parts")
 
 __all__ = [
+    "NAME_MAX",
     "ROLE_ORDER",
     "Entry",
     "Hardware",
@@ -60,6 +61,11 @@ class Tier(enum.Enum):
     PARENT = "parent"
 
 
+#: The longest directory name, in bytes, the file systems a tree lives on hold (Linux's
+#: and macOS's NAME_MAX).
+NAME_MAX = 255
+
+
 @dataclass(frozen=True, slots=True, kw_only=True, order=True)
 class Target:
     """One compiled unit: ``(hardware, model, quant)``; ``str()`` is ``hw/model/quant``."""
@@ -73,10 +79,18 @@ class Target:
 
     @classmethod
     def parse(cls, text: str) -> Target:
-        """Parse ``hw/model/quant``; raises ValueError for any other shape."""
+        """Parse ``hw/model/quant``; raises ValueError for any other shape, and for a part
+        longer than a directory name may be (no file system holds it: asking for it
+        fails with ENAMETOOLONG)."""
         parts = text.strip().strip("/").split("/")
         if len(parts) != 3 or not all(parts) or any(p in (".", "..") for p in parts):
             raise ValueError(f"not a target: {text!r} (expected hw/model/quant)")
+        longest = max(len(p.encode("utf-8", "surrogateescape")) for p in parts)
+        if longest > NAME_MAX:
+            raise ValueError(
+                f"not a target: {text!r}: a directory name is at most {NAME_MAX} bytes, "
+                f"one here is {longest}"
+            )
         return cls(hardware=parts[0], model=parts[1], quant=parts[2])
 
 

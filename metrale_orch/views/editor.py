@@ -15,14 +15,12 @@ file resolves otherwise than its target's compile.
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from metrale_orch.config import Config
 from metrale_orch.errors import EXIT_USAGE, MetraleError
-from metrale_orch.paths import TREE_TASK
 from metrale_orch.steps.compdb import (
     Difference,
     TargetCommands,
@@ -33,11 +31,10 @@ from metrale_orch.steps.compdb import (
 from metrale_orch.steps.errors import ToolchainMissing
 from metrale_orch.steps.target import stage_target
 from metrale_orch.tasks import specs as generation
-from metrale_orch.tasks.creators import named_failures
 from metrale_orch.tasks.dicts import BuildSpec
 from metrale_orch.tasks.runlock import BuildLock
 from metrale_orch.tree import Target
-from metrale_orch.views.status import NoSuchTarget, strip_base
+from metrale_orch.views.status import choose_specs
 
 __all__ = ["CompdbRun", "Unstaged", "write_compdb"]
 
@@ -82,7 +79,7 @@ def write_compdb(
     OSError when the lock or the database cannot be written."""
     root = Path(root).resolve()
     specs, _how = generation.cached_build_specs(root, environ)
-    chosen = _select(root, specs, pattern)
+    chosen = choose_specs(root, specs, pattern)
     lock = BuildLock(Path(config.build_dir))
     lock.acquire(say)
     try:
@@ -126,17 +123,3 @@ def _stage_all(
         failed=tuple(failed),
         differences=tuple(differences),
     )
-
-
-def _select(root: Path, specs: list[BuildSpec], pattern: str | None) -> list[BuildSpec]:
-    """The specs ``pattern`` selects; a target named exactly while the tree does not load
-    is a failing spec with the reason, as ``doit build:<target>`` says it."""
-    if pattern is None:
-        return specs
-    pat = strip_base(pattern).strip("/")
-    chosen = [s for s in specs if fnmatch.fnmatchcase(s.target, pat)]
-    if not chosen and "*" not in pat and any(s.target == TREE_TASK for s in specs):
-        chosen = named_failures(root, specs, [pat])
-    if not chosen:
-        raise NoSuchTarget(pattern, [s.target for s in specs])
-    return chosen

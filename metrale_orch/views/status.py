@@ -55,7 +55,9 @@ __all__ = [
     "Reach",
     "Status",
     "TargetStatus",
+    "choose_specs",
     "rdeps",
+    "select_specs",
     "statuses",
     "strip_base",
     "target_statuses",
@@ -155,24 +157,37 @@ def _in_root(root: Path) -> Iterator[None]:
         os.chdir(old)
 
 
+def select_specs(root: Path, environ: Mapping[str, str], pattern: str | None) -> list[BuildSpec]:
+    """The build specs of the targets matching ``pattern`` (all when None), as ``doit``
+    generates them, through its task cache (reads the tree; probes compilers when the task
+    cache misses): the lookup ``status``, ``why`` and ``why-miss`` share. Raises
+    :class:`NoSuchTarget`."""
+    specs, _how = generation.cached_build_specs(root, environ)
+    return choose_specs(root, specs, pattern)
+
+
+def choose_specs(root: Path, specs: list[BuildSpec], pattern: str | None) -> list[BuildSpec]:
+    """The specs ``pattern`` selects (all when None); a target named exactly while the tree
+    does not load is a failing spec with the reason, as ``doit build:<target>`` says it.
+    Raises :class:`NoSuchTarget`."""
+    if pattern is None:
+        return specs
+    pat = strip_base(pattern).strip("/")
+    chosen = [s for s in specs if fnmatch.fnmatchcase(s.target, pat)]
+    if not chosen and "*" not in pat and any(s.target == TREE_TASK for s in specs):
+        chosen = named_failures(root, specs, [pat])
+    if not chosen:
+        raise NoSuchTarget(pattern, [s.target for s in specs])
+    return chosen
+
+
 def statuses(
     root: Path, environ: Mapping[str, str], pattern: str | None, *, detailed: bool
 ) -> tuple[list[TargetStatus], list[BuildSpec]]:
     """The status of each target matching ``pattern`` (all when None), and their specs
     (reads the tree, the task cache and doit's database). Raises :class:`NoSuchTarget`."""
     root = root.resolve()
-    # The same task dicts `doit` would use, through its task cache (fast on a large tree).
-    specs, _how = generation.cached_build_specs(root, environ)
-    if pattern is not None:
-        pat = strip_base(pattern)
-        chosen = [s for s in specs if fnmatch.fnmatchcase(s.target, pat)]
-        if not chosen and "*" not in pat and any(s.target == TREE_TASK for s in specs):
-            # The tree does not load: a named target fails with the reason, as in doit.
-            chosen = named_failures(root, specs, [pat])
-        if not chosen:
-            raise NoSuchTarget(pattern, [s.target for s in specs])
-    else:
-        chosen = specs
+    chosen = select_specs(root, environ, pattern)
     out: list[TargetStatus] = []
     with _in_root(root), _dependency(root) as dep:
         tasks = {
