@@ -39,6 +39,7 @@ from metrale_orch.cache.objects import (
 )
 from metrale_orch.cache.settings import CacheSettings
 from metrale_orch.cache.signing import Signing
+from metrale_orch.extras import ExtraMissing
 from metrale_orch.cache.stats import CacheStats
 from metrale_orch.ownership import not_own
 
@@ -115,6 +116,7 @@ class Cache:
         self._warnings: list[str] = []
         self._off_seen = False
         self._enabled = settings.mode != "off"
+        self._signing = self._open_signing(settings) if self._enabled else None
         self._local = (
             LocalTier(settings.local_dir, settings.max_object_size) if self._enabled else None
         )
@@ -130,15 +132,6 @@ class Cache:
                 warn=self._remote_warn,
                 max_size=settings.max_object_size,
             )
-        self._signing: Signing | None = None
-        if self._enabled and (settings.trusted_keys or settings.signing_key):
-            # raises SigningKeyError for a key that cannot be read
-            self._signing = Signing(
-                trusted_keys=settings.trusted_keys,
-                signing_key=settings.signing_key,
-                signing_key_where=settings.signing_key_where,
-                local_key=settings.local_key,
-            )
         if self._enabled and self._signing is None:
             self._warn_shared_local(settings.local_dir)
         #: Keys whose local entry was refused as not trusted: the next fill or put replaces it.
@@ -147,6 +140,25 @@ class Cache:
         self._uploads: queue.Queue[_UploadJob | None] = queue.Queue()
         self._uploader: threading.Thread | None = None
         self._closed = False
+
+    def _open_signing(self, settings: CacheSettings) -> Signing | None:
+        """The signer and trust of ``settings`` (None without keys). Without
+        ``cryptography`` nothing can be signed or verified: one warning, and the cache is
+        off (nothing unverified served, nothing unsigned stored). Raises
+        :class:`~.errors.SigningKeyError` for a key that cannot be read."""
+        if not (settings.trusted_keys or settings.signing_key):
+            return None
+        try:
+            return Signing(
+                trusted_keys=settings.trusted_keys,
+                signing_key=settings.signing_key,
+                signing_key_where=settings.signing_key_where,
+                local_key=settings.local_key,
+            )
+        except ExtraMissing as exc:
+            self._warn(f"{exc}; building without the cache")
+            self._enabled = False
+            return None
 
     def _warn_shared_local(self, local_dir: Path) -> None:
         """Warn when a local cache that others may write is read with no trusted keys:
