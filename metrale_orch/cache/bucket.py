@@ -75,8 +75,8 @@ from metrale_orch.cache.objects import (
     header_length,
 )
 from metrale_orch.cache.reapi_tier import ReapiObjects
-from metrale_orch.fsutil import bytes_digest
 from metrale_orch.extras import GCS, REMOTE, S3, Extra, ExtraMissing, import_extra
+from metrale_orch.fsutil import bytes_digest
 
 __all__ = ["RemoteStore", "extra_for", "remote_object_path"]
 

@@ -39,8 +39,8 @@ from metrale_orch.cache.objects import (
 )
 from metrale_orch.cache.settings import CacheSettings
 from metrale_orch.cache.signing import Signing
-from metrale_orch.extras import ExtraMissing
 from metrale_orch.cache.stats import CacheStats
+from metrale_orch.extras import ExtraMissing
 from metrale_orch.ownership import not_own
 
 __all__ = ["RUN_META", "Accept", "Cache", "Hit", "cache_key", "open_cache"]

@@ -87,6 +87,7 @@ _LAZY = {
     "build_input_root": "merkle",
 }
 
+
 def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
