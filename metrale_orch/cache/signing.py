@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     )
 
     from metrale_orch.cache.objects import DecodedObject
+    from metrale_orch.cache.settings import CacheSettings
 
 __all__ = [
     "LOCAL_KEY",
@@ -311,6 +312,19 @@ class Signing:
         self._lock = threading.Lock()
         self._local: tuple[Signer | None, Trust] | None = None
         self.local_problem = ""
+
+    @classmethod
+    def of(cls, settings: CacheSettings) -> Signing | None:
+        """The signing of a cache's ``settings``; None when no key is set. Raises as
+        the constructor does."""
+        if not (settings.trusted_keys or settings.signing_key):
+            return None
+        return cls(
+            trusted_keys=settings.trusted_keys,
+            signing_key=settings.signing_key,
+            signing_key_where=settings.signing_key_where,
+            local_key=settings.local_key,
+        )
 
     @property
     def publishes_trusted(self) -> bool:

@@ -116,7 +116,11 @@ class Cache:
         self._warnings: list[str] = []
         self._off_seen = False
         self._enabled = settings.mode != "off"
-        self._signing = self._open_signing(settings) if self._enabled else None
+        try:  # raises SigningKeyError for a key that cannot be read
+            self._signing = Signing.of(settings) if self._enabled else None
+        except ExtraMissing as exc:  # nothing unverified served, nothing unsigned stored
+            self._warn(f"{exc}; building without the cache")
+            self._enabled, self._signing = False, None
         self._local = (
             LocalTier(settings.local_dir, settings.max_object_size) if self._enabled else None
         )
@@ -140,25 +144,6 @@ class Cache:
         self._uploads: queue.Queue[_UploadJob | None] = queue.Queue()
         self._uploader: threading.Thread | None = None
         self._closed = False
-
-    def _open_signing(self, settings: CacheSettings) -> Signing | None:
-        """The signer and trust of ``settings`` (None without keys). Without
-        ``cryptography`` nothing can be signed or verified: one warning, and the cache is
-        off (nothing unverified served, nothing unsigned stored). Raises
-        :class:`~.errors.SigningKeyError` for a key that cannot be read."""
-        if not (settings.trusted_keys or settings.signing_key):
-            return None
-        try:
-            return Signing(
-                trusted_keys=settings.trusted_keys,
-                signing_key=settings.signing_key,
-                signing_key_where=settings.signing_key_where,
-                local_key=settings.local_key,
-            )
-        except ExtraMissing as exc:
-            self._warn(f"{exc}; building without the cache")
-            self._enabled = False
-            return None
 
     def _warn_shared_local(self, local_dir: Path) -> None:
         """Warn when a local cache that others may write is read with no trusted keys:
