@@ -10,8 +10,6 @@ builds here. No traceback either way.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,19 +118,9 @@ def _without(env: dict[str, str], tmp: Path, missing: str) -> dict[str, str]:
 
 
 def _run(root: Path, command: tuple[str, ...], env: dict[str, str]) -> tuple[int, str]:
-    if command[0] == "doit":
-        done = doit(root, command[1:], env)
-        return done.returncode, done.text
-    proc = subprocess.run(
-        [sys.executable, "-m", "metrale_orch", *command[1:]],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    return proc.returncode, proc.stdout + proc.stderr
+    """Run ``doit ...`` or ``metrale-orch ...`` in ``root`` as a user does."""
+    done = doit(root, command[1:], env, module="doit" if command[0] == "doit" else "metrale_orch")
+    return done.returncode, done.text
 
 
 @pytest.mark.parametrize("case", CASES.values(), ids=list(CASES))
