@@ -17,9 +17,20 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "metrale_orch"
 
 #: Shared helpers every area may import; they import nothing of the package but errors
-#: and the ownership check (standard library only, the one test of a file's owner).
+#: and the ownership check (standard library only, the one test of a file's owner), and
+#: extras (what a missing optional part becomes).
 SHARED = frozenset(
-    {"errors", "paths", "fsutil", "proc", "manifest", "cache_schema", "canonical", "ownership"}
+    {
+        "errors",
+        "paths",
+        "fsutil",
+        "proc",
+        "manifest",
+        "cache_schema",
+        "canonical",
+        "ownership",
+        "extras",
+    }
 )
 
 #: What each area may import besides :data:`SHARED` (and itself).
@@ -28,6 +39,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "paths": frozenset(),
     "fsutil": frozenset(),
     "ownership": frozenset(),
+    "extras": frozenset(),
     "proc": frozenset(),
     "manifest": frozenset(),
     "cache_schema": frozenset(),

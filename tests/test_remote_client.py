@@ -464,10 +464,11 @@ class Block(importlib.abc.MetaPathFinder):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 sys.meta_path.insert(0, Block())
 import metrale_orch, metrale_orch.executor, metrale_orch.remote as remote
+from metrale_orch.extras import ExtraMissing
 print(remote.digest_bytes(b"").size, "grpc" in sys.modules)
 try:
     remote.RemoteClient
-except remote.RemoteExtraMissing as exc:
+except ExtraMissing as exc:
     print(exc)
 """
 

@@ -75,6 +75,7 @@ from metrale_orch.cache.objects import (
     header_length,
 )
 from metrale_orch.cache.reapi_tier import ReapiObjects
+from metrale_orch.extras import GCS, REMOTE, S3, Extra, ExtraMissing, import_extra
 from metrale_orch.fsutil import bytes_digest
 
 __all__ = ["RemoteStore", "extra_for", "remote_object_path"]
@@ -82,14 +83,14 @@ __all__ = ["RemoteStore", "extra_for", "remote_object_path"]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: protocol -> (module to import, extra to install)
-_EXTRAS: Mapping[str, tuple[str, str]] = {
-    "s3": ("s3fs", "s3"),
-    "s3a": ("s3fs", "s3"),
-    "gs": ("gcsfs", "gcs"),
-    "gcs": ("gcsfs", "gcs"),
-    "grpc": ("grpc", "remote"),
-    "grpcs": ("grpc", "remote"),
+#: protocol -> the extra it needs beyond fsspec
+_EXTRAS: Mapping[str, Extra] = {
+    "s3": S3,
+    "s3a": S3,
+    "gs": GCS,
+    "gcs": GCS,
+    "grpc": REMOTE,
+    "grpcs": REMOTE,
 }
 _SAFE_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 #: Body read size per await on S3 (the answer is read at most up to the limit + 1).
@@ -100,8 +101,8 @@ _DIAGNOSE_SECONDS = 1.0
 _HEAD_GUESS = 64 * 1024
 
 
-def extra_for(url: str) -> tuple[str, str] | None:
-    """(module, extra) a URL's protocol needs beyond fsspec, or None."""
+def extra_for(url: str) -> Extra | None:
+    """The extra a URL's protocol needs beyond fsspec, or None."""
     protocol = url.split("://", 1)[0].lower() if "://" in url else "file"
     return _EXTRAS.get(protocol)
 
@@ -340,20 +341,16 @@ class RemoteStore:
             return
         extra = extra_for(self.url)
         if extra is not None:
-            module, name = extra
-            if module == "gcsfs":
+            if extra is GCS:
                 # gcsfs >= 2026 probes every bucket's type over gRPC unless this is off
                 # (and the probe never answers off Google Cloud); our flat objects need none.
                 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
             try:
-                __import__(module)
-            except ImportError:
+                import_extra(extra, f"remote cache {self.url}")
+            except ExtraMissing as exc:
                 self.disabled = True
-                self._warn(
-                    f"remote cache {self.url} needs {module}: pip install 'metrale-orch[{name}]'; "
-                    "using the local cache only"
-                )
-                raise RemoteOff(f"{module} missing") from None
+                self._warn(f"{exc}; using the local cache only")
+                raise RemoteOff(f"{exc.module} missing") from None
         if self.url.startswith(("grpc://", "grpcs://")):
             self._open_reapi()
             return

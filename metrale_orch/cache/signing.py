@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Literal
 from metrale_orch.cache.errors import SigningKeyError, why
 from metrale_orch.cache.local import make_private_dir
 from metrale_orch.config import LOCAL_KEY, PUBLIC_KEY_PREFIX, parse_public_key_line
+from metrale_orch.extras import SIGNING, import_extra
 from metrale_orch.ownership import not_own
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     )
 
     from metrale_orch.cache.objects import DecodedObject
+    from metrale_orch.cache.settings import CacheSettings
 
 __all__ = [
     "LOCAL_KEY",
@@ -193,7 +195,9 @@ def load_signer(spec: str, where: str) -> Signer:
 
 
 def generate_key_pair(label: str = "") -> tuple[bytes, PublicKey]:
-    """A fresh Ed25519 key: (unencrypted PKCS#8 PEM, its public key)."""
+    """A fresh Ed25519 key: (unencrypted PKCS#8 PEM, its public key). Raises
+    :class:`~metrale_orch.extras.ExtraMissing` without ``cryptography``."""
+    import_extra(SIGNING, "a signing key")
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from cryptography.hazmat.primitives.serialization import (
         Encoding,
@@ -297,6 +301,9 @@ class Signing:
         signing_key_where: str,
         local_key: Path | None,
     ) -> None:
+        """Raises :class:`SigningKeyError` for a key that cannot be used, and
+        :class:`~metrale_orch.extras.ExtraMissing` without ``cryptography``."""
+        import_extra(SIGNING, "cache signing (cache_trusted_keys, cache_signing_key)")
         self.trusted = frozenset(PublicKey.from_line(line).raw for line in trusted_keys)
         self.verifying = bool(self.trusted)
         self.own = load_signer(signing_key, signing_key_where) if signing_key else None
@@ -305,6 +312,19 @@ class Signing:
         self._lock = threading.Lock()
         self._local: tuple[Signer | None, Trust] | None = None
         self.local_problem = ""
+
+    @classmethod
+    def of(cls, settings: CacheSettings) -> Signing | None:
+        """The signing of a cache's ``settings``; None when no key is set. Raises as
+        the constructor does."""
+        if not (settings.trusted_keys or settings.signing_key):
+            return None
+        return cls(
+            trusted_keys=settings.trusted_keys,
+            signing_key=settings.signing_key,
+            signing_key_where=settings.signing_key_where,
+            local_key=settings.local_key,
+        )
 
     @property
     def publishes_trusted(self) -> bool:

@@ -40,6 +40,7 @@ from metrale_orch.cache.objects import (
 from metrale_orch.cache.settings import CacheSettings
 from metrale_orch.cache.signing import Signing
 from metrale_orch.cache.stats import CacheStats
+from metrale_orch.extras import ExtraMissing
 from metrale_orch.ownership import not_own
 
 __all__ = ["RUN_META", "Accept", "Cache", "Hit", "cache_key", "open_cache"]
@@ -115,6 +116,11 @@ class Cache:
         self._warnings: list[str] = []
         self._off_seen = False
         self._enabled = settings.mode != "off"
+        try:  # raises SigningKeyError for a key that cannot be read
+            self._signing = Signing.of(settings) if self._enabled else None
+        except ExtraMissing as exc:  # nothing unverified served, nothing unsigned stored
+            self._warn(f"{exc}; building without the cache")
+            self._enabled, self._signing = False, None
         self._local = (
             LocalTier(settings.local_dir, settings.max_object_size) if self._enabled else None
         )
@@ -129,15 +135,6 @@ class Cache:
                 writable=settings.mode == "read-write",
                 warn=self._remote_warn,
                 max_size=settings.max_object_size,
-            )
-        self._signing: Signing | None = None
-        if self._enabled and (settings.trusted_keys or settings.signing_key):
-            # raises SigningKeyError for a key that cannot be read
-            self._signing = Signing(
-                trusted_keys=settings.trusted_keys,
-                signing_key=settings.signing_key,
-                signing_key_where=settings.signing_key_where,
-                local_key=settings.local_key,
             )
         if self._enabled and self._signing is None:
             self._warn_shared_local(settings.local_dir)

@@ -54,8 +54,8 @@ CALL_TIMEOUT = 60.0
 
 def open_backend(config: Config) -> ReapiBackend:
     """The backend for ``config.remote_executor`` (nothing is sent yet). Raises the
-    one-line error of a missing ``remote`` extra."""
-    from metrale_orch.remote.client import RemoteClient
+    :class:`~metrale_orch.extras.ExtraMissing` of a missing ``remote`` extra."""
+    from metrale_orch.remote import RemoteClient  # the package's door: the extra checked
 
     client = RemoteClient(
         config.remote_executor,

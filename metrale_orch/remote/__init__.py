@@ -4,7 +4,7 @@ The package imports nothing heavy itself: grpcio and protobuf (the ``remote`` ex
 ``pip install 'metrale-orch[remote]'``) are loaded on first use of a name below, and
 only then, so the package works without the extra until a remote URL is configured.
 That first use is the one place that turns a missing extra into
-:class:`~metrale_orch.remote.errors.RemoteExtraMissing` (one line naming the extra).
+:class:`~metrale_orch.extras.ExtraMissing` (one line naming the extra).
 
 Modules, bottom up: :mod:`~.errors` and :mod:`~.digest` (pure, no protobuf),
 :mod:`~._proto` (generated stubs; :mod:`~.regen` writes them), :mod:`~.wire`,
@@ -15,9 +15,9 @@ Modules, bottom up: :mod:`~.errors` and :mod:`~.digest` (pure, no protobuf),
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
+from metrale_orch.extras import REMOTE, import_extra
 from metrale_orch.remote.digest import EMPTY, Digest, digest_bytes, digest_file, parse_digest
 from metrale_orch.remote.errors import (
     ActionSpecError,
@@ -30,7 +30,6 @@ from metrale_orch.remote.errors import (
     RemoteAuthError,
     RemoteConfigError,
     RemoteError,
-    RemoteExtraMissing,
     RemoteRejected,
     RemoteUnavailable,
 )
@@ -62,7 +61,6 @@ __all__ = [
     "RemoteClient",
     "RemoteConfigError",
     "RemoteError",
-    "RemoteExtraMissing",
     "RemoteRejected",
     "RemoteUnavailable",
     "Timings",
@@ -89,19 +87,10 @@ _LAZY = {
     "build_input_root": "merkle",
 }
 
-#: Top-level modules of the ``remote`` extra.
-_EXTRA_MODULES = frozenset({"grpc", "google"})
-
 
 def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    try:
-        loaded = importlib.import_module(f"{__name__}.{module}")
-    except ImportError as exc:
-        missing = exc.name or ""
-        if missing.split(".")[0] not in _EXTRA_MODULES:
-            raise
-        raise RemoteExtraMissing(missing) from None
+    loaded = import_extra(REMOTE, "remote execution", f"{__name__}.{module}")
     return getattr(loaded, name)

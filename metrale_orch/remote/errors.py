@@ -13,7 +13,9 @@
 - Misuse, found before anything is sent: :class:`RemoteConfigError`,
   :class:`InputRootError`, :class:`ActionSpecError`, :class:`BlobChanged` (an input
   file changed after it was hashed), :class:`MissingResultBlobs`.
-- :class:`RemoteExtraMissing`: grpcio or protobuf is not installed.
+
+A missing ``remote`` extra (grpcio, protobuf) is :class:`~metrale_orch.extras.ExtraMissing`,
+as every other missing optional part is.
 
 An action that ran and exited non-zero is a result, never an error.
 """
@@ -33,7 +35,6 @@ __all__ = [
     "RemoteAuthError",
     "RemoteConfigError",
     "RemoteError",
-    "RemoteExtraMissing",
     "RemoteRejected",
     "RemoteUnavailable",
 ]
@@ -163,11 +164,3 @@ class MissingResultBlobs(RemoteError):
             f"remote execution {self.url}: the action result names {len(self.missing)} "
             f"blob(s) the CAS lacks ({shown}); upload them first"
         )
-
-
-class RemoteExtraMissing(RemoteError):
-    """grpcio, protobuf or googleapis-common-protos is not installed."""
-
-    module: str
-
-    template = "remote execution needs {module}: pip install 'metrale-orch[remote]'"

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
+from metrale_orch.extras import GPU, missing_extra
 from metrale_orch.smoke.cases import SmokeCase
 
 __all__ = [
@@ -63,6 +64,8 @@ class DeviceStatus:
     device: DeviceInfo | None = None
     reason: str = ""
     error: str = ""
+    #: What to install for the numbers (``pip install 'metrale-orch[gpu]'``), or "".
+    fix: str = ""
 
 
 #: A device probe: returns the status; never raises. Tests inject their own.
@@ -80,9 +83,10 @@ def probe_device(index: int = 0) -> DeviceStatus:
     try:
         cupy = _cupy()
     except ImportError as exc:
-        return DeviceStatus(
-            reason=f"CuPy is not installed ({exc}); install 'metrale-orch[gpu]' for the numbers"
-        )
+        missing = missing_extra(exc, GPU, "numeric smoke")
+        if missing is None:
+            return DeviceStatus(reason=f"CuPy cannot be imported: {exc}")
+        return DeviceStatus(reason=str(missing), fix=missing.fix)
     driver, runtime = cupy.cuda.driver, cupy.cuda.runtime
     try:
         if runtime.driverGetVersion() == 0:

@@ -72,7 +72,8 @@ class SmokeReport:
                 if kind == "numeric" and outcome == "passed" and device.device:
                     part += f" (on {device.device.describe()})"
                 elif kind == "numeric" and outcome == "skipped" and not device.device:
-                    part += f" ({device.reason.split(':', 1)[0] or 'no device'})"
+                    fix = f"; {device.fix}" if device.fix else ""
+                    part += f" ({device.reason.split(':', 1)[0] or 'no device'}{fix})"
                 parts.append(part)
         failed = f"{self.count('failed')} failed"
         if device.error:

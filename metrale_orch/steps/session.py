@@ -121,6 +121,9 @@ class BuildSession:
         #: its remote form), and the container image remote workers run them in.
         self.remote = remote
         self.container_image = container_image
+        #: One-line warnings about the session itself, reported with every target it builds
+        #: (remote execution configured without its extra: compiling here instead).
+        self.warnings: tuple[str, ...] = ()
         self.memo = ArtefactMemo()
         self.hasher = FileHasher()
         #: Content digest -> the include lines of a file with that content (every

@@ -22,7 +22,8 @@ from metrale_orch.config import Config
 from metrale_orch.errors import MetraleError
 from metrale_orch.executor import ActionStopped
 from metrale_orch.executor.offload import RemoteExecutor
-from metrale_orch.executor.reapi import open_backend
+from metrale_orch.executor.reapi import ReapiBackend, open_backend
+from metrale_orch.extras import ExtraMissing
 from metrale_orch.paths import BUILD_TASK, STATE_DIR
 from metrale_orch.steps import target as build
 from metrale_orch.steps.results import TargetResult
@@ -107,7 +108,7 @@ def _build(root: str, target: str) -> dict[str, object] | TaskFailed:
     values[PROFILE_KEY] = [span.to_dict() for span in result.spans]
     if result.refused:  # require_hits: counted in the run's summary
         values[REFUSED_KEY] = len(result.refused)
-    warnings = [*result.warnings, *cache.warnings()]
+    warnings = [*result.warnings, *cache.warnings(), *session.warnings]
     if warnings:
         values["warnings"] = sorted({str(w) for w in warnings})
     if result.failed:
@@ -135,27 +136,41 @@ def _session(run: Run, config: Config, build_dir: Path) -> BuildSession:
 
     def make() -> BuildSession:
         times = read_times(build_dir / STATE_DIR)
-        if config.remote_executor:
-            return _remote_session(run, config, build_dir, times)
-        return BuildSession.local(
-            jobs=config.jobs,
-            build_dir=build_dir,
-            expected=times.by_key(),
-            by_module=times.by_module(),
-            peaks=times.peak_by_module(),
-            memory=config.memory,
-            probes=run.probes,
-            run=os.environ.get(RUN_ENV, ""),
-        )
+        if not config.remote_executor:
+            return _local_session(run, config, build_dir, times)
+        try:
+            backend = open_backend(config)
+        except ExtraMissing as exc:
+            if config.remote_strict:  # CI asked for remote execution: exit 2, one line
+                raise
+            session = _local_session(run, config, build_dir, times)
+            session.warnings = (f"{exc}; compiling here",)
+            return session
+        return _remote_session(run, config, build_dir, times, backend)
 
     return run.session((str(build_dir), config.jobs, config.remote_executor), make)
 
 
-def _remote_session(run: Run, config: Config, build_dir: Path, times: CompileTimes) -> BuildSession:
-    """A session whose compiles go to ``config.remote_executor`` (raises the one-line
-    error of a missing ``remote`` extra)."""
+def _local_session(run: Run, config: Config, build_dir: Path, times: CompileTimes) -> BuildSession:
+    """A session whose compiles run on this machine."""
+    return BuildSession.local(
+        jobs=config.jobs,
+        build_dir=build_dir,
+        expected=times.by_key(),
+        by_module=times.by_module(),
+        peaks=times.peak_by_module(),
+        memory=config.memory,
+        probes=run.probes,
+        run=os.environ.get(RUN_ENV, ""),
+    )
+
+
+def _remote_session(
+    run: Run, config: Config, build_dir: Path, times: CompileTimes, backend: ReapiBackend
+) -> BuildSession:
+    """A session whose compiles go to ``config.remote_executor`` through ``backend``."""
     executor = RemoteExecutor(
-        open_backend(config),
+        backend,
         local_executor(config.jobs, build_dir, config.memory),
         remote_jobs=config.remote_jobs,
         strict=config.remote_strict,

@@ -185,11 +185,16 @@ class DoitRun:
 
 
 def doit(
-    root: Path, args: Sequence[str], env: Mapping[str, str], *, timeout: float = 240
+    root: Path,
+    args: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    timeout: float = 240,
+    module: str = "doit",
 ) -> DoitRun:
-    """Run ``python -m doit ARGS`` in ``root``."""
+    """Run ``python -m doit ARGS`` in ``root`` (``module="metrale_orch"``: the CLI)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "doit", *args],
+        [sys.executable, "-m", module, *args],
         cwd=root,
         env=dict(env),
         capture_output=True,
