@@ -129,8 +129,8 @@ def build_target(
     The modules' pipelines (lookup, compile, store) run in parallel on ``session``
     (its executor runs at most ``jobs`` compiles at once); without a session the
     build gets a private one of ``config.jobs``. Compiler failures do not raise:
-    they are logged and returned in ``TargetResult.failures`` (no manifest is
-    written then) while the other modules go on; so, with ``config.require_hits``, is a
+    they are logged and returned in ``TargetResult.failures`` (nothing is installed
+    then: the last good build stays) while the other modules go on; so, with ``config.require_hits``, is a
     module that every cache tier misses (:class:`MissRefused`: not compiled). Raises
     ``LayoutError`` for a tree error, :class:`ToolchainMissing` when the compiler is not
     installed, :class:`ToolchainError` / :class:`BuildConfigError` / ``DefaultsError`` for bad
@@ -278,16 +278,18 @@ def _build(
         with session.finishing(), rec.span("install") as install_args:
             outputs = {o.result.artefact: o.data for o in obtained if o.data is not None}
             failures = tuple(o.failure for o in obtained if o.failure is not None)
-            manifest_rel, installed = install(
-                root,
-                prep.plan,
-                layout,
-                [o.result for o in obtained],
-                outputs,
-                failed=bool(failures),
-                build_dir=Path(config.build_dir),
-                dropped=prep.drops,
-            )
+            # A failed build installs nothing: the last good build stays, whole.
+            manifest_rel, installed = "", dict[Path, FileState]()
+            if not failures:
+                manifest_rel, installed = install(
+                    root,
+                    prep.plan,
+                    layout,
+                    [o.result for o in obtained],
+                    outputs,
+                    build_dir=Path(config.build_dir),
+                    dropped=prep.drops,
+                )
             install_args["bytes"] = sum(len(d) for d in outputs.values())
         counts = {"compiled": 0, "local": 0, "remote": 0, "memo": 0, "run": 0, "failed": 0}
         for o in obtained:
