@@ -126,7 +126,7 @@ def _run_why(args: argparse.Namespace, ctx: Context) -> int:
         if key == "signature":
             items = st.unexplained()
             for change in st.signature_changes:
-                w(f"  {change.part}: {change.text}\n")
+                w(f"  {status.signature_part(change)}: {change.text}\n")
         for item in items:
             w(f"  {_WHY_LABELS[key]}: {item}\n")
     return 0

@@ -40,7 +40,7 @@ from metrale_orch.config import load_config
 from metrale_orch.errors import MetraleError, UsageError
 from metrale_orch.paths import BUILD_TASK, DB_NAME, TREE_TASK, rel_posix
 from metrale_orch.steps.includes import Includes, module_closure, parse_includes
-from metrale_orch.steps.keyrecord import plan_record, record_changes
+from metrale_orch.steps.keyrecord import Change, plan_record, record_changes
 from metrale_orch.steps.plan import plan_target
 from metrale_orch.steps.plan_values import TargetPlan
 from metrale_orch.steps.staging import plan_stage
@@ -72,11 +72,11 @@ __all__ = [
     "BrokenTree",
     "NoSuchTarget",
     "Reach",
-    "SignatureChange",
     "Status",
     "TargetStatus",
     "rdeps",
     "signature_changes",
+    "signature_part",
     "statuses",
     "strip_base",
     "target_statuses",
@@ -105,15 +105,10 @@ _SIGNATURE_PART = {
 _IN_EACH_ARGV = frozenset({"flags", "arch", "toolchain", "env"})
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SignatureChange:
-    """A value behind a changed signature part: ``flags``, ``define added: FAST=1``."""
-
-    part: str
-    text: str
-
-    def to_dict(self) -> dict[str, str]:
-        return {"part": self.part, "text": self.text}
+def signature_part(change: Change) -> str:
+    """The signature part a difference of two plan records is about (pure): ``flags`` for a
+    define or a flag."""
+    return _SIGNATURE_PART.get(change.part, change.part)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -135,12 +130,12 @@ class TargetStatus:
     #: The last build failed; the record (and the installed files) are the last good one's.
     last_failed: bool = False
     #: The values behind the changed ``signature`` parts (:func:`why_status` only).
-    signature_changes: tuple[SignatureChange, ...] = ()
+    signature_changes: tuple[Change, ...] = ()
 
     def unexplained(self) -> tuple[str, ...]:
         """The changed signature parts no :attr:`signature_changes` names a value of (the
         ``modules`` part when a part of every module's command line explains it)."""
-        named = {c.part for c in self.signature_changes}
+        named = {signature_part(c) for c in self.signature_changes}
         return tuple(
             p
             for p in self.signature
@@ -170,7 +165,9 @@ class TargetStatus:
         if self.last_failed:
             out["last_failed"] = True
         if self.signature_changes:
-            out["signature_changes"] = [c.to_dict() for c in self.signature_changes]
+            out["signature_changes"] = [
+                {"part": signature_part(c), "text": c.text} for c in self.signature_changes
+            ]
         return out
 
 
@@ -365,14 +362,12 @@ def why_status(root: Path, environ: Mapping[str, str], target: str) -> TargetSta
 
 def signature_changes(
     current: Mapping[str, object], stored: Mapping[str, object]
-) -> tuple[SignatureChange, ...]:
-    """What the plan record ``current`` differs from ``stored`` in, by signature part
-    (:func:`~metrale_orch.steps.keyrecord.record_changes`), sorted (pure)."""
-    changes = (
-        SignatureChange(part=_SIGNATURE_PART.get(c.part, c.part), text=c.text)
-        for c in record_changes(current, stored)
-    )
-    return tuple(sorted(changes, key=lambda c: (c.part, c.text)))
+) -> tuple[Change, ...]:
+    """What the plan record ``current`` differs from ``stored`` in
+    (:func:`~metrale_orch.steps.keyrecord.record_changes`), sorted by signature part
+    (pure)."""
+    changes = record_changes(current, stored)
+    return tuple(sorted(changes, key=lambda c: (signature_part(c), c.text)))
 
 
 def _saved_record(root: Path, target: str) -> Mapping[str, object] | None:
