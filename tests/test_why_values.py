@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 
 from metrale_orch.cli import main
+from metrale_orch.steps.keyrecord import record_changes
+from metrale_orch.views.status import signature_changes, signature_part
 from tests.support.project import doit
 
 W4 = "hopper/qwen/w4"
@@ -118,3 +120,26 @@ def test_a_failed_build_drops_the_record_when_the_artefacts_are_not_intact(
     source.write_text(source.read_text() + "#error broken\n")
     build(root, env, code=1)
     assert "never built successfully, or forgotten" in why(root, env)
+
+
+def test_plan_records_compare_through_why_miss_s_differ() -> None:
+    stored = {
+        "schema": 1,
+        "arch": "sm_90a",
+        "toolchain": "nvcc",
+        "identity": "13.0 | host: gcc 12 | d1",
+        "argv": ["nvcc", "-DA=1", "-O3"],
+        "env": {},
+        "modules": ["add", "mul"],
+    }
+    current = {**stored, "arch": "sm_100a", "argv": ["nvcc", "-DA=2"], "modules": ["add", "x"]}
+    assert [(signature_part(c), c.text) for c in signature_changes(current, stored)] == [
+        ("arch", "arch changed: sm_90a -> sm_100a"),
+        ("flags", "define A changed: 1 -> 2"),
+        ("flags", "flag removed: -O3"),
+        ("modules", "added x"),
+        ("modules", "removed mul"),
+    ]
+    # A module's key record has no `modules`: why-miss's answers are as before.
+    module_record = {k: v for k, v in stored.items() if k != "modules"}
+    assert record_changes(module_record, dict(module_record)) == ()
