@@ -392,6 +392,7 @@ def test_compiler_failure_is_reported_and_others_continue(
     env, log = fake
     root = small_tree(tmp_path / "repo")
     assert not _build(root, env, tmp_path / "cache").failed
+    before = {p.name: p.read_bytes() for p in (root / "build/hw1/m1/q1").iterdir()}
     write(root, "kernels/hw1/m1/q1/leaf.cu", "#error nope\n")
     result = _build(root, env, tmp_path / "cache")
     assert result.failed
@@ -407,11 +408,10 @@ def test_compiler_failure_is_reported_and_others_continue(
     assert "hw1/m1/q1: module leaf (kernels/hw1/m1/q1/leaf.cu)" in text
     assert "nvcc --ptx" in text and "told to fail" in text
     assert failure.source == "kernels/hw1/m1/q1/leaf.cu"
-    # No manifest for a failed target (and the stale one is gone); no stale artefact.
+    # A failed build installs nothing: the last good build stays, manifest and all.
     out = root / "build/hw1/m1/q1"
-    assert not (out / "manifest.json").exists()
-    assert not (out / "leaf.ptx").exists()
-    assert (out / "vector_add.ptx").exists()
+    assert before == {p.name: p.read_bytes() for p in out.iterdir()}
+    assert {"manifest.json", "leaf.ptx", "vector_add.ptx"} <= set(before)
     assert result.to_dict()["failures"][0]["exit_code"] == 1
     assert len(compiles(log)) == 4
 

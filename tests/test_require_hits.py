@@ -143,16 +143,20 @@ def test_smoke_runner_takes_hits_only_and_fails_loudly_on_a_cold_cache(tmp_path:
         assert (gpu / "build" / rel).read_bytes() == (cpu / "build" / rel).read_bytes()
 
     # A source the build job never saw (the GPU runner's checkout is ahead): that module is
-    # refused and its old artefact and the target's manifest go, so nothing stale stays.
+    # refused and its target fails; a failed build installs nothing, so the last good build
+    # stays whole (its manifest vouches for its artefacts) and the target stays stale.
+    w4 = gpu / "build/hopper/qwen/w4"
+    good = {p.name: p.read_bytes() for p in w4.iterdir()}
     scale = gpu / "kernels/hopper/qwen/w4/scale.cu"
     scale.write_text(scale.read_text() + "// not built by the build job\n")
     ahead = doit(gpu, ["build:hopper/*"], gpu_env)
     assert ahead.returncode == 1, ahead.text
     assert sorted(refusals(ahead)) == [HOPPER_MODULES[1]]
     assert started_targets(ahead) == ["hopper/qwen/w4"]
-    assert not (gpu / "build/hopper/qwen/w4/scale.ptx").exists()
-    assert not (gpu / "build/hopper/qwen/w4/manifest.json").exists()
+    assert {p.name: p.read_bytes() for p in w4.iterdir()} == good
+    assert "manifest.json" in good and "scale.ptx" in good
     assert (gpu / "build/hopper/qwen/w8/manifest.json").exists()
+    assert started_targets(doit(gpu, ["build:hopper/*"], gpu_env)) == ["hopper/qwen/w4"]
 
 
 # ------------------------------------------------------------------------------ fake compiler

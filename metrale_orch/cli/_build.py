@@ -14,8 +14,12 @@ one ``doit build`` would act on. They never write the database.
   shows ``I``) are not.
 - ``why TARGET``: which inputs changed, appeared or disappeared, which
   signature parts (layout, flags, toolchain, defaults, ...) differ from the
-  last successful build, or which output is missing; for an ignored target,
-  that it is ignored and what ``doit forget`` / ``doit build`` then do.
+  last successful build, with the values that changed where the build's record
+  names them (``flags: define added: FAST=1``, ``modules: added foo``: the
+  comparison ``why-miss`` makes), or which output is missing; that the last
+  build failed (what changed is then what changed since the last good build,
+  whose artefacts are installed); for an ignored target, that it is ignored and
+  what ``doit forget`` / ``doit build`` then do.
 - ``rdeps FILE``: the targets whose inputs include the file, and in each the
   modules whose compile can read it (its source, or its textual include
   closure over the staged layout, as the cache keys it); a file no module
@@ -99,8 +103,7 @@ def _run_why(args: argparse.Namespace, ctx: Context) -> int:
     target = status.strip_base(args.target)
     if "*" in target:
         raise UsageError(f"why takes one target, not a pattern: {args.target!r}")
-    statuses, _ = status.statuses(ctx.root, ctx.environ, target, detailed=True)
-    st = statuses[0]
+    st = status.why_status(ctx.root, ctx.environ, target)
     w = ctx.out.write
     if st.status == "up to date":
         w(f"{st.target} is up to date\n")
@@ -117,7 +120,13 @@ def _run_why(args: argparse.Namespace, ctx: Context) -> int:
     w(f"{st.target} is stale:\n")
     if st.never_built:
         w(f"  never built successfully, or forgotten (no record in {DB_NAME})\n")
+    if st.last_failed:
+        w("  the last build failed: the last good build stays installed; since it:\n")
     for key, items in st.reasons():
+        if key == "signature":
+            items = st.unexplained()
+            for change in st.signature_changes:
+                w(f"  {status.signature_part(change)}: {change.text}\n")
         for item in items:
             w(f"  {_WHY_LABELS[key]}: {item}\n")
     return 0

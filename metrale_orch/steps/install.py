@@ -4,6 +4,12 @@ Order keeps every manifest on disk truthful: the old manifest goes first when
 anything changes, the new one (:class:`~metrale_orch.manifest.Manifest`) is
 written last, vouching for the files beside it; files no longer produced are
 removed. Each write is atomic and skipped when the bytes are already there.
+
+Only a build whose every module was obtained installs: a failed build leaves the
+target's directory as the last good build left it (its artefacts, its manifest), so
+nothing wrong is installed and nothing is lost; the modules it did obtain are in the
+cache for the next build. doit's database keeps the record of that last good build
+while its artefacts stay intact (:mod:`metrale_orch.tasks.database`).
 """
 
 from __future__ import annotations
@@ -60,14 +66,14 @@ def install(
     results: Sequence[ModuleResult],
     outputs: Mapping[str, bytes],
     *,
-    failed: bool,
     build_dir: Path,
     dropped: Sequence[Drop],
 ) -> tuple[str, dict[Path, FileState]]:
-    """Install artefacts, defaults and (unless failed) the manifest; remove stale files.
+    """Install artefacts, defaults and the manifest of a build whose every module was
+    obtained; remove stale files.
 
-    Returns the root-relative manifest path ("" when failed) and, per installed
-    file, ``[mtime_ns, size, xxh3-64]`` of what was installed.
+    Returns the root-relative manifest path and, per installed file,
+    ``[mtime_ns, size, xxh3-64]`` of what was installed.
 
     Order keeps every manifest on disk truthful: the old manifest goes first
     when anything changes, the new one is written last.
@@ -75,10 +81,7 @@ def install(
     target = str(plan.target)
     dest = target_dir(build_dir, plan.target.hardware, plan.target.model, plan.target.quant)
     manifest_path = dest / MANIFEST_NAME
-    new_manifest = b""
-    if not failed:
-        manifest = plan_manifest(root, plan, layout, results, dropped=dropped)
-        new_manifest = manifest.encode()
+    new_manifest = plan_manifest(root, plan, layout, results, dropped=dropped).encode()
     try:
         dest.mkdir(parents=True, exist_ok=True)
         old = manifest_path.read_bytes() if manifest_path.is_file() else None
@@ -89,14 +92,11 @@ def install(
             **{dest / artefact: data for artefact, data in sorted(outputs.items())},
             dest / DEFAULTS_JSON: (defaults_json + "\n").encode(),
             dest / DEFAULTS_HEADER: render_defaults_header(plan.defaults).encode(),
+            manifest_path: new_manifest,  # last: it vouches for the others
         }
-        if not failed:
-            files[manifest_path] = new_manifest  # last: it vouches for the others
         for path, data in files.items():
             write_if_changed(path, data)
-        keep = {*outputs, DEFAULTS_JSON, DEFAULTS_HEADER}
-        if not failed:
-            keep.add(MANIFEST_NAME)
+        keep = {*outputs, DEFAULTS_JSON, DEFAULTS_HEADER, MANIFEST_NAME}
         for child in dest.iterdir():
             if child.name not in keep and (child.is_file() or child.is_symlink()):
                 child.unlink()
@@ -109,4 +109,4 @@ def install(
         except OSError as exc:
             raise StageError(target, str(path), f"cannot install the artefacts: {exc}") from None
         states[path] = file_state(st, bytes_digest(data), time.time_ns())
-    return ("" if failed else root_relative(manifest_path, root)), states
+    return root_relative(manifest_path, root), states

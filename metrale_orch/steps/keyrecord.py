@@ -12,6 +12,11 @@ key changes: the record is written beside the key, never into it.
 a stored one, by part: the source, which header, which flag or define, the arch, which part
 of the toolchain's identity, which environment variable. :func:`nearest` picks, among stored
 records of the same module, the one with the fewest differences. All pure.
+
+A target's build keeps a record of the same form, of its plan (:func:`plan_record`: the
+arch, the toolchain, the merged flags, the environment, the modules' names) with its
+record in doit's database, so ``metrale-orch why`` names, with the same
+:func:`record_changes`, the values behind the signature parts that changed since.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Literal
 from metrale_orch.canonical import canonical_json
 from metrale_orch.fsutil import text_hash
 from metrale_orch.paths import rel_posix
+from metrale_orch.steps.plan_values import TargetPlan
 
 __all__ = [
     "RECORD_SCHEMA",
@@ -34,6 +40,7 @@ __all__ = [
     "Stored",
     "key_record",
     "nearest",
+    "plan_record",
     "record_changes",
     "same_module",
     "staged_sources",
@@ -198,6 +205,24 @@ def key_record(
     return record
 
 
+def plan_record(plan: TargetPlan) -> dict[str, object]:
+    """The record of what a target's ``plan`` builds with, in :func:`key_record`'s terms
+    (pure): the arch, the toolchain and its identity, the merged flags (as an argv after
+    the program), the environment allow-list (each value as a digest) and the modules'
+    names (``modules``, which no module's record has)."""
+    return {
+        "schema": RECORD_SCHEMA,
+        "target": str(plan.target),
+        "hardware": plan.hardware,
+        "arch": plan.arch,
+        "toolchain": plan.toolchain.name,
+        "identity": plan.identity,
+        "argv": [plan.toolchain.program, *plan.flags],
+        "env": {str(k): text_hash(str(v)) for k, v in plan.env.items()},
+        "modules": sorted(m.name for m in plan.modules),
+    }
+
+
 def staged_sources(files: Mapping[str, Path], root: Path, cwd: str) -> Callable[[str], str]:
     """The ``tree`` of :func:`key_record` for a module whose directory is ``cwd`` in a stage
     of ``files`` (stage path -> tree file): a closure path's tree file, root-relative."""
@@ -248,6 +273,7 @@ def record_changes(
         *_env_changes(current.get("env"), stored.get("env")),
         *_input_changes(current, stored),
         *_flag_input_changes(current.get("flag_inputs"), stored.get("flag_inputs")),
+        *_module_changes(current.get("modules"), stored.get("modules")),
         *_other_changes(current.get("other"), stored.get("other")),
     ]
     return tuple(sorted(set(changes), key=lambda c: (c.text, c.part)))
@@ -473,6 +499,15 @@ def _flag_input_changes(now: object, then: object) -> Iterator[Change]:
                 else "changed"
             )
             yield Change(part="flag input", text=f"file named by a flag {path} {state}")
+
+
+def _module_changes(now: object, then: object) -> Iterator[Change]:
+    """The modules a target builds, by name (a :func:`plan_record`'s ``modules``)."""
+    current, stored = set(_strings(now)), set(_strings(then))
+    for name in sorted(current - stored):
+        yield Change(part="module", text=f"added {name}")
+    for name in sorted(stored - current):
+        yield Change(part="module", text=f"removed {name}")
 
 
 def _other_changes(now: object, then: object) -> Iterator[Change]:

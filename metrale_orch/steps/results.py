@@ -68,6 +68,8 @@ class TargetResult:
     seconds: float = 0.0
     #: Root-relative path of the manifest written, or "" when the build failed.
     manifest: str = ""
+    #: The canonical JSON of the plan's record (:func:`~metrale_orch.steps.keyrecord.plan_record`).
+    plan_record: str = ""
     warnings: tuple[str, ...] = ()
     #: The task's file dependencies (doit's spelling) -> xxh3-64 of the content this
     #: build used ("" for a file that changed while it ran): the state to save.

@@ -30,6 +30,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from metrale_orch.cache import Cache, cache_key
+from metrale_orch.canonical import canonical_json
 from metrale_orch.config import Config
 from metrale_orch.fsutil import FileState, file_digest
 from metrale_orch.paths import STATE_DIR, TMP_DIR, stage_dir, target_dir
@@ -65,6 +66,7 @@ from metrale_orch.steps.includes import (
     scan_includes,
 )
 from metrale_orch.steps.install import install
+from metrale_orch.steps.keyrecord import plan_record
 from metrale_orch.steps.keys import checkout_of, module_parts
 from metrale_orch.steps.pipeline import ModuleObtained, run_pipeline
 from metrale_orch.steps.plan import config_docs, plan_target
@@ -129,9 +131,10 @@ def build_target(
     The modules' pipelines (lookup, compile, store) run in parallel on ``session``
     (its executor runs at most ``jobs`` compiles at once); without a session the
     build gets a private one of ``config.jobs``. Compiler failures do not raise:
-    they are logged and returned in ``TargetResult.failures`` (no manifest is
-    written then) while the other modules go on; so, with ``config.require_hits``, is a
-    module that every cache tier misses (:class:`MissRefused`: not compiled). Raises
+    they are logged and returned in ``TargetResult.failures`` (nothing is installed
+    then: the last good build stays) while the other modules go on; so, with
+    ``config.require_hits``, is a module that every cache tier misses
+    (:class:`MissRefused`: not compiled). Raises
     ``LayoutError`` for a tree error, :class:`ToolchainMissing` when the compiler is not
     installed, :class:`ToolchainError` / :class:`BuildConfigError` / ``DefaultsError`` for bad
     settings, :class:`UnsafePathError` (before any compile) for a path the compiler's
@@ -278,16 +281,18 @@ def _build(
         with session.finishing(), rec.span("install") as install_args:
             outputs = {o.result.artefact: o.data for o in obtained if o.data is not None}
             failures = tuple(o.failure for o in obtained if o.failure is not None)
-            manifest_rel, installed = install(
-                root,
-                prep.plan,
-                layout,
-                [o.result for o in obtained],
-                outputs,
-                failed=bool(failures),
-                build_dir=Path(config.build_dir),
-                dropped=prep.drops,
-            )
+            # A failed build installs nothing: the last good build stays, whole.
+            manifest_rel, installed = "", dict[Path, FileState]()
+            if not failures:
+                manifest_rel, installed = install(
+                    root,
+                    prep.plan,
+                    layout,
+                    [o.result for o in obtained],
+                    outputs,
+                    build_dir=Path(config.build_dir),
+                    dropped=prep.drops,
+                )
             install_args["bytes"] = sum(len(d) for d in outputs.values())
         counts = {"compiled": 0, "local": 0, "remote": 0, "memo": 0, "run": 0, "failed": 0}
         for o in obtained:
@@ -548,6 +553,7 @@ def _target_result(
         cache_stats=MappingProxyType(dict(counts)),
         seconds=time.perf_counter() - start,
         manifest=manifest_rel,
+        plan_record=canonical_json(plan_record(prep.plan)),
         warnings=(
             *read_manifest_warnings(root, layout, build_keys=build_keys),
             *drop_warnings(name, list(prep.drops), prep.exempt, root),

@@ -34,6 +34,7 @@ from metrale_orch.tasks.checker import (
     EXTERNAL_KEY,
     INPUTS_KEY,
     OUTPUTS_KEY,
+    PLAN_RECORD_KEY,
     PROFILE_KEY,
     encode_outputs,
 )
@@ -103,6 +104,7 @@ def _build(root: str, target: str) -> dict[str, object] | TaskFailed:
         values["remote"] = remote
     values[INPUTS_KEY] = dict(result.inputs)
     values[OUTPUTS_KEY] = encode_outputs(result.outputs)
+    values[PLAN_RECORD_KEY] = result.plan_record
     if result.external:
         values[EXTERNAL_KEY] = {k: list(v) for k, v in result.external.items()}
     values[PROFILE_KEY] = [span.to_dict() for span in result.spans]

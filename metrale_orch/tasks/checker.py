@@ -70,6 +70,7 @@ __all__ = [
     "EXTERNAL_KEY",
     "INPUTS_KEY",
     "OUTPUTS_KEY",
+    "PLAN_RECORD_KEY",
     "PROFILE_KEY",
     "SIGNATURE_KEY",
     "ContentChecker",
@@ -92,6 +93,9 @@ SIGNATURE_KEY = "signature"
 INPUTS_KEY = "inputs"
 #: Key of a build's saved values: the installed files (:func:`encode_outputs`).
 OUTPUTS_KEY = "outputs"
+#: Key of a build's saved values: its plan's record as canonical JSON (one string: doit
+#: decodes every record every run), what ``metrale-orch why`` compares the plan with.
+PLAN_RECORD_KEY = "plan"
 #: Key of a build's saved values: file read outside the tree, the toolkit and the
 #: system directories -> [mtime_ns, size, xxh3-128, change_ns, inode] (absent when there
 #: is none).

@@ -24,6 +24,18 @@ package; ``DOIT_CONFIG`` selects it). What touches doit's private state is
 
 Other sqlite errors (a file that really is not a database) stay doit's own.
 
+A failed build keeps the record of the last good one. doit's runner deletes a failed
+task's record, so its state would read "never built" although the build installed
+nothing (:mod:`metrale_orch.steps.install`) and the last good artefacts are intact. In a
+run (:meth:`Database.report_at_end`: doit's runner deletes a record only for a failure,
+or for a record of another file checker), a build record whose installed files
+(:data:`~metrale_orch.tasks.checker.OUTPUTS_KEY`) all still hold what that build
+installed is kept, marked :data:`~metrale_orch.tasks.doit_api.FAILED_RECORD`: it still
+says truthfully which inputs those artefacts were built from, so the next run rebuilds
+exactly when they changed, and ``metrale-orch why`` names what changed since, and that
+the last build failed. Any other record is deleted, as doit does. The mark goes with the
+next success (doit writes ``checker:`` only then).
+
 A task's dict result (doit's ``result:`` record: what a python-action returned,
 the same data as the task's values) is kept as its digest
 (:func:`~metrale_orch.tasks.checker.result_digest`), in memory and on disk, as
@@ -43,8 +55,14 @@ from typing import NoReturn
 
 from metrale_orch.errors import EXIT_FAILURE, MetraleError, printable
 from metrale_orch.ownership import not_own
-from metrale_orch.tasks.checker import result_digest
-from metrale_orch.tasks.doit_api import DatabaseException, SavedOnceSqliteDB
+from metrale_orch.tasks.checker import OUTPUTS_KEY, ContentChecker, check_outputs, result_digest
+from metrale_orch.tasks.doit_api import (
+    CHECKER_RECORD,
+    FAILED_RECORD,
+    VALUES_RECORD,
+    DatabaseException,
+    SavedOnceSqliteDB,
+)
 
 __all__ = ["BACKEND", "Database", "DatabaseUnwritable", "unwritable_reason"]
 
@@ -120,11 +138,36 @@ class Database(SavedOnceSqliteDB):
     def set(self, task_id: str, dependency: str, value: object) -> None:
         if dependency == _RESULT_RECORD and isinstance(value, dict):
             value = result_digest(value)  # see the module docstring
+        elif dependency == CHECKER_RECORD:  # a success: its record is no failed run's
+            self._cache.get(task_id, {}).pop(FAILED_RECORD, None)
         super().set(task_id, dependency, value)
+
+    def remove(self, task_id: str) -> None:
+        if not (self._defer and self._keep_failed(task_id)):
+            super().remove(task_id)
+
+    def _keep_failed(self, task_id: str) -> bool:
+        """Keep ``task_id``'s record, marked, when it is a build's whose installed files
+        are intact (see the module docstring); whether it was kept."""
+        if not self.in_(task_id):
+            return False
+        record = self._record(task_id)
+        values = record.get(VALUES_RECORD)
+        if (
+            record.get(CHECKER_RECORD) != ContentChecker.__name__
+            or not isinstance(values, dict)
+            or OUTPUTS_KEY not in values
+            or check_outputs(values[OUTPUTS_KEY])[0]
+        ):
+            return False
+        record[FAILED_RECORD] = True
+        self._dirty.add(task_id)
+        return True
 
     def report_at_end(self) -> None:
         """A run's reporter will report a failed save (with its summary) and end the run
-        with its status; until this is called, a failed save ends the process itself."""
+        with its status; until this is called, a failed save ends the process itself.
+        From here a removal is doit's runner's, of a failed task (module docstring)."""
         self._defer = True
 
     def dump(self) -> None:

@@ -53,6 +53,9 @@ from doit.task import Task, dict_to_task
 from metrale_orch.tasks.run import Run, Selection
 
 __all__ = [
+    "CHECKER_RECORD",
+    "FAILED_RECORD",
+    "VALUES_RECORD",
     "DatabaseException",
     "Dependency",
     "SavedOnceSqliteDB",
@@ -62,6 +65,7 @@ __all__ = [
     "guessed_selection",
     "has_record",
     "is_ignored",
+    "last_run_failed",
     "loader_present",
     "loading_run",
     "make_task",
@@ -96,17 +100,30 @@ def store_state(dep: Dependency, task: str, path: str, state: object) -> None:
 
 
 #: doit's record key of a task's saved values (what ``Dependency.get_values`` reads).
-_VALUES_RECORD = "_values_:"
+VALUES_RECORD = "_values_:"
 
 
 def stored_values(dep: Dependency, task: str) -> object:
     """The values saved in ``task``'s record (the very object doit holds), or None."""
-    return dep._get(task, _VALUES_RECORD)
+    return dep._get(task, VALUES_RECORD)
 
 
 def store_values(dep: Dependency, task: str, values: dict[str, object]) -> None:
     """Replace the values saved in ``task``'s record (written when doit dumps)."""
-    dep._set(task, _VALUES_RECORD, values)
+    dep._set(task, VALUES_RECORD, values)
+
+
+#: doit's record key naming the file checker of a record; doit writes it only when it
+#: saves a task's success.
+CHECKER_RECORD = "checker:"
+#: The key this package adds to a task's record when doit's runner drops it for a failure
+#: that left the installed files intact (:mod:`metrale_orch.tasks.database`).
+FAILED_RECORD = "failed:"
+
+
+def last_run_failed(dep: Dependency, task: str) -> bool:
+    """Whether ``task``'s record is its last good build's, kept through a failed run."""
+    return bool(dep._get(task, FAILED_RECORD))
 
 
 def has_record(dep: Dependency, task: str) -> bool:

@@ -8,6 +8,14 @@ content checker (:mod:`metrale_orch.tasks.doit_api`), so the answer is the one
 ``doit build`` would act on. Nothing here writes the database or prints: the CLI
 formats the values returned.
 
+``why`` (:func:`why_status`) also names the values behind the signature parts that
+changed: a build saves its plan's record (:func:`~metrale_orch.steps.keyrecord.plan_record`)
+with its state; the target is planned afresh (the tree read, its compiler probed) and the
+two records compared by :func:`~metrale_orch.steps.keyrecord.record_changes`, the
+comparison ``why-miss`` makes of cache entries. A record kept through a failed build
+(:mod:`metrale_orch.tasks.database`) is the last good build's: the target is
+``last_failed``, and what changed is what changed since that build.
+
 A target marked with ``doit ignore`` is ``ignored``, whatever its inputs: doit
 skips it before any up-to-date check, and its sqlite backend stores the mark in
 place of the task's record, so there is no saved state to compare with (reading
@@ -18,7 +26,9 @@ the next build runs it, from the cache when nothing changed.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
+import json
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -26,15 +36,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from metrale_orch.config import load_config
 from metrale_orch.errors import MetraleError, UsageError
 from metrale_orch.paths import BUILD_TASK, DB_NAME, TREE_TASK, rel_posix
 from metrale_orch.steps.includes import Includes, module_closure, parse_includes
+from metrale_orch.steps.keyrecord import Change, plan_record, record_changes
 from metrale_orch.steps.plan import plan_target
 from metrale_orch.steps.plan_values import TargetPlan
 from metrale_orch.steps.staging import plan_stage
 from metrale_orch.tasks import specs as generation
 from metrale_orch.tasks.check import UNPROBED
-from metrale_orch.tasks.checker import SIGNATURE_KEY, ContentChecker, SignatureCheck, TaskDataCodec
+from metrale_orch.tasks.checker import (
+    PLAN_RECORD_KEY,
+    SIGNATURE_KEY,
+    ContentChecker,
+    SignatureCheck,
+    TaskDataCodec,
+)
 from metrale_orch.tasks.creators import named_failures
 from metrale_orch.tasks.dicts import BuildSpec
 from metrale_orch.tasks.doit_api import (
@@ -42,6 +60,7 @@ from metrale_orch.tasks.doit_api import (
     Task,
     has_record,
     is_ignored,
+    last_run_failed,
     make_task,
     open_dependency,
 )
@@ -58,9 +77,12 @@ __all__ = [
     "choose_specs",
     "rdeps",
     "select_specs",
+    "signature_changes",
+    "signature_part",
     "statuses",
     "strip_base",
     "target_statuses",
+    "why_status",
 ]
 
 #: A target's state as ``doit build`` would see it.
@@ -68,6 +90,27 @@ Status = Literal["up to date", "stale", "error", "skipped", "ignored"]
 
 #: The detail of an ignored target: what marked it, and how to undo the mark.
 IGNORED_DETAIL = "`doit ignore`d: `doit build` skips it until `doit forget {task}`"
+
+
+#: The signature part each kind of :class:`~metrale_orch.steps.keyrecord.Change` of a
+#: plan's record is about.
+_SIGNATURE_PART = {
+    "define": "flags",
+    "flag": "flags",
+    "arch": "arch",
+    "toolchain": "toolchain",
+    "environment": "env",
+    "module": "modules",
+}
+#: Signature parts every module's command line is made of: when one changed, so did the
+#: ``modules`` part, with no module added or removed.
+_IN_EACH_ARGV = frozenset({"flags", "arch", "toolchain", "env"})
+
+
+def signature_part(change: Change) -> str:
+    """The signature part a difference of two plan records is about (pure): ``flags`` for a
+    define or a flag."""
+    return _SIGNATURE_PART.get(change.part, change.part)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,6 +129,20 @@ class TargetStatus:
     #: Installed files missing or altered since the build that installed them.
     changed_outputs: tuple[str, ...] = ()
     never_built: bool = False
+    #: The last build failed; the record (and the installed files) are the last good one's.
+    last_failed: bool = False
+    #: The values behind the changed ``signature`` parts (:func:`why_status` only).
+    signature_changes: tuple[Change, ...] = ()
+
+    def unexplained(self) -> tuple[str, ...]:
+        """The changed signature parts no :attr:`signature_changes` names a value of (the
+        ``modules`` part when a part of every module's command line explains it)."""
+        named = {signature_part(c) for c in self.signature_changes}
+        return tuple(
+            p
+            for p in self.signature
+            if p not in named and not (p == "modules" and named & _IN_EACH_ARGV)
+        )
 
     def reasons(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
         """Why it is stale: ``(field, items)`` for each list field, in report order."""
@@ -107,6 +164,12 @@ class TargetStatus:
                 out[key] = list(value)
         if self.never_built:
             out["never_built"] = True
+        if self.last_failed:
+            out["last_failed"] = True
+        if self.signature_changes:
+            out["signature_changes"] = [
+                {"part": signature_part(c), "text": c.text} for c in self.signature_changes
+            ]
         return out
 
 
@@ -257,7 +320,8 @@ def _build_status(
     missing_out = _sorted_reason(reasons, "missing_target")
     # A newly added input is also reported as "changed" (no saved state): say it once.
     changed = tuple(p for p in changed if p not in added) + changed_external
-    bits = []
+    last_failed = last_run_failed(dep, task.name)
+    bits = ["last build failed"] if last_failed else []
     if missing_in:
         bits.append("missing inputs: " + ", ".join(missing_in))
     if changed:
@@ -283,6 +347,7 @@ def _build_status(
         signature=tuple(parts),
         missing_outputs=missing_out,
         changed_outputs=bad_outputs,
+        last_failed=last_failed,
     )
 
 
@@ -291,6 +356,62 @@ def target_statuses(
 ) -> list[TargetStatus]:
     """Each target's status (with reasons), as ``doit build`` would see it."""
     return statuses(root, environ, pattern, detailed=True)[0]
+
+
+def why_status(root: Path, environ: Mapping[str, str], target: str) -> TargetStatus:
+    """The status of the one target ``target`` names, with the values behind its changed
+    signature parts (reads the tree, the task cache and doit's database; plans the target
+    afresh, probing its compiler, when a signature part changed). Raises
+    :class:`NoSuchTarget`."""
+    root = root.resolve()
+    found, _specs = statuses(root, environ, target, detailed=True)
+    st = found[0]
+    if not st.signature:
+        return st
+    stored = _saved_record(root, st.target)
+    current = _current_record(root, environ, st.target) if stored is not None else None
+    if stored is None or current is None:
+        return st
+    return dataclasses.replace(st, signature_changes=signature_changes(current, stored))
+
+
+def signature_changes(
+    current: Mapping[str, object], stored: Mapping[str, object]
+) -> tuple[Change, ...]:
+    """What the plan record ``current`` differs from ``stored`` in
+    (:func:`~metrale_orch.steps.keyrecord.record_changes`), sorted by signature part
+    (pure)."""
+    changes = record_changes(current, stored)
+    return tuple(sorted(changes, key=lambda c: (signature_part(c), c.text)))
+
+
+def _saved_record(root: Path, target: str) -> Mapping[str, object] | None:
+    """The plan record the last good build of ``target`` saved, or None (a build saved
+    before records were kept, or none)."""
+    with _dependency(root) as dep:
+        values = {} if dep is None else dep.get_values(f"{BUILD_TASK}:{target}")
+    text = values.get(PLAN_RECORD_KEY)
+    try:
+        record = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _current_record(
+    root: Path, environ: Mapping[str, str], target: str
+) -> Mapping[str, object] | None:
+    """The plan record of ``target`` as a build would plan it now, or None when it does
+    not plan (its error is the status's)."""
+    try:
+        config = load_config(root, environ)
+    except MetraleError:
+        return None
+    tree = generation.resolve_tree(root, environ, config)
+    only = generation.select_targets(tree, [f"{BUILD_TASK}:{target}"])
+    specs, _ = generation.generate_specs(root, environ, [], config=config, resolution=only)
+    plans = [s.plan for s in specs if s.target == target and s.plan is not None]
+    return plan_record(plans[0]) if plans else None
 
 
 # ------------------------------------------------------------------------------ rdeps
