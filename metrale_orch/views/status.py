@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from metrale_orch.config import Config
 from metrale_orch.errors import MetraleError, UsageError
 from metrale_orch.paths import BUILD_TASK, DB_NAME, TREE_TASK, rel_posix
 from metrale_orch.steps.includes import Includes, module_closure, parse_includes
@@ -156,13 +157,19 @@ def _in_root(root: Path) -> Iterator[None]:
 
 
 def statuses(
-    root: Path, environ: Mapping[str, str], pattern: str | None, *, detailed: bool
+    root: Path,
+    environ: Mapping[str, str],
+    pattern: str | None,
+    *,
+    detailed: bool,
+    config: Config | None = None,
 ) -> tuple[list[TargetStatus], list[BuildSpec]]:
     """The status of each target matching ``pattern`` (all when None), and their specs
-    (reads the tree, the task cache and doit's database). Raises :class:`NoSuchTarget`."""
+    (reads the tree, the task cache and doit's database), under ``config`` (None: the
+    configuration ``environ`` gives, as a doit run's). Raises :class:`NoSuchTarget`."""
     root = root.resolve()
     # The same task dicts `doit` would use, through its task cache (fast on a large tree).
-    specs, _how = generation.cached_build_specs(root, environ)
+    specs, _how = generation.cached_build_specs(root, environ, config=config)
     if pattern is not None:
         pat = strip_base(pattern)
         chosen = [s for s in specs if fnmatch.fnmatchcase(s.target, pat)]
@@ -272,10 +279,13 @@ def _build_status(
 
 
 def target_statuses(
-    root: Path, environ: Mapping[str, str], pattern: str | None = None
+    root: Path,
+    environ: Mapping[str, str],
+    pattern: str | None = None,
+    config: Config | None = None,
 ) -> list[TargetStatus]:
     """Each target's status (with reasons), as ``doit build`` would see it."""
-    return statuses(root, environ, pattern, detailed=True)[0]
+    return statuses(root, environ, pattern, detailed=True, config=config)[0]
 
 
 # ------------------------------------------------------------------------------ rdeps
@@ -333,11 +343,13 @@ def _skipped_plan(root: Path, spec: BuildSpec, environ: Mapping[str, str]) -> Ta
         return None
 
 
-def rdeps(root: Path, environ: Mapping[str, str], rel: str) -> list[Reach]:
+def rdeps(
+    root: Path, environ: Mapping[str, str], rel: str, config: Config | None = None
+) -> list[Reach]:
     """The targets whose inputs include the root-relative file ``rel``, failing and
-    skipped ones marked (reads the tree, probes compilers). Raises :class:`BrokenTree`
-    when the tree does not load."""
-    specs = generation.resolve_build_specs(root, environ)
+    skipped ones marked (reads the tree, probes compilers), under ``config`` (None: the
+    one ``environ`` gives). Raises :class:`BrokenTree` when the tree does not load."""
+    specs = generation.resolve_build_specs(root, environ, config=config)
     if [s.target for s in specs] == [TREE_TASK]:
         raise BrokenTree("rdeps", specs[0].message)
     hits: list[Reach] = []
