@@ -149,7 +149,7 @@ _MAX_COUNT = 2**63 - 1
 #: Integer kinds: (least value, most value, what a value that is no integer must be, what
 #: one out of range must be).
 _INTEGERS: dict[str, tuple[int, int, str, str]] = {
-    "count": (0, _MAX_COUNT, "an integer", f"an integer from 0 to {_MAX_COUNT}"),
+    "count": (0, _MAX_COUNT, "an integer", f"a non-negative integer of at most {_MAX_COUNT}"),
     "jobs": (
         1,
         MAX_JOBS,
@@ -185,36 +185,9 @@ def convert(kind: str, value: object, where: str, key: str, root: Path, from_tex
             raise ConfigError(where, key, f"must be one of {', '.join(CACHE_MODES)}, got {value!r}")
         return value.strip().lower()
     if kind == "seconds":
-        if from_text and isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                raise ConfigError(
-                    where, key, f"must be a number of seconds, got {_shown(value)}"
-                ) from None
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-            raise ConfigError(
-                where, key, f"must be a positive number of seconds, got {_shown(value)}"
-            )
-        if not value <= _MAX_SECONDS:  # inf, or past what a process wait can take
-            raise ConfigError(
-                where,
-                key,
-                f"must be at most {_MAX_SECONDS:.0f} seconds (a year), got {_shown(value)}",
-            )
-        return float(value)
+        return _seconds(value, where, key, from_text)
     if kind in _INTEGERS:
-        least, most, not_a_number, out_of_range = _INTEGERS[kind]
-        if from_text and isinstance(value, str):
-            try:
-                value = int(value)
-            except ValueError:  # not digits, or past Python's 4300 digits
-                raise ConfigError(
-                    where, key, f"must be {not_a_number}, got {_shown(value)}"
-                ) from None
-        if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
-            raise ConfigError(where, key, f"must be {out_of_range}, got {_shown(value)}")
-        return value
+        return _integer(kind, value, where, key, from_text)
     if kind == "grpc":
         if not isinstance(value, str):
             raise ConfigError(where, key, f"must be a string, got {type(value).__name__}")
@@ -266,6 +239,37 @@ def convert(kind: str, value: object, where: str, key: str, root: Path, from_tex
             raise ConfigError(where, key, "must be a table (a JSON object in the environment)")
         return MappingProxyType(dict(value))
     raise AssertionError(kind)
+
+
+def _seconds(value: object, where: str, key: str, from_text: bool) -> float:
+    """A deadline in seconds: positive and at most a year (never NaN or infinite)."""
+    if from_text and isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ConfigError(
+                where, key, f"must be a number of seconds, got {_shown(value)}"
+            ) from None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ConfigError(where, key, f"must be a positive number of seconds, got {_shown(value)}")
+    if not value <= _MAX_SECONDS:  # inf, or past what a process wait can take
+        raise ConfigError(
+            where, key, f"must be at most {_MAX_SECONDS:.0f} seconds (a year), got {_shown(value)}"
+        )
+    return float(value)
+
+
+def _integer(kind: str, value: object, where: str, key: str, from_text: bool) -> int:
+    """An integer of one of the :data:`_INTEGERS` kinds, within its range."""
+    least, most, not_a_number, out_of_range = _INTEGERS[kind]
+    if from_text and isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:  # not digits, or past Python's 4300 digits
+            raise ConfigError(where, key, f"must be {not_a_number}, got {_shown(value)}") from None
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+        raise ConfigError(where, key, f"must be {out_of_range}, got {_shown(value)}")
+    return value
 
 
 def _budget(value: object, where: str, key: str, name: str) -> int:
