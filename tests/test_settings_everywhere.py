@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -22,7 +24,8 @@ from metrale_orch.config.values import MAX_JOBS
 from tests.support.project import doit
 
 #: The argument a leaf command's required positional gets: never read, since the
-#: configuration is refused first.
+#: configuration is refused first (were it not, a path such as ``cache keygen``'s lands in
+#: the test's own directory).
 _ANY = "x"
 
 
@@ -41,6 +44,8 @@ def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...]) -> Iterator[
                 argv += [action.option_strings[0], _ANY]
         elif action.nargs in (None, "+"):
             argv.append(_ANY)
+        elif action.nargs == argparse.REMAINDER:  # another program's arguments (doit's)
+            argv.append("--help")
     yield argv
 
 
@@ -80,9 +85,24 @@ def cli(root: Path, env: Mapping[str, str], *argv: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
+def orch(root: Path, env: Mapping[str, str], *argv: str) -> tuple[int, str, str]:
+    """``metrale-orch ARGV`` run in ``root`` as its own process (a doit run there builds
+    that project, whatever this process's run is)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "metrale_orch", *argv],
+        cwd=root,
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return proc.returncode, proc.stdout, proc.stderr
+
+
 def test_every_command_is_enumerated() -> None:
     # The enumeration reaches the nested commands: a parser change that hides them fails.
-    assert {"status", "why x", "rdeps x", "check", "doit", "cache stats", "size"} <= set(
+    assert {"status", "why x", "rdeps x", "check", "doit --help", "cache stats", "size"} <= set(
         COMMANDS
     ), sorted(COMMANDS)
 
@@ -90,9 +110,13 @@ def test_every_command_is_enumerated() -> None:
 @pytest.mark.parametrize("where", sorted(BAD))
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_every_command_refuses_the_same_bad_setting_in_one_line(
-    fake_project: tuple[Path, dict[str, str]], command: str, where: str
+    fake_project: tuple[Path, dict[str, str]],
+    command: str,
+    where: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     root, env = fake_project
+    monkeypatch.chdir(root)
     before, variables, pyproject, line = BAD[where]
     if pyproject:
         (root / "pyproject.toml").write_text(pyproject)
@@ -148,7 +172,7 @@ def test_a_huge_or_not_finite_number_in_pyproject_is_one_line_for_doit(
     """B4: a size of 400 digits was an OverflowError traceback on every doit run."""
     root, env = fake_project
     (root / "pyproject.toml").write_text(f"[tool.metrale-orch]\n{key} = {text}\n")
-    code, out, err = cli(root, env, "doit", "build")
+    code, out, err = orch(root, env, "doit", "build")
     assert (code, out) == (2, ""), err
     assert err.startswith(f"error: pyproject.toml [tool.metrale-orch]: {key}"), err
     assert err.count("\n") == 1 and len(err) < 300, err
@@ -180,7 +204,7 @@ def test_too_many_jobs_are_refused_before_any_thread_starts(
     'can't start new thread' (traceback, exit 3)."""
     root, env = fake_project
     env = {**env, "METRALE_ORCH_JOBS": jobs}
-    code, out, err = cli(root, env, "doit", "build")
+    code, out, err = orch(root, env, "doit", "build")
     assert (code, out) == (2, "")
     assert err.startswith("error: environment METRALE_ORCH_JOBS: jobs: must be a positive "), err
     assert err.count("\n") == 1 and len(err) < 300, err
