@@ -12,16 +12,15 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import subprocess
-import sys
 from collections.abc import Iterator, Mapping
+from dataclasses import astuple
 from pathlib import Path
 
 import pytest
 
 from metrale_orch.cli import _parser, main
 from metrale_orch.config.values import MAX_JOBS
-from tests.support.project import doit
+from tests.support.project import doit, orch
 
 #: The argument a leaf command's required positional gets: never read, since the
 #: configuration is refused first (were it not, a path such as ``cache keygen``'s lands in
@@ -83,21 +82,6 @@ def cli(root: Path, env: Mapping[str, str], *argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     code = main(["--root", str(root), *argv], environ=dict(env), out=out, err=err)
     return code, out.getvalue(), err.getvalue()
-
-
-def orch(root: Path, env: Mapping[str, str], *argv: str) -> tuple[int, str, str]:
-    """``metrale-orch ARGV`` run in ``root`` as its own process (a doit run there builds
-    that project, whatever this process's run is)."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "metrale_orch", *argv],
-        cwd=root,
-        env=dict(env),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    return proc.returncode, proc.stdout, proc.stderr
 
 
 def test_every_command_is_enumerated() -> None:
@@ -172,7 +156,7 @@ def test_a_huge_or_not_finite_number_in_pyproject_is_one_line_for_doit(
     """B4: a size of 400 digits was an OverflowError traceback on every doit run."""
     root, env = fake_project
     (root / "pyproject.toml").write_text(f"[tool.metrale-orch]\n{key} = {text}\n")
-    code, out, err = orch(root, env, "doit", "build")
+    code, out, err = astuple(orch(root, ["doit", "build"], env))
     assert (code, out) == (2, ""), err
     assert err.startswith(f"error: pyproject.toml [tool.metrale-orch]: {key}"), err
     assert err.count("\n") == 1 and len(err) < 300, err
@@ -204,7 +188,7 @@ def test_too_many_jobs_are_refused_before_any_thread_starts(
     'can't start new thread' (traceback, exit 3)."""
     root, env = fake_project
     env = {**env, "METRALE_ORCH_JOBS": jobs}
-    code, out, err = orch(root, env, "doit", "build")
+    code, out, err = astuple(orch(root, ["doit", "build"], env))
     assert (code, out) == (2, "")
     assert err.startswith("error: environment METRALE_ORCH_JOBS: jobs: must be a positive "), err
     assert err.count("\n") == 1 and len(err) < 300, err

@@ -32,6 +32,7 @@ __all__ = [
     "doit",
     "fake_compiles",
     "make_project",
+    "orch",
     "project_env",
     "started_targets",
     "terminate_after",
@@ -188,8 +189,22 @@ def doit(
     root: Path, args: Sequence[str], env: Mapping[str, str], *, timeout: float = 240
 ) -> DoitRun:
     """Run ``python -m doit ARGS`` in ``root``."""
+    return _python_module("doit", root, args, env, timeout)
+
+
+def orch(
+    root: Path, args: Sequence[str], env: Mapping[str, str], *, timeout: float = 240
+) -> DoitRun:
+    """Run ``python -m metrale_orch ARGS`` (``metrale-orch``) in ``root``, as a user does:
+    its own process, so a ``doit`` it runs builds that project."""
+    return _python_module("metrale_orch", root, args, env, timeout)
+
+
+def _python_module(
+    module: str, root: Path, args: Sequence[str], env: Mapping[str, str], timeout: float
+) -> DoitRun:
     proc = subprocess.run(
-        [sys.executable, "-m", "doit", *args],
+        [sys.executable, "-m", module, *args],
         cwd=root,
         env=dict(env),
         capture_output=True,
