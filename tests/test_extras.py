@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from metrale_orch.extras import GPU, REMOTE, ExtraMissing, import_extra, missing_extra
-from tests.support.project import DODO, doit, project_env
+from tests.support.project import DODO, doit, orch, project_env
 from tests.test_smoke import make_tree, needs_nvcc
 
 #: Makes every module named in METRALE_TEST_MISSING (comma-separated), and those under
@@ -119,7 +119,7 @@ def _without(env: dict[str, str], tmp: Path, missing: str) -> dict[str, str]:
 
 def _run(root: Path, command: tuple[str, ...], env: dict[str, str]) -> tuple[int, str]:
     """Run ``doit ...`` or ``metrale-orch ...`` in ``root`` as a user does."""
-    done = doit(root, command[1:], env, module="doit" if command[0] == "doit" else "metrale_orch")
+    done = (doit if command[0] == "doit" else orch)(root, command[1:], env)
     return done.returncode, done.text
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from metrale_orch.config import load_config
 from metrale_orch.tasks.check import check_tree, file_of
 from metrale_orch.tasks.dicts import one_line, plan_error_task, plan_skip_task
 from tests.support.project import (
@@ -138,11 +139,6 @@ MISTAKES: dict[str, tuple[dict[str, str], tuple[str, ...], list[str]]] = {
         ("kernels/LEVERS.toml", "[[lever]] #1"),
         NVIDIA,
     ),
-    "pyproject [tool.metrale-orch]": (
-        {"pyproject.toml": '[tool.metrale-orch]\nbuild_dri = "out"\n'},
-        ("pyproject.toml [tool.metrale-orch]: build_dri",),
-        [],
-    ),
     "toolchains/*.toml": (
         {"toolchains/nvcc.toml": '[toolchain]\nname = "nvcc"\nprogram = 3\n'},
         ("toolchains/nvcc.toml: program",),
@@ -242,7 +238,7 @@ def test_check_goes_on_past_a_bad_toolchain_file(tmp_path: Path) -> None:
             "kernels/hopper/HARDWARE.toml": HOPPER_HW + "not_a_lever = 1\n",
         },
     )
-    report = check_tree(root, env)
+    report = check_tree(root, env, load_config(root, env))
     assert [file_of(p) for p in report.problems] == [
         "kernels/hopper/HARDWARE.toml",
         "toolchains/broken.toml",
@@ -428,7 +424,7 @@ def test_check_lists_a_missing_compiler_and_passes(tmp_path: Path) -> None:
     (root / "toolchains/nvcc.toml").unlink()  # the built-in nvcc, not on this PATH
     env = {k: v for k, v in env.items() if k not in ("CUDA_HOME", "CUDA_PATH")}
     env["PATH"] = str(tmp_path / "empty")
-    report = check_tree(root, env, {})
+    report = check_tree(root, env, load_config(root, env))
     assert report.ok and report.skipping == 5, report
     assert [line.split(" is not installed")[0] for line in report.skipped] == [
         "toolchain 'metal'",

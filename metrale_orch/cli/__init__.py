@@ -10,6 +10,11 @@ Each group of sub-commands lives in a private module (``_layout``,
 ``(args, ctx) -> int``. This package and the doit reporter are the only
 places that print.
 
+Every command reads its configuration the same way (:func:`~metrale_orch.config.load_config`:
+``pyproject.toml`` < environment < ``--set``) and checks it before anything else, so a
+bad value or a broken ``pyproject.toml`` is one line and exit 2 whatever the command;
+each then asks ``ctx.config()`` for the same value.
+
 Exit codes: 0 ok, 1 failure (a build or check that ran and failed), 2 usage
 or tree error; 130 for Ctrl-C and 143 for SIGTERM, each with one line
 (``interrupted``), never a traceback. Messages are shown with
@@ -146,9 +151,13 @@ def main(
     except UsageError as exc:
         print(f"error: {exc}", file=err)
         return exc.exit_code
-    ctx = Context(root=root, environ=env, out=out, err=err, debug=args.debug, overrides=overrides)
+    # Resolved, as doit sees its working directory: the configuration is that of the run.
+    ctx = Context(
+        root=root.resolve(), environ=env, out=out, err=err, debug=args.debug, overrides=overrides
+    )
     install_sigterm_handler()  # SIGTERM ends a command as Ctrl-C does: one line, 143
     try:
+        ctx.config()  # every command: a bad setting is refused before its own arguments
         code: int = args.run(args, ctx)
         return code
     except MetraleError as exc:

@@ -57,7 +57,9 @@ __all__ = ["register"]
 def _run_status(args: argparse.Namespace, ctx: Context) -> int:
     from metrale_orch.views import status  # see the module docstring
 
-    statuses, _ = status.statuses(ctx.root, ctx.environ, args.pattern, detailed=True)
+    statuses, _ = status.statuses(
+        ctx.root, ctx.environ, args.pattern, detailed=True, config=ctx.config()
+    )
     counts: dict[str, int] = {}
     for st in statuses:
         counts[st.status] = counts.get(st.status, 0) + 1
@@ -103,7 +105,7 @@ def _run_why(args: argparse.Namespace, ctx: Context) -> int:
     target = status.strip_base(args.target)
     if "*" in target:
         raise UsageError(f"why takes one target, not a pattern: {args.target!r}")
-    st = status.why_status(ctx.root, ctx.environ, target)
+    st = status.why_status(ctx.root, ctx.environ, target, ctx.config())
     w = ctx.out.write
     if st.status == "up to date":
         w(f"{st.target} is up to date\n")
@@ -159,7 +161,7 @@ def _run_rdeps(args: argparse.Namespace, ctx: Context) -> int:
     rel = _rel_to_root(root, args.file)
     from metrale_orch.views import status  # see the module docstring
 
-    hits = [reach.to_dict() for reach in status.rdeps(root, ctx.environ, rel)]
+    hits = [reach.to_dict() for reach in status.rdeps(root, ctx.environ, rel, ctx.config())]
     if args.json:
         ctx.out.write(readable_json({"file": rel, "targets": hits}) + "\n")
         return 0

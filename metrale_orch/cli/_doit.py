@@ -6,7 +6,8 @@ traceback (see :mod:`metrale_orch.tasks.launch` for why ``doit`` itself cannot s
 The options before ``doit`` are obeyed as for every other command: doit runs in the root
 that ``--root`` (or ``METRALE_ORCH_ROOT``) names, else in the working directory, and each
 ``--set`` reaches the run as the setting's environment variable, which the command line
-outranks. A bad ``--set`` is refused before doit starts, as every command refuses it.
+outranks. A bad setting (``--set``, environment or ``pyproject.toml``) is refused before
+doit starts, as every command refuses it.
 """
 
 from __future__ import annotations
@@ -51,8 +52,6 @@ def _run(args: argparse.Namespace, ctx: Context) -> int:
     from metrale_orch.tasks.launch import run_doit  # doit's import: only for this command
 
     variables = setting_variables(ctx.overrides)  # ConfigError for a key no run can take
-    if ctx.overrides:
-        ctx.config()  # a bad value is refused here, named as the command line's
     rooted = args.root is not None or bool(ctx.environ.get("METRALE_ORCH_ROOT"))
     if rooted and not ctx.root.is_dir():
         raise UsageError(f"--root {ctx.root}: not a directory")

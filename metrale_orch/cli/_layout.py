@@ -180,7 +180,7 @@ def _print_layout(
 
 def run_check(args: argparse.Namespace, ctx: Context) -> int:
     del args
-    report = check_tree(ctx.root, ctx.environ, ctx.overrides)
+    report = check_tree(ctx.root, ctx.environ, ctx.config())
     for stream, line in report_lines(report):
         print(line, file=ctx.out if stream == "out" else ctx.err)
     return 0 if report.ok else 2

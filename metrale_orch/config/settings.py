@@ -308,7 +308,9 @@ def read_pyproject(path: Path) -> dict[str, object] | None:
         return None
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+    # ValueError: TOMLDecodeError, UnicodeDecodeError, and an integer past Python's 4300
+    # digits (which tomllib lets through as a plain ValueError).
+    except (OSError, ValueError) as exc:
         raise ConfigError(path.name, "(file)", f"cannot be read: {exc}") from None
 
 

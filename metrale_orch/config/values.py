@@ -14,6 +14,7 @@ import json
 import os
 import re
 from collections.abc import Mapping
+from decimal import Decimal
 from pathlib import Path
 from types import MappingProxyType
 
@@ -21,6 +22,8 @@ from metrale_orch.errors import MetraleError
 
 __all__ = [
     "CACHE_MODES",
+    "MAX_BYTES",
+    "MAX_JOBS",
     "PUBLIC_KEY_PREFIX",
     "ConfigError",
     "Setting",
@@ -49,6 +52,9 @@ _SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 #: What a size may look like, for messages.
 _SIZE_HINT = 'a number of bytes, or a number with K, M, G or T (powers of 1024) such as "40M"'
+#: The largest size a setting takes (``memory``, ``size_budget``): 1024T, a pebibyte. A
+#: larger one is a typo, and one past a C integer overflows where it is used.
+MAX_BYTES = 1024**5
 #: A ``size_budget`` key: a hardware, or a target ``hw/model/quant``.
 _BUDGET_KEY = re.compile(r"[^/\s]+(/[^/\s]+/[^/\s]+)?")
 
@@ -60,7 +66,8 @@ def size_bytes(text: str) -> int | None:
     if m is None:
         return None
     number, unit, _ = m.groups()
-    return int(float(number) * _SIZE_UNITS[unit.lower()])
+    # Decimal, not float: exact, and a number of 400 digits is no OverflowError.
+    return int(Decimal(number) * _SIZE_UNITS[unit.lower()])
 
 
 #: A converted setting: text, a path, seconds, a count, a table, key lines, or None.
@@ -132,11 +139,23 @@ def key_line_problem(line: str) -> str:
 _BOOLS = {"true": True, "1": True, "yes": True, "on": True,
           "false": False, "0": False, "no": False, "off": False}  # fmt: skip
 
-#: Integer kinds: (least value, what a value that is no integer must be, what one below the
-#: least must be).
-_INTEGERS: dict[str, tuple[int, str, str]] = {
-    "count": (0, "an integer", "a non-negative integer"),
-    "jobs": (1, "a positive integer (compiles at once)", "a positive integer (compiles at once)"),
+#: The most ``jobs`` (and ``remote_jobs``) a setting may ask for: each slot is a thread of
+#: doit's (``num_process``) or of the executor, and a jobserver slot file; past a few
+#: thousand threads a process cannot start more.
+MAX_JOBS = 1024
+#: The largest ``count`` (``log_max_bytes``, ``log_backups``): what a C ``long`` holds.
+_MAX_COUNT = 2**63 - 1
+
+#: Integer kinds: (least value, most value, what a value that is no integer must be, what
+#: one out of range must be).
+_INTEGERS: dict[str, tuple[int, int, str, str]] = {
+    "count": (0, _MAX_COUNT, "an integer", f"a non-negative integer of at most {_MAX_COUNT}"),
+    "jobs": (
+        1,
+        MAX_JOBS,
+        "a positive integer (compiles at once)",
+        f"a positive integer (compiles at once) of at most {MAX_JOBS}",
+    ),
 }
 
 #: The longest a deadline may be: a year (Python's waits overflow past ~9.2e9 s, and a
@@ -166,30 +185,9 @@ def convert(kind: str, value: object, where: str, key: str, root: Path, from_tex
             raise ConfigError(where, key, f"must be one of {', '.join(CACHE_MODES)}, got {value!r}")
         return value.strip().lower()
     if kind == "seconds":
-        if from_text and isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                raise ConfigError(
-                    where, key, f"must be a number of seconds, got {value!r}"
-                ) from None
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-            raise ConfigError(where, key, f"must be a positive number of seconds, got {value!r}")
-        if not value <= _MAX_SECONDS:  # inf, or past what a process wait can take
-            raise ConfigError(
-                where, key, f"must be at most {_MAX_SECONDS:.0f} seconds (a year), got {value!r}"
-            )
-        return float(value)
+        return _seconds(value, where, key, from_text)
     if kind in _INTEGERS:
-        least, not_a_number, out_of_range = _INTEGERS[kind]
-        if from_text and isinstance(value, str):
-            try:
-                value = int(value)
-            except ValueError:
-                raise ConfigError(where, key, f"must be {not_a_number}, got {value!r}") from None
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ConfigError(where, key, f"must be {out_of_range}, got {value!r}")
-        return value
+        return _integer(kind, value, where, key, from_text)
     if kind == "grpc":
         if not isinstance(value, str):
             raise ConfigError(where, key, f"must be a string, got {type(value).__name__}")
@@ -235,12 +233,43 @@ def convert(kind: str, value: object, where: str, key: str, root: Path, from_tex
         if from_text and isinstance(value, str):
             try:
                 value = json.loads(value)
-            except json.JSONDecodeError as exc:
+            except ValueError as exc:  # JSONDecodeError, or an int past 4300 digits
                 raise ConfigError(where, key, f"must be a JSON object: {exc}") from None
         if not isinstance(value, dict):
             raise ConfigError(where, key, "must be a table (a JSON object in the environment)")
         return MappingProxyType(dict(value))
     raise AssertionError(kind)
+
+
+def _seconds(value: object, where: str, key: str, from_text: bool) -> float:
+    """A deadline in seconds: positive and at most a year (never NaN or infinite)."""
+    if from_text and isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ConfigError(
+                where, key, f"must be a number of seconds, got {_shown(value)}"
+            ) from None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ConfigError(where, key, f"must be a positive number of seconds, got {_shown(value)}")
+    if not value <= _MAX_SECONDS:  # inf, or past what a process wait can take
+        raise ConfigError(
+            where, key, f"must be at most {_MAX_SECONDS:.0f} seconds (a year), got {_shown(value)}"
+        )
+    return float(value)
+
+
+def _integer(kind: str, value: object, where: str, key: str, from_text: bool) -> int:
+    """An integer of one of the :data:`_INTEGERS` kinds, within its range."""
+    least, most, not_a_number, out_of_range = _INTEGERS[kind]
+    if from_text and isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:  # not digits, or past Python's 4300 digits
+            raise ConfigError(where, key, f"must be {not_a_number}, got {_shown(value)}") from None
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+        raise ConfigError(where, key, f"must be {out_of_range}, got {_shown(value)}")
+    return value
 
 
 def _budget(value: object, where: str, key: str, name: str) -> int:
@@ -254,13 +283,25 @@ def _budget(value: object, where: str, key: str, name: str) -> int:
 
 
 def _bytes(value: object, where: str, shown: str) -> int:
-    """A size in bytes: a whole number of bytes, or text such as ``"40M"``."""
+    """A size in bytes: a whole number of bytes, or text such as ``"40M"``, of at most
+    :data:`MAX_BYTES`."""
+    size: int | None = None
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    size = size_bytes(value) if isinstance(value, str) else None
+        size = value
+    elif isinstance(value, str):
+        size = size_bytes(value)
     if size is None:
-        raise ConfigError(where, shown, f"must be {_SIZE_HINT}, got {value!r}")
+        raise ConfigError(where, shown, f"must be {_SIZE_HINT}, got {_shown(value)}")
+    if size > MAX_BYTES:
+        raise ConfigError(where, shown, f"must be at most 1024T (a pebibyte), got {_shown(value)}")
     return size
+
+
+def _shown(value: object) -> str:
+    """``value`` as a message quotes it: its ``repr``, cut short past 40 characters (a
+    number of 400 digits is one readable line)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
 
 
 def _memory(value: object, where: str, key: str) -> int:
@@ -334,7 +375,7 @@ def _public_keys(value: object, where: str, key: str, from_text: bool) -> tuple[
         if text.startswith("["):
             try:
                 value = json.loads(text)
-            except json.JSONDecodeError as exc:
+            except ValueError as exc:  # JSONDecodeError, or an int past 4300 digits
                 raise ConfigError(where, key, f"must be a JSON array of strings: {exc}") from None
         else:
             value = [part for part in text.split(",") if part.strip()]

@@ -224,7 +224,7 @@ def check_action(root: str) -> bool:
     from metrale_orch.tasks.check import check_tree, report_lines  # see the module docstring
 
     try:
-        report = check_tree(Path(root), os.environ)
+        report = check_tree(Path(root), os.environ, current_run().config(Path(root)))
     except MetraleError as exc:
         print(printable(f"error: {exc}"), file=sys.stderr)
         return False

@@ -4,9 +4,8 @@
 by running the build's own validating functions over every target and every
 hardware rather than restating their rules:
 
-- the configuration (:func:`~metrale_orch.config.load_config`: ``pyproject.toml``
-  ``[tool.metrale-orch]``, ``METRALE_ORCH_*``) and ``toolchains/*.toml``
-  (:func:`~metrale_orch.toolchain.definitions.load_toolchains`);
+- ``toolchains/*.toml`` (:func:`~metrale_orch.toolchain.definitions.load_toolchains`;
+  the configuration is the caller's, loaded and checked before, as every command's);
 - every target's resolution (:func:`~metrale_orch.tree.resolve_all`: manifests,
   symlinks, shadows), containment (:func:`~metrale_orch.steps.staging.uncontained`),
   its stage (:func:`~metrale_orch.steps.staging.plan_stage`), vendor → toolchain
@@ -56,7 +55,7 @@ from pathlib import Path
 from typing import Literal
 
 from metrale_orch import tree as lay
-from metrale_orch.config import Config, load_config
+from metrale_orch.config import Config
 from metrale_orch.defaults import read_tree_levers
 from metrale_orch.errors import MetraleError, is_printable, printable
 from metrale_orch.fsutil import file_hash
@@ -163,20 +162,14 @@ def file_of(message: str) -> str:
     return ""
 
 
-def check_tree(
-    root: Path, environ: Mapping[str, str], overrides: Mapping[str, str] | None = None
-) -> CheckReport:
-    """Check the tree at ``root`` as the build would see it under ``environ`` (I/O: reads
-    the configuration, the toolchain files and every file name, manifest and source
-    under kernels/; finds and probes each toolchain as the build does, compiling no
-    kernel)."""
+def check_tree(root: Path, environ: Mapping[str, str], config: Config) -> CheckReport:
+    """Check the tree at ``root`` as the build would see it under ``environ`` and
+    ``config`` (the caller's: a configuration that does not load is its error, refused
+    before any tree is read) (I/O: reads the toolchain files and every file name,
+    manifest and source under kernels/; finds and probes each toolchain as the build
+    does, compiling no kernel)."""
     found = _Found()
     skipped: dict[str, set[str]] = defaultdict(set)
-    config: Config | None = None
-    try:
-        config = load_config(root, environ, overrides)
-    except MetraleError as exc:
-        found.error(exc)
     toolchains: Mapping[str, Toolchain] | None = None
     try:
         toolchains = load_toolchains(root)
@@ -272,7 +265,7 @@ class _Steps:
         self,
         *,
         root: Path,
-        config: Config | None,
+        config: Config,
         toolchains: Mapping[str, Toolchain] | None,
         environ: Mapping[str, str],
         memo: PlanMemo,
@@ -292,10 +285,8 @@ class _Steps:
             data = self._sources[path] = path.read_bytes()
         return data
 
-    def hip_compat(self) -> HipCompat | None:
+    def hip_compat(self) -> HipCompat:
         """The project's HIP compat directory, as the build reads it for a HIP target."""
-        if self.config is None:
-            return None  # the configuration's own problem is reported
         if self._compat is None:
             self._compat = scan_hip_compat(self.root, self.config.hip_compat_dir)
         return self._compat

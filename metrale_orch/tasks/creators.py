@@ -119,7 +119,7 @@ def cached_tasks(
             config = load_config(root, environ)
         toolchains = load_toolchains(root)
     except MetraleError:
-        specs = generation().generate_specs(root, environ, argv, probes=probes)[0]
+        specs = generation().generate_specs(root, environ, argv, config=config, probes=probes)[0]
         return specs, None, "not cached: configuration error"
     state_dir = config.build_dir / STATE_DIR
     base = scoped_base(generation_base(root, environ, config, toolchains), scope)

@@ -84,7 +84,11 @@ __all__ = [
 
 
 def resolve_build_specs(
-    root: Path, environ: Mapping[str, str], argv: Sequence[str] = ()
+    root: Path,
+    environ: Mapping[str, str],
+    argv: Sequence[str] = (),
+    *,
+    config: Config | None = None,
 ) -> list[BuildSpec]:
     """Every ``build`` sub-task of the tree at ``root`` (reads the tree, probes compilers).
 
@@ -92,9 +96,10 @@ def resolve_build_specs(
     (or, for a missing toolchain, skipping) sub-tasks. Always generates (with
     plans and layouts); :func:`cached_build_specs` is the no-op fast path. A target
     named in ``argv`` that the tree does not generate gets a failing sub-task saying
-    why (:func:`~metrale_orch.tasks.creators.named_failures`).
+    why (:func:`~metrale_orch.tasks.creators.named_failures`). ``config``: the caller's
+    (None: loaded from ``environ``).
     """
-    specs = generate_specs(root, environ, argv)[0]
+    specs = generate_specs(root, environ, argv, config=config)[0]
     return specs + named_failures(root, specs, explicit_targets(argv))
 
 
@@ -398,13 +403,18 @@ GENERATION = Generation(
 
 
 def cached_build_specs(
-    root: Path, environ: Mapping[str, str], argv: Sequence[str] = ()
+    root: Path,
+    environ: Mapping[str, str],
+    argv: Sequence[str] = (),
+    *,
+    config: Config | None = None,
 ) -> tuple[list[BuildSpec], str]:
     """:func:`resolve_build_specs` through the task cache (:mod:`metrale_orch.tasks.creators`).
 
     Returns the specs and how they were obtained: ``"hit"`` (the specs carry no
     ``plan``/``layout``/``resolved``), or the reason of a miss (generated, and
-    cached when possible). The task dicts are the same either way.
+    cached when possible). The task dicts are the same either way. ``config``: the
+    caller's (None: loaded from ``environ``).
     """
-    specs, _smoke, how = cached_tasks(root, environ, argv, lambda: GENERATION)
+    specs, _smoke, how = cached_tasks(root, environ, argv, lambda: GENERATION, config=config)
     return specs + named_failures(root, specs, explicit_targets(argv)), how

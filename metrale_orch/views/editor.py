@@ -78,7 +78,7 @@ def write_compdb(
     :class:`~metrale_orch.views.status.NoSuchTarget` when the pattern selects no target,
     OSError when the lock or the database cannot be written."""
     root = Path(root).resolve()
-    specs, _how = generation.cached_build_specs(root, environ)
+    specs, _how = generation.cached_build_specs(root, environ, config=config)
     chosen = choose_specs(root, specs, pattern)
     lock = BuildLock(Path(config.build_dir))
     lock.acquire(say)

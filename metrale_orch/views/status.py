@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from metrale_orch.config import load_config
+from metrale_orch.config import Config, load_config
 from metrale_orch.errors import MetraleError, UsageError
 from metrale_orch.paths import BUILD_TASK, DB_NAME, TREE_TASK, rel_posix
 from metrale_orch.steps.includes import Includes, module_closure, parse_includes
@@ -220,12 +220,14 @@ def _in_root(root: Path) -> Iterator[None]:
         os.chdir(old)
 
 
-def select_specs(root: Path, environ: Mapping[str, str], pattern: str | None) -> list[BuildSpec]:
+def select_specs(
+    root: Path, environ: Mapping[str, str], pattern: str | None, config: Config | None = None
+) -> list[BuildSpec]:
     """The build specs of the targets matching ``pattern`` (all when None), as ``doit``
-    generates them, through its task cache (reads the tree; probes compilers when the task
-    cache misses): the lookup ``status``, ``why`` and ``why-miss`` share. Raises
-    :class:`NoSuchTarget`."""
-    specs, _how = generation.cached_build_specs(root, environ)
+    generates them under ``config`` (None: the one ``environ`` gives), through its task
+    cache (reads the tree; probes compilers when the task cache misses): the lookup
+    ``status``, ``why`` and ``why-miss`` share. Raises :class:`NoSuchTarget`."""
+    specs, _how = generation.cached_build_specs(root, environ, config=config)
     return choose_specs(root, specs, pattern)
 
 
@@ -245,12 +247,18 @@ def choose_specs(root: Path, specs: list[BuildSpec], pattern: str | None) -> lis
 
 
 def statuses(
-    root: Path, environ: Mapping[str, str], pattern: str | None, *, detailed: bool
+    root: Path,
+    environ: Mapping[str, str],
+    pattern: str | None,
+    *,
+    detailed: bool,
+    config: Config | None = None,
 ) -> tuple[list[TargetStatus], list[BuildSpec]]:
     """The status of each target matching ``pattern`` (all when None), and their specs
-    (reads the tree, the task cache and doit's database). Raises :class:`NoSuchTarget`."""
+    (reads the tree, the task cache and doit's database), under ``config`` (None: the
+    configuration ``environ`` gives, as a doit run's). Raises :class:`NoSuchTarget`."""
     root = root.resolve()
-    chosen = select_specs(root, environ, pattern)
+    chosen = select_specs(root, environ, pattern, config)
     out: list[TargetStatus] = []
     with _in_root(root), _dependency(root) as dep:
         tasks = {
@@ -352,24 +360,29 @@ def _build_status(
 
 
 def target_statuses(
-    root: Path, environ: Mapping[str, str], pattern: str | None = None
+    root: Path,
+    environ: Mapping[str, str],
+    pattern: str | None = None,
+    config: Config | None = None,
 ) -> list[TargetStatus]:
     """Each target's status (with reasons), as ``doit build`` would see it."""
-    return statuses(root, environ, pattern, detailed=True)[0]
+    return statuses(root, environ, pattern, detailed=True, config=config)[0]
 
 
-def why_status(root: Path, environ: Mapping[str, str], target: str) -> TargetStatus:
+def why_status(
+    root: Path, environ: Mapping[str, str], target: str, config: Config | None = None
+) -> TargetStatus:
     """The status of the one target ``target`` names, with the values behind its changed
     signature parts (reads the tree, the task cache and doit's database; plans the target
     afresh, probing its compiler, when a signature part changed). Raises
     :class:`NoSuchTarget`."""
     root = root.resolve()
-    found, _specs = statuses(root, environ, target, detailed=True)
+    found, _specs = statuses(root, environ, target, detailed=True, config=config)
     st = found[0]
     if not st.signature:
         return st
     stored = _saved_record(root, st.target)
-    current = _current_record(root, environ, st.target) if stored is not None else None
+    current = _current_record(root, environ, st.target, config) if stored is not None else None
     if stored is None or current is None:
         return st
     return dataclasses.replace(st, signature_changes=signature_changes(current, stored))
@@ -399,14 +412,15 @@ def _saved_record(root: Path, target: str) -> Mapping[str, object] | None:
 
 
 def _current_record(
-    root: Path, environ: Mapping[str, str], target: str
+    root: Path, environ: Mapping[str, str], target: str, config: Config | None
 ) -> Mapping[str, object] | None:
-    """The plan record of ``target`` as a build would plan it now, or None when it does
-    not plan (its error is the status's)."""
-    try:
-        config = load_config(root, environ)
-    except MetraleError:
-        return None
+    """The plan record of ``target`` as a build would plan it now under ``config`` (None:
+    the one ``environ`` gives), or None when it does not plan (its error is the status's)."""
+    if config is None:
+        try:
+            config = load_config(root, environ)
+        except MetraleError:
+            return None
     tree = generation.resolve_tree(root, environ, config)
     only = generation.select_targets(tree, [f"{BUILD_TASK}:{target}"])
     specs, _ = generation.generate_specs(root, environ, [], config=config, resolution=only)
@@ -469,11 +483,13 @@ def _skipped_plan(root: Path, spec: BuildSpec, environ: Mapping[str, str]) -> Ta
         return None
 
 
-def rdeps(root: Path, environ: Mapping[str, str], rel: str) -> list[Reach]:
+def rdeps(
+    root: Path, environ: Mapping[str, str], rel: str, config: Config | None = None
+) -> list[Reach]:
     """The targets whose inputs include the root-relative file ``rel``, failing and
-    skipped ones marked (reads the tree, probes compilers). Raises :class:`BrokenTree`
-    when the tree does not load."""
-    specs = generation.resolve_build_specs(root, environ)
+    skipped ones marked (reads the tree, probes compilers), under ``config`` (None: the
+    one ``environ`` gives). Raises :class:`BrokenTree` when the tree does not load."""
+    specs = generation.resolve_build_specs(root, environ, config=config)
     if [s.target for s in specs] == [TREE_TASK]:
         raise BrokenTree("rdeps", specs[0].message)
     hits: list[Reach] = []

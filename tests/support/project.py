@@ -32,6 +32,7 @@ __all__ = [
     "doit",
     "fake_compiles",
     "make_project",
+    "orch",
     "project_env",
     "started_targets",
     "terminate_after",
@@ -190,9 +191,22 @@ def doit(
     env: Mapping[str, str],
     *,
     timeout: float = 240,
-    module: str = "doit",
 ) -> DoitRun:
-    """Run ``python -m doit ARGS`` in ``root`` (``module="metrale_orch"``: the CLI)."""
+    """Run ``python -m doit ARGS`` in ``root``."""
+    return _python_module("doit", root, args, env, timeout)
+
+
+def orch(
+    root: Path, args: Sequence[str], env: Mapping[str, str], *, timeout: float = 240
+) -> DoitRun:
+    """Run ``python -m metrale_orch ARGS`` (``metrale-orch``) in ``root``, as a user does:
+    its own process, so a ``doit`` it runs builds that project."""
+    return _python_module("metrale_orch", root, args, env, timeout)
+
+
+def _python_module(
+    module: str, root: Path, args: Sequence[str], env: Mapping[str, str], timeout: float
+) -> DoitRun:
     proc = subprocess.run(
         [sys.executable, "-m", module, *args],
         cwd=root,
