@@ -23,6 +23,7 @@ _COUNTERS = (
     "remote_hits",
     "shared",
     "misses",
+    "cache_off",
     "rejected",
     "errors",
     "timeouts",
@@ -52,6 +53,8 @@ class CacheStats:
     #: process's compile). Neither a hit nor a miss: no cache tier served it.
     shared: int = 0
     misses: int = 0
+    #: Misses with ``cache_mode`` off: no tier was asked, every module compiles.
+    cache_off: int = 0
     #: Misses where an entry verified but ``accept`` refused it (stale for the current inputs).
     rejected: int = 0
     #: Failed store calls (remote errors, unreadable local files).
@@ -149,6 +152,8 @@ class CacheStats:
         line += f"; {moved}; {self.seconds_saved:.1f} s of compiling saved"
         if self.remote_disabled:
             line += "; remote off"
+        if self.cache_off:
+            line += "; cache off"
         return line
 
     def signature_line(self) -> str:
