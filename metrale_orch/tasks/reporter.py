@@ -86,10 +86,11 @@ from metrale_orch.tasks.progress import LiveLine, progress_text
 from metrale_orch.tasks.report_lines import (
     add_remote_counts,
     brief,
-    format_modules,
     format_refused,
     format_remote,
+    format_skipped,
     format_summary,
+    format_target,
     remote_totals,
 )
 from metrale_orch.tasks.run_end import end_interrupted
@@ -236,8 +237,9 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             self._skipped.setdefault(reason, []).append(task.name[len(_BASE) :])
             self._bump("skipped")
         else:
-            self._bump("cached" if outcome == "cached" else "built")
-            self._finished_line(task.name, values)
+            counted = "cached" if outcome == "cached" else "built"
+            self._bump(counted)
+            self._finished_line(task.name, counted, values)
         self._take(values)
 
     def add_failure(self, task: Task, fail: BaseException) -> None:
@@ -286,14 +288,13 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             return
         super().write(printable(text))
 
-    def _finished_line(self, name: str, values: Mapping[str, object]) -> None:
-        """One line per finished target: its modules' outcomes and its time."""
+    def _finished_line(self, name: str, outcome: str, values: Mapping[str, object]) -> None:
+        """One line per finished target: what the summary counts it as, its time, its
+        modules' outcomes (:func:`~metrale_orch.tasks.report_lines.format_target`)."""
         self._finished.add(name)
         modules = values.get("modules")
-        seconds = values.get("seconds")
-        took = f" in {seconds:.1f} s" if isinstance(seconds, int | float) else ""
         counts = modules if isinstance(modules, dict) else {}
-        self.write(f"done {name}: {format_modules(counts)}{took}\n")
+        self.write(format_target(name, outcome, counts, values.get("seconds")) + "\n")
 
     def _progress_text(self) -> str:
         counts, jobs = progress_counts()
@@ -358,8 +359,8 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         self.write(format_summary(self._counts, seconds) + "\n")
         if self._refused:
             self.write(format_refused(self._refused) + "\n")
-        for reason, targets in sorted(self._skipped.items()):
-            self.write(f"skipped {len(targets)} target(s): {reason} ({brief(targets)})\n")
+        for reason, targets in sorted(self._skipped.items()):  # in full once, unless a no-op
+            self.write(format_skipped(reason, targets, full=self._ran) + "\n")
         if self._ignored:
             self.write(
                 f"ignored {len(self._ignored)} target(s) marked by `doit ignore` "
