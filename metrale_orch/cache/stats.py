@@ -122,7 +122,8 @@ class CacheStats:
 
     def summary_line(self) -> str:
         """One line, e.g. ``cache: 12 local hits, 3 remote hits, 40 shared, 2 misses; ...``
-        (``shared`` only when some lookup was: the four add up to :attr:`lookups`)."""
+        (``shared`` only when some lookup was: the four add up to :attr:`lookups`, with
+        the cache off too, when the line ends ``; cache off``)."""
         parts = [
             f"{self.local_hits} local hit{_s(self.local_hits)}",
             f"{self.remote_hits} remote hit{_s(self.remote_hits)}",

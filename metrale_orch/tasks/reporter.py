@@ -1,14 +1,18 @@
 """The doit reporter of ``metrale_orch.dodo``: progress, failures, one summary line.
 
 Build tasks (``build:…``) are shown as ``[ i/n] build:<target>`` when they
-start; up-to-date ones are counted silently, and so are those marked by ``doit
+start and ``done build:<target>: built in 3.1 s (10 modules: …)`` when they finish;
+up-to-date ones are counted silently, and so are those marked by ``doit
 ignore`` (doit's ``!!`` lines: the group ``build`` is "ignored" too whenever one
 of its targets is, which says nothing). A failure prints its one-line message
 (the compiler's output for compile errors). At the end:
 
     build: 3 built, 2 from cache, 995 up to date, 4 skipped, 1 failed in 1.2 s
-    skipped 4 targets: toolchain 'metal' is not installed: ... (apple/*)
+    skipped 4 target(s): toolchain 'metal' is not installed: ... (apple/*)
     cache: <the cache's own summary line>
+
+(the skip reason cut to its first clause on a no-op run; what each count means:
+docs/guarantees.md, "What the counts mean").
 
 The words of each line are :mod:`~metrale_orch.tasks.report_lines`; how the run ends,
 :mod:`~metrale_orch.tasks.run_end`.
