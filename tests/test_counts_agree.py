@@ -197,7 +197,7 @@ def test_a_skip_reason_is_said_in_full_once_and_short_on_a_noop(
     assert SKIP_REASON not in noop.out, noop.out
     assert (
         "skipped 1 target(s): toolchain 'metal' is not installed (apple/llama/f16); "
-        "see `metrale-orch check`\n"
+        "see `metrale-orch status`\n"
     ) in noop.out, noop.out
 
 
@@ -206,7 +206,7 @@ def test_a_long_skip_reason_is_cut_on_a_noop() -> None:
 
     reason = "x" * 431
     short = format_skipped(reason, ["hw/m/q"], full=False)
-    assert short == f"skipped 1 target(s): {'x' * 99}… (hw/m/q); see `metrale-orch check`"
+    assert short == f"skipped 1 target(s): {'x' * 99}… (hw/m/q); see `metrale-orch status`"
     assert format_skipped(reason, ["hw/m/q"], full=True).count(reason) == 1
     assert (
         format_skipped("no toolchain", ["a"], full=False) == "skipped 1 target(s): no toolchain (a)"

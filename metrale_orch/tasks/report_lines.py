@@ -109,7 +109,7 @@ def format_skipped(reason: str, targets: list[str], *, full: bool) -> str:
     (``full`` false: a no-op run) its first clause and where to read the rest."""
     said = reason if full else _first_clause(reason)
     line = f"skipped {len(targets)} target(s): {said} ({brief(targets)})"
-    return line if said == reason else f"{line}; see `metrale-orch check`"
+    return line if said == reason else f"{line}; see `metrale-orch status`"
 
 
 def _first_clause(reason: str) -> str:
