@@ -7,12 +7,13 @@ where each line appears).
 A finished target's line says what the summary counts it as (``built`` or ``from
 cache``, the summary's own words) and then its modules in the ``cache:`` line's words:
 ``local hits``, ``remote hits``, ``shared`` (obtained by another target of the run, which
-compiled or fetched them) and ``compiled`` (what the ``cache:`` line counts as misses).
+compiled or fetched them) and ``compiled`` (what the ``cache:`` line counts as misses, as
+it does a target's ``failed`` modules: a target that failed compiling gets such a line
+too, after its ``FAILED`` line).
 A target is ``built`` when some module of it was compiled in this run (by it or by a
 target it shares them with), ``from cache`` when none was: every one came from a cache
 tier. So the target lines of each word add up to the summary's count, and their modules
-(with those of the failed targets) to the ``cache:`` line's (docs/guarantees.md, "What
-the counts mean").
+to the ``cache:`` line's (docs/guarantees.md, "What the counts mean").
 
 A skip reason is said in full on a run that built something, once per reason; on a
 no-op run (no target ran) only its first clause, and where to read the rest
@@ -65,6 +66,7 @@ _MODULE_WORDS = (
     ("remote", "remote hit", "remote hits"),
     ("shared", "shared", "shared"),
     ("compiled", "compiled", "compiled"),
+    ("failed", "failed", "failed"),
 )
 
 #: A skip reason said on a no-op run is cut to at most this many characters.
@@ -82,7 +84,8 @@ def format_summary(counts: dict[str, int], seconds: float) -> str:
 def format_target(name: str, outcome: str, modules: Mapping[str, object], seconds: object) -> str:
     """A finished target's line (pure), e.g. ``done build:hw/m/q: built in 3.1 s (10
     modules: 2 local hits, 4 shared, 4 compiled)``: ``outcome`` is the summary's key
-    (``built``, ``cached``), ``modules`` the value's counts (each said only when there
+    (``built``, ``cached``, ``failed``: after its ``FAILED`` line, for a target whose
+    modules were looked up), ``modules`` the value's counts (each said only when there
     is one)."""
     word = dict(TARGET_WORDS).get(outcome, outcome)
     took = f" in {seconds:.1f} s" if isinstance(seconds, int | float) else ""

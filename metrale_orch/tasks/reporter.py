@@ -271,6 +271,9 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         if not message.startswith(_BASE):
             message = f"{task.name}: {message}"
         self.write(f"FAILED {message.rstrip()}\n")
+        modules = values.get("modules")
+        if isinstance(modules, dict) and modules:  # its lookups count on the cache: line
+            self.write(format_target(task.name, "failed", modules, values.get("seconds")) + "\n")
         if traceback and not isinstance(fail, BuildFailed):
             self.write(traceback)
         self.failures.append({"task": task, "exception": fail})
