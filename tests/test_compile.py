@@ -509,8 +509,8 @@ def test_a_module_another_target_compiled_is_shared_not_from_cache(
     }  # fmt: skip
     values = summarise_result(second)
     assert values == {"outcome": "built", "modules": {"compiled": 1, "shared": 2}}
-    assert format_modules(values["modules"]) == "3 module(s), 1 compiled, 2 shared"
-    assert format_modules({"local": 2, "remote": 1}) == "3 module(s), 0 compiled, 3 from cache"
+    assert format_modules(values["modules"]) == "3 modules: 2 shared, 1 compiled"
+    assert format_modules({"local": 2, "remote": 1}) == "3 modules: 2 local hits, 1 remote hit"
 
 
 def test_a_memoised_artefact_is_verified_before_reuse(

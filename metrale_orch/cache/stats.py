@@ -23,6 +23,7 @@ _COUNTERS = (
     "remote_hits",
     "shared",
     "misses",
+    "cache_off",
     "rejected",
     "errors",
     "timeouts",
@@ -52,6 +53,8 @@ class CacheStats:
     #: process's compile). Neither a hit nor a miss: no cache tier served it.
     shared: int = 0
     misses: int = 0
+    #: Misses with ``cache_mode`` off: no tier was asked, every module compiles.
+    cache_off: int = 0
     #: Misses where an entry verified but ``accept`` refused it (stale for the current inputs).
     rejected: int = 0
     #: Failed store calls (remote errors, unreadable local files).
@@ -119,7 +122,8 @@ class CacheStats:
 
     def summary_line(self) -> str:
         """One line, e.g. ``cache: 12 local hits, 3 remote hits, 40 shared, 2 misses; ...``
-        (``shared`` only when some lookup was: the four add up to :attr:`lookups`)."""
+        (``shared`` only when some lookup was: the four add up to :attr:`lookups`, with
+        the cache off too, when the line ends ``; cache off``)."""
         parts = [
             f"{self.local_hits} local hit{_s(self.local_hits)}",
             f"{self.remote_hits} remote hit{_s(self.remote_hits)}",
@@ -149,6 +153,8 @@ class CacheStats:
         line += f"; {moved}; {self.seconds_saved:.1f} s of compiling saved"
         if self.remote_disabled:
             line += "; remote off"
+        if self.cache_off:
+            line += "; cache off"
         return line
 
     def signature_line(self) -> str:

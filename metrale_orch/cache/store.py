@@ -193,10 +193,9 @@ class Cache:
 
     def count_shared(self) -> None:
         """Count one module lookup that another target of the run answered from memory
-        (the build session's memo): one of the run's lookups, neither a hit nor a miss.
-        Nothing is counted with the cache off (its lookups count nothing either)."""
-        if self._enabled:
-            self._count(shared=1)
+        (the build session's memo): one of the run's lookups, neither a hit nor a miss,
+        with the cache off too (no tier is involved either way)."""
+        self._count(shared=1)
 
     def _count_failure(self, exc: RemoteFailure) -> None:
         if exc.timeout:
@@ -252,7 +251,9 @@ class Cache:
         true; a rejected local entry is kept (replace it with
         ``put(..., replace=True)``) and the remote is asked, a rejected remote
         entry is not copied to the local tier. A rejected lookup counts as a
-        miss and as ``rejected``. A remote hit is written to the local tier.
+        miss and as ``rejected``. A remote hit is written to the local tier. With the cache
+        off every lookup is a miss, counted as such and as ``cache_off`` (so hits, shared
+        and misses add up to every lookup in every mode).
         With ``run``, an entry whose meta names that run (:data:`RUN_META`: another
         worker process of the same build stored it) is returned with ``shared`` set and
         counted as ``shared``, not as a hit (it saved no compile).
@@ -260,6 +261,7 @@ class Cache:
         """
         _check_key(key)
         if not self._enabled or self._local is None:
+            self._count(misses=1, cache_off=1)
             return None
         hit, rejected = self._get_local(self._local, key, accept, run)
         if hit is None and self._remote is not None:

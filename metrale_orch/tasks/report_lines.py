@@ -4,12 +4,20 @@
 counts, so tests and the reporter agree on the words (see the reporter's docstring for
 where each line appears).
 
-A finished target's line counts its modules compiled, restored ``from cache`` (its own
-local and remote hits) and ``shared`` (obtained by another target of the run, which
-compiled or fetched them): the ``cache:`` line counts each module of every target once
-in the same words (local hits, remote hits, shared, misses). A target is ``built`` when
-its modules were compiled in this run (by it or by a target it shares them with), ``from
-cache`` when every one came from a cache tier.
+A finished target's line says what the summary counts it as (``built`` or ``from
+cache``, the summary's own words) and then its modules in the ``cache:`` line's words:
+``local hits``, ``remote hits``, ``shared`` (obtained by another target of the run, which
+compiled or fetched them) and ``compiled`` (what the ``cache:`` line counts as misses, as
+it does a target's ``failed`` modules: a target that failed compiling gets such a line
+too, after its ``FAILED`` line).
+A target is ``built`` when some module of it was compiled in this run (by it or by a
+target it shares them with), ``from cache`` when none was: every one came from a cache
+tier. So the target lines of each word add up to the summary's count, and their modules
+to the ``cache:`` line's (docs/guarantees.md, "What the counts mean").
+
+A skip reason is said in full on a run that built something, once per reason; on a
+no-op run (no target ran) only its first clause, and where to read the rest
+(:func:`format_skipped`).
 
 With ``require_hits`` set, the modules it refused to compile (every cache tier
 missed them) are counted on a line of their own after the summary
@@ -35,39 +43,87 @@ __all__ = [
     "format_modules",
     "format_refused",
     "format_remote",
+    "format_skipped",
     "format_summary",
+    "format_target",
     "remote_totals",
 ]
 
 
+#: The summary's counts of targets, in its order: the reporter's key and the word said.
+TARGET_WORDS = (
+    ("built", "built"),
+    ("cached", "from cache"),
+    ("uptodate", "up to date"),
+    ("skipped", "skipped"),
+    ("failed", "failed"),
+)
+
+#: A finished target's module counts, in the ``cache:`` line's order: the value's keys
+#: (:func:`~metrale_orch.tasks.outcomes.summarise_result`) and the word said.
+_MODULE_WORDS = (
+    ("local", "local hit", "local hits"),
+    ("remote", "remote hit", "remote hits"),
+    ("shared", "shared", "shared"),
+    ("compiled", "compiled", "compiled"),
+    ("failed", "failed", "failed"),
+)
+
+#: A skip reason said on a no-op run is cut to at most this many characters.
+SHORT_REASON = 100
+
+
 def format_summary(counts: dict[str, int], seconds: float) -> str:
     """The final summary line (pure)."""
-    parts = [
-        f"{counts.get('built', 0)} built",
-        f"{counts.get('cached', 0)} from cache",
-        f"{counts.get('uptodate', 0)} up to date",
-        f"{counts.get('skipped', 0)} skipped",
-        f"{counts.get('failed', 0)} failed",
-    ]
+    parts = [f"{counts.get(key, 0)} {word}" for key, word in TARGET_WORDS]
     if counts.get("ignored"):
         parts.append(f"{counts['ignored']} ignored")
     return f"build: {', '.join(parts)} in {seconds:.1f} s"
 
 
+def format_target(name: str, outcome: str, modules: Mapping[str, object], seconds: object) -> str:
+    """A finished target's line (pure), e.g. ``done build:hw/m/q: built in 3.1 s (10
+    modules: 2 local hits, 4 shared, 4 compiled)``: ``outcome`` is the summary's key
+    (``built``, ``cached``, ``failed``: after its ``FAILED`` line, for a target whose
+    modules were looked up), ``modules`` the value's counts (each said only when there
+    is one)."""
+    word = dict(TARGET_WORDS).get(outcome, outcome)
+    took = f" in {seconds:.1f} s" if isinstance(seconds, int | float) else ""
+    return f"done {name}: {word}{took} ({format_modules(modules)})"
+
+
 def format_modules(counts: Mapping[str, object]) -> str:
-    """A finished target's modules (pure), e.g. ``9 module(s), 2 compiled, 3 from cache,
-    4 shared``: ``from cache`` are its local and remote hits, ``shared`` the modules
-    another target of the run obtained (each said only when there is one)."""
-    compiled, hits, shared = (
-        sum(int(v) for k, v in counts.items() if k in names and isinstance(v, int))
-        for names in (("compiled",), ("local", "remote"), ("shared",))
-    )
-    line = f"{compiled + hits + shared} module(s), {compiled} compiled"
-    if hits:
-        line += f", {hits} from cache"
-    if shared:
-        line += f", {shared} shared"
-    return line
+    """A finished target's modules (pure), e.g. ``9 modules: 3 local hits, 4 shared, 2
+    compiled`` (see :data:`_MODULE_WORDS`)."""
+    parts = []
+    total = 0
+    for key, one, many in _MODULE_WORDS:
+        value = counts.get(key, 0)
+        n = value if isinstance(value, int) else 0
+        total += n
+        if n:
+            parts.append(f"{n} {one if n == 1 else many}")
+    noun = "module" if total == 1 else "modules"
+    return f"{total} {noun}: {', '.join(parts)}" if parts else f"{total} {noun}"
+
+
+def format_skipped(reason: str, targets: list[str], *, full: bool) -> str:
+    """The line of the targets skipped for one reason (pure): the reason in full, or
+    (``full`` false: a no-op run) its first clause and where to read the rest."""
+    said = reason if full else _first_clause(reason)
+    line = f"skipped {len(targets)} target(s): {said} ({brief(targets)})"
+    return line if said == reason else f"{line}; see `metrale-orch status`"
+
+
+def _first_clause(reason: str) -> str:
+    """The first line of ``reason`` up to its first ``: `` or ``; `` (what is wrong,
+    before why and what to do), at most :data:`SHORT_REASON` characters (pure)."""
+    head = reason.strip().splitlines()[0] if reason.strip() else reason
+    for mark in (": ", "; "):
+        head = head.split(mark, 1)[0]
+    if len(head) > SHORT_REASON:
+        head = head[: SHORT_REASON - 1].rstrip() + "…"
+    return head
 
 
 def format_refused(refused: Mapping[str, int]) -> str:

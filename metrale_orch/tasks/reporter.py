@@ -1,14 +1,18 @@
 """The doit reporter of ``metrale_orch.dodo``: progress, failures, one summary line.
 
 Build tasks (``build:…``) are shown as ``[ i/n] build:<target>`` when they
-start; up-to-date ones are counted silently, and so are those marked by ``doit
+start and ``done build:<target>: built in 3.1 s (10 modules: …)`` when they finish;
+up-to-date ones are counted silently, and so are those marked by ``doit
 ignore`` (doit's ``!!`` lines: the group ``build`` is "ignored" too whenever one
 of its targets is, which says nothing). A failure prints its one-line message
 (the compiler's output for compile errors). At the end:
 
     build: 3 built, 2 from cache, 995 up to date, 4 skipped, 1 failed in 1.2 s
-    skipped 4 targets: toolchain 'metal' is not installed: ... (apple/*)
+    skipped 4 target(s): toolchain 'metal' is not installed: ... (apple/*)
     cache: <the cache's own summary line>
+
+(the skip reason cut to its first clause on a no-op run; what each count means:
+docs/guarantees.md, "What the counts mean").
 
 The words of each line are :mod:`~metrale_orch.tasks.report_lines`; how the run ends,
 :mod:`~metrale_orch.tasks.run_end`.
@@ -89,10 +93,11 @@ from metrale_orch.tasks.progress import LiveLine, progress_text
 from metrale_orch.tasks.report_lines import (
     add_remote_counts,
     brief,
-    format_modules,
     format_refused,
     format_remote,
+    format_skipped,
     format_summary,
+    format_target,
     remote_totals,
 )
 from metrale_orch.tasks.run_end import end_interrupted
@@ -242,8 +247,9 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             self._skipped.setdefault(reason, []).append(task.name[len(_BASE) :])
             self._bump("skipped")
         else:
-            self._bump("cached" if outcome == "cached" else "built")
-            self._finished_line(task.name, values)
+            counted = "cached" if outcome == "cached" else "built"
+            self._bump(counted)
+            self._finished_line(task.name, counted, values)
         self._take(values)
 
     def add_failure(self, task: Task, fail: BaseException) -> None:
@@ -271,6 +277,9 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         if not message.startswith(_BASE):
             message = f"{task.name}: {message}"
         self.write(f"FAILED {message.rstrip()}\n")
+        modules = values.get("modules")
+        if isinstance(modules, dict) and modules:  # its lookups count on the cache: line
+            self.write(format_target(task.name, "failed", modules, values.get("seconds")) + "\n")
         if traceback and not isinstance(fail, BuildFailed):
             self.write(traceback)
         self.failures.append({"task": task, "exception": fail})
@@ -292,14 +301,13 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             return
         super().write(printable(text))
 
-    def _finished_line(self, name: str, values: Mapping[str, object]) -> None:
-        """One line per finished target: its modules' outcomes and its time."""
+    def _finished_line(self, name: str, outcome: str, values: Mapping[str, object]) -> None:
+        """One line per finished target: what the summary counts it as, its time, its
+        modules' outcomes (:func:`~metrale_orch.tasks.report_lines.format_target`)."""
         self._finished.add(name)
         modules = values.get("modules")
-        seconds = values.get("seconds")
-        took = f" in {seconds:.1f} s" if isinstance(seconds, int | float) else ""
         counts = modules if isinstance(modules, dict) else {}
-        self.write(f"done {name}: {format_modules(counts)}{took}\n")
+        self.write(format_target(name, outcome, counts, values.get("seconds")) + "\n")
 
     def _progress_text(self) -> str:
         counts, jobs = progress_counts()
@@ -364,8 +372,8 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         self.write(format_summary(self._counts, seconds) + "\n")
         if self._refused:
             self.write(format_refused(self._refused) + "\n")
-        for reason, targets in sorted(self._skipped.items()):
-            self.write(f"skipped {len(targets)} target(s): {reason} ({brief(targets)})\n")
+        for reason, targets in sorted(self._skipped.items()):  # in full once, unless a no-op
+            self.write(format_skipped(reason, targets, full=self._ran) + "\n")
         if self._ignored:
             self.write(
                 f"ignored {len(self._ignored)} target(s) marked by `doit ignore` "
