@@ -420,7 +420,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
 
     def _write_times(self) -> None:
         """Merge this run's compile times into the kept ones (the next run's order)."""
-        from metrale_orch.steps.times import merge_compiles, read_times, write_times
+        from metrale_orch.steps.times import kept_problems, merge_compiles, read_times, write_times
 
         compiled: dict[str, float] = {}
         measured: dict[str, int] = {}  # the compiler's peak memory by key
@@ -446,6 +446,9 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         try:
             state = current_run().config().build_dir / STATE_DIR
             old = read_times(state)
+            problems = kept_problems(state)  # only an ordering: warned of, then rewritten
+            for problem in problems:
+                self.write(f"warning: {problem}\n")
             # A module another target compiled (or an earlier run did) costs the same here.
             known = {**old.by_key(), **compiled}
             seen: dict[str, set[str]] = {}
@@ -460,7 +463,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
                 alive=self._alive or None,
                 peaks=[(t, m, peaks[k]) for t, m, k in keyed if k in peaks],
             )
-            if merged != old:
+            if merged != old or problems:
                 write_times(state, merged)
         except (MetraleError, OSError) as exc:  # only an ordering: never fails the run
             _warn_unwritten("the compile times", state, exc)
