@@ -38,6 +38,7 @@ __all__ = [
     "kept_problems",
     "longest_first",
     "merge_compiles",
+    "peaks_of",
     "read_target_seconds",
     "read_times",
     "write_target_seconds",
@@ -125,6 +126,28 @@ def merge_compiles(
         {t: mods for t, mods in modules.items() if mods},
         {t: mods for t, mods in kept.items() if mods},
     )
+
+
+def peaks_of(
+    old: CompileTimes,
+    keyed: Iterable[tuple[str, str, str]],
+    measured: Mapping[str, int],
+    bounds: Mapping[str, int],
+) -> list[tuple[str, str, int]]:
+    """The peak to keep for each ``(target, module, key)`` of a run (pure): ``measured``
+    by key, else the kept one (by key, else the module's) no larger than ``bounds`` by
+    key, the most a newer compile whose peak was not known can have used: a one-off huge
+    peak does not keep its module serial once a compile shows it smaller. A module with
+    neither is left out (its kept peak, if any, stays)."""
+    by_key, by_module = old.peak_by_key(), old.peak_by_module()
+    out = []
+    for target, module, key in keyed:
+        peak = measured.get(key) or by_key.get(key) or by_module.get((target, module), 0)
+        if key not in measured and key in bounds:
+            peak = min(peak, bounds[key])
+        if peak > 0:
+            out.append((target, module, peak))
+    return out
 
 
 def read_times(state_dir: Path) -> CompileTimes:

@@ -420,10 +420,17 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
 
     def _write_times(self) -> None:
         """Merge this run's compile times into the kept ones (the next run's order)."""
-        from metrale_orch.steps.times import kept_problems, merge_compiles, read_times, write_times
+        from metrale_orch.steps.times import (
+            kept_problems,
+            merge_compiles,
+            peaks_of,
+            read_times,
+            write_times,
+        )
 
         compiled: dict[str, float] = {}
         measured: dict[str, int] = {}  # the compiler's peak memory by key
+        bounds: dict[str, int] = {}  # where not known: the most it can have been
         keyed: list[tuple[str, str, str]] = []
         for item in self._spans:
             target, module = str(item.get("target", "")), str(item.get("module", ""))
@@ -439,9 +446,11 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
                 seconds = args.get("seconds")
                 if isinstance(seconds, int | float):
                     compiled[key] = float(seconds)
-                memory = args.get("memory")
+                memory, bound = args.get("memory"), args.get("memory_bound")
                 if isinstance(memory, int) and memory > 0:
                     measured[key] = memory
+                elif isinstance(bound, int) and bound > 0:
+                    bounds[key] = bound
         state = Path(STATE_DIR)
         try:
             state = current_run().config().build_dir / STATE_DIR
@@ -455,13 +464,12 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             for target, module, _key in keyed:
                 seen.setdefault(target, set()).add(module)
             compiles = [(t, m, k, known[k]) for t, m, k in keyed if k in known]
-            peaks = {**old.peak_by_key(), **measured}
             merged = merge_compiles(
                 old,
                 compiles,
                 seen=seen,
                 alive=self._alive or None,
-                peaks=[(t, m, peaks[k]) for t, m, k in keyed if k in peaks],
+                peaks=peaks_of(old, keyed, measured, bounds),
             )
             if merged != old or problems:
                 write_times(state, merged)
