@@ -185,7 +185,7 @@ def _load_times(path: Path) -> tuple[CompileTimes, str]:
             else:
                 modules.setdefault(str(target), {})[str(module)] = (entry[0], seconds)
     peaks, bad_peaks = _read_peaks(doc.get("memory"))
-    what = f"{_NOT_SECONDS} or a peak from 1 to {MAX_PEAK} bytes"
+    what = f"{_NOT_SECONDS} or a peak from 1 byte to 1 PiB"
     return CompileTimes(modules, peaks), problem or _entries_ignored(path, bad + bad_peaks, what)
 
 
