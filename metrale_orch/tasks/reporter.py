@@ -55,6 +55,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -428,29 +429,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             write_times,
         )
 
-        compiled: dict[str, float] = {}
-        measured: dict[str, int] = {}  # the compiler's peak memory by key
-        bounds: dict[str, int] = {}  # where not known: the most it can have been
-        keyed: list[tuple[str, str, str]] = []
-        for item in self._spans:
-            target, module = str(item.get("target", "")), str(item.get("module", ""))
-            args = item.get("args")
-            if not target or not module or not isinstance(args, dict):
-                continue
-            key, step = args.get("key"), item.get("step")
-            if not isinstance(key, str):
-                continue
-            if step == "key":
-                keyed.append((target, module, key))
-            elif step == "compile" and args.get("outcome") == "compiled":
-                seconds = args.get("seconds")
-                if isinstance(seconds, int | float):
-                    compiled[key] = float(seconds)
-                memory, bound = args.get("memory"), args.get("memory_bound")
-                if isinstance(memory, int) and memory > 0:
-                    measured[key] = memory
-                elif isinstance(bound, int) and bound > 0:
-                    bounds[key] = bound
+        run = _RunCompiles.of(self._spans)
         state = Path(STATE_DIR)
         try:
             state = current_run().config().build_dir / STATE_DIR
@@ -459,17 +438,17 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             for problem in problems:
                 self.write(f"warning: {problem}\n")
             # A module another target compiled (or an earlier run did) costs the same here.
-            known = {**old.by_key(), **compiled}
+            known = {**old.by_key(), **run.compiled}
             seen: dict[str, set[str]] = {}
-            for target, module, _key in keyed:
+            for target, module, _key in run.keyed:
                 seen.setdefault(target, set()).add(module)
-            compiles = [(t, m, k, known[k]) for t, m, k in keyed if k in known]
+            compiles = [(t, m, k, known[k]) for t, m, k in run.keyed if k in known]
             merged = merge_compiles(
                 old,
                 compiles,
                 seen=seen,
                 alive=self._alive or None,
-                peaks=peaks_of(old, keyed, measured, bounds),
+                peaks=peaks_of(old, run.keyed, run.measured, run.bounds),
             )
             if merged != old or problems:
                 write_times(state, merged)
@@ -569,3 +548,44 @@ def _expected_target_seconds() -> dict[str, float]:
         name = f"{_BASE}{args.get('target', '')}"
         out[name] = out.get(name, 0.0) + compile_seconds(event)
     return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _RunCompiles:
+    """What a run's spans say of its compiles, by cache key (for the kept times)."""
+
+    #: ``(target, module, key)`` of every module keyed in the run.
+    keyed: tuple[tuple[str, str, str], ...]
+    #: The compiler's seconds of each key compiled.
+    compiled: Mapping[str, float]
+    #: The compiler's peak memory, where measured.
+    measured: Mapping[str, int]
+    #: Where the peak was not known: the most it can have been.
+    bounds: Mapping[str, int]
+
+    @classmethod
+    def of(cls, spans: Iterable[Mapping[str, object]]) -> _RunCompiles:
+        keyed: list[tuple[str, str, str]] = []
+        compiled: dict[str, float] = {}
+        measured: dict[str, int] = {}
+        bounds: dict[str, int] = {}
+        for item in spans:
+            target, module = str(item.get("target", "")), str(item.get("module", ""))
+            args = item.get("args")
+            if not target or not module or not isinstance(args, dict):
+                continue
+            key, step = args.get("key"), item.get("step")
+            if not isinstance(key, str):
+                continue
+            if step == "key":
+                keyed.append((target, module, key))
+            elif step == "compile" and args.get("outcome") == "compiled":
+                seconds = args.get("seconds")
+                if isinstance(seconds, int | float):
+                    compiled[key] = float(seconds)
+                memory, bound = args.get("memory"), args.get("memory_bound")
+                if isinstance(memory, int) and memory > 0:
+                    measured[key] = memory
+                elif isinstance(bound, int) and bound > 0:
+                    bounds[key] = bound
+        return cls(keyed=tuple(keyed), compiled=compiled, measured=measured, bounds=bounds)
