@@ -32,13 +32,14 @@ import json
 import os
 import stat
 import threading
+import tomllib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import xxhash
 
-from metrale_orch.ownership import not_own, read_own
+from metrale_orch.ownership import not_own, read_own, read_regular
 
 _BLOCK = 1 << 20
 
@@ -126,12 +127,15 @@ def text_hash(text: str) -> str:
 __all__ = [
     "RACY_NS",
     "FileState",
+    "TomlTooDeep",
     "bytes_digest",
     "bytes_hash",
     "change_ns",
     "file_digest",
     "file_hash",
     "file_state",
+    "load_json_object",
+    "parse_toml",
     "read_json_object",
     "remove_all_but_newest",
     "settled_change",
@@ -166,12 +170,41 @@ def read_json_object(path: Path) -> dict[str, object]:
     something else: for state files that are only a memo, where damage costs the work
     they spare."""
     try:
-        data = json.loads(read_own(path))
+        return load_json_object(path)
     except (OSError, ValueError):
         return {}
-    if not isinstance(data, dict):
-        return {}
-    return {k: v for k, v in data.items() if isinstance(k, str)}
+
+
+def load_json_object(path: Path, *, own: bool = True) -> dict[str, object]:
+    """The JSON object in the regular file at ``path`` (its string keys only); ``own``: only
+    when it is the user's own (:func:`read_own`, else :func:`read_regular`). Raises
+    OSError (unreadable, anyone else's, not a regular file: a FIFO is not waited on) and
+    ValueError (not JSON, nested too deeply to parse, not an object)."""
+    data = read_own(path) if own else read_regular(path)
+    try:
+        doc = json.loads(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"a JSON {type(doc).__name__}, not an object")
+    return {k: v for k, v in doc.items() if isinstance(k, str)}
+
+
+class TomlTooDeep(tomllib.TOMLDecodeError):
+    """A TOML document nested too deeply for the parser (it recurses per level)."""
+
+    def __init__(self) -> None:
+        ValueError.__init__(self, "nested too deeply to parse")
+
+
+def parse_toml(text: str) -> dict[str, Any]:
+    """``tomllib.loads``, the one way this package parses TOML: a document nested too
+    deeply for the parser raises :class:`TomlTooDeep` (a ``TOMLDecodeError``, which every
+    reader turns into its file's one-line error), not ``RecursionError``."""
+    try:
+        return tomllib.loads(text)
+    except RecursionError:
+        raise TomlTooDeep from None
 
 
 def remove_all_but_newest(paths: Iterable[Path], keep: int) -> None:

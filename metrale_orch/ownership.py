@@ -19,7 +19,7 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["not_own", "read_own"]
+__all__ = ["not_own", "read_own", "read_regular"]
 
 
 def not_own(st: os.stat_result, *, secret: bool = False, directory: bool = False) -> str:
@@ -48,12 +48,23 @@ def read_own(path: Path | str) -> bytes:
     user, writable by no one else: :func:`not_own`), checked on
     the file read. Raises OSError: ``PermissionError`` saying why for anyone else's file,
     and for anything but a regular file (a FIFO there is not waited on)."""
+    return _read_regular(path, own=True)
+
+
+def read_regular(path: Path | str) -> bytes:
+    """The bytes of the regular file at ``path``, whoever owns it: for a file that decides
+    no byte of a build (kept compile times), which is checked for what it holds. Raises
+    OSError, and for anything but a regular file (a FIFO there is not waited on)."""
+    return _read_regular(path, own=False)
+
+
+def _read_regular(path: Path | str, *, own: bool) -> bytes:
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     with os.fdopen(fd, "rb") as fh:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
-        problem = not_own(st)
+        problem = not_own(st) if own else ""
         if problem:
             raise PermissionError(errno.EPERM, problem, os.fspath(path))
         return fh.read()

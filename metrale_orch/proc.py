@@ -60,6 +60,8 @@ class Completed:
     stages: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     #: Its peak memory in bytes (:attr:`Measured.peak`; 0: not measured).
     memory: int = 0
+    #: Where its peak was not known, what it was at most (:attr:`Measured.bound`; 0: none).
+    memory_bound: int = 0
 
 
 class ProcessError(MetraleError):
@@ -141,9 +143,11 @@ class Measured(subprocess.Popen[bytes]):
     Not known when it is no larger than this process's own peak: a child starts from
     this process's memory (fork's copy or vfork's share), and Linux records that
     memory's high-water mark in the child's ``ru_maxrss`` when it runs ``exec``, so
-    ``wait4`` reports at least this process's peak whatever the compiler used."""
+    ``wait4`` reports at least this process's peak whatever the compiler used. Then
+    :attr:`bound` keeps what ``wait4`` reported: the compiler's peak was at most that."""
 
     peak = 0
+    bound = 0
 
     def _try_wait(self, wait_flags: int) -> tuple[int, int]:
         # CPython's POSIX Popen reaps its child here (wait, communicate) with waitpid;
@@ -154,7 +158,8 @@ class Measured(subprocess.Popen[bytes]):
             return (self.pid, 0)
         if pid == self.pid:
             peak = usage.ru_maxrss * _MAXRSS_UNIT
-            self.peak = peak if peak > _own_high_water() else 0
+            known = peak > _own_high_water()
+            self.peak, self.bound = (peak, 0) if known else (0, peak)
         return (pid, status)
 
 
@@ -205,6 +210,7 @@ def finished(
     err: bytes | None,
     seconds: float,
     memory: int = 0,
+    memory_bound: int = 0,
 ) -> Completed:
     """The :class:`Completed` of a process that exited; raises :class:`ProcessError` for a
     non-zero status."""
@@ -218,6 +224,7 @@ def finished(
         stderr=stderr,
         seconds=seconds,
         memory=memory,
+        memory_bound=memory_bound,
     )
 
 

@@ -140,11 +140,12 @@ def test_a_compile_run_alone_starts_when_nothing_runs_and_lets_nothing_beside_it
 
 
 def test_memavailable_is_read_in_bytes(tmp_path: Path) -> None:
-    meminfo = tmp_path / "meminfo"
+    meminfo = tmp_path / "proc" / "meminfo"  # available_memory takes the root (issue 43)
+    meminfo.parent.mkdir()
     meminfo.write_text("MemTotal:  32000000 kB\nMemFree: 1 kB\nMemAvailable:   2048 kB\n")
-    assert available_memory(meminfo) == 2048 * 1024
+    assert available_memory(tmp_path) == 2048 * 1024
     meminfo.write_text("MemTotal:  32000000 kB\n")
-    assert available_memory(meminfo) == 0  # unknown: no limit
+    assert available_memory(tmp_path) == 0  # unknown: no limit
     assert available_memory(tmp_path / "missing") == 0
 
 

@@ -25,6 +25,7 @@ from metrale_orch.defaults import (
     resolve,
 )
 from metrale_orch.errors import UsageError
+from metrale_orch.fsutil import parse_toml
 
 if TYPE_CHECKING:
     from metrale_orch.cli import Context
@@ -75,7 +76,7 @@ def _run(args: argparse.Namespace, ctx: Context) -> int:
         raise UnknownHardwareError(path=rel, hw=hw)
     levers = read_tree_levers(kernels).levers
     try:
-        tomllib.loads(path.read_text(encoding="utf-8"))
+        parse_toml(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         print(f"warning: {rel} does not parse ({exc}); the build uses the baseline", file=ctx.err)
     resolved = resolve(read_defaults(kernels, hw, levers=levers), ctx.environ.get)

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 from metrale_orch import matrix as mx
 from metrale_orch.canonical import canonical_json, readable_json
+from metrale_orch.paths import STATE_DIR
+from metrale_orch.steps.times import kept_problems
 
 if TYPE_CHECKING:
     from metrale_orch.cli import Context
@@ -93,6 +95,8 @@ def run_matrix(args: argparse.Namespace, ctx: Context) -> int:
         raise mx.ShardSpecError(f"--shard-size {args.shard_size}", "N must be at least 1")
     hardware = mx.scan_tree(ctx.root)
     times = mx.read_kept_seconds(ctx.config().build_dir)
+    for problem in kept_problems(ctx.config().build_dir / STATE_DIR):
+        print(f"warning: {problem}; the rows are balanced without it", file=ctx.err)
     plan = mx.plan_smoke_matrix if args.smoke_rows else mx.plan_matrix
     matrix = plan(
         hardware,

@@ -9,8 +9,8 @@ this process only; the build turns it into :meth:`~LocalExecutor.stop`.
 An action starts only while its predicted peak memory fits beside the running ones'
 (:mod:`metrale_orch.executor.memory`); each one's measured peak comes back on its
 :class:`~metrale_orch.proc.Completed`. One killed by SIGKILL that this executor did
-not send (the out-of-memory killer's) runs again once, alone, and is then reported as
-killed for memory.
+not send (the out-of-memory killer's), or whose tool was (nvcc's ``cicc``), runs again
+once, alone, and is then reported as killed for memory.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from metrale_orch.executor.action import Action, ActionStopped
-from metrale_orch.executor.memory import KILLED_FOR_MEMORY, available_memory
+from metrale_orch.executor.memory import KILLED_FOR_MEMORY, available_memory, killed_for_memory
 from metrale_orch.executor.slots import MachineSlots, PrioritySlots
 from metrale_orch.proc import (
     Completed,
@@ -145,10 +145,11 @@ class LocalExecutor:
                 proc.wait()
         if self._stopped.is_set():
             raise ActionStopped(f"{action.label or args[0]}: stopped")
-        if proc.returncode == -signal.SIGKILL:  # neither stop() nor the timeout sent it
-            output = decode_output(out) + decode_output(err)
+        output = decode_output(out) + decode_output(err) if proc.returncode else ""
+        if killed_for_memory(proc.returncode, output):  # neither stop() nor the timeout
             raise _KilledForMemory(args, proc.returncode, output=output, reason=KILLED_FOR_MEMORY)
-        return finished(args, proc.returncode, out, err, time.perf_counter() - start, proc.peak)
+        seconds = time.perf_counter() - start
+        return finished(args, proc.returncode, out, err, seconds, proc.peak, proc.bound)
 
 
 #: Seconds to read what a killed compiler printed: a process it started in a session of

@@ -11,6 +11,9 @@ memory rather than be overtaken, so a large compile is never starved by smaller 
 directory, each held with an exclusive ``flock`` while an action runs. The
 kernel releases a lock when its process dies, so a killed worker never leaks a
 slot (the tokens of a make-style pipe jobserver are lost with their holder).
+A slot file is used only when it is a regular file the user owns, in a directory the
+user owns, opened without following a link (a planted link would make a root build
+create a file elsewhere); otherwise the in-process bound is all there is.
 Within one process the priority slots are taken first, so a process never holds
 more machine slots than it has actions running.
 """
@@ -22,12 +25,17 @@ import fcntl
 import heapq
 import itertools
 import os
+import stat
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from metrale_orch.executor.memory import MemoryBudget
+from metrale_orch.ownership import not_own
+
+#: A slot file: created if missing, never through a link, never waited on (a FIFO).
+_SLOT_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 
 __all__ = ["MachineSlots", "PrioritySlots"]
 
@@ -170,7 +178,10 @@ class MachineSlots:
     def _acquire(self, stopped: threading.Event) -> tuple[int, int] | None:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
+            st = os.lstat(self.directory)
         except OSError:
+            return (-1, -1)
+        if not stat.S_ISDIR(st.st_mode) or not_own(st, directory=True):
             return (-1, -1)
         delay = self.POLL
         while not stopped.is_set():
@@ -195,8 +206,13 @@ class MachineSlots:
         (-1, -1) when the slot file cannot be used (the in-process bound is all there is)."""
         path = self.directory / f"slot-{index}"
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(path, _SLOT_FLAGS, 0o600)
         except OSError:
+            return (-1, -1)
+        st = os.fstat(fd)
+        # Only its owner matters: no byte of it is read.
+        if not stat.S_ISREG(st.st_mode) or not_own(st, directory=True):
+            os.close(fd)
             return (-1, -1)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

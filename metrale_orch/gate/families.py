@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from metrale_orch.fsutil import parse_toml
 from metrale_orch.gate.errors import KernelListError
 from metrale_orch.paths import rel_posix
 
@@ -157,6 +158,6 @@ class KernelLists:
 
 def _load(path: Path, where: str) -> dict[str, object]:
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return parse_toml(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise KernelListError(where, "(file)", f"cannot be read: {exc}") from None

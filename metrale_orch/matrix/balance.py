@@ -30,9 +30,11 @@ def plan_costs(
     """Each target's expected cost, and whether it is in seconds (pure).
 
     ``modules``: every target of the tree and its module count; ``kept``: the kept
-    compile seconds by target (targets no longer in the tree are ignored). Without any
-    kept time for a target of the tree the costs are module counts and the flag is False.
+    compile seconds by target (targets no longer in the tree, and times that are
+    negative, NaN or infinite, are ignored). Without any kept time for a target of the
+    tree the costs are module counts and the flag is False.
     """
+    kept = {t: s for t, s in kept.items() if 0 <= s < math.inf}
     known = sorted(t for t in modules if t in kept)
     if not known:
         return {t: float(max(1, m)) for t, m in modules.items()}, False
@@ -46,7 +48,8 @@ def plan_lpt(costs: Mapping[str, float], count: int) -> tuple[tuple[str, ...], .
 
     Greedy LPT: the costliest target first (ties by name), each into the row with the
     least cost so far (ties by fewer targets, then the lower index). Each row's targets
-    are sorted, and the rows sorted by their first target.
+    are sorted, and the rows sorted by their first target. A row is never empty (a
+    build row without targets would build everything).
     """
     n = min(count, len(costs))
     if n <= 1:
@@ -57,7 +60,7 @@ def plan_lpt(costs: Mapping[str, float], count: int) -> tuple[tuple[str, ...], .
         load, size, i = heapq.heappop(heap)
         bins[i].append(name)
         heapq.heappush(heap, (load + costs[name], size + 1, i))
-    return tuple(sorted(tuple(sorted(b)) for b in bins))
+    return tuple(sorted(tuple(sorted(b)) for b in bins if b))
 
 
 def slowest(costs: Mapping[str, float], count: int) -> float:

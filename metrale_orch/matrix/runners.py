@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from metrale_orch.fsutil import parse_toml
 from metrale_orch.matrix.errors import RunnersError
 
 __all__ = [
@@ -237,7 +238,7 @@ def load_runners(file: Path, root: Path) -> Runners:
     except (OSError, UnicodeDecodeError) as exc:
         raise RunnersError(shown, "(file)", f"cannot be read: {exc}") from None
     try:
-        doc = tomllib.loads(text)
+        doc = parse_toml(text)
     except tomllib.TOMLDecodeError as exc:
         raise RunnersError(shown, "(file)", f"is not valid TOML: {exc}") from None
     return parse_runners(doc, shown)

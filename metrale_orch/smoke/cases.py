@@ -17,6 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal
 
+from metrale_orch.fsutil import parse_toml
 from metrale_orch.paths import root_relative
 from metrale_orch.smoke.errors import SmokeCaseError
 
@@ -317,7 +318,7 @@ def scan_cases(root: Path, layout: Layout) -> tuple[SmokeCase, ...]:
             continue
         rel = root_relative(path, root)
         try:
-            doc = tomllib.loads(path.read_text(encoding="utf-8"))
+            doc = parse_toml(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise SmokeCaseError(rel, "", "(file)", f"cannot be read: {exc}") from None
         files.append((rel, doc))

@@ -40,7 +40,9 @@ compiling (a target whose compile fails keeps its entries; one restored from the
 writes them too), to ``<build_dir>/.state/compdb/<hw>/<model>/<quant>.json``, with
 paths relative to the root or the build directory, so a moved checkout keeps them
 valid. The doit reporter merges the parts of the tree's buildable targets at the end of
-a run that built something; a no-op run reads and writes nothing.
+a run that built something; a no-op run reads and writes nothing. A part is written and
+read as the user's own file (:mod:`metrale_orch.ownership`): another user's is never
+merged, as its program is what an editor runs.
 
 Pure: :func:`merge_commands`, :func:`entry_targets`, :func:`encode_database`,
 :func:`part_path`. I/O: :func:`target_commands` (real paths), :func:`editor_differences`
@@ -50,6 +52,7 @@ Pure: :func:`merge_commands`, :func:`entry_targets`, :func:`encode_database`,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import posixpath
@@ -58,7 +61,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from metrale_orch.canonical import canonical_json, readable_json
-from metrale_orch.fsutil import file_hash, write_if_changed
+from metrale_orch.fsutil import file_hash, write_if_changed, write_own
+from metrale_orch.ownership import read_own
 from metrale_orch.paths import COMPDB_NAME, compdb_part, root_relative, stage_dir, target_dir
 from metrale_orch.steps.compile import step_argv
 from metrale_orch.steps.includes import Includes
@@ -324,15 +328,23 @@ def part_path(build_dir: Path, target: Target) -> Path:
 
 
 def write_part(build_dir: Path, commands: TargetCommands) -> None:
-    """Write a target's part unless it already holds these bytes. Raises OSError."""
-    write_if_changed(part_path(build_dir, commands.target), commands.encode())
+    """Write a target's part as the user's own file (:func:`~metrale_orch.fsutil.write_own`)
+    unless it already is one holding these bytes. Raises OSError (``PermissionError``
+    where its directory is another user's)."""
+    path, data = part_path(build_dir, commands.target), commands.encode()
+    with contextlib.suppress(OSError):
+        if read_own(path) == data:
+            return
+    write_own(path, data)
 
 
 def read_part(build_dir: Path, target: Target) -> TargetCommands | None:
-    """A target's part, or None when it has none (never built since parts exist) or
-    holds anything but a part of ``target`` (left by another version: rebuilt later)."""
+    """A target's part, or None when it has none (never built since parts exist), is not
+    the user's own (:func:`~metrale_orch.ownership.read_own`: its compiler is what an
+    editor runs) or holds anything but a part of ``target`` (left by another version:
+    rebuilt later)."""
     try:
-        part = TargetCommands.decode(part_path(build_dir, target).read_bytes())
+        part = TargetCommands.decode(read_own(part_path(build_dir, target)))
     except (OSError, ValueError):
         return None
     return part if part.target == target else None

@@ -157,6 +157,8 @@ class Ran:
     waited: float = 0.0
     #: The largest peak memory of its steps in bytes (0: not measured, e.g. remote).
     memory: int = 0
+    #: Where a step's peak was not known locally, the most it can have been (bytes).
+    bound: int = 0
 
 
 def run_compile(
@@ -453,8 +455,8 @@ def _run_steps(
         waited += max(0.0, time.perf_counter() - asked - done.seconds)
         seconds += done.seconds
         returncode = done.returncode
-        memory = max(ran.memory, done.memory)
-        ran = Ran(where=done.where, stages=done.stages, waited=waited, memory=memory)
+        memory, bound = max(ran.memory, done.memory), max(ran.bound, done.memory_bound)
+        ran = Ran(where=done.where, stages=done.stages, waited=waited, memory=memory, bound=bound)
         texts.append((done.stdout + done.stderr).strip())
         first = step is steps.argvs[0]
         if steps.intermediate is not None and first and not steps.intermediate.is_file():

@@ -239,6 +239,8 @@ def _compile_and_store(
             args["where"] = ran.where
         if ran.memory:  # the compiler's peak memory in bytes (kept for the next build)
             args["memory"] = ran.memory
+        elif ran.bound:  # not known, but at most this: a larger kept peak is stale
+            args["memory_bound"] = ran.bound
     for name, (begin, end) in ran.stages.items():  # the remote engine's, as it reported
         rec.add_between(
             "remote",

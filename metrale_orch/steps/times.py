@@ -24,22 +24,22 @@ Only an ordering and an admission: a missing, stale or unreadable file changes n
 
 from __future__ import annotations
 
-import contextlib
-import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from metrale_orch.canonical import canonical_json
-from metrale_orch.fsutil import write_atomic
+from metrale_orch.fsutil import load_json_object, write_atomic
 from metrale_orch.paths import STATE_DIR
 
 __all__ = [
     "TARGET_TIMES",
     "TIMES",
     "CompileTimes",
+    "kept_problems",
     "longest_first",
     "merge_compiles",
+    "peaks_of",
     "read_kept_seconds",
     "read_target_seconds",
     "read_times",
@@ -51,6 +51,13 @@ __all__ = [
 TIMES = "compile-times.json"
 TARGET_TIMES = "target-times.json"
 SCHEMA = 1
+
+#: The largest kept seconds read (115 days): a sum of thousands stays finite, and a
+#: negative, NaN or infinite value is no time at all.
+MAX_SECONDS = 1e7
+#: The largest kept peak read, in bytes (1 PiB).
+MAX_PEAK = 1 << 50
+_NOT_SECONDS = f"not a time from 0 to {MAX_SECONDS:g} seconds"
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,36 +130,32 @@ def merge_compiles(
     )
 
 
+def peaks_of(
+    old: CompileTimes,
+    keyed: Iterable[tuple[str, str, str]],
+    measured: Mapping[str, int],
+    bounds: Mapping[str, int],
+) -> list[tuple[str, str, int]]:
+    """The peak to keep for each ``(target, module, key)`` of a run (pure): ``measured``
+    by key, else the kept one (by key, else the module's) no larger than ``bounds`` by
+    key, the most a newer compile whose peak was not known can have used: a one-off huge
+    peak does not keep its module serial once a compile shows it smaller. A module with
+    neither is left out (its kept peak, if any, stays)."""
+    by_key, by_module = old.peak_by_key(), old.peak_by_module()
+    out = []
+    for target, module, key in keyed:
+        peak = measured.get(key) or by_key.get(key) or by_module.get((target, module), 0)
+        if key not in measured and key in bounds:
+            peak = min(peak, bounds[key])
+        if peak > 0:
+            out.append((target, module, peak))
+    return out
+
+
 def read_times(state_dir: Path) -> CompileTimes:
-    """The kept times (empty when the file is missing or not this schema's)."""
-    doc = _read(Path(state_dir) / TIMES)
-    raw = doc.get("modules")
-    if not isinstance(raw, dict):
-        return CompileTimes()
-    modules: dict[str, dict[str, tuple[str, float]]] = {}
-    for target, mods in raw.items():
-        if not isinstance(mods, dict):
-            continue
-        for module, entry in mods.items():
-            if (
-                isinstance(entry, list)
-                and len(entry) == 2
-                and isinstance(entry[0], str)
-                and isinstance(entry[1], int | float)
-                and not isinstance(entry[1], bool)
-            ):
-                modules.setdefault(str(target), {})[str(module)] = (entry[0], float(entry[1]))
-    return CompileTimes(modules, _read_peaks(doc.get("memory")))
-
-
-def _read_peaks(raw: object) -> dict[str, dict[str, int]]:
-    """The ``"memory"`` table of the file ({} when absent or malformed)."""
-    peaks: dict[str, dict[str, int]] = {}
-    for target, mods in (raw if isinstance(raw, dict) else {}).items():
-        for module, peak in (mods if isinstance(mods, dict) else {}).items():
-            if isinstance(peak, int) and not isinstance(peak, bool) and peak > 0:
-                peaks.setdefault(str(target), {})[str(module)] = peak
-    return peaks
+    """The kept times (empty when the file is missing, unusable or not this schema's; an
+    entry that is not a time or a peak is passed over: :func:`kept_problems` says why)."""
+    return _load_times(Path(state_dir) / TIMES)[0]
 
 
 def read_kept_seconds(build_dir: Path) -> dict[str, float]:
@@ -165,15 +168,73 @@ def read_kept_seconds(build_dir: Path) -> dict[str, float]:
 
 
 def read_target_seconds(state_dir: Path) -> dict[str, float]:
-    """The per-target summary ({} when missing or unreadable): cheap enough for every run."""
-    raw = _read(Path(state_dir) / TARGET_TIMES).get("targets")
-    if not isinstance(raw, dict):
-        return {}
-    return {
-        str(t): float(s)
-        for t, s in raw.items()
-        if isinstance(s, int | float) and not isinstance(s, bool)
-    }
+    """The per-target summary ({} when missing or unusable; an entry that is not a time
+    is passed over): cheap enough for every run."""
+    return _load_targets(Path(state_dir) / TARGET_TIMES)[0]
+
+
+def kept_problems(state_dir: Path) -> tuple[str, ...]:
+    """One line for each kept file under ``state_dir`` that is there but was ignored in
+    whole or in part, naming the file and why (I/O; a missing file is no problem)."""
+    state = Path(state_dir)
+    found = (_load_times(state / TIMES)[1], _load_targets(state / TARGET_TIMES)[1])
+    return tuple(problem for problem in found if problem)
+
+
+def _load_times(path: Path) -> tuple[CompileTimes, str]:
+    """The times in ``path`` and what of it was ignored ("" when nothing)."""
+    doc, problem = _read(path)
+    raw = doc.get("modules", {})
+    modules: dict[str, dict[str, tuple[str, float]]] = {}
+    bad = 0
+    for target, mods in (raw if isinstance(raw, dict) else {}).items():
+        for module, entry in (mods if isinstance(mods, dict) else {}).items():
+            ok = isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)
+            seconds = _seconds(entry[1]) if ok else None
+            if seconds is None:
+                bad += 1
+            else:
+                modules.setdefault(str(target), {})[str(module)] = (entry[0], seconds)
+    peaks, bad_peaks = _read_peaks(doc.get("memory"))
+    what = f"{_NOT_SECONDS} or a peak from 1 byte to 1 PiB"
+    return CompileTimes(modules, peaks), problem or _entries_ignored(path, bad + bad_peaks, what)
+
+
+def _load_targets(path: Path) -> tuple[dict[str, float], str]:
+    """The per-target seconds in ``path`` and what of it was ignored ("" when nothing)."""
+    doc, problem = _read(path)
+    raw = doc.get("targets", {})
+    found = {str(t): _seconds(s) for t, s in (raw if isinstance(raw, dict) else {}).items()}
+    seconds = {t: s for t, s in found.items() if s is not None}
+    return seconds, problem or _entries_ignored(path, len(found) - len(seconds), _NOT_SECONDS)
+
+
+def _read_peaks(raw: object) -> tuple[dict[str, dict[str, int]], int]:
+    """The ``"memory"`` table of the file ({} when absent or malformed), and how many of
+    its entries are not a peak."""
+    peaks: dict[str, dict[str, int]] = {}
+    bad = 0
+    for target, mods in (raw if isinstance(raw, dict) else {}).items():
+        for module, peak in (mods if isinstance(mods, dict) else {}).items():
+            if isinstance(peak, int) and not isinstance(peak, bool) and 0 < peak <= MAX_PEAK:
+                peaks.setdefault(str(target), {})[str(module)] = peak
+            else:
+                bad += 1
+    return peaks, bad
+
+
+def _seconds(value: object) -> float | None:
+    """``value`` as kept seconds, None when it is not a number from 0 to
+    :data:`MAX_SECONDS` (NaN, infinite, negative, huge, or not a number)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    # NaN fails both comparisons; an integer too large for a float is compared exactly.
+    return float(value) if 0 <= value <= MAX_SECONDS else None
+
+
+def _entries_ignored(path: Path, count: int, what: str) -> str:
+    """The problem of ``count`` entries of ``path`` that are ``what`` ("" for none)."""
+    return f"{path}: {count} entr{'y' if count == 1 else 'ies'} ignored: {what}" if count else ""
 
 
 def write_times(state_dir: Path, times: CompileTimes) -> None:
@@ -212,12 +273,19 @@ def longest_first(
     return sorted(names, key=order)
 
 
-def _read(path: Path) -> dict[str, object]:
-    with contextlib.suppress(OSError, ValueError, UnicodeError):
-        doc = json.loads(path.read_bytes())
-        if isinstance(doc, dict) and doc.get("schema") == SCHEMA:
-            return doc
-    return {}
+def _read(path: Path) -> tuple[dict[str, object], str]:
+    """The document in ``path`` when it is a regular file holding a JSON object of this
+    schema, and why it was ignored otherwise ("" when it is missing or of another
+    schema: an older or newer version's file is no problem). Whoever owns it: the file
+    decides no byte, and what it holds is checked (:func:`_seconds`)."""
+    try:
+        doc = load_json_object(path, own=False)
+    except FileNotFoundError:
+        return {}, ""
+    except (OSError, ValueError, UnicodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return {}, f"{path}: ignored: {reason}"
+    return (doc, "") if doc.get("schema") == SCHEMA else ({}, "")
 
 
 def _encode(doc: Mapping[str, object]) -> bytes:

@@ -59,6 +59,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -434,47 +435,36 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
 
     def _write_times(self) -> None:
         """Merge this run's compile times into the kept ones (the next run's order)."""
-        from metrale_orch.steps.times import merge_compiles, read_times, write_times
+        from metrale_orch.steps.times import (
+            kept_problems,
+            merge_compiles,
+            peaks_of,
+            read_times,
+            write_times,
+        )
 
-        compiled: dict[str, float] = {}
-        measured: dict[str, int] = {}  # the compiler's peak memory by key
-        keyed: list[tuple[str, str, str]] = []
-        for item in self._spans:
-            target, module = str(item.get("target", "")), str(item.get("module", ""))
-            args = item.get("args")
-            if not target or not module or not isinstance(args, dict):
-                continue
-            key, step = args.get("key"), item.get("step")
-            if not isinstance(key, str):
-                continue
-            if step == "key":
-                keyed.append((target, module, key))
-            elif step == "compile" and args.get("outcome") == "compiled":
-                seconds = args.get("seconds")
-                if isinstance(seconds, int | float):
-                    compiled[key] = float(seconds)
-                memory = args.get("memory")
-                if isinstance(memory, int) and memory > 0:
-                    measured[key] = memory
+        run = _RunCompiles.of(self._spans)
         state = Path(STATE_DIR)
         try:
             state = current_run().config().build_dir / STATE_DIR
             old = read_times(state)
+            problems = kept_problems(state)  # only an ordering: warned of, then rewritten
+            for problem in problems:
+                self.write(f"warning: {problem}\n")
             # A module another target compiled (or an earlier run did) costs the same here.
-            known = {**old.by_key(), **compiled}
+            known = {**old.by_key(), **run.compiled}
             seen: dict[str, set[str]] = {}
-            for target, module, _key in keyed:
+            for target, module, _key in run.keyed:
                 seen.setdefault(target, set()).add(module)
-            compiles = [(t, m, k, known[k]) for t, m, k in keyed if k in known]
-            peaks = {**old.peak_by_key(), **measured}
+            compiles = [(t, m, k, known[k]) for t, m, k in run.keyed if k in known]
             merged = merge_compiles(
                 old,
                 compiles,
                 seen=seen,
                 alive=self._alive or None,
-                peaks=[(t, m, peaks[k]) for t, m, k in keyed if k in peaks],
+                peaks=peaks_of(old, run.keyed, run.measured, run.bounds),
             )
-            if merged != old:
+            if merged != old or problems:
                 write_times(state, merged)
         except (MetraleError, OSError) as exc:  # only an ordering: never fails the run
             _warn_unwritten("the compile times", state, exc)
@@ -594,3 +584,44 @@ def _expected_target_seconds() -> dict[str, float]:
     except MetraleError:
         return {}
     return {f"{_BASE}{target}": s for target, s in read_kept_seconds(build_dir).items()}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _RunCompiles:
+    """What a run's spans say of its compiles, by cache key (for the kept times)."""
+
+    #: ``(target, module, key)`` of every module keyed in the run.
+    keyed: tuple[tuple[str, str, str], ...]
+    #: The compiler's seconds of each key compiled.
+    compiled: Mapping[str, float]
+    #: The compiler's peak memory, where measured.
+    measured: Mapping[str, int]
+    #: Where the peak was not known: the most it can have been.
+    bounds: Mapping[str, int]
+
+    @classmethod
+    def of(cls, spans: Iterable[Mapping[str, object]]) -> _RunCompiles:
+        keyed: list[tuple[str, str, str]] = []
+        compiled: dict[str, float] = {}
+        measured: dict[str, int] = {}
+        bounds: dict[str, int] = {}
+        for item in spans:
+            target, module = str(item.get("target", "")), str(item.get("module", ""))
+            args = item.get("args")
+            if not target or not module or not isinstance(args, dict):
+                continue
+            key, step = args.get("key"), item.get("step")
+            if not isinstance(key, str):
+                continue
+            if step == "key":
+                keyed.append((target, module, key))
+            elif step == "compile" and args.get("outcome") == "compiled":
+                seconds = args.get("seconds")
+                if isinstance(seconds, int | float):
+                    compiled[key] = float(seconds)
+                memory, bound = args.get("memory"), args.get("memory_bound")
+                if isinstance(memory, int) and memory > 0:
+                    measured[key] = memory
+                elif isinstance(bound, int) and bound > 0:
+                    bounds[key] = bound
+        return cls(keyed=tuple(keyed), compiled=compiled, measured=measured, bounds=bounds)

@@ -68,6 +68,7 @@ from metrale_orch.fsutil import (
     bytes_hash,
     change_ns,
     file_digest,
+    parse_toml,
     read_json_object,
     remove_all_but_newest,
     write_own,
@@ -239,7 +240,7 @@ def _may_escape(name: str, data: bytes) -> bool:
     if table_key is None or table_key[1].encode() not in data:
         return False
     try:
-        doc = tomllib.loads(data.decode("utf-8"))
+        doc = parse_toml(data.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError):
         return True
     table = doc.get(table_key[0])

@@ -28,6 +28,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from metrale_orch.fsutil import parse_toml
 from metrale_orch.toolchain.errors import ToolchainError
 from metrale_orch.toolchain.fields import (
     check_program,
@@ -244,7 +245,7 @@ def _table_of(doc: Mapping[str, object], where: str) -> dict[str, object]:
 
 def _read_toml(path: Path, where: str) -> dict[str, object]:
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return parse_toml(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise ToolchainError(where, "", f"cannot be read: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
@@ -264,7 +265,7 @@ def _read_builtin_tables() -> Mapping[str, Mapping[str, object]]:
         if not item.name.endswith(".toml"):
             continue
         where = f"metrale_orch/builtin_toolchains/{item.name}"
-        table = _table_of(tomllib.loads(item.read_text(encoding="utf-8")), where)
+        table = _table_of(parse_toml(item.read_text(encoding="utf-8")), where)
         tables[str(table["name"])] = table
     return MappingProxyType(tables)
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
 from typing import Final, Generic, Literal, TypeVar
 
+from metrale_orch.fsutil import parse_toml
 from metrale_orch.tree.errors import LayoutError, ManifestError
 
 __all__ = ["FileView", "Kind", "Memo", "TomlDoc", "child_maker"]
@@ -189,7 +190,7 @@ class FileView:
             return None
         try:
             with open(self._fs(rel), "rb") as fh:
-                return tomllib.loads(fh.read().decode("utf-8"))
+                return parse_toml(fh.read().decode("utf-8"))
         except FileNotFoundError:
             return None
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
