@@ -26,6 +26,8 @@ worker that ran them, to ``<build_dir>/profile.json`` (Chrome trace events:
 into ``<build_dir>/compile_commands.json`` (:mod:`metrale_orch.steps.compdb`). A run
 that built nothing (a no-op) leaves the files of the last build that did in
 place, and costs nothing for them.
+Those files are written by :mod:`~metrale_orch.tasks.run_files`; the reporter only
+reports.
 Other tasks (``check``, ``smoke:…``, ``coverage``) are reported as doit's console reporter
 does; a passing smoke or coverage task's ``summary`` value is printed last.
 
@@ -53,14 +55,11 @@ why; it never fails the run.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TextIO
 
 from doit.exceptions import UnmetDependency
@@ -71,18 +70,10 @@ from metrale_orch.errors import (
     MetraleError,
     printable,
 )
-from metrale_orch.fsutil import write_atomic
 from metrale_orch.paths import (
     BUILD_TASK,
-    COMPDB_NAME,
     COVERAGE_TASK,
-    PROFILE_HISTORY_NAME,
-    PROFILE_NAME,
     SMOKE_TASK,
-    STATE_DIR,
-    STATS_NAME,
-    profile_history,
-    root_relative,
 )
 from metrale_orch.tasks.actions import progress_counts, stop_requested
 from metrale_orch.tasks.checker import PROFILE_KEY
@@ -99,7 +90,6 @@ from metrale_orch.tasks.report_lines import (
     format_skipped,
     format_summary,
     format_target,
-    remote_totals,
 )
 from metrale_orch.tasks.run_end import end_interrupted
 from metrale_orch.tasks.scope import selection_scope
@@ -385,12 +375,23 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         if self._remote:
             self.write(format_remote(self._remote) + "\n")
         if self._ran:  # a no-op run leaves the last build's report files in place
-            self._write_stats()
-            self._write_profile()
-            self._write_times()
-            self._write_compdb()
+            # Imported only after a run that ran something: a no-op never needs them.
+            from metrale_orch.tasks import run_files
+
+            run_files.write_stats(self._stats, self._remote, self.write)
+            run_files.write_profile(self._spans, self._origin_ns)
+            run_files.write_times(self._spans, self._alive, self.write)
+            run_files.write_compdb(self._built_targets(), self._scoped)
 
     # -- helpers ----------------------------------------------------------------------------------
+
+    def _built_targets(self) -> list[str]:
+        """The targets of the run's build tasks (a plan that failed is no target)."""
+        return [
+            name[len(_BASE) :]
+            for name, task in self._tasks.items()
+            if name.startswith(_BASE) and _kind(task) == "build"
+        ]
 
     def _bump(self, key: str) -> None:
         self._counts[key] = self._counts.get(key, 0) + 1
@@ -409,149 +410,6 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         spans = values.get(PROFILE_KEY)
         if isinstance(spans, list):
             self._spans.extend(s for s in spans if isinstance(s, dict))
-
-    def _write_stats(self) -> None:
-        """Aggregate the cache statistics, print their line, write cache-stats.json."""
-        # Imported only after a run that built: a no-op never needs the cache.
-        from metrale_orch import cache as cache_mod
-
-        path = Path(STATS_NAME)
-        try:
-            config = current_run().config()
-            path = config.build_dir / STATS_NAME
-            total = cache_mod.CacheStats()
-            for item in self._stats:
-                total = total + cache_mod.CacheStats.from_dict(item)
-            executed, cached, here = remote_totals(self._remote)
-            total.remote_executed += executed
-            total.action_cache_hits += cached
-            total.ran_here += here
-            line = total.summary_line()
-            if line:
-                self.write(f"{line}\n")
-            cache_mod.write_stats(path, total)
-        except Exception as exc:  # the summary must never fail the run
-            _warn_unwritten("the cache statistics", path, exc)
-
-    def _write_times(self) -> None:
-        """Merge this run's compile times into the kept ones (the next run's order)."""
-        from metrale_orch.steps.times import (
-            kept_problems,
-            merge_compiles,
-            peaks_of,
-            read_times,
-            write_times,
-        )
-
-        run = _RunCompiles.of(self._spans)
-        state = Path(STATE_DIR)
-        try:
-            state = current_run().config().build_dir / STATE_DIR
-            old = read_times(state)
-            problems = kept_problems(state)  # only an ordering: warned of, then rewritten
-            for problem in problems:
-                self.write(f"warning: {problem}\n")
-            # A module another target compiled (or an earlier run did) costs the same here.
-            known = {**old.by_key(), **run.compiled}
-            seen: dict[str, set[str]] = {}
-            for target, module, _key in run.keyed:
-                seen.setdefault(target, set()).add(module)
-            compiles = [(t, m, k, known[k]) for t, m, k in run.keyed if k in known]
-            merged = merge_compiles(
-                old,
-                compiles,
-                seen=seen,
-                alive=self._alive or None,
-                peaks=peaks_of(old, run.keyed, run.measured, run.bounds),
-            )
-            if merged != old or problems:
-                write_times(state, merged)
-        except (MetraleError, OSError) as exc:  # only an ordering: never fails the run
-            _warn_unwritten("the compile times", state, exc)
-
-    def _write_profile(self) -> None:
-        """Write every span of this run to profile.json, atomically (Chrome trace events),
-        and add the run to the build history (:mod:`metrale_orch.steps.history`)."""
-        # Imported only after a run that built: a no-op never needs the profile's classes.
-        from metrale_orch.steps.profile import Span, encode_profile, trace_document
-
-        spans = []
-        for item in self._spans:
-            try:
-                spans.append(Span.from_dict(item))
-            except ValueError:  # not from this package's actions: leave it out
-                continue
-        doc = trace_document(spans, origin_ns=self._origin_ns, main_pid=os.getpid())
-        path = Path(PROFILE_NAME)
-        try:
-            config = current_run().config()
-            path = config.build_dir / PROFILE_NAME
-            write_atomic(path, encode_profile(doc))
-        except (MetraleError, OSError) as exc:  # the profile must never fail the run
-            _warn_unwritten("the build profile", path, exc)
-        events = doc["traceEvents"]
-        self._write_history(events if isinstance(events, list) else [])
-
-    def _write_history(self, events: list[dict[str, object]]) -> None:
-        """Add this run to the build history; a damaged one is replaced, and said."""
-        from metrale_orch.steps.history import record_build
-
-        path = Path(PROFILE_HISTORY_NAME)
-        try:
-            run = current_run()
-            build_dir = run.config().build_dir
-            path = profile_history(build_dir)
-            words = run.selection.words if run.selection is not None else ()
-            name = root_relative(path, run.root)
-            damaged = record_build(path, events, words=words, name=name)
-            if damaged is not None:
-                _warn(f"{name}: {damaged.problem}: replaced by a new history")
-        except (MetraleError, OSError) as exc:  # the history must never fail the run
-            _warn_unwritten("the build history", path, exc)
-
-    def _write_compdb(self) -> None:
-        """Merge the parts of every buildable target of the tree (selected or not, built
-        now or before) into compile_commands.json (:mod:`metrale_orch.steps.compdb`). A
-        run scoped to some targets (:mod:`~metrale_orch.tasks.scope`) generated no other:
-        it takes the parts on disk of the tree's other targets (as walked now; a part of
-        a target the tree lost is never merged)."""
-        # Imported only after a run that built: a no-op never needs the database.
-        from metrale_orch.steps.compdb import stored_targets, write_database_from_parts
-        from metrale_orch.tree import LayoutError, Target, walk
-
-        path = Path(COMPDB_NAME)
-        try:
-            config = current_run().config()
-            path = config.build_dir / COMPDB_NAME
-            targets = [
-                Target.parse(name[len(_BASE) :])
-                for name, task in self._tasks.items()
-                if name.startswith(_BASE) and _kind(task) == "build"
-            ]
-            if self._scoped:
-                with contextlib.suppress(LayoutError):  # a tree that fails to walk: none
-                    tree = set(walk(config.root))
-                    stored = {t for t in stored_targets(config.build_dir) if t in tree}
-                    targets = sorted(set(targets) | stored, key=str)
-            write_database_from_parts(config.root, config.build_dir, targets)
-        except (MetraleError, OSError, ValueError) as exc:  # never fails the run
-            _warn_unwritten("the compilation database", path, exc)
-
-
-def _warn_unwritten(what: str, path: Path, exc: BaseException) -> None:
-    """One stderr line for a file of the run's report that could not be written: which,
-    where, and why (an ``OSError``'s own words, e.g. "No space left on device")."""
-    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-    _warn(f"could not write {what} {path}: {reason}")
-
-
-def _warn(text: str) -> None:
-    """``warning: text`` on the process's own stderr: doit's target threads each swap
-    ``sys.stderr`` for a capturing writer around their actions and restore what they
-    found, so after two ran at once it is left as one of those, and lost."""
-    stream = sys.__stderr__ or sys.stderr
-    stream.write(printable(f"warning: {text}") + "\n")
-    stream.flush()
 
 
 def _is_terminal(stream: TextIO) -> bool:
@@ -584,44 +442,3 @@ def _expected_target_seconds() -> dict[str, float]:
     except MetraleError:
         return {}
     return {f"{_BASE}{target}": s for target, s in read_kept_seconds(build_dir).items()}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _RunCompiles:
-    """What a run's spans say of its compiles, by cache key (for the kept times)."""
-
-    #: ``(target, module, key)`` of every module keyed in the run.
-    keyed: tuple[tuple[str, str, str], ...]
-    #: The compiler's seconds of each key compiled.
-    compiled: Mapping[str, float]
-    #: The compiler's peak memory, where measured.
-    measured: Mapping[str, int]
-    #: Where the peak was not known: the most it can have been.
-    bounds: Mapping[str, int]
-
-    @classmethod
-    def of(cls, spans: Iterable[Mapping[str, object]]) -> _RunCompiles:
-        keyed: list[tuple[str, str, str]] = []
-        compiled: dict[str, float] = {}
-        measured: dict[str, int] = {}
-        bounds: dict[str, int] = {}
-        for item in spans:
-            target, module = str(item.get("target", "")), str(item.get("module", ""))
-            args = item.get("args")
-            if not target or not module or not isinstance(args, dict):
-                continue
-            key, step = args.get("key"), item.get("step")
-            if not isinstance(key, str):
-                continue
-            if step == "key":
-                keyed.append((target, module, key))
-            elif step == "compile" and args.get("outcome") == "compiled":
-                seconds = args.get("seconds")
-                if isinstance(seconds, int | float):
-                    compiled[key] = float(seconds)
-                memory, bound = args.get("memory"), args.get("memory_bound")
-                if isinstance(memory, int) and memory > 0:
-                    measured[key] = memory
-                elif isinstance(bound, int) and bound > 0:
-                    bounds[key] = bound
-        return cls(keyed=tuple(keyed), compiled=compiled, measured=measured, bounds=bounds)
