@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_gate.py"
+from tests.support import REPO
+
+BENCH = REPO / "bench" / "bench_gate.py"
 
 
 @pytest.mark.nvcc

@@ -30,8 +30,9 @@ import pytest
 from metrale_orch.cli import main
 from metrale_orch.defaults import LEVERS, parse_defaults
 from metrale_orch.tree import LayoutError, resolve_all, walk
+from tests.support import REPO
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+BENCH = REPO / "bench"
 
 
 def _gen_tree() -> ModuleType:

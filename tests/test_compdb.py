@@ -37,9 +37,8 @@ from metrale_orch.tasks.runlock import BuildLock
 from metrale_orch.toolchain.definitions import builtin_toolchains, select_toolchain
 from metrale_orch.tree import Target, hardware
 from metrale_orch.views.editor import write_compdb
+from tests.support import REPO
 from tests.support.project import doit, fake_compiles, project_env, started_targets
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _command(file: str, directory: str = "stage/x") -> CompileCommand:
@@ -327,13 +326,13 @@ def sample(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[st
     tmp = tmp_path_factory.mktemp("compdb")
     env = project_env(tmp)
     env["METRALE_ORCH_BUILD_DIR"] = str(tmp / "build")
-    config = load_config(ROOT, env)
-    run = write_compdb(ROOT, env, None, config=config, say=print)
+    config = load_config(REPO, env)
+    run = write_compdb(REPO, env, None, config=config, say=print)
     # Targets this machine cannot build (no xcrun; a hipcc that is not HIP's) contribute
     # nothing: every NVIDIA target must stage.
     tcs = builtin_toolchains()
     for left in (*run.skipped, *run.failed):
-        hw = hardware(ROOT / "kernels", Target.parse(left.target).hardware)
+        hw = hardware(REPO / "kernels", Target.parse(left.target).hardware)
         assert select_toolchain(hw, tcs).name != "nvcc", left
     # Each file's entry is its first target's, which reads what the editor reads.
     assert run.differences == ()
@@ -348,8 +347,8 @@ def test_sample_tree_database(sample: tuple[Path, list[dict[str, object]]]) -> N
     found = {}
     for e in entries:
         file, directory = str(e["file"]), str(e["directory"])
-        assert file == str(ROOT / str(file)[len(str(ROOT)) + 1 :]) and Path(file).is_file()
-        found[file[len(str(ROOT)) + 1 :]] = directory.removeprefix(f"{real_build}/stage/")
+        assert file == str(REPO / str(file)[len(str(REPO)) + 1 :]) and Path(file).is_file()
+        found[file[len(str(REPO)) + 1 :]] = directory.removeprefix(f"{real_build}/stage/")
         args = e["arguments"]
         assert isinstance(args, list) and os.path.isabs(args[0]) and args[1] == "--ptx"
         assert str(e["output"]).startswith(f"{real_build}/")
@@ -393,14 +392,14 @@ def test_every_entry_preprocesses_in_its_directory_reading_what_the_build_reads(
         assert sorted(editor.values()) == sorted(built.values()), file
     by_file = {str(e["file"]): e for e in entries}
     # A sibling included as "arch_tuning.cuh" is the tree's file next to the tree file...
-    nvfp4 = by_file[str(ROOT / "kernels/gb10/common/gemv_nvfp4.cu")]
+    nvfp4 = by_file[str(REPO / "kernels/gb10/common/gemv_nvfp4.cu")]
     read = _read_by([str(a) for a in nvfp4["arguments"]], str(nvfp4["directory"]))  # type: ignore[union-attr]
-    assert str(ROOT / "kernels/gb10/common/arch_tuning.cuh") in read
+    assert str(REPO / "kernels/gb10/common/arch_tuning.cuh") in read
     # ...and a header the tree file's directory lacks is the build's staged copy (-I.).
-    b300 = by_file[str(ROOT / "kernels/b300/common/gemv_bf16.cu")]
+    b300 = by_file[str(REPO / "kernels/b300/common/gemv_bf16.cu")]
     read = _read_by([str(a) for a in b300["arguments"]], str(b300["directory"]))  # type: ignore[union-attr]
     assert os.path.join(str(b300["directory"]), "bf16_util.cuh") in read
-    assert not (ROOT / "kernels/b300/common/bf16_util.cuh").exists()
+    assert not (REPO / "kernels/b300/common/bf16_util.cuh").exists()
 
 
 def _clangd() -> str | None:
@@ -430,7 +429,7 @@ def test_clangd_opens_the_tree_file_without_an_error(
     build, _entries = sample
     env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path), "HOME": str(tmp_path)}
     done = subprocess.run(
-        [str(_clangd()), f"--check={ROOT / file}", f"--compile-commands-dir={build}"],
+        [str(_clangd()), f"--check={REPO / file}", f"--compile-commands-dir={build}"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -439,7 +438,7 @@ def test_clangd_opens_the_tree_file_without_an_error(
     )
     log = done.stderr
     assert f"Loaded compilation database from {build}" in log, log
-    assert f"-- {ROOT / file}" in log, log  # clangd compiles the tree file, not the stage's
+    assert f"-- {REPO / file}" in log, log  # clangd compiles the tree file, not the stage's
     assert "All checks completed, 0 errors" in log, log
 
 
@@ -451,8 +450,8 @@ def test_a_chosen_target_names_the_includes_an_editor_resolves_otherwise(
     kernels, opened as Hopper compiles them, find GB10's beside them."""
     env = project_env(tmp_path)
     env["METRALE_ORCH_BUILD_DIR"] = str(tmp_path / "build")
-    config = load_config(ROOT, env)
-    run = write_compdb(ROOT, env, "hopper/qwen3-8b/bf16", config=config, say=print)
+    config = load_config(REPO, env)
+    run = write_compdb(REPO, env, "hopper/qwen3-8b/bf16", config=config, say=print)
     assert run.failed == ()
     assert [(d.file, d.name, d.editor, d.build) for d in run.differences] == [
         (

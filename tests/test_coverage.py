@@ -41,10 +41,9 @@ from metrale_orch.paths import STATE_DIR
 from metrale_orch.resources import PtxasMissing
 from metrale_orch.steps.target import build_target
 from metrale_orch.tree import Target
+from tests.support import REPO
 from tests.support.build import make_cache, make_config
 from tests.support.trust import doit_run, write_files
-
-REPO = Path(__file__).resolve().parent.parent
 
 TARGET = "hw/m/q"
 FAMILIES = "kernels/hw/common/KERNEL_FAMILIES.toml"

@@ -66,9 +66,9 @@ from metrale_orch.steps.plan import plan_target
 from metrale_orch.steps.target import build_target
 from metrale_orch.toolchain.definitions import builtin_toolchains
 from metrale_orch.tree import Target, discover
+from tests.support import REPO
 from tests.support.build import fake_toolchain_env, make_cache, make_config, small_tree
 
-REPO = Path(__file__).resolve().parents[1]
 U32_MAX = 4294967295
 NO_ENV: dict[str, str] = {}
 

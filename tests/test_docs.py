@@ -21,8 +21,8 @@ import pytest
 
 from metrale_orch.cli import _parser, main
 from metrale_orch.tree.resolve import walk
+from tests.support import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 PAGES = sorted([REPO / "README.md", REPO / "BENCHMARKS.md", *(REPO / "docs").glob("*.md")])
 #: The sample tree's targets (doit task names are build:<target>).
 TARGETS = sorted(str(t) for t in walk(REPO))

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "metrale_orch"
+from tests.support import REPO
+
+PACKAGE = REPO / "metrale_orch"
 
 #: Shared helpers every area may import; they import nothing of the package but errors
 #: and the ownership check (standard library only, the one test of a file's owner), and

@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 
 from metrale_orch.tree import SymlinkError, Target, discover, dump, walk
+from tests.support import REPO
 from tests.support.tree import symlink
 
-CASES = Path(__file__).parent / "cases" / "layout"
+CASES = REPO / "tests" / "cases" / "layout"
 CASE_NAMES = sorted(p.name for p in CASES.iterdir() if (p / "expected.json").is_file())
 
 

@@ -17,8 +17,7 @@ from hypothesis import strategies as st
 from metrale_orch import matrix as mx
 from metrale_orch.cli import main
 from metrale_orch.tree import walk
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.support import REPO
 
 ROW_KEYS = {
     "build",

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import tomllib
-from pathlib import Path
 
 from setuptools import find_packages
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support import REPO
 
 
 def test_package_discovery_covers_every_subpackage() -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import REPO
 from tests.support.project import (
     doit,
     fake_compiles,
@@ -283,7 +284,7 @@ HAS_NVCC = bool(shutil.which("nvcc") and shutil.which("gcc"))
 def test_a_parallel_build_of_one_target_is_byte_identical_to_a_serial_one(
     tmp_path: Path,
 ) -> None:
-    sample = Path(__file__).resolve().parent.parent
+    sample = REPO
     target = "hopper/qwen3-8b/bf16"
     outs = {}
     for jobs in ("1", "2"):

@@ -15,9 +15,9 @@ from metrale_orch.paths import rel_posix
 from metrale_orch.steps.plan import module_names
 from metrale_orch.tree import Layout, Target, discover
 from metrale_orch.tree.picture import draw_layout
+from tests.support import REPO
 from tests.support.tree import hw, kernel_toml, model, write
 
-REPO = Path(__file__).resolve().parents[1]
 STRIKE = "\u0336"
 
 #: The sample tree's targets that show each feature: shadows from both roles, ``use``

@@ -23,9 +23,8 @@ from metrale_orch.tasks.checker import signature_parts
 from metrale_orch.tasks.dicts import plan_build_task, rel_posix, target_plan_task
 from metrale_orch.toolchain.definitions import load_toolchains
 from metrale_orch.tree import Layout, resolve_all
+from tests.support import REPO
 from tests.support.project import make_project
-
-REPO = Path(__file__).resolve().parent.parent
 
 #: Any text, lone surrogates included (a file name that is not UTF-8, as os.fsdecode keeps it).
 _TEXT = st.text(st.characters(codec=None, exclude_categories=()), max_size=8)

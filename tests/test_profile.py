@@ -30,6 +30,7 @@ from metrale_orch.steps.profile import (
 from metrale_orch.steps.target import build_target
 from metrale_orch.tasks.checker import PROFILE_KEY, TaskDataCodec
 from metrale_orch.tree import Target
+from tests.support import REPO
 from tests.support.build import make_cache, make_config
 from tests.support.project import doit, fake_compiles, make_project, project_env, use_fake_compiler
 
@@ -399,7 +400,7 @@ def test_compile_times_fit_in_jobs_times_wall(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_real_nvcc_build_has_a_span_per_module(tmp_path: Path) -> None:
-    root = Path(__file__).resolve().parent.parent
+    root = REPO
     if not (root / "kernels").is_dir():
         pytest.skip("the sample tree kernels/ is not there yet")
     config = make_config(root, tmp_path / "cache", build_dir=str(tmp_path / "build"))

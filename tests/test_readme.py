@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support import REPO
+
 VENV = Path(sys.prefix)
 
 #: What a project needs to build: the rest of the checkout plays no part.

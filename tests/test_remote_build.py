@@ -31,11 +31,11 @@ from typing import Any
 
 import pytest
 
+from tests.support import REPO
 from tests.support.servers import ObjectServer, refused_endpoint, s3_server
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parent.parent
 TARGET = "b300/qwen3-8b/bf16"
 DODO = "from metrale_orch.dodo import *  # noqa: F403\n"
 

@@ -63,6 +63,7 @@ from metrale_orch.remote import (
 from metrale_orch.remote._proto import remote_execution_pb2 as re_pb2
 from metrale_orch.remote.cas import BLOB_OVERHEAD, REQUEST_OVERHEAD, fits, plan_batches
 from metrale_orch.remote.rpc import parse_url
+from tests.support import REPO
 from tests.support.reapi_cas_server import (
     CasServer,
     bgd_command,
@@ -73,7 +74,6 @@ from tests.support.reapi_cas_server import (
 from tests.support.reapi_deps import StackUnavailable
 from tests.support.reapi_fake import FakeRemote, fake_remote, operation
 
-REPO = Path(__file__).resolve().parent.parent
 STAGE = re_pb2.ExecutionStage
 
 

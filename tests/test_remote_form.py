@@ -20,9 +20,9 @@ from metrale_orch.steps.remote_form import OUT_DIR, outside_input_root, platform
 from metrale_orch.steps.session import BuildSession
 from metrale_orch.steps.target import build_target
 from metrale_orch.tree import Target
+from tests.support import REPO
 from tests.support.build import make_cache, make_config, small_tree
 
-ROOT = Path(__file__).resolve().parent.parent
 TARGET = "b300/qwen3-8b/bf16"
 
 
@@ -129,15 +129,15 @@ def test_outside_input_root(words: list[str], env: dict[str, str], outside: str)
 def test_remote_forms_compile_to_the_same_bytes(tmp_path: Path) -> None:
     environ = dict(os.environ)
     layout = _layout()
-    here = make_config(ROOT, tmp_path / "c1", build_dir=str(tmp_path / "local"))
-    local = build_target(ROOT, layout, config=here, cache=make_cache(here), environ=environ)
+    here = make_config(REPO, tmp_path / "c1", build_dir=str(tmp_path / "local"))
+    local = build_target(REPO, layout, config=here, cache=make_cache(here), environ=environ)
     assert not local.failures
 
     worker = MaterialisingWorker()
-    there = make_config(ROOT, tmp_path / "c2", build_dir=str(tmp_path / "remote"))
+    there = make_config(REPO, tmp_path / "c2", build_dir=str(tmp_path / "remote"))
     session = BuildSession(worker, remote=True)
     result = build_target(
-        ROOT, layout, config=there, cache=make_cache(there), environ=environ, session=session
+        REPO, layout, config=there, cache=make_cache(there), environ=environ, session=session
     )
     assert not result.failures, result.failures
     assert worker.ran_here == []
@@ -167,9 +167,9 @@ def test_what_the_root_cannot_hold_compiles_here(tmp_path: Path) -> None:
     (inc / "unused_extra.h").write_text("#define UNUSED_EXTRA 1\n")
     layout = _layout()
     worker = MaterialisingWorker()
-    config = make_config(ROOT, tmp_path / "c", build_dir=str(tmp_path / "b"))
+    config = make_config(REPO, tmp_path / "c", build_dir=str(tmp_path / "b"))
     result = build_target(
-        ROOT,
+        REPO,
         layout,
         config=config,
         cache=make_cache(config),

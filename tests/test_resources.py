@@ -32,9 +32,9 @@ from metrale_orch.resources import (
 from metrale_orch.resources.report import ModuleResources
 from metrale_orch.steps.target import build_target
 from metrale_orch.tree import Target
+from tests.support import REPO
 from tests.support.build import make_cache, make_config, output_kinds_tree
 
-ROOT = Path(__file__).resolve().parent.parent
 HOPPER = "hopper/qwen3-8b/bf16"
 B200 = "b200/qwen3-8b/bf16"
 
@@ -159,11 +159,11 @@ def sample_build(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         pytest.skip("nvcc and ptxas are not installed")
     tmp = tmp_path_factory.mktemp("resources")
     build = tmp / "build"
-    config = make_config(ROOT, tmp / "cache", build_dir=str(build))
+    config = make_config(REPO, tmp / "cache", build_dir=str(build))
     cache = make_cache(config)
     for name in (HOPPER, B200):
         result = build_target(
-            ROOT, Target.parse(name), config=config, cache=cache, environ=dict(os.environ)
+            REPO, Target.parse(name), config=config, cache=cache, environ=dict(os.environ)
         )
         assert not result.failed, result.failure_text()
     yield build
@@ -190,7 +190,7 @@ def _recording_ptxas(tmp: Path) -> tuple[dict[str, str], Path]:
 def test_report_on_two_archs_shows_the_spill_and_caches(sample_build: Path, tmp_path: Path) -> None:
     environ, log = _recording_ptxas(tmp_path)
     (sample_build / STATE_DIR / CACHE_NAME).unlink(missing_ok=True)
-    first = collect_resources(ROOT, sample_build, "*/qwen3-8b/bf16", environ)
+    first = collect_resources(REPO, sample_build, "*/qwen3-8b/bf16", environ)
     targets = {t.target: t for t in first.report.targets}
     assert sorted(targets) == [B200, "b300/qwen3-8b/bf16", "gb10/qwen3-8b/bf16", HOPPER]
     assert targets["gb10/qwen3-8b/bf16"].status == "not-built"
@@ -214,7 +214,7 @@ def test_report_on_two_archs_shows_the_spill_and_caches(sample_build: Path, tmp_
 
     # Second run: every answer from the cache, ptxas never called, the same report.
     log.unlink()
-    second = collect_resources(ROOT, sample_build, "*/qwen3-8b/bf16", environ)
+    second = collect_resources(REPO, sample_build, "*/qwen3-8b/bf16", environ)
     assert (second.ptxas_runs, second.cache_hits) == (0, ptx_modules)
     assert not log.exists()
     assert second.report == first.report
@@ -223,7 +223,7 @@ def test_report_on_two_archs_shows_the_spill_and_caches(sample_build: Path, tmp_
     original = ptx.read_bytes()
     try:
         ptx.write_bytes(original + b"\n// touched\n")
-        third = collect_resources(ROOT, sample_build, HOPPER, environ)
+        third = collect_resources(REPO, sample_build, HOPPER, environ)
         assert third.ptxas_runs == 1 and len(log.read_text().splitlines()) == 1
     finally:
         ptx.write_bytes(original)
@@ -232,7 +232,7 @@ def test_report_on_two_archs_shows_the_spill_and_caches(sample_build: Path, tmp_
 @pytest.mark.nvcc
 def test_cli_report_text_and_json(sample_build: Path) -> None:
     environ = dict(os.environ)
-    argv = ["--root", str(ROOT), "--set", f"build_dir={sample_build}", "resources"]
+    argv = ["--root", str(REPO), "--set", f"build_dir={sample_build}", "resources"]
     code, out, err = _cli(argv, environ)
     assert (code, err) == (0, "")
     lines = out.splitlines()
@@ -278,7 +278,7 @@ def test_cli_report_text_and_json(sample_build: Path) -> None:
     assert f"{HOPPER}/spill_probe.ptx" in artefacts
     assert all(a.startswith("hopper/") for a in artefacts)
     assert report.build_dir == sample_build.as_posix()  # outside the root: as given
-    assert str(ROOT) not in out.replace(str(sample_build), "")
+    assert str(REPO) not in out.replace(str(sample_build), "")
 
 
 @pytest.mark.nvcc
@@ -292,7 +292,7 @@ def test_cli_diff_two_build_dirs(sample_build: Path, tmp_path: Path) -> None:
     assert ".maxnreg 32" in text
     ptx.write_text(text.replace(".maxnreg 32", ""))
 
-    base = ["--root", str(ROOT), "--set", f"build_dir={sample_build}", "resources", HOPPER]
+    base = ["--root", str(REPO), "--set", f"build_dir={sample_build}", "resources", HOPPER]
     code, out, err = _cli([*base, "--diff", str(other)], environ)
     assert err == ""
     (line, summary) = out.splitlines()
@@ -302,7 +302,7 @@ def test_cli_diff_two_build_dirs(sample_build: Path, tmp_path: Path) -> None:
     assert code == 1
 
     # The other way round: registers go up (32 → more), the spill goes away: exit 0.
-    reverse = ["--root", str(ROOT), "--set", f"build_dir={other}", "resources", HOPPER]
+    reverse = ["--root", str(REPO), "--set", f"build_dir={other}", "resources", HOPPER]
     code, out, _ = _cli([*reverse, "--diff", str(sample_build), "--json"], environ)
     doc = json.loads(out)
     (change,) = doc["changes"]
@@ -321,7 +321,7 @@ def test_cli_diff_two_build_dirs(sample_build: Path, tmp_path: Path) -> None:
 def test_no_matching_target_and_broken_manifest(sample_build: Path, tmp_path: Path) -> None:
     environ = dict(os.environ)
     code, out, err = _cli(
-        ["--root", str(ROOT), "--set", f"build_dir={sample_build}", "resources", "nope/*"],
+        ["--root", str(REPO), "--set", f"build_dir={sample_build}", "resources", "nope/*"],
         environ,
     )
     assert (code, out) == (2, "")
@@ -331,7 +331,7 @@ def test_no_matching_target_and_broken_manifest(sample_build: Path, tmp_path: Pa
     )
 
     code, out, err = _cli(
-        ["--root", str(ROOT), "resources", "--diff", str(tmp_path / "nowhere")], environ
+        ["--root", str(REPO), "resources", "--diff", str(tmp_path / "nowhere")], environ
     )
     assert (code, out) == (2, "")
     assert err.startswith("error: --diff ") and err.endswith(
@@ -342,7 +342,7 @@ def test_no_matching_target_and_broken_manifest(sample_build: Path, tmp_path: Pa
     (broken / HOPPER).mkdir(parents=True)
     (broken / HOPPER / "manifest.json").write_text("{not json")
     code, out, err = _cli(
-        ["--root", str(ROOT), "--set", f"build_dir={broken}", "resources", "hopper/qwen3-8b/*"],
+        ["--root", str(REPO), "--set", f"build_dir={broken}", "resources", "hopper/qwen3-8b/*"],
         environ,
     )
     assert code == 1 and err == ""

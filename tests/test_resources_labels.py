@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import REPO
 from tests.support.nvcc_tree import built_tree, run_cli
 
 #: The sample tree's register-pressure probe: SUMS running sums live under 32 registers.
-PROBE = Path(__file__).resolve().parent.parent / "kernels/hopper/qwen3-8b/bf16/spill_probe.cu"
+PROBE = REPO / "kernels/hopper/qwen3-8b/bf16/spill_probe.cu"
 TARGET = "h/m/q"
 
 pytestmark = pytest.mark.nvcc

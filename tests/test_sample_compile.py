@@ -21,9 +21,9 @@ from metrale_orch.steps.target import build_target
 from metrale_orch.toolchain.definitions import builtin_toolchains, select_toolchain
 from metrale_orch.toolchain.locate import find_program
 from metrale_orch.tree import Layout, resolve_all
+from tests.support import REPO
 from tests.support.build import make_cache, make_config, output_kinds_tree
 
-ROOT = Path(__file__).resolve().parent.parent
 log = logging.getLogger(__name__)
 
 pytestmark = [
@@ -34,9 +34,9 @@ pytestmark = [
 
 
 def _layouts() -> list[Layout]:
-    assert (ROOT / "kernels").is_dir(), "the sample tree kernels/ is part of the repository"
+    assert (REPO / "kernels").is_dir(), "the sample tree kernels/ is part of the repository"
     out = []
-    for target, layout in resolve_all(ROOT):
+    for target, layout in resolve_all(REPO):
         assert isinstance(layout, Layout), f"{target}: {layout}"
         out.append(layout)
     return out
@@ -53,11 +53,11 @@ def test_every_nvidia_module_compiles(
     nvidia = [lay for lay in layouts if select_toolchain(lay.hardware, tcs).name == "nvcc"]
     others = [lay for lay in layouts if lay not in nvidia]
     assert nvidia, "the sample tree has no NVIDIA target"
-    config = make_config(ROOT, tmp_path / "cache", build_dir=str(tmp_path / "build"))
+    config = make_config(REPO, tmp_path / "cache", build_dir=str(tmp_path / "build"))
     cache = make_cache(config)
 
     def build(layout: Layout) -> TargetResult:
-        return build_target(ROOT, layout, config=config, cache=cache, environ=environ)
+        return build_target(REPO, layout, config=config, cache=cache, environ=environ)
 
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=2) as pool:

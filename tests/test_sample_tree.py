@@ -38,22 +38,22 @@ from metrale_orch.tree import (
     symlinks,
     walk,
 )
+from tests.support import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
-KERNELS = ROOT / "kernels"
+KERNELS = REPO / "kernels"
 
 
 @cache
 def layouts() -> dict[str, Layout]:
     """Every walked target's layout, keyed ``hw/model/quant`` (asserts they all resolve)."""
-    resolved = resolve_all(ROOT)
+    resolved = resolve_all(REPO)
     errors = {str(t): str(r) for t, r in resolved if not isinstance(r, Layout)}
     assert not errors, f"targets that do not resolve: {errors}"
     return {str(t): r for t, r in resolved if isinstance(r, Layout)}
 
 
 def rel(path: Path) -> str:
-    return path.relative_to(ROOT).as_posix()
+    return path.relative_to(REPO).as_posix()
 
 
 def toml(path: Path) -> dict[str, Any]:
@@ -70,7 +70,7 @@ def kernel_files() -> Iterator[Path]:
 
 
 def test_every_walked_target_resolves() -> None:
-    targets = walk(ROOT)
+    targets = walk(REPO)
     assert len(targets) >= 20
     assert sorted(layouts()) == sorted(str(t) for t in targets)
     hardware = {t.hardware for t in targets}
@@ -152,7 +152,7 @@ def test_no_inherits_two_layers_and_missing_layers() -> None:
 
 def test_walk_unites_parent_quants() -> None:
     """hopper/qwen3-8b has bf16/ and fp8/ of its own, and gets gb10's nvfp4/ too."""
-    quants = {t.quant for t in walk(ROOT) if (t.hardware, t.model) == ("hopper", "qwen3-8b")}
+    quants = {t.quant for t in walk(REPO) if (t.hardware, t.model) == ("hopper", "qwen3-8b")}
     assert quants == {"bf16", "fp8", "nvfp4"}
     assert not (KERNELS / "hopper/qwen3-8b/nvfp4").exists()
     assert not (KERNELS / "gb10/qwen3-8b/fp8").exists()
@@ -181,9 +181,9 @@ def test_allow_list() -> None:
     assert supports_quant(gemma, "bf16")
     assert not supports_quant(gemma, "nvfp4")
     with pytest.raises(ManifestError, match="nvfp4"):
-        discover(ROOT, Target.parse("gb10/gemma3-4b/nvfp4"))
+        discover(REPO, Target.parse("gb10/gemma3-4b/nvfp4"))
     # Without an allow-list, a quant with no directory anywhere resolves to common/ alone.
-    fallback = discover(ROOT, Target.parse("gb10/llama3-8b/fp8"))
+    fallback = discover(REPO, Target.parse("gb10/llama3-8b/fp8"))
     assert dict(fallback.leaf) == {}
     assert "rmsnorm.cu" in fallback.common
 
@@ -295,7 +295,7 @@ def test_build_flags_and_module_renames() -> None:
 
 
 def test_no_symlinks() -> None:
-    assert symlinks(ROOT) == []
+    assert symlinks(REPO) == []
 
 
 def test_no_duplicated_kernel_files() -> None:
@@ -394,7 +394,7 @@ def test_smoke_cases_match_modules_entries_and_references() -> None:
         if lay.hardware.source_ext != "cu":
             continue
         modules = dict(lay.modules())
-        for case in scan_cases(ROOT, lay):
+        for case in scan_cases(REPO, lay):
             where = f"{target}: {case.source} case {case.name}"
             entries = _entries(modules[case.module].source)
             assert case.entry in entries, f'{where}: no extern "C" {case.entry}'
@@ -430,8 +430,8 @@ def test_every_smoke_file_case_applies_to_every_target_reading_it() -> None:
 
 
 def test_wrapping_leaf_overrides_the_common_case() -> None:
-    cases = {c.name: c for c in scan_cases(ROOT, layouts()["hopper/gemma3-4b/bf16"])}
+    cases = {c.name: c for c in scan_cases(REPO, layouts()["hopper/gemma3-4b/bf16"])}
     assert cases["rmsnorm_4x1024"].reference == "rmsnorm_gemma"
     assert "fp8_act_quant_4x512" in cases  # Hopper's own common case
-    common = {c.name: c for c in scan_cases(ROOT, layouts()["gb10/qwen3-8b/bf16"])}
+    common = {c.name: c for c in scan_cases(REPO, layouts()["gb10/qwen3-8b/bf16"])}
     assert common["rmsnorm_4x1024"].reference == "rmsnorm"

@@ -48,6 +48,7 @@ from metrale_orch.smoke.dtypes import (
 )
 from metrale_orch.tasks.smoke import run_smoke_action, smoke_tasks
 from metrale_orch.tree import Target, discover
+from tests.support import REPO
 from tests.support.project import DODO, doit, project_env
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
@@ -694,7 +695,7 @@ def test_gpu_sample_tree(tmp_path: Path) -> None:
     import metrale_orch.steps.target as compile_mod
     from metrale_orch.tree import hardware, resolve_all
 
-    repo = Path(__file__).resolve().parent.parent
+    repo = REPO
     shutil.copytree(repo / "kernels", tmp_path / "kernels")
     if (repo / "toolchains").is_dir():
         shutil.copytree(repo / "toolchains", tmp_path / "toolchains")
@@ -729,8 +730,6 @@ def test_gpu_sample_tree(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ the sample tree
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def _sample_layouts() -> list[Any]:

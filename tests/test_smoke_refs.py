@@ -13,15 +13,15 @@ import math
 import struct
 import tomllib
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-KERNELS = ROOT / "kernels"
+from tests.support import REPO
+
+KERNELS = REPO / "kernels"
 
 Args = dict[str, Any]
 
@@ -413,7 +413,7 @@ def test_reference_matches_naive_loop(name: str) -> None:
 def _smoke_references() -> Iterator[tuple[str, str]]:
     for path in sorted(KERNELS.glob("*/**/SMOKE.toml")):
         for case in tomllib.loads(path.read_text()).get("case", []):
-            yield path.relative_to(ROOT).as_posix(), case["reference"]
+            yield path.relative_to(REPO).as_posix(), case["reference"]
 
 
 def test_every_reference_is_checked() -> None:

@@ -50,6 +50,7 @@ from metrale_orch.toolchain.probe import (
 )
 from metrale_orch.toolchain.stamps import toolchain_stamp
 from metrale_orch.tree import Target, discover
+from tests.support import REPO
 from tests.support.build import (
     compiles,
     fake_toolchain_env,
@@ -59,7 +60,6 @@ from tests.support.build import (
     write,
 )
 
-REPO = Path(__file__).resolve().parent.parent
 #: Where the built-in toolchains look before PATH / HOME: a machine with them installed
 #: finds them first, which the discovery tests below cannot control.
 _SYSTEM_INSTALLS = [Path("/opt/rocm/bin/hipcc"), *Path("/opt").glob("scale*")]

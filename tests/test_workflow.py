@@ -15,8 +15,8 @@ import yaml
 
 from metrale_orch import matrix as mx
 from metrale_orch.config import ENV_VARS
+from tests.support import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 WORKFLOW = REPO / "ci" / "github" / "kernels.yml"
 FRESH_CHECK = REPO / "ci" / "fresh_machine_check.sh"
 

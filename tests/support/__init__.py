@@ -1,5 +1,9 @@
 """Helpers the tests share (plain functions and values; the fixtures are in ``tests/conftest.py``).
 
+- :data:`REPO`: the repository's root, the one place a test finds the sample tree, the docs,
+  ``bench/`` or the package from (test files move between tiers; their ``__file__`` does not
+  say where the root is);
+
 - :mod:`tests.support.tree`: tiny kernel trees written under ``tmp_path`` (layout tests);
 - :mod:`tests.support.build`: a small tree, a recording fake ``nvcc``, config and cache for
   the build steps;
@@ -12,3 +16,8 @@
   ``reapi_action`` (the probe's typed values); ``reapi_cas``, ``reapi_run``, ``reapi_worker``
   and ``reapi_probe`` run in the BuildGrid venv, never in the test process.
 """
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+"""The repository's root (the folder holding ``pyproject.toml``)."""

@@ -80,6 +80,7 @@ from typing import Any, Literal, NoReturn
 
 import pytest
 
+from tests.support import REPO
 from tests.support.reapi_action import BlobRead, ExecuteOutcome, ProbeAction
 from tests.support.reapi_deps import (
     BGD_SERVER,
@@ -121,7 +122,6 @@ DEFAULT_WORKER_PROPERTIES: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {"OSFamily": ("linux",), "ISA": ("x86-64",)}
 )
 
-REPO = Path(__file__).resolve().parents[2]
 _READY_S = 60.0
 
 
