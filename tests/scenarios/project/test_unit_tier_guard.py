@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-SUITE = '''
+SUITE = """
 import os, subprocess
 import pytest
 
@@ -37,7 +37,7 @@ def test_module_fixture_spawns(server):
 
 def test_in_process():
     assert sum(range(4)) == 6
-'''
+"""
 
 
 def test_a_unit_test_that_starts_a_process_fails_with_where_it_belongs(
