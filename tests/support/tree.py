@@ -11,12 +11,19 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from metrale_orch.tree import Target
+
 __all__ = [
+    "T",
     "files",
+    "full_tree",
     "hw",
     "kernel_toml",
     "model",
+    "overlay",
+    "plain",
     "rel",
+    "rels",
     "symlink",
     "toml_value",
     "write",
@@ -122,3 +129,56 @@ def symlink(root: Path, relpath: str, target: str) -> Path:
 def rel(root: Path, path: Path) -> str:
     """``path`` relative to ``root``, POSIX separators."""
     return path.relative_to(root).as_posix()
+
+
+def T(text: str) -> Target:
+    return Target.parse(text)
+
+
+def plain(root: Path, hw_name: str = "h", model_name: str = "m", vendor: object = None) -> None:
+    """A hardware tree with one model (empty ``[model]``)."""
+    hw(root, hw_name, vendor=vendor)
+    model(root, hw_name, model_name)
+
+
+def overlay(root: Path) -> None:
+    """Child tree ``c`` inheriting parent ``p``; both hold model ``m``."""
+    hw(root, "p")
+    hw(root, "c", inherits="p")
+    model(root, "p", "m")
+    model(root, "c", "m")
+
+
+def rels(root: Path, paths: Iterable[Path]) -> list[str]:
+    return [rel(root, p) for p in paths]
+
+
+# --------------------------------------------------------------------------- the Layout
+
+
+def full_tree(root: Path) -> None:
+    hw(root, "p", arch="sm_90")
+    hw(root, "c", inherits="p", arch="sm_100")
+    model(root, "c", "m", kernel_source="s")
+    model(root, "c", "s")
+    model(root, "p", "s")
+    files(
+        root,
+        "kernels/c/s/q/k1.cu",
+        "kernels/c/s/q/k3.cu",
+        "kernels/c/s/q/h1.cuh",
+        "kernels/c/s/q/inc/deep/d.h",
+        "kernels/p/s/q/k2.cu",
+        "kernels/p/s/q/k3.cu",
+        "kernels/p/s/q/inc/shadowed.h",
+        "kernels/c/common/k1.cu",
+        "kernels/c/common/k4.cu",
+        "kernels/c/common/c.h",
+        "kernels/p/common/k5.cu",
+        "kernels/p/common/k4.cu",
+        "kernels/p/common/pinc/x.cuh",
+        "kernels/lib/used.cu",
+    )
+    kernel_toml(root, "kernels/c/s/q", shadow={"k1": "r1", "k3": "r3"})
+    kernel_toml(root, "kernels/c/common", use=["../lib/used.cu"], shadow={"k4": "r4"})
+    kernel_toml(root, "kernels/p/common")
