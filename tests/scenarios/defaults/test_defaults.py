@@ -1,7 +1,7 @@
 """Tests for metrale_orch.defaults (SPEC 2) and `metrale-orch defaults`.
 
 These are the tests of this topic that start processes; the others are in
-``tests/unit/defaults/test_defaults.py``.
+``tests/unit/defaults/test_defaults_*.py``.
 """
 
 from __future__ import annotations
