@@ -21,7 +21,7 @@ import pytest
 
 ADVICE = (
     "a unit test started a process ({how}): tests that start doit, a server or a compiler"
-    " belong in tests/scenarios/ (see docs/development.md, 'Where a test goes')"
+    " belong in tests/scenarios/ (docs/development.md, 'Tests', says where a test goes)"
 )
 
 
