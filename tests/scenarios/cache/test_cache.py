@@ -1,9 +1,7 @@
 """The cache's keys, object format, local tier, breaker, housekeeping and CLI.
 
-The storage contract over every backend lives in ``test_cache_contract.py``.
-
-These are the tests of this topic that start processes; the others are in
-``tests/unit/cache/test_cache.py``.
+These are the tests of this topic that start processes; the others, and the rest of what
+they check, are in ``tests/unit/cache/test_cache.py``.
 """
 
 from __future__ import annotations

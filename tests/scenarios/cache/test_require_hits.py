@@ -1,12 +1,8 @@
 """``require_hits``: a build that may only take modules from the cache (a smoke job on a GPU
 runner, after a CPU runner's build job filled the shared cache).
 
-Real ``python -m doit`` runs as the CI workflow makes them: real nvcc on the "CPU runner"
-checkout, a second checkout with its own local cache as the "GPU runner", both sharing one
-``file://`` remote. The fake compiler proves that a refused miss runs no compiler at all.
-
-These are the tests of this topic that start processes; the others are in
-``tests/unit/cache/test_require_hits.py``.
+These are the tests of this topic that start processes; the others, and the rest of what
+they check, are in ``tests/unit/cache/test_require_hits.py``.
 """
 
 from __future__ import annotations

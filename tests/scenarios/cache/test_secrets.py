@@ -1,13 +1,7 @@
 """Secrets are never printed, not even in part (issue 35).
 
-A private key pasted into ``cache_trusted_keys`` is named by its line's position, never
-quoted: no 8 characters of its base64 body appear in the error or in the command's
-output. ``cache_signing_key`` given a public key line says so. A private key file others
-may read (or another user's) is refused with the path and the ``chmod 600`` to run, as
-ssh refuses one.
-
-These are the tests of this topic that start processes; the others are in
-``tests/unit/cache/test_secrets.py``.
+These are the tests of this topic that start processes; the others, and the rest of what
+they check, are in ``tests/unit/cache/test_secrets.py``.
 """
 
 from __future__ import annotations

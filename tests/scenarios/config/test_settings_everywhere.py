@@ -1,13 +1,7 @@
 """One way to read settings, for every command (issue 43, item 1; B4, B9).
 
-Every ``metrale-orch`` command, enumerated from the parser so that a new one is covered
-when it is added, gets its configuration from ``pyproject.toml`` < environment < ``--set``
-and checks it before its own arguments: the same bad setting, wherever it is set, is the
-same one line and exit 2 whatever the command, and the same setting gives the same
-answer (``status`` and ``why`` read the build directory ``--set`` names).
-
-These are the tests of this topic that start processes; the others are in
-``tests/unit/config/test_settings_everywhere.py``.
+These are the tests of this topic that start processes; the others, and the rest of what
+they check, are in ``tests/unit/config/test_settings_everywhere.py``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """Memory-aware admission as the out-of-memory killer and containers really behave (issue
 43, B1).
 
-The kernel kills the largest process, which under nvcc is ``cicc`` or ``ptxas``: nvcc then
-exits 137 (or says a tool "died due to signal 9"), and that compile is run again alone.
-The default budget reads the cgroup's ``memory.max`` (a container's ``/proc/meminfo`` is
-the host's). A one-off huge peak no longer keeps its module serial forever: a later
-compile whose peak ``wait4`` could not tell apart from the build's own still bounds it.
-
-These are the tests of this topic that start processes; the others are in
-``tests/unit/executor/test_memory_hardening.py``.
+These are the tests of this topic that start processes; the others, and the rest of what
+they check, are in ``tests/unit/executor/test_memory_hardening.py``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """The front door stays true: README.md and docs/ (issue 36).
 
-- README.md is at most 300 lines and BENCHMARKS.md at most 200 (the manual is in docs/);
-- every relative link resolves to a file, and every ``#anchor`` to a heading there;
-- every ``$ metrale-orch ...`` line shown parses with the command's own parser, and every
-  ``$ doit ...`` line names tasks the sample tree has;
-- the outputs shown for the views that need no build (``layout``, ``rdeps``) are what the
-  command prints on the sample tree today (``...`` in a shown output skips lines).
-
-These are the tests of this topic that start processes; the others are in
-``tests/unit/project/test_docs.py``.
+These are the tests of this topic that start processes; the others, and the rest of what
+they check, are in ``tests/unit/project/test_docs.py``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Smoke tests (SPEC 3.5): conversions, cases, static checks on real nvcc output, reports.
 
-The numeric path runs for real only on a CUDA device (``gpu`` tests); here it
-is exercised with an injected device probe and a NumPy launcher.
-
-These are the tests of this topic that start processes; the others are in
-``tests/unit/smoke/test_smoke.py``.
+These are the tests of this topic that start processes; the others, and the rest of what
+they check, are in ``tests/unit/smoke/test_smoke.py``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """Shadow drops (SPEC 3.3.2, 4.1 ``shadowed_dropped``): the scan, the exemptions, the build.
 
-The scan is exercised on in-memory stages (a dict of stage path -> text), the
-build with the recording fake nvcc of ``tests/support/build.py``, the warning
-through real ``python -m doit build`` runs, and the scanner's reading of
-macros against the entry points real nvcc emits.
-
-These are the tests of this topic that start processes; the others are in
-``tests/unit/steps/test_dropped.py``.
+These are the tests of this topic that start processes; the others, and the rest of what
+they check, are in ``tests/unit/steps/test_dropped.py``.
 """
 
 from __future__ import annotations

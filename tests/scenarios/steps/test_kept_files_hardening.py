@@ -1,13 +1,7 @@
 """The kept times files decide no byte (issue 43, B2, B5, B6): a poisoned one is ignored.
 
-``target-times.json`` and ``compile-times.json`` under ``<build_dir>/.state`` only order
-the compiles and balance the CI rows. Whatever they hold (NaN, infinite, negative or
-huge seconds, JSON nested past the parser's depth, a FIFO in their place) a build builds
-and says so in one warning line naming the file, and ``matrix`` prints valid JSON with
-no empty build row.
-
-These are the tests of this topic that start processes; the others are in
-``tests/unit/steps/test_kept_files_hardening.py``.
+These are the tests of this topic that start processes; the others, and the rest of what
+they check, are in ``tests/unit/steps/test_kept_files_hardening.py``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """Paths nvcc's sub-shell would misread (:mod:`metrale_orch.steps.subshell`).
 
-The tables are checked against the real nvcc (it misreads what they name, and
-only that), then real builds in project roots holding shell characters are
-compared byte for byte with a plain root's, and the roots that cannot build
-give one error before any compile.
-
-These are the tests of this topic that start processes; the others are in
-``tests/unit/steps/test_subshell.py``.
+These are the tests of this topic that start processes; the others, and the rest of what
+they check, are in ``tests/unit/steps/test_subshell.py``.
 """
 
 from __future__ import annotations

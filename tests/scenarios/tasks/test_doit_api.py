@@ -1,11 +1,7 @@
 """The doit private API ``metrale_orch.tasks.doit_api`` relies on is still there.
 
-Each check names the attribute or parameter a doit upgrade removed or changed, so
-an upgrade fails here, by name, instead of deep inside a build or ``metrale-orch
-status``.
-
-These are the tests of this topic that start processes; the others are in
-``tests/unit/tasks/test_doit_api.py``.
+These are the tests of this topic that start processes; the others, and the rest of what
+they check, are in ``tests/unit/tasks/test_doit_api.py``.
 """
 
 from __future__ import annotations

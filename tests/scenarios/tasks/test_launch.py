@@ -1,12 +1,8 @@
 """``metrale-orch doit ARGS``: doit as ``doit ARGS`` runs it, except that a configuration
 file doit cannot read is one line naming it, never doit's traceback.
 
-doit parses ``pyproject.toml`` before anything of the package runs
-(:mod:`metrale_orch.tasks.launch`), so these run the documented entry point, for real, in
-a temporary project with the recording fake compiler.
-
-These are the tests of this topic that start processes; the others are in
-``tests/unit/tasks/test_launch.py``.
+These are the tests of this topic that start processes; the others, and the rest of what
+they check, are in ``tests/unit/tasks/test_launch.py``.
 """
 
 from __future__ import annotations

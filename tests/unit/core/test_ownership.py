@@ -1,14 +1,7 @@
 """Files that decide what is served are trusted only if they are the user's own (issue 35).
 
-Another user's file is planted with ``os.chown`` to ``nobody`` (the suite runs as root
-here; elsewhere these tests skip). The check itself (:mod:`metrale_orch.ownership`), the
-memos (the toolkit-hash memo, probe records and plans, the task cache's files,
-arch-check verdicts), and one real build: a local cache directory others may write,
-holding another user's key where older versions kept the local key, and entries that
-user rewrote and signed with it, serves none of them.
-
-These are the tests of this topic that run in-process; the others are in
-``tests/scenarios/core/test_ownership.py``.
+These are the tests of this topic that run in-process; the others, and the rest of what they
+check, are in ``tests/scenarios/core/test_ownership.py``.
 """
 
 from __future__ import annotations

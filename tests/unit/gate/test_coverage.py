@@ -1,13 +1,7 @@
 """The release gate's coverage check (metrale_orch.gate) and ``metrale-orch coverage``.
 
-Real tools: one small tree (one target ``hw/m/q`` for sm_90a, three common modules, one
-renamed by KERNEL.toml, a family file and a fusion file naming their kernels) is built
-once with nvcc; each test copies the built project, seeds one defect (editing and
-rebuilding only what it needs: the local cache serves every unchanged module) and runs
-the real ptxas. The parsers, the PTX ISA table and the setting are checked on values.
-
-These are the tests of this topic that run in-process; the others are in
-``tests/scenarios/gate/test_coverage.py``.
+These are the tests of this topic that run in-process; the others, and the rest of what they
+check, are in ``tests/scenarios/gate/test_coverage.py``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """The compilation database (``build/compile_commands.json``): what editors see.
 
-The merge and the encoding as values; every doit build writing it (a no-op leaving it
-alone, a build from the cache and a failing compile writing it); ``metrale-orch compdb``
-staging without compiling (the recording fake compiler); and on the sample tree with the
-real nvcc, the issue's test: every entry's own compiler, with its arguments and ``-E``,
-succeeds in its directory, reading the same headers as the build's compile.
-
-These are the tests of this topic that run in-process; the others are in
-``tests/scenarios/steps/test_compdb.py``.
+These are the tests of this topic that run in-process; the others, and the rest of what they
+check, are in ``tests/scenarios/steps/test_compdb.py``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """The doit integration: real ``python -m doit`` runs in temporary projects.
 
-Real nvcc builds the main scenario (parallel process workers, no-op, fresh
-checkout, a second checkout served from the shared local cache). A recording
-fake compiler drives the precision scenarios (which targets run, which modules
-compile) so they stay fast.
-
-These are the tests of this topic that run in-process; the others are in
-``tests/scenarios/tasks/test_dodo.py``.
+These are the tests of this topic that run in-process; the others, and the rest of what they
+check, are in ``tests/scenarios/tasks/test_dodo.py``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """``doit dumpdb`` on the project's sqlite3 database (:mod:`metrale_orch.tasks.dumpdb`).
 
-Run as a user runs it: ``python -m doit dumpdb`` in a project after a build
-(the fake recording compiler, so no nvcc is needed).
-
-These are the tests of this topic that run in-process; the others are in
-``tests/scenarios/tasks/test_dumpdb.py``.
+These are the tests of this topic that run in-process; the others, and the rest of what they
+check, are in ``tests/scenarios/tasks/test_dumpdb.py``.
 """
 
 from __future__ import annotations

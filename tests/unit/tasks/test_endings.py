@@ -1,19 +1,7 @@
 """How runs end: interrupts, exit statuses, broken names and files, as a user meets them.
 
-Each scenario runs ``python -m doit`` (or ``metrale-orch``) in a small project
-whose compiler is the recording fake of ``tests.support.project`` (slowed down
-with ``FAKECC_DELAY`` where a run must be caught in the middle):
-
-- Ctrl-C / SIGTERM during ``doit build``: one line, ``interrupted; N targets
-  finished and kept``, exit 130 / 143, and the finished targets stay up to date;
-- exit statuses: 0 ok, 1 a target failed to build, 2 a tree or configuration error;
-- a file name that is not UTF-8 and a manifest that is a directory: one line
-  naming the file from ``doit build``, ``doit list`` and ``metrale-orch check``;
-- ``build_dir`` inside (or equal to) ``kernels/`` is refused before anything is
-  written or deleted.
-
-These are the tests of this topic that run in-process; the others are in
-``tests/scenarios/tasks/test_endings.py``.
+These are the tests of this topic that run in-process; the others, and the rest of what they
+check, are in ``tests/scenarios/tasks/test_endings.py``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """Build readiness and "every view shows why" (SPEC 3.1, 3.7), as a user runs them.
 
-``metrale-orch check`` must refuse exactly what ``doit build`` refuses, all at
-once and grouped by file; ``doit list --status`` shows each error's or skip's
-reason; a target named on the command line fails with the real reason (never
-doit's ``Invalid parameter``); ``rdeps`` lists failing targets too.
-
-The project is :func:`tests.support.project.make_project` (hopper, gb10 inheriting
-hopper, apple whose toolchain is not installed) with the recording fake nvcc.
-
-These are the tests of this topic that run in-process; the others are in
-``tests/scenarios/tasks/test_readiness.py``.
+These are the tests of this topic that run in-process; the others, and the rest of what they
+check, are in ``tests/scenarios/tasks/test_readiness.py``.
 """
 
 from __future__ import annotations

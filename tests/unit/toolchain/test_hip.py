@@ -1,23 +1,7 @@
 """HIP for real: Debian's hipcc 5.2 (clang 15) builds a gfx90a target through doit.
 
-What runs for real, with the hipcc installed on the machine (CI installs it, see
-``.ci/run``; elsewhere these tests skip with the reason when it is absent):
-
-- a small tree with a HIP target at gfx90a (an arch clang 15 builds) and one at
-  gfx1151 (Strix Halo, unknown to clang 15), built by ``doit build``: the command
-  line SPEC 3.3 gives, with ``HIP_PLATFORM=amd`` set by the toolchain whatever the
-  shell says; the dependency list recorded; the code object installed and read by
-  the smoke static check; gfx1151 skipped with clang's own reason, and a failure
-  when named; a second run a no-op (the probed identity is the same in every
-  process);
-- the arch check remembered per compiler and arch in the build's state directory;
-- the AMDGPU code-object reader on hipcc's own output.
-
-The toolchain keys (``env_set``, ``arch_check_args``), the arch check's logic and the
-``extra_hip_flags`` warning are also tested with fakes, so they run everywhere.
-
-These are the tests of this topic that run in-process; the others are in
-``tests/scenarios/toolchain/test_hip.py``.
+These are the tests of this topic that run in-process; the others, and the rest of what they
+check, are in ``tests/scenarios/toolchain/test_hip.py``.
 """
 
 from __future__ import annotations

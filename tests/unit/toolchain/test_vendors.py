@@ -1,16 +1,7 @@
 """SPEC 3.3: every vendor's compiler, driven as the reference build drives it.
 
-nvcc runs for real where the machine has it; SCALE, hipcc and xcrun are not
-installed here, so each is a fake compiler (a Python script on a private PATH,
-in a fake SCALE root, or named by ``$METRALE_HIPCC``) that logs its argv, its
-working directory and the text of every file it read, answers ``--version`` and
-a clang driver's ``-###``, follows quoted includes like a preprocessor (next to
-the including file, then the ``-I`` directories), writes the dependency list of
-``-MD -MF`` and an artefact holding the source it was handed. The tests assert
-the exact command lines and the text the compiler was handed.
-
-These are the tests of this topic that run in-process; the others are in
-``tests/scenarios/toolchain/test_vendors.py``.
+These are the tests of this topic that run in-process; the others, and the rest of what they
+check, are in ``tests/scenarios/toolchain/test_vendors.py``.
 """
 
 from __future__ import annotations
