@@ -5,27 +5,25 @@ change makes the next lookup miss. Most run in-process against the project of
 ``tests.support.project`` with its recording fake compiler; ``RACY_NS`` is set to
 0 where a test needs stats to be trusted right after writing files (the real
 2 s window is exercised by the doit runs of ``tests/scenarios/tasks/test_dodo.py`` and below).
+
+The tests of this topic that run in-process are in ``tests/unit/tasks/test_taskcache.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-from metrale_orch.cache import CacheStats
 from metrale_orch.config import load_config
 from metrale_orch.paths import TREE_TASK
-from metrale_orch.tasks import actions, taskcache
+from metrale_orch.tasks import taskcache
 from metrale_orch.tasks.checker import SignatureCheck
-from metrale_orch.tasks.creators import cached_tasks, record_task_dicts, replay_task_dicts
+from metrale_orch.tasks.creators import cached_tasks
 from metrale_orch.tasks.dicts import BuildSpec
-from metrale_orch.tasks.outcomes import nonzero_counters
 from metrale_orch.tasks.scope import in_scope
 from metrale_orch.tasks.specs import (
     GENERATION,
@@ -37,6 +35,7 @@ from metrale_orch.tasks.taskkey import generation_base, generation_key
 from metrale_orch.toolchain import earlyruns
 from metrale_orch.toolchain.definitions import load_toolchains
 from tests.support.project import doit
+from tests.support.taskcache import _one_spec
 
 STATE = Path("build/.state")
 
@@ -101,16 +100,6 @@ def test_hit_equals_generation_including_skips_errors_and_smoke(
     _specs, replayed, how = cached_tasks(root, env, (), lambda: GENERATION)
     assert how == "hit" and replayed is not None
     assert repr(replayed) == repr(smoke_task_dicts(root, env, fresh)) != "[]"
-
-
-def test_record_and_replay_task_dicts() -> None:
-
-    dicts = [{"name": "x", "actions": [(actions.skip_action, ["a", "b", False])], "n": (1,)}]
-    recorded = record_task_dicts(dicts)
-    assert recorded is not None and replay_task_dicts([recorded]) == dicts
-    assert record_task_dicts([{"actions": [(lambda: None, [])]}]) is None
-    assert record_task_dicts([{"file": Path("a")}]) is None
-    assert replay_task_dicts(None) is None and replay_task_dicts([["x"], 1]) is None
 
 
 def test_hit_honours_the_command_line(
@@ -342,53 +331,6 @@ def _key(root: Path, env: dict[str, str]) -> str:
     return generation_key(root, env, load_config(root, env), load_toolchains(root))
 
 
-def _one_spec() -> list[taskcache.CachedSpec]:
-    return [taskcache.CachedSpec(target="h/m/q", kind="error", message="x")]
-
-
-def _forged(tmp_path: Path, racy: bool) -> tuple[Path, Path]:
-    """A cache whose watch of ``a.toml`` has today's exact stat but an older digest:
-    what a same-tick edit right after the scan would leave behind."""
-    tree = tmp_path / "kernels"
-    tree.mkdir()
-    toml = tree / "a.toml"
-    toml.write_text("x = 1\n")
-    scanned = taskcache.scan(tree, [])
-    assert scanned is not None
-    change = toml.stat().st_ctime_ns
-    watches = tuple((*w[:7], "0" * 16) if w[1] == str(toml) else w for w in scanned.watches)
-    started = change + (taskcache.RACY_NS // 2 if racy else taskcache.RACY_NS + 1)
-    forged = taskcache.Scan(started_ns=started, watches=watches)
-    path = tmp_path / "c"
-    taskcache.store(path, "k", forged, _one_spec())
-    return path, toml
-
-
-def test_racy_entries_are_compared_by_content(tmp_path: Path) -> None:
-    path, _ = _forged(tmp_path, racy=True)
-    assert taskcache.lookup(path, "k").reason == f"changed: {tmp_path / 'kernels/a.toml'}"
-
-
-def test_settled_entries_are_trusted_by_stat(tmp_path: Path) -> None:
-    path, _ = _forged(tmp_path, racy=False)
-    found = taskcache.lookup(path, "k")
-    assert found.reason == "hit" and found.compared == 0
-    assert found.specs == tuple(_one_spec())
-
-
-def test_racy_hit_is_not_refreshed_until_it_settles(tmp_path: Path) -> None:
-    tree = tmp_path / "kernels"
-    tree.mkdir()
-    (tree / "a.toml").write_text("x = 1\n")
-    scanned = taskcache.scan(tree, [])
-    assert scanned is not None
-    taskcache.store(tmp_path / "c", "k", scanned, _one_spec())
-    # Just written: every watch is racy, so compared, and rewriting would not help.
-    found = taskcache.lookup(tmp_path / "c", "k")
-    assert found.reason == "hit" and found.compared == len(scanned.watches)
-    assert not found.refreshed
-
-
 def test_package_files_are_watched(tmp_path: Path, trusting: None) -> None:
     tree = tmp_path / "kernels"
     tree.mkdir()
@@ -402,15 +344,6 @@ def test_package_files_are_watched(tmp_path: Path, trusting: None) -> None:
     assert taskcache.lookup(tmp_path / "c", "k").reason == "hit"
     module.write_text("A = 2\n")
     assert taskcache.lookup(tmp_path / "c", "k").reason == f"changed: {module}"
-
-
-def test_another_key_misses(tmp_path: Path) -> None:
-    tree = tmp_path / "kernels"
-    tree.mkdir()
-    scanned = taskcache.scan(tree, [])
-    assert scanned is not None
-    taskcache.store(tmp_path / "c", "k", scanned, _one_spec())
-    assert taskcache.lookup(tmp_path / "c", "other").reason.startswith("key changed")
 
 
 # ------------------------------------------------------------------------------ which programs
@@ -474,36 +407,6 @@ def test_a_toolchain_a_skipped_target_selects_is_still_probed(
     assert lookup(root, env) != "hit"
 
 
-def test_the_uses_hint_is_only_a_hint(tmp_path: Path) -> None:
-    """read_uses: unknown, damaged or mistyped is None (then every toolchain is probed);
-    write_uses keeps the newest KEEP bases."""
-    assert taskcache.read_uses(tmp_path, "b") is None
-    taskcache.write_uses(tmp_path, "b", ["nvcc", "hip"])
-    assert taskcache.read_uses(tmp_path, "b") == ("hip", "nvcc")
-    assert taskcache.read_uses(tmp_path, "other") is None
-    for i in range(taskcache.KEEP):
-        taskcache.write_uses(tmp_path, f"b{i}", [])
-    assert taskcache.read_uses(tmp_path, "b") is None
-    assert taskcache.read_uses(tmp_path, f"b{taskcache.KEEP - 1}") == ()
-    path = tmp_path / taskcache.USES_NAME
-    for text in ("{", '{"b": "nvcc"}', '{"b": [1]}', "[]"):
-        path.write_text(text)
-        assert taskcache.read_uses(tmp_path, "b") is None, text
-    taskcache.write_uses(tmp_path, "b", ["x"])  # a damaged file is replaced
-    assert taskcache.read_uses(tmp_path, "b") == ("x",)
-    # The key an entry was stored under: kept beside the toolchains, None when unknown.
-    assert taskcache.last_key(tmp_path, "b") is None
-    taskcache.write_uses(tmp_path, "b", ["x"], "k1")
-    assert taskcache.last_key(tmp_path, "b") == "k1"
-    assert taskcache.read_uses(tmp_path, "b") == ("x",)
-    for text in ('{"b": ["x"]}', '{"b": {"key": 3}}', '{"b": {"key": ""}}', '{"b": "k1"}'):
-        path.write_text(text)
-        assert taskcache.last_key(tmp_path, "b") is None, text
-    assert taskcache.read_uses(tmp_path, "b") is None  # '{"b": "k1"}'
-    path.write_text('{"b": ["y"]}')  # the toolchains alone, as written before the key was kept
-    assert taskcache.read_uses(tmp_path, "b") == ("y",)
-
-
 def test_the_key_stored_last_is_only_a_hint(
     fake_project: tuple[Path, dict[str, str]], trusting: None
 ) -> None:
@@ -556,30 +459,6 @@ def test_doit_runs_use_the_cache_and_see_changes(fake_project: tuple[Path, dict[
     assert entry in entries(root) and entry.stat().st_mtime_ns != stamp
     listing = doit(root, ["list", "--all", "--status"], env)
     assert listing.returncode == 0 and "smoke:hopper" in listing.out, listing.text
-
-
-# ------------------------------------------------------------------------------ pieces
-
-
-def test_signature_check_declares_what_doit_would_inspect() -> None:
-    check = SignatureCheck({"a": "1"})
-    declared = list(inspect.signature(check).parameters)
-    from_call = list(inspect.signature(SignatureCheck.__call__).parameters)[1:]
-    assert declared == from_call == ["task", "values"]
-
-
-def test_task_values_keep_nonzero_counters_only() -> None:
-    assert nonzero_counters(CacheStats(misses=2, puts=1)) == {"misses": 2, "puts": 1}
-
-
-def test_scan_refuses_special_files(tmp_path: Path) -> None:
-    tree = tmp_path / "kernels"
-    (tree / "a").mkdir(parents=True)
-    assert taskcache.scan(tree, []) is not None
-    if hasattr(os, "mkfifo") and sys.platform != "win32":
-        os.mkfifo(tree / "a" / "fifo")
-        assert taskcache.scan(tree, []) is None
-    assert taskcache.scan(tmp_path / "missing", []) is None
 
 
 def test_a_compiler_put_first_on_path_while_generating_is_not_keyed_as_seen(
