@@ -1,5 +1,5 @@
-"""Helpers the tests of cache share (the in-process ones in ``tests/unit/cache/``, the ones
-that start processes in ``tests/scenarios/cache/``).
+"""Helpers the tests of the cache area share, the in-process ones (``tests/unit/cache/``) and
+the ones that start processes (``tests/scenarios/cache/``) alike.
 """
 
 from __future__ import annotations
@@ -8,10 +8,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from metrale_orch.cache import (
-    CacheSettings,
-    cache_key,
-)
+from metrale_orch.cache import CacheSettings, cache_key
 
 META = {"command": ["nvcc"], "toolchain": "nvcc 13.0", "producer": "test", "compile_seconds": 2.0}
 
@@ -22,3 +19,14 @@ def _key(label: str = "") -> str:
 
 def _local(tmp_path: Path, **kw: Any) -> CacheSettings:
     return CacheSettings(local_dir=tmp_path / "cache", **kw)
+
+
+def _body(pem: bytes) -> str:
+    """The base64 body of a PEM (its secret part), on one line."""
+    return "".join(line for line in pem.decode().splitlines() if not line.startswith("-----"))
+
+
+def leaks(text: str, pem: bytes) -> list[str]:
+    """Every 8-character run of ``pem``'s body that ``text`` shows."""
+    body = _body(pem)
+    return sorted({body[i : i + 8] for i in range(len(body) - 7) if body[i : i + 8] in text})

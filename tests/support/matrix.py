@@ -1,5 +1,5 @@
-"""Helpers the tests of matrix share (the in-process ones in ``tests/unit/matrix/``, the
-ones that start processes in ``tests/scenarios/matrix/``).
+"""Helpers the tests of the matrix area share, the in-process ones (``tests/unit/matrix/``) and
+the ones that start processes (``tests/scenarios/matrix/``) alike.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 
 from metrale_orch import matrix as mx
 from metrale_orch.cli import main
+from tests.support import REPO
 
 RUNNERS_TOML = """\
 [runners.h100]
@@ -91,3 +92,6 @@ def cli(root: Path, *args: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     code = main(["--root", str(root), "matrix", *args], environ={}, out=out, err=err)
     return code, out.getvalue(), err.getvalue()
+
+
+WORKFLOW = REPO / "ci" / "github" / "kernels.yml"

@@ -182,3 +182,50 @@ def full_tree(root: Path) -> None:
     kernel_toml(root, "kernels/c/s/q", shadow={"k1": "r1", "k3": "r3"})
     kernel_toml(root, "kernels/c/common", use=["../lib/used.cu"], shadow={"k4": "r4"})
     kernel_toml(root, "kernels/p/common")
+
+
+HW = '[hardware]\nvendor = "nvidia"\narch = "sm_121f"\n'
+
+
+KQUANT = (
+    '#include "../../../gb10/qwen/nvfp4/q4k_vendor/mma.cuh"\n'
+    '#include <cuda_bf16.h>\n#if 0\n#include "not_anywhere.cuh"\n#endif\n'
+    'extern "C" __global__ void kquant(int* o) { o[0] = MMA; }\n'
+)
+
+
+def _tree(root: Path, extra: dict[str, str] | None = None) -> Path:
+    files = {
+        "kernels/gb10/HARDWARE.toml": HW,
+        "kernels/gb10/dsv4/MODEL.toml": "[model]\n",
+        "kernels/gb10/dsv4/nvfp4/kquant.cu": KQUANT,
+        "kernels/gb10/qwen/MODEL.toml": "[model]\n",
+        "kernels/gb10/qwen/nvfp4/gemv.cu": 'extern "C" __global__ void gemv() {}\n',
+        "kernels/gb10/qwen/nvfp4/q4k_vendor/mma.cuh": '#pragma once\n#include "sib.cuh"\n',
+        "kernels/gb10/qwen/nvfp4/q4k_vendor/sib.cuh": "#define MMA 7\n",
+        **(extra or {}),
+    }
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def tree(root: Path) -> None:
+    """gb10 (base) and hopper (inherits gb10), one model, a use, both kinds of shadow."""
+    hw(root, "gb10", arch="sm_121f")
+    hw(root, "hopper", arch="sm_90a", inherits="gb10")
+    for h in ("gb10", "hopper"):
+        model(root, h, "qwen")
+    files(
+        root,
+        "kernels/gb10/common/rms.cu",
+        "kernels/gb10/common/util.cuh",
+        "kernels/gb10/common/vendor/v.h",
+        "kernels/gb10/qwen/bf16/rms.cu",
+        "kernels/hopper/common/util.cuh",
+        "kernels/shared/extra.cu",
+    )
+    kernel_toml(root, "kernels/gb10/qwen/bf16", use=["../shared/extra.cu"], shadow={"rms": "q"})
+    kernel_toml(root, "kernels/hopper/common", shadow={"util": "wider loads"})

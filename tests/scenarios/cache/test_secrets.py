@@ -14,7 +14,7 @@ from metrale_orch.cache import CacheSettings
 from metrale_orch.cache.errors import TrustedKeyError
 from metrale_orch.cache.signing import generate_key_pair
 from metrale_orch.config import ConfigError, load_config
-from tests.support.secrets import leaks
+from tests.support.cache import leaks
 from tests.support.trust import base_env, orch_run
 
 # ------------------------------------------------------------------------------ cache_trusted_keys

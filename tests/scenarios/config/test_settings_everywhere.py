@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from metrale_orch.config.values import MAX_JOBS
+from tests.support.config import cli
 from tests.support.project import doit, orch
-from tests.support.settings_everywhere import cli
 
 
 def test_status_and_why_answer_for_the_build_dir_set(

@@ -29,7 +29,7 @@ from metrale_orch.toolchain.definitions import builtin_toolchains
 from metrale_orch.toolchain.earlyruns import EarlyRuns
 from metrale_orch.toolchain.probe import ProbeMemo, probe_toolchain
 from tests.support.build import fake_toolchain_env
-from tests.support.ownership import NOBODY, as_root, give_away, mine, plant
+from tests.support.core import NOBODY, as_root, give_away, mine, plant
 from tests.support.project import doit, make_project, project_env, use_fake_compiler
 from tests.support.trust import (
     HAS_NVCC,

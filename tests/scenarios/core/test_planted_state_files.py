@@ -15,7 +15,7 @@ from pathlib import Path
 
 from metrale_orch.executor.slots import MachineSlots
 from metrale_orch.paths import STATE_DIR
-from tests.support.ownership import NOBODY, as_root, plant
+from tests.support.core import NOBODY, as_root, plant
 from tests.support.project import doit
 
 EVIL = "/tmp/planted-compiler"

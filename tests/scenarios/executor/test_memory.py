@@ -22,7 +22,7 @@ import pytest
 from metrale_orch.executor import Action, LocalExecutor
 from metrale_orch.proc import ProcessError
 from metrale_orch.steps.times import TIMES
-from tests.support.memory import MIB
+from tests.support.executor import MIB
 from tests.support.project import doit
 
 #: A compiler stand-in: logs "start"/"end" with wall-clock ns and its label in $LOG,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from metrale_orch.steps.times import TIMES
-from tests.support.memory_hardening import GIB
+from tests.support.executor import GIB
 from tests.support.project import doit
 
 #: A compiler driver whose tool the kernel kills the first time, as nvcc's cicc is:

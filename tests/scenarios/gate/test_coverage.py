@@ -34,7 +34,7 @@ from metrale_orch.steps.target import build_target
 from metrale_orch.tree import Target
 from tests.support import REPO
 from tests.support.build import make_cache, make_config
-from tests.support.coverage import FAMILIES, TREE, _cli
+from tests.support.gate import FAMILIES, TREE, _cli
 from tests.support.trust import doit_run, write_files
 
 TARGET = "hw/m/q"

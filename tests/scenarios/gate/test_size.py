@@ -22,8 +22,8 @@ from metrale_orch.resources import UnknownBudgetKey
 from metrale_orch.steps.target import build_target
 from metrale_orch.tree import Target
 from tests.support.build import make_config, output_kinds_tree, write
+from tests.support.gate import TARGETS
 from tests.support.resources import _cli
-from tests.support.size import TARGETS
 
 # --- the real thing ---------------------------------------------------------------------------
 

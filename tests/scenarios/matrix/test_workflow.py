@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import REPO
-from tests.support.workflow import WORKFLOW
+from tests.support.matrix import WORKFLOW
 
 FRESH_CHECK = REPO / "ci" / "fresh_machine_check.sh"
 

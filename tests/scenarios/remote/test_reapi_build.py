@@ -35,7 +35,7 @@ from metrale_orch.steps.remote_form import platform_properties
 from metrale_orch.toolchain.definitions import builtin_toolchains
 from metrale_orch.toolchain.probe import find_toolchain
 from tests.support.reapi import ReapiStack, ReapiWorker
-from tests.support.remote_build import checkout
+from tests.support.remote import checkout
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 

@@ -25,7 +25,7 @@ from metrale_orch.cache.reapi_tier import ReapiObjects
 from metrale_orch.remote.client import RemoteClient
 from tests.support.reapi_cas_server import CasServer, bgd_command, cas_server
 from tests.support.reapi_deps import StackUnavailable
-from tests.support.remote_build import (
+from tests.support.remote import (
     Run,
     build,
     cache_stats,

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.remote_build import (
+from tests.support.remote import (
     Run,
     build,
     cache_stats,

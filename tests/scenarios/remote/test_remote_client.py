@@ -63,7 +63,7 @@ from tests.support.reapi_cas_server import (
 )
 from tests.support.reapi_deps import StackUnavailable
 from tests.support.reapi_fake import FakeRemote, fake_remote, operation
-from tests.support.remote_client import SAMPLE
+from tests.support.remote import SAMPLE
 
 STAGE = re_pb2.ExecutionStage
 

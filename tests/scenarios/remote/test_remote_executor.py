@@ -16,7 +16,7 @@ from metrale_orch.executor.offload import (
     RemoteExecutor,
     RemoteUnavailable,
 )
-from tests.support.remote_executor import FakeBackend, action, ran_here
+from tests.support.remote import FakeBackend, action, ran_here
 
 
 def test_what_cannot_go_out_runs_here_with_its_reason(tmp_path: Path) -> None:

@@ -21,8 +21,7 @@ from metrale_orch.resources import (
 from metrale_orch.steps.target import build_target
 from metrale_orch.tree import Target
 from tests.support.build import make_cache, make_config, write
-from tests.support.resource_lock import A, B
-from tests.support.resources import _cli
+from tests.support.resources import A, B, _cli
 
 # --- the command on a real build -------------------------------------------------------------
 

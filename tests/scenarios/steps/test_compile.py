@@ -26,7 +26,7 @@ from tests.support.build import (
     small_tree,
     write,
 )
-from tests.support.compile import _build
+from tests.support.steps import _build
 
 
 @pytest.fixture

@@ -27,8 +27,8 @@ from tests.support.build import (
     small_tree,
     write,
 )
-from tests.support.dropped import COMMON_SCALE, LEAF_TOML, T, _fork_tree
 from tests.support.project import DoitRun, doit
+from tests.support.steps import COMMON_SCALE, LEAF_TOML, T, _fork_tree
 
 
 def _build(root: Path, tmp_path: Path) -> tuple[object, dict[str, object], list[str]]:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from metrale_orch.steps.times import TARGET_TIMES, TIMES, read_target_seconds
-from tests.support.kept_files_hardening import POISON, STATE
 from tests.support.project import doit, started_targets
+from tests.support.steps import POISON, STATE
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from metrale_orch.tasks import doit_api
-from tests.support.doit_api import LOADER_PYPROJECT
+from tests.support.tasks import LOADER_PYPROJECT
 
 _SELECTION_DODO = """\
 import json

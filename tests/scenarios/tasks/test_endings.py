@@ -28,7 +28,6 @@ from pathlib import Path
 import pytest
 
 from metrale_orch.cli import main
-from tests.support.endings import BAD_NAME
 from tests.support.project import (
     FILES,
     DoitRun,
@@ -36,6 +35,7 @@ from tests.support.project import (
     make_project,
     started_targets,
 )
+from tests.support.tasks import BAD_NAME
 
 NVIDIA = ("gb10/qwen/w4", "gb10/qwen/w8", "hopper/qwen/w4", "hopper/qwen/w8")
 

@@ -29,7 +29,7 @@ from tests.support.project import (
     doit,
     fake_compiles,
 )
-from tests.support.readiness import HOPPER_HW, NVIDIA, project
+from tests.support.tasks import HOPPER_HW, NVIDIA, project
 
 GB10_HW = FILES["kernels/gb10/HARDWARE.toml"]
 METAL_SKIP = (

@@ -35,7 +35,7 @@ from metrale_orch.tasks.taskkey import generation_base, generation_key
 from metrale_orch.toolchain import earlyruns
 from metrale_orch.toolchain.definitions import load_toolchains
 from tests.support.project import doit
-from tests.support.taskcache import _one_spec
+from tests.support.tasks import _one_spec
 
 STATE = Path("build/.state")
 

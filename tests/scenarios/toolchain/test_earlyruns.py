@@ -15,9 +15,9 @@ import metrale_orch.toolchain.records as records
 from metrale_orch.toolchain import earlyruns
 from metrale_orch.toolchain.earlyruns import EarlyRuns
 from metrale_orch.toolchain.probe import ProbeMemo, probe_toolchain
-from tests.support.doit_api import LOADER_PYPROJECT
-from tests.support.probe_records import NVCC, _setup
 from tests.support.project import doit
+from tests.support.tasks import LOADER_PYPROJECT
+from tests.support.toolchain import NVCC, _setup
 
 
 @pytest.fixture(autouse=True)

@@ -61,8 +61,8 @@ from metrale_orch.toolchain.definitions import builtin_toolchains
 from metrale_orch.toolchain.errors import ArchUnsupported
 from metrale_orch.toolchain.probe import ProbeMemo, probe_toolchain
 from tests.support.build import make_cache, make_config, write
-from tests.support.hip import _WARP, FILES
 from tests.support.project import doit, project_env
+from tests.support.toolchain import _WARP, FILES
 
 # ------------------------------------------------------------------------------ hipcc
 

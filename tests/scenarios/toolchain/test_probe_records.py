@@ -12,7 +12,7 @@ import pytest
 
 import metrale_orch.toolchain.records as records
 from metrale_orch.toolchain.probe import ProbeMemo, probe_toolchain
-from tests.support.probe_records import NVCC, _setup
+from tests.support.toolchain import NVCC, _setup
 
 
 @pytest.fixture(autouse=True)

@@ -22,7 +22,7 @@ from metrale_orch.toolchain.probe import (
 )
 from metrale_orch.toolchain.stamps import toolchain_stamps
 from tests.support.build import fake_toolchain_env
-from tests.support.toolchains import _exe
+from tests.support.toolchain import _exe
 
 
 def test_a_new_build_directory_takes_the_toolkit_hashes_from_the_users_file(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.beyond import KQUANT, _tree
+from tests.support.tree import KQUANT, _tree
 from tests.support.trust import base_env, doit_run, orch_run, write_files
 
 # ------------------------------------------------------------------------------ real builds

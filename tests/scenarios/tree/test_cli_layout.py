@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.cli_layout import tree
+from tests.support.tree import tree
 
 
 def test_python_dash_m_runs_the_cli(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.coverage import FAMILIES, TREE, _cli
+from tests.support.gate import FAMILIES, TREE, _cli
 from tests.support.matrix import _write, cli, sample_tree
 from tests.support.trust import write_files
 

@@ -24,7 +24,7 @@ from metrale_orch.cache import Cache, CacheSettings
 from metrale_orch.cache.errors import SigningKeyError
 from metrale_orch.cache.signing import LOCAL_KEY, generate_key_pair
 from metrale_orch.config import ConfigError, load_config
-from tests.support.secrets import _body, leaks
+from tests.support.cache import _body, leaks
 
 KEY = "0123456789abcdef0123456789abcdef"
 OUT = {"k.ptx": b"// PTX\n", "k.d": b"k.ptx: k.cu\n"}

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from metrale_orch.cli import _parser
-from tests.support.settings_everywhere import cli
+from tests.support.config import cli
 
 #: The argument a leaf command's required positional gets: never read, since the
 #: configuration is refused first (were it not, a path such as ``cache keygen``'s lands in

@@ -14,7 +14,7 @@ import pytest
 
 from metrale_orch.fsutil import read_json_object, write_own
 from metrale_orch.ownership import not_own, read_own
-from tests.support.ownership import NOBODY, as_root, give_away, mine, plant
+from tests.support.core import NOBODY, as_root, give_away, mine, plant
 
 # ------------------------------------------------------------------------------ the check
 

@@ -21,7 +21,7 @@ from metrale_orch.executor.memory import MemoryBudget, available_memory
 from metrale_orch.steps.profile import Span, trace_document
 from metrale_orch.steps.times import TIMES, CompileTimes, merge_compiles, read_times, write_times
 from metrale_orch.tasks.progress import progress_text
-from tests.support.memory import MIB
+from tests.support.executor import MIB
 
 # -- the rule, alone ------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from metrale_orch.executor import memory
 from metrale_orch.steps import times
 from metrale_orch.steps.times import CompileTimes
-from tests.support.memory_hardening import GIB
+from tests.support.executor import GIB
 
 
 def test_what_counts_as_killed_for_memory() -> None:

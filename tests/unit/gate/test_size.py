@@ -15,7 +15,7 @@ from metrale_orch.config import ConfigError, load_config
 from metrale_orch.gate import Duplicate
 from metrale_orch.gate.size import budget_of, duplicates_of, unknown_budget_keys
 from tests.support.build import write
-from tests.support.size import TARGETS
+from tests.support.gate import TARGETS
 
 # --- values -----------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import yaml
 
 from metrale_orch import matrix as mx
 from metrale_orch.config import ENV_VARS
-from tests.support.workflow import WORKFLOW
+from tests.support.matrix import WORKFLOW
 
 #: The keys of a matrix row, from the code that writes them.
 ROW_KEYS = set(

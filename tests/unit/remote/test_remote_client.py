@@ -39,7 +39,7 @@ from tests.support import REPO
 from tests.support.reapi_cas_server import (
     free_port,
 )
-from tests.support.remote_client import SAMPLE
+from tests.support.remote import SAMPLE
 
 
 def sha(data: bytes) -> str:

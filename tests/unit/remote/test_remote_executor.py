@@ -21,7 +21,7 @@ from metrale_orch.executor.offload import (
     RemoteUnavailable,
 )
 from metrale_orch.proc import ProcessError
-from tests.support.remote_executor import FakeBackend, action, ran_here
+from tests.support.remote import FakeBackend, action, ran_here
 
 
 def test_a_form_goes_out_and_is_counted(tmp_path: Path) -> None:

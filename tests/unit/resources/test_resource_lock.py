@@ -32,7 +32,7 @@ from metrale_orch.resources import (
 )
 from metrale_orch.resources.lock import LockedTarget, _canonical_doc, decode_lock, encode_lock
 from metrale_orch.resources.report import ModuleResources, TargetStatus
-from tests.support.resource_lock import A, B
+from tests.support.resources import A, B
 
 
 def _k(

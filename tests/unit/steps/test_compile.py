@@ -31,7 +31,7 @@ from tests.support.build import (
     small_tree,
     write,
 )
-from tests.support.compile import T, _build
+from tests.support.steps import T, _build
 
 
 def _plan(root: Path, target: Target = T, environ: dict[str, str] | None = None) -> Any:

@@ -34,7 +34,7 @@ from metrale_orch.tree import Target, discover
 from tests.support.build import (
     write,
 )
-from tests.support.dropped import T, _fork_tree
+from tests.support.steps import T, _fork_tree
 
 
 def points(files: dict[str, str], path: str = "r.cu", dirs: tuple[str, ...] = ()) -> list[str]:

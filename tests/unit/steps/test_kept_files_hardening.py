@@ -20,8 +20,8 @@ import pytest
 
 from metrale_orch.matrix.balance import plan_lpt
 from metrale_orch.steps.times import TARGET_TIMES, TIMES, read_target_seconds, read_times
-from tests.support.kept_files_hardening import POISON, STATE
 from tests.support.matrix import _write, cli, sample_tree
+from tests.support.steps import POISON, STATE
 
 
 @pytest.mark.parametrize("kind", sorted(POISON))

@@ -20,7 +20,7 @@ from metrale_orch.errors import Interrupted, interrupt_exit_code, printable
 from metrale_orch.tasks.outcomes import BuildFailed
 from metrale_orch.tasks.report_lines import format_interrupted, format_summary
 from metrale_orch.tasks.run_end import exit_status
-from tests.support.endings import BAD_NAME
+from tests.support.tasks import BAD_NAME
 
 
 def test_interrupt_while_tasks_load_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:

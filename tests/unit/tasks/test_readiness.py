@@ -11,7 +11,7 @@ from pathlib import Path
 from metrale_orch.config import load_config
 from metrale_orch.tasks.check import check_tree, file_of
 from metrale_orch.tasks.dicts import one_line, plan_error_task, plan_skip_task
-from tests.support.readiness import HOPPER_HW, NVIDIA, project
+from tests.support.tasks import HOPPER_HW, NVIDIA, project
 
 
 def test_check_goes_on_past_a_bad_toolchain_file(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from metrale_orch.tasks import actions, taskcache
 from metrale_orch.tasks.checker import SignatureCheck
 from metrale_orch.tasks.creators import record_task_dicts, replay_task_dicts
 from metrale_orch.tasks.outcomes import nonzero_counters
-from tests.support.taskcache import _one_spec
+from tests.support.tasks import _one_spec
 
 
 def test_record_and_replay_task_dicts() -> None:

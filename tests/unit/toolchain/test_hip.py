@@ -27,7 +27,7 @@ from metrale_orch.toolchain.argv import (
 from metrale_orch.toolchain.definitions import builtin_toolchains, load_toolchains, parse_toolchain
 from metrale_orch.tree import Target, discover, manifest_warnings
 from tests.support.build import write
-from tests.support.hip import FILES
+from tests.support.toolchain import FILES
 
 # ------------------------------------------------------------------------------ env_set
 

@@ -24,7 +24,7 @@ from metrale_orch.toolchain.probe import (
 )
 from metrale_orch.tree import Hardware
 from tests.support.build import fake_toolchain_env, write
-from tests.support.toolchains import _exe
+from tests.support.toolchain import _exe
 
 
 def _hw(name: str = "h", vendor: str = "nvidia", doc: dict[str, object] | None = None) -> Hardware:

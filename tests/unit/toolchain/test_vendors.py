@@ -37,7 +37,7 @@ from tests.support.build import (
     small_tree,
     write,
 )
-from tests.support.vendors import (
+from tests.support.toolchain import (
     _HIP,
     _needs_no_system_install,
     _sample,

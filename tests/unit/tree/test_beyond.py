@@ -12,7 +12,7 @@ import pytest
 from metrale_orch.steps.staging import beyond_layout, stage
 from metrale_orch.tree import Target, discover, resolve_all
 from metrale_orch.tree.beyond import TREE_DIR, IncludeMemo, layer_include, quoted_includes
-from tests.support.beyond import KQUANT, _tree
+from tests.support.tree import KQUANT, _tree
 
 
 def test_quoted_includes_with_lines_and_forms() -> None:

@@ -13,8 +13,7 @@ from pathlib import Path
 
 from metrale_orch.cli import main
 from metrale_orch.tree import discover, dump, manifest_warnings, read_manifest_warnings
-from tests.support.cli_layout import tree
-from tests.support.tree import hw, kernel_toml, model, write
+from tests.support.tree import hw, kernel_toml, model, tree, write
 
 
 def fake_path(root: Path) -> dict[str, str]:

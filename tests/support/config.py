@@ -1,5 +1,5 @@
-"""Helpers the tests of settings everywhere share (the in-process ones in
-``tests/unit/config/``, the ones that start processes in ``tests/scenarios/config/``).
+"""Helpers the tests of the config area share, the in-process ones (``tests/unit/config/``) and
+the ones that start processes (``tests/scenarios/config/``) alike.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Helpers the tests of coverage share (the in-process ones in ``tests/unit/gate/``, the
-ones that start processes in ``tests/scenarios/gate/``).
+"""Helpers the tests of the gate area share, the in-process ones (``tests/unit/gate/``) and the
+ones that start processes (``tests/scenarios/gate/``) alike.
 """
 
 from __future__ import annotations
@@ -11,7 +11,10 @@ from pathlib import Path
 from metrale_orch.cli import main
 
 FAMILIES = "kernels/hw/common/KERNEL_FAMILIES.toml"
+
+
 FUSIONS = "kernels/hw/common/FUSIONS.toml"
+
 
 #: The tree every test starts from: it passes the gate.
 TREE = {
@@ -43,3 +46,6 @@ def _cli(root: Path, *args: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     code = main(["--root", str(root), "coverage", *args], environ=os.environ, out=out, err=err)
     return code, out.getvalue(), err.getvalue()
+
+
+TARGETS = ("h/m/q", "hc/m/q", "hf/m/q")

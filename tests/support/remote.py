@@ -1,5 +1,5 @@
-"""Helpers the tests of remote build share (the in-process ones in ``tests/unit/remote/``,
-the ones that start processes in ``tests/scenarios/remote/``).
+"""Helpers the tests of the remote area share, the in-process ones (``tests/unit/remote/``) and
+the ones that start processes (``tests/scenarios/remote/``) alike.
 """
 
 from __future__ import annotations
@@ -10,16 +10,23 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from metrale_orch.executor import Action, RemoteForm
+from metrale_orch.executor.offload import RemoteRun
+from metrale_orch.remote import InputFile
 from tests.support import REPO
 
 TARGET = "b300/qwen3-8b/bf16"
+
+
 DODO = "from metrale_orch.dodo import *  # noqa: F403\n"
+
 
 # One write per call: a probe's commands run at once, and lines written piecewise by
 # several wrappers interleave in the log.
@@ -112,3 +119,78 @@ def logging_nvcc(tmp: Path, real: str) -> tuple[Path, dict[str, str]]:
     base["PATH"] = os.pathsep.join(path)
     base["PYTHONDONTWRITEBYTECODE"] = "1"
     return log, base
+
+
+class FakeBackend:
+    """Records the forms it gets; answers with ``answer(form)`` (a run or an exception)."""
+
+    endpoint = "grpc://fake:1"
+
+    def __init__(self, answer: object = None, delay: float = 0.0) -> None:
+        self.forms: list[RemoteForm] = []
+        self.answer = answer
+        self.delay = delay
+        self.peak = 0
+        self._now = 0
+        self._lock = threading.Lock()
+
+    def run(self, form: RemoteForm, *, timeout: float, cancel: threading.Event) -> RemoteRun:
+        with self._lock:
+            self.forms.append(form)
+            self._now += 1
+            self.peak = max(self.peak, self._now)
+        try:
+            end = time.monotonic() + self.delay
+            while time.monotonic() < end and not cancel.is_set():
+                time.sleep(0.01)
+            answer = self.answer
+            if isinstance(answer, BaseException):
+                raise answer
+            if isinstance(answer, RemoteRun):
+                return answer
+            return RemoteRun(returncode=0, stdout="ok\n", stderr="", seconds=0.01)
+        finally:
+            with self._lock:
+                self._now -= 1
+
+    def close(self) -> None:
+        pass
+
+
+def form(tmp_path: Path, reason: str = "") -> RemoteForm:
+    return RemoteForm(
+        root=tmp_path,
+        files={},
+        cwd=".",
+        argv=("/bin/true",),
+        env={"PATH": "/usr/bin:/bin"},
+        outputs={},
+        platform={"OSFamily": "linux"},
+        local_reason=reason,
+    )
+
+
+def action(tmp_path: Path, *, reason: str = "", remote: bool = True, owner: str = "t") -> Action:
+    marker = tmp_path / "ran-here"
+    return Action(
+        argv=("/bin/sh", "-c", f"echo here >> {marker}"),
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin"},
+        remote=form(tmp_path, reason) if remote else None,
+        owner=owner,
+        label=f"{owner} m",
+    )
+
+
+def ran_here(tmp_path: Path) -> int:
+    marker = tmp_path / "ran-here"
+    return len(marker.read_text().splitlines()) if marker.exists() else 0
+
+
+SAMPLE = {
+    "kernels/gemv.cu": b"__global__ void gemv() {}\n",
+    "kernels/include/tile.cuh": b"#pragma once\n",
+    "include/common.h": b"#define N 4\n",
+    "build.sh": InputFile(b"#!/bin/sh\nexit 0\n", executable=True),
+    "z": b"",
+}

@@ -1,5 +1,5 @@
-"""Helpers the tests of ownership share (the in-process ones in ``tests/unit/core/``, the
-ones that start processes in ``tests/scenarios/core/``).
+"""Helpers the tests of the core area share, the in-process ones (``tests/unit/core/``) and the
+ones that start processes (``tests/scenarios/core/``) alike.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 NOBODY = pwd.getpwnam("nobody").pw_uid
+
+
 as_root = pytest.mark.skipif(
     os.geteuid() != 0 or os.geteuid() == NOBODY,
     reason="planting another user's file needs root (os.chown to nobody)",

@@ -1,5 +1,6 @@
-"""Helpers the tests of vendors share (the in-process ones in ``tests/unit/toolchain/``, the
-ones that start processes in ``tests/scenarios/toolchain/``).
+"""Helpers the tests of the toolchain area share, the in-process ones
+(``tests/unit/toolchain/``) and the ones that start processes
+(``tests/scenarios/toolchain/``) alike.
 """
 
 from __future__ import annotations
@@ -11,17 +12,123 @@ from pathlib import Path
 
 import pytest
 
+from metrale_orch.toolchain.definitions import builtin_toolchains
 from tests.support import REPO
-from tests.support.build import (
-    write,
+from tests.support.build import FAKE_NVCC, fake_toolchain_env, write
+from tests.support.project import DODO
+
+
+def _exe(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\necho fake\n")
+    path.chmod(0o755)
+    return path
+
+
+# ------------------------------------------------------------------------------ the tree
+
+_SCALE = (
+    '#include "../../common/warp.cuh"\n'
+    'extern "C" __global__ void scale_k(float* x) {\n'
+    "    x[threadIdx.x] = x[threadIdx.x] * SCALE + lanes();\n"
+    "}\n"
 )
+
+
+_WARP = (
+    "#pragma once\n"
+    "#if HIP_VERSION_MAJOR < 6  // ROCm 5.2 has no __activemask() yet\n"
+    "#define __activemask() __ballot(1)\n"
+    "#endif\n"
+    "__device__ inline float lanes() {\n"
+    "    unsigned int m = __activemask();\n"  # the mirror widens this to 64 bits
+    "    return (float)__popcll(m);\n"
+    "}\n"
+)
+
+
+_SMOKE = (
+    '[[case]]\nname = "scale_64"\nmodule = "scale"\nentry = "scale_k"\n'
+    'grid = [1, 1, 1]\nblock = [64, 1, 1]\nreference = "scale"\n'
+    'args = [{ name = "x", kind = "inout", dtype = "f32", shape = [64], init = "normal" }]\n'
+)
+
+
+FILES = {
+    "dodo.py": DODO,
+    # gfx90a (MI200): clang 15 builds it. extra_hip_flags is read by nothing (a warning).
+    "kernels/mi200/HARDWARE.toml": (
+        '[hardware]\nvendor = "hip"\narch = "gfx90a"\n'
+        '[build]\nextra_nvcc_flags = ["--fmad=false"]\nextra_hip_flags = ["-DNOT_READ"]\n'
+    ),
+    "kernels/mi200/common/warp.cuh": _WARP,
+    "kernels/mi200/m/MODEL.toml": "[model]\n",
+    "kernels/mi200/m/q/KERNEL.toml": (
+        '[build]\nextra_nvcc_flags = ["-ffp-contract=off", "-DSCALE=2.0f"]\n'
+    ),
+    "kernels/mi200/m/q/scale.cu": _SCALE,
+    "kernels/mi200/m/q/SMOKE.toml": _SMOKE,
+    # gfx1151 (Strix Halo): clang 15 does not know it.
+    "kernels/strix/HARDWARE.toml": '[hardware]\nvendor = "hip"\narch = "gfx1151"\n',
+    "kernels/strix/m/MODEL.toml": "[model]\n",
+    "kernels/strix/m/q/k.cu": 'extern "C" __global__ void k(float* x) { x[0] = 1.0f; }\n',
+}
+
+
+NVCC = builtin_toolchains()["nvcc"]
+
+
+#: A gcc stand-in that logs each call and prints a ``-v`` search list over two directories
+#: of the test: INC (exists) and NEW (ignored as nonexistent until a test makes it).
+FAKE_GCC = f"""#!{sys.executable}
+import os, sys
+with open(os.environ["PROBE_LOG"], "a") as fh:
+    fh.write("gcc " + " ".join(sys.argv[1:]) + "\\n")
+if "-###" in sys.argv:
+    print(' "/usr/lib/fake/cc1plus" -E -quiet ' + os.environ.get("FAKE_GCC_DRYRUN", ""))
+elif "-Wp,-v" in sys.argv:
+    new = os.environ["FAKE_GCC_NEW"]
+    print('ignoring nonexistent directory "' + new + '"' if not os.path.isdir(new) else "")
+    print("#include <...> search starts here:")
+    for d in (os.environ["FAKE_GCC_INC"], new):
+        if os.path.isdir(d):
+            print(" " + d)
+    print("End of search list.")
+else:
+    print("gcc (Fake) 12.2.0")
+"""
+
+
+LOGGING_NVCC = FAKE_NVCC.replace(
+    "args = sys.argv[1:]\n",
+    "args = sys.argv[1:]\n"
+    'open(os.environ["PROBE_LOG"], "a").write("nvcc " + " ".join(args) + "\\n")\n',
+    1,
+)
+
+
+def _setup(tmp_path: Path) -> dict[str, str]:
+    env = fake_toolchain_env(tmp_path / "bin")
+    (tmp_path / "bin" / "nvcc").write_text(LOGGING_NVCC)
+    (tmp_path / "bin" / "gcc").write_text(FAKE_GCC)
+    (tmp_path / "inc").mkdir()
+    env.update(
+        PROBE_LOG=str(tmp_path / "probe.log"),
+        FAKE_GCC_INC=str(tmp_path / "inc"),
+        FAKE_GCC_NEW=str(tmp_path / "new"),
+    )
+    return env
+
 
 #: Where the built-in toolchains look before PATH / HOME: a machine with them installed
 #: finds them first, which the discovery tests below cannot control.
 _SYSTEM_INSTALLS = [Path("/opt/rocm/bin/hipcc"), *Path("/opt").glob("scale*")]
+
+
 _needs_no_system_install = pytest.mark.skipif(
     any(p.exists() for p in _SYSTEM_INSTALLS), reason="ROCm or SCALE is installed in /opt"
 )
+
 
 # ------------------------------------------------------------------------------ fakes
 
