@@ -14,7 +14,10 @@
 - :mod:`tests.support.reapi`: a real remote-execution engine (BuildGrid 0.4.4 on PostgreSQL)
   with test workers, and its pieces: ``reapi_deps`` (the BuildGrid venv, PostgreSQL),
   ``reapi_action`` (the probe's typed values); ``reapi_cas``, ``reapi_run``, ``reapi_worker``
-  and ``reapi_probe`` run in the BuildGrid venv, never in the test process.
+  and ``reapi_probe`` run in the BuildGrid venv, never in the test process;
+- one module per package area (``cache``, ``steps``, ``toolchain``, ...): what the unit and
+  the scenario tests of that area share, and ``docs`` for the docs checks;
+- :mod:`tests.support.spawn_guard`: the unit tier's guard (no process may start).
 """
 
 from pathlib import Path
