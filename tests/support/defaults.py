@@ -125,14 +125,19 @@ def _defines(header: str) -> dict[str, str]:
     return dict(re.findall(r"^#define (METRALE_\w+) (.+)$", header, flags=re.MULTILINE))
 
 
-def write_levers(root: Path, text: str | bytes) -> Path:
-    path = root / "kernels" / "LEVERS.toml"
+def write_kernels_file(root: Path, relpath: str, text: str | bytes) -> Path:
+    """Write ``root/kernels/relpath`` (parents made): text as UTF-8, bytes as they are."""
+    path = root / "kernels" / relpath
     path.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(text, bytes):
         path.write_bytes(text)
     else:
         path.write_text(text, encoding="utf-8")
     return path
+
+
+def write_levers(root: Path, text: str | bytes) -> Path:
+    return write_kernels_file(root, "LEVERS.toml", text)
 
 
 NO_ENV: dict[str, str] = {}
@@ -219,13 +224,7 @@ def doc_with(defaults: object = None, hardware: object = None) -> dict[str, obje
 
 
 def write_hw(root: Path, hw: str, text: str | bytes) -> Path:
-    path = root / "kernels" / hw / "HARDWARE.toml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(text, bytes):
-        path.write_bytes(text)
-    else:
-        path.write_text(text, encoding="utf-8")
-    return path
+    return write_kernels_file(root, f"{hw}/HARDWARE.toml", text)
 
 
 def gemv(value: object) -> TargetDefaults:
