@@ -30,6 +30,10 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    if nextitem is None:
+        # The session's last test also tears down the session's fixtures, such as the
+        # BuildGrid stack a scenario started: stopping it may start a process.
+        return (yield)
     with guarded():
         return (yield)

@@ -60,3 +60,27 @@ def test_the_guard_is_off_outside_the_unit_tier() -> None:
     import subprocess
 
     assert subprocess.run(["true"], check=False).returncode == 0
+
+
+def test_the_session_fixtures_a_scenario_started_stop_after_the_last_unit_test(
+    pytester: pytest.Pytester,
+) -> None:
+    """The last test of a run tears down the session's fixtures too (a BuildGrid stack a
+    scenario started): stopping them may start a process, and fails nothing."""
+    pytester.makeconftest(
+        "import subprocess, pytest\n"
+        "@pytest.fixture(scope='session')\n"
+        "def stack():\n"
+        "    yield\n"
+        "    subprocess.run(['true'], check=True)\n"
+    )
+    pytester.makepyfile(**{"scenarios/test_a": "def test_a(stack):\n    pass\n"})
+    pytester.makepyfile(
+        **{
+            "unit/conftest": "from tests.unit.conftest import"
+            " pytest_runtest_call, pytest_runtest_setup, pytest_runtest_teardown",
+            "unit/test_b": "def test_b():\n    pass\n",
+        }
+    )
+    result = pytester.runpytest_inprocess("-p", "no:xdist", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
