@@ -31,6 +31,7 @@ __all__ = [
     "EXIT_FAILURE",
     "EXIT_OK",
     "EXIT_USAGE",
+    "FileProblem",
     "Interrupted",
     "MetraleError",
     "UsageError",
@@ -89,6 +90,18 @@ class _Attributes:
 
     def __getitem__(self, name: str) -> object:
         return getattr(self._error, name)
+
+
+class FileProblem(MetraleError):
+    """A file that cannot be used as it is: the file (``path``) and what is wrong with it
+    (``problem``). The cases of every area share it, beside their area's base
+    (``class BadManifest(FileProblem, ResourcesError)``), and set their own
+    :attr:`exit_code` and, where the line says more, :attr:`template`."""
+
+    path: str
+    problem: str
+
+    template = "{path}: {problem}"
 
 
 class UsageError(MetraleError):

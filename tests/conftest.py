@@ -36,6 +36,9 @@ from tests.support.project import make_project, project_env, use_fake_compiler
 from tests.support.reapi import PostgresCluster, ReapiStack, StackOptions, StackUnavailable
 from tests.support.servers import ObjectServer, gcs_server, s3_server
 
+#: ``pytester`` runs a small suite under the unit tier's guard (tests/scenarios/project).
+pytest_plugins = ["pytester"]
+
 
 def _forget_process_state() -> None:
     new_run()

@@ -13,16 +13,19 @@ import argparse
 from typing import TYPE_CHECKING
 
 from metrale_orch.canonical import readable_json
+from metrale_orch.cli._command import Subparsers, add_command, add_pattern
 from metrale_orch.errors import EXIT_FAILURE, EXIT_OK, printable
 
 if TYPE_CHECKING:
     from metrale_orch.cli import Context
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Subparsers) -> None:
     """Add ``coverage``."""
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "coverage",
+        run_coverage,
         help="check the build exports every kernel the tree's family and fusion files name",
         description=(
             "For every selected target of the last build: each module has an artefact for "
@@ -35,14 +38,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "problem, exit 1; `doit coverage` builds first."
         ),
     )
-    p.add_argument(
-        "pattern",
-        nargs="?",
-        metavar="PATTERN",
-        help="fnmatch wildcard over hw/model/quant, as `doit build:hopper/*` (quote it)",
-    )
+    add_pattern(p)
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(run=run_coverage)
 
 
 def run_coverage(args: argparse.Namespace, ctx: Context) -> int:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from metrale_orch import matrix as mx
 from metrale_orch.canonical import canonical_json, readable_json
+from metrale_orch.cli._command import Subparsers, add_command, add_pattern
 from metrale_orch.paths import STATE_DIR
 from metrale_orch.steps.times import kept_problems
 
@@ -15,10 +16,12 @@ if TYPE_CHECKING:
     from metrale_orch.cli import Context
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Subparsers) -> None:
     """Add ``matrix``."""
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "matrix",
+        run_matrix,
         help="print the CI matrix: one row per hardware on its build runner class",
         description=(
             'Print a GitHub Actions strategy.matrix object ({"include": [rows]}) as one line '
@@ -31,12 +34,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "a target never built by its module count). Rows are sorted and stable."
         ),
     )
-    p.add_argument(
-        "pattern",
-        nargs="?",
-        metavar="PATTERN",
-        help="fnmatch pattern over hardware names (hopper, h*) or targets (hopper/qwen3/*)",
-    )
+    add_pattern(p, "fnmatch pattern over hardware names (hopper, h*) or targets (hopper/qwen3/*)")
     p.add_argument(
         "--runners",
         type=Path,
@@ -82,7 +80,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--shards N balances by (a target a row did not compile keeps its older seconds)",
     )
     p.add_argument("--pretty", action="store_true", help="indent the JSON (for people)")
-    p.set_defaults(run=run_matrix)
 
 
 def run_matrix(args: argparse.Namespace, ctx: Context) -> int:

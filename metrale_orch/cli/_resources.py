@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from metrale_orch.canonical import readable_json
+from metrale_orch.cli._command import Subparsers, add_command, add_pattern
 from metrale_orch.errors import EXIT_FAILURE, EXIT_OK, UsageError, printable
 
 if TYPE_CHECKING:
@@ -31,10 +32,12 @@ if TYPE_CHECKING:
 _HEADER = ("target", "kernel", "arch", "regs", "smem B", "stack B", "spill st B", "spill ld B")
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Subparsers) -> None:
     """Add ``resources``."""
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "resources",
+        run_resources,
         help="registers, shared memory, stack and spills per kernel per arch (ptxas -v)",
         description=(
             "Per kernel per arch of every built target: registers, static shared memory, "
@@ -45,12 +48,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "never built get one line each."
         ),
     )
-    p.add_argument(
-        "pattern",
-        nargs="?",
-        metavar="PATTERN",
-        help="fnmatch wildcard over hw/model/quant, as `doit build:hopper/*` (quote it)",
-    )
+    add_pattern(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(
@@ -86,7 +84,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="with --check: markdown writes the problems as a table (a PR comment, a CI "
         "job summary)",
     )
-    p.set_defaults(run=run_resources)
 
 
 def _count(text: str) -> int:

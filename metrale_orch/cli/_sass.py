@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from metrale_orch.canonical import readable_json
+from metrale_orch.cli._command import Subparsers, add_command, add_pattern
 from metrale_orch.errors import EXIT_FAILURE, EXIT_OK, UsageError, printable
 
 if TYPE_CHECKING:
@@ -22,10 +23,12 @@ if TYPE_CHECKING:
     from metrale_orch.sass import KernelDiff, SassDiff
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Subparsers) -> None:
     """Add ``sass-diff``."""
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "sass-diff",
+        run_sass_diff,
         help="the kernels whose machine code changed since a base build directory",
         description=(
             "For each kernel whose machine code changed between BASE_BUILD_DIR and this "
@@ -40,14 +43,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         ),
     )
     p.add_argument("base", metavar="BASE_BUILD_DIR", type=Path, help="the build to compare with")
-    p.add_argument(
-        "pattern",
-        nargs="?",
-        metavar="PATTERN",
-        help="fnmatch wildcard over hw/model/quant, as `doit build:hopper/*` (quote it)",
-    )
+    add_pattern(p)
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(run=run_sass_diff)
 
 
 def run_sass_diff(args: argparse.Namespace, ctx: Context) -> int:

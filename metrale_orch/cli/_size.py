@@ -13,6 +13,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from metrale_orch.canonical import readable_json
+from metrale_orch.cli._command import Subparsers, add_command, add_pattern
 from metrale_orch.errors import EXIT_FAILURE, EXIT_OK, printable
 
 if TYPE_CHECKING:
@@ -24,10 +25,12 @@ __all__ = ["register"]
 _HEADER = ("target", "module", "arch", "bytes")
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Subparsers) -> None:
     """Add ``size``."""
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "size",
+        run_size,
         help="bytes per target, module and arch of the installed artefacts, and the budget",
         description=(
             "The bytes of every built target's installed artefacts, per module and arch (a "
@@ -37,12 +40,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "each target: one over it fails the command (for CI)."
         ),
     )
-    p.add_argument(
-        "pattern",
-        nargs="?",
-        metavar="PATTERN",
-        help="fnmatch wildcard over hw/model/quant, as `doit build:hopper/*` (quote it)",
-    )
+    add_pattern(p)
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print JSON")
     out.add_argument(
@@ -51,7 +49,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default="text",
         help="markdown: one table of the targets (a CI job summary)",
     )
-    p.set_defaults(run=run_size)
 
 
 def run_size(args: argparse.Namespace, ctx: Context) -> int:

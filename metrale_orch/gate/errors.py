@@ -7,7 +7,7 @@ setting) is a usage error (exit 2) naming the file and the key; a problem the ga
 
 from __future__ import annotations
 
-from metrale_orch.errors import MetraleError
+from metrale_orch.errors import FileProblem, MetraleError
 
 __all__ = ["DeployError", "GateError", "KernelListError", "UnreadableArtefact"]
 
@@ -38,11 +38,7 @@ class DeployError(GateError):
     template = "{where}: {key}: {problem}"
 
 
-class UnreadableArtefact(GateError):
+class UnreadableArtefact(FileProblem, GateError):
     """An artefact is neither PTX, a cubin, a fatbin nor an AMDGPU code object."""
 
-    path: str
-    problem: str
-
     exit_code = 1
-    template = "{path}: {problem}"

@@ -22,7 +22,7 @@ An action that ran and exited non-zero is a result, never an error.
 
 from __future__ import annotations
 
-from metrale_orch.errors import MetraleError
+from metrale_orch.errors import FileProblem, MetraleError
 
 __all__ = [
     "ActionSpecError",
@@ -121,12 +121,10 @@ class RemoteConfigError(RemoteError):
     template = "remote execution {what}: {problem}"
 
 
-class InputRootError(RemoteError):
+class InputRootError(FileProblem, RemoteError):
     """An input path cannot go into a REAPI input root."""
 
     exit_code = 2
-    path: str
-    problem: str
 
     template = "input root: {path!r}: {problem}"
 

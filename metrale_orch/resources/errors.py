@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from metrale_orch.errors import EXIT_FAILURE, MetraleError
+from metrale_orch.errors import EXIT_FAILURE, FileProblem, MetraleError
 
 __all__ = [
     "BadManifest",
@@ -31,24 +31,17 @@ class NoTargetMatches(ResourcesError):
     )
 
 
-class BadManifest(ResourcesError):
+class BadManifest(FileProblem, ResourcesError):
     """A target's ``manifest.json`` cannot be read or lacks a field the report needs."""
-
-    path: str
-    problem: str
 
     exit_code = EXIT_FAILURE
     template = "{path}: {problem}; rebuild the target to rewrite it"
 
 
-class UnreadableArtefact(ResourcesError):
+class UnreadableArtefact(FileProblem, ResourcesError):
     """An artefact a manifest lists is missing, or is neither PTX, a cubin nor a fatbin."""
 
-    path: str
-    problem: str
-
     exit_code = EXIT_FAILURE
-    template = "{path}: {problem}"
 
 
 class ReportParseError(ResourcesError):
@@ -74,13 +67,8 @@ class PtxasMissing(ResourcesError):
     )
 
 
-class LockFileError(ResourcesError):
+class LockFileError(FileProblem, ResourcesError):
     """``kernels.lock`` is missing, unreadable or malformed (exit 2: the user's file)."""
-
-    path: str
-    problem: str
-
-    template = "{path}: {problem}"
 
 
 class UnknownBudgetKey(ResourcesError):

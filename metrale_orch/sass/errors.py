@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from metrale_orch.errors import EXIT_FAILURE, EXIT_USAGE, MetraleError
+from metrale_orch.errors import EXIT_FAILURE, EXIT_USAGE, FileProblem, MetraleError
 
 __all__ = ["ArtefactMismatch", "DisassemblerMissing", "SassError", "UndisassemblableArtefact"]
 
@@ -25,14 +25,10 @@ class DisassemblerMissing(SassError):
     )
 
 
-class UndisassemblableArtefact(SassError):
+class UndisassemblableArtefact(FileProblem, SassError):
     """An artefact the manifest lists cannot be read, or the disassembler refuses it."""
 
-    path: str
-    problem: str
-
     exit_code = EXIT_FAILURE
-    template = "{path}: {problem}"
 
 
 class ArtefactMismatch(SassError):

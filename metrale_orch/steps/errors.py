@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from metrale_orch.errors import MetraleError
+from metrale_orch.errors import FileProblem, MetraleError
 from metrale_orch.proc import format_argv
 from metrale_orch.toolchain.errors import ToolchainError, ToolchainMissing
 
@@ -202,11 +202,8 @@ class ProfileMissing(BuildError):
     template = "no build profile yet: run doit build"
 
 
-class ProfileError(BuildError):
+class ProfileError(FileProblem, BuildError):
     """``profile.json`` cannot be read as a trace-event file; names the file."""
-
-    path: str
-    problem: str
 
     template = "{path}: {problem} (run doit build to write a new profile)"
 

@@ -27,7 +27,8 @@ import contextlib
 import json
 import tempfile
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 
 from metrale_orch.canonical import canonical_json
@@ -38,11 +39,10 @@ from metrale_orch.toolchain.argv import toolchain_environ
 from metrale_orch.toolchain.definitions import Toolchain
 from metrale_orch.toolchain.dryrun import PROBE_TIMEOUT
 from metrale_orch.toolchain.errors import ArchUnsupported
-from metrale_orch.toolchain.locate import locate_toolchain
 from metrale_orch.toolchain.probe import (
-    FoundToolchain,
     Probe,
     ProbeMemo,
+    find_toolchain,
     probe_toolchain,
 )
 
@@ -212,27 +212,8 @@ def probe_for_arch(
     return probe
 
 
-def find_toolchain_for_arch(
-    toolchain: Toolchain,
-    environ: Mapping[str, str],
-    *,
-    state_dir: Path | None = None,
-    site_dirs: Iterable[Path] | None = None,
-    arch: str = "",
-    memo: ProbeMemo | None = None,
-) -> FoundToolchain:
-    """:func:`~metrale_orch.toolchain.probe.find_toolchain`, probed by :func:`probe_for_arch`:
-    once the compiler is known to build ``arch`` (for a toolchain with ``arch_check_args``).
-
-    Raises :class:`ArchUnsupported` for an arch it cannot build, and what
-    ``find_toolchain`` raises.
-    """
-    program = locate_toolchain(toolchain, environ, site_dirs=site_dirs, arch=arch)
-    probe = probe_for_arch(toolchain, program, environ, arch=arch, state_dir=state_dir, memo=memo)
-    return FoundToolchain(
-        toolchain=toolchain,
-        program=program,
-        identity=probe.identity,
-        roots=probe.roots,
-        system_dirs=probe.system_dirs,
-    )
+#: :func:`~metrale_orch.toolchain.probe.find_toolchain`, probed by :func:`probe_for_arch`:
+#: once the compiler is known to build ``arch`` (for a toolchain with ``arch_check_args``).
+#: Raises :class:`ArchUnsupported` for an arch it cannot build, and what ``find_toolchain``
+#: raises.
+find_toolchain_for_arch = partial(find_toolchain, probe=probe_for_arch)

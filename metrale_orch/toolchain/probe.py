@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from metrale_orch.canonical import canonical_json
 from metrale_orch.fsutil import file_hash, read_json_object, settled_change, text_hash, write_own
@@ -216,7 +216,16 @@ def probe_toolchain(
         store = None if state_dir is None else RecordStore(Path(state_dir), memo_key)
         try:
             early = None if memo is None else memo.early
-            return _run_probe(toolchain, program, host, environ, env, hashes, arch, store, early)
+            subject = _Subject(
+                toolchain=toolchain,
+                program=program,
+                host=host,
+                environ=environ,
+                env=env,
+                hashes=hashes,
+                arch=arch,
+            )
+            return _run_probe(subject, store, early)
         finally:
             hashes.save()
 
@@ -405,19 +414,30 @@ def _witness(runs: Mapping[str, Future[Any]]) -> dict[str, str]:
     return seen
 
 
-def _run_probe(
-    toolchain: Toolchain,
-    program: Path,
-    host: Path | None,
-    environ: Mapping[str, str],
-    env: Mapping[str, str],
-    hashes: _FileHashes,
-    arch: str,
-    store: RecordStore | None,
-    early: EarlyRuns | None = None,
-) -> Probe:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Subject:
+    """What one probe is of: the toolchain, its located program and host compiler, the
+    caller's environment and the one the commands run in, the file hasher, the arch."""
+
+    toolchain: Toolchain
+    program: Path
+    host: Path | None
+    environ: Mapping[str, str]
+    env: Mapping[str, str]
+    hashes: _FileHashes
+    arch: str
+
+
+def _run_probe(subject: _Subject, store: RecordStore | None, early: EarlyRuns | None) -> Probe:
     """Probe in full, or only the dry runs when ``store``'s record still holds for them
     (:mod:`~metrale_orch.toolchain.records`)."""
+    toolchain, program, host, environ, arch = (
+        subject.toolchain,
+        subject.program,
+        subject.host,
+        subject.environ,
+        subject.arch,
+    )
     if store is not None and not _recordable(toolchain, host):
         store = None
     record = None if store is None else store.load()
@@ -444,7 +464,7 @@ def _run_probe(
     if store is not None:
         with contextlib.suppress(ProcessError):  # the full probe reports it
             stamps = file_stamps(_probed_files(program, host, environ, runs))
-    probe, listed = _full_probe(toolchain, program, host, environ, env, hashes, runs, arch)
+    probe, listed = _full_probe(subject, runs)
     if store is not None and stamps is not None:
         search = runs["host_search"].result() if "host_search" in runs else ""
         store.save(
@@ -461,17 +481,11 @@ def _run_probe(
 
 
 def _full_probe(
-    toolchain: Toolchain,
-    program: Path,
-    host: Path | None,
-    environ: Mapping[str, str],
-    env: Mapping[str, str],
-    hashes: _FileHashes,
-    runs: Mapping[str, Future[Any]],
-    arch: str,
+    subject: _Subject, runs: Mapping[str, Future[Any]]
 ) -> tuple[Probe, tuple[str, ...]]:
     """The probe from every command's result in ``runs``, and the host's search list."""
-    doc: dict[str, object] = {"toolchain": toolchain.name, "env": dict(env)}
+    toolchain, host, arch = subject.toolchain, subject.host, subject.arch
+    doc: dict[str, object] = {"toolchain": toolchain.name, "env": dict(subject.env)}
     roots: tuple[str, ...] = ()
     system: tuple[str, ...] = ()
     # Read in the order the commands used to run, so the same failure is the one reported.
@@ -500,7 +514,7 @@ def _full_probe(
             if "host_search" in runs:
                 system = search_dirs(runs["host_search"].result())
                 doc["host_search"] = list(system)
-        files = _probed_files(program, host, environ, runs)
+        files = _probed_files(subject.program, host, subject.environ, runs)
     except ProcessError as exc:
         raise ToolchainError(
             f"toolchain {toolchain.name!r}", "version_args", f"the version probe failed: {exc}"
@@ -510,7 +524,7 @@ def _full_probe(
             f"toolchain {toolchain.name!r}", "version_args", "the version probe printed nothing"
         )
     # Content, not path: the same toolkit installed elsewhere has the same identity.
-    doc["files"] = sorted({d for d in (hashes.digest(f) for f in files) if d is not None})
+    doc["files"] = sorted({d for d in (subject.hashes.digest(f) for f in files) if d is not None})
     digest = text_hash(canonical_json(doc))
     return Probe(identity=f"{human} | {digest}", roots=roots, system_dirs=system), system
 
@@ -530,6 +544,21 @@ def _dryrun_hint(toolchain: Toolchain, arch: str, failure: ProcessError) -> str:
     )
 
 
+class ProbeFunction(Protocol):
+    """How :func:`find_toolchain` probes the program it located."""
+
+    def __call__(
+        self,
+        toolchain: Toolchain,
+        program: Path,
+        environ: Mapping[str, str],
+        *,
+        arch: str,
+        state_dir: Path | None = ...,
+        memo: ProbeMemo | None = ...,
+    ) -> Probe: ...
+
+
 def find_toolchain(
     toolchain: Toolchain,
     environ: Mapping[str, str],
@@ -538,20 +567,22 @@ def find_toolchain(
     site_dirs: Iterable[Path] | None = None,
     arch: str = "",
     memo: ProbeMemo | None = None,
+    probe: ProbeFunction = probe_toolchain,
 ) -> FoundToolchain:
     """Find and probe ``toolchain`` (for ``arch``: the hardware's ``[hardware] arch``, which
     picks the compiler of a toolchain whose program lies under ``{root}`` and fills
-    ``{arch}`` in its dry run).
+    ``{arch}`` in its dry run) with ``probe``: :func:`probe_toolchain`, or
+    :func:`~metrale_orch.toolchain.archcheck.probe_for_arch` to check the arch first.
 
     Raises :class:`ToolchainMissing` saying what to install, :class:`ToolchainError`
     for a variable naming an unusable compiler or root, or a failed probe.
     """
     program = locate_toolchain(toolchain, environ, site_dirs=site_dirs, arch=arch)
-    probe = probe_toolchain(toolchain, program, environ, state_dir=state_dir, arch=arch, memo=memo)
+    probed = probe(toolchain, program, environ, state_dir=state_dir, arch=arch, memo=memo)
     return FoundToolchain(
         toolchain=toolchain,
         program=program,
-        identity=probe.identity,
-        roots=probe.roots,
-        system_dirs=probe.system_dirs,
+        identity=probed.identity,
+        roots=probed.roots,
+        system_dirs=probed.system_dirs,
     )

@@ -27,7 +27,8 @@ Measured here (2 cores): a PostgreSQL cluster 0.8 s, the schema 1.7 s (once), a 
 (server 1.3-1.8 s, workers registering meanwhile); a server restart 1.3 s; teardown < 0.6 s.
 An Execute of a trivial action ~90 ms, an action-cache hit ~17 ms.
 
-What BuildGrid 0.4.4 does (read in its source, pinned by ``tests/test_reapi_stack.py``):
+What BuildGrid 0.4.4 does (read in its source, pinned by
+``tests/scenarios/remote/test_reapi_stack.py``):
 
 - **Action cache writes**: the scheduler itself stores the ActionResult when a lease completes
   with status OK, unless the Action is ``do_not_cache`` (a non-zero exit too, as
@@ -80,6 +81,7 @@ from typing import Any, Literal, NoReturn
 
 import pytest
 
+from tests.support import REPO
 from tests.support.reapi_action import BlobRead, ExecuteOutcome, ProbeAction
 from tests.support.reapi_deps import (
     BGD_SERVER,
@@ -121,7 +123,6 @@ DEFAULT_WORKER_PROPERTIES: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {"OSFamily": ("linux",), "ISA": ("x86-64",)}
 )
 
-REPO = Path(__file__).resolve().parents[2]
 _READY_S = 60.0
 
 

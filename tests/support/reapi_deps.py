@@ -53,7 +53,7 @@ BGD = "import sys; from buildgrid.server.app import cli; sys.argv[0] = 'bgd'; sy
 #: :data:`BGD` for ``server start``: BuildGrid 0.4.4 checks its own schema against the JSON
 #: Schema metaschema before each of its 12 validations (``jsonschema.validate``), 1.2 s of a
 #: 2.9 s start. This validates the config the same way, without re-checking the schema
-#: (``tests/test_reapi_stack.py`` checks a bad config is still refused).
+#: (``tests/scenarios/remote/test_reapi_stack.py`` checks a bad config is still refused).
 BGD_SERVER = (
     "import jsonschema\n"
     "def _validate(instance, schema, cls=None, *args, **kwargs):\n"

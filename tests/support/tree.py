@@ -11,12 +11,19 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from metrale_orch.tree import Target
+
 __all__ = [
+    "T",
     "files",
+    "full_tree",
     "hw",
     "kernel_toml",
     "model",
+    "overlay",
+    "plain",
     "rel",
+    "rels",
     "symlink",
     "toml_value",
     "write",
@@ -122,3 +129,103 @@ def symlink(root: Path, relpath: str, target: str) -> Path:
 def rel(root: Path, path: Path) -> str:
     """``path`` relative to ``root``, POSIX separators."""
     return path.relative_to(root).as_posix()
+
+
+def T(text: str) -> Target:
+    return Target.parse(text)
+
+
+def plain(root: Path, hw_name: str = "h", model_name: str = "m", vendor: object = None) -> None:
+    """A hardware tree with one model (empty ``[model]``)."""
+    hw(root, hw_name, vendor=vendor)
+    model(root, hw_name, model_name)
+
+
+def overlay(root: Path) -> None:
+    """Child tree ``c`` inheriting parent ``p``; both hold model ``m``."""
+    hw(root, "p")
+    hw(root, "c", inherits="p")
+    model(root, "p", "m")
+    model(root, "c", "m")
+
+
+def rels(root: Path, paths: Iterable[Path]) -> list[str]:
+    return [rel(root, p) for p in paths]
+
+
+# --------------------------------------------------------------------------- the Layout
+
+
+def full_tree(root: Path) -> None:
+    hw(root, "p", arch="sm_90")
+    hw(root, "c", inherits="p", arch="sm_100")
+    model(root, "c", "m", kernel_source="s")
+    model(root, "c", "s")
+    model(root, "p", "s")
+    files(
+        root,
+        "kernels/c/s/q/k1.cu",
+        "kernels/c/s/q/k3.cu",
+        "kernels/c/s/q/h1.cuh",
+        "kernels/c/s/q/inc/deep/d.h",
+        "kernels/p/s/q/k2.cu",
+        "kernels/p/s/q/k3.cu",
+        "kernels/p/s/q/inc/shadowed.h",
+        "kernels/c/common/k1.cu",
+        "kernels/c/common/k4.cu",
+        "kernels/c/common/c.h",
+        "kernels/p/common/k5.cu",
+        "kernels/p/common/k4.cu",
+        "kernels/p/common/pinc/x.cuh",
+        "kernels/lib/used.cu",
+    )
+    kernel_toml(root, "kernels/c/s/q", shadow={"k1": "r1", "k3": "r3"})
+    kernel_toml(root, "kernels/c/common", use=["../lib/used.cu"], shadow={"k4": "r4"})
+    kernel_toml(root, "kernels/p/common")
+
+
+HW = '[hardware]\nvendor = "nvidia"\narch = "sm_121f"\n'
+
+
+KQUANT = (
+    '#include "../../../gb10/qwen/nvfp4/q4k_vendor/mma.cuh"\n'
+    '#include <cuda_bf16.h>\n#if 0\n#include "not_anywhere.cuh"\n#endif\n'
+    'extern "C" __global__ void kquant(int* o) { o[0] = MMA; }\n'
+)
+
+
+def _tree(root: Path, extra: dict[str, str] | None = None) -> Path:
+    files = {
+        "kernels/gb10/HARDWARE.toml": HW,
+        "kernels/gb10/dsv4/MODEL.toml": "[model]\n",
+        "kernels/gb10/dsv4/nvfp4/kquant.cu": KQUANT,
+        "kernels/gb10/qwen/MODEL.toml": "[model]\n",
+        "kernels/gb10/qwen/nvfp4/gemv.cu": 'extern "C" __global__ void gemv() {}\n',
+        "kernels/gb10/qwen/nvfp4/q4k_vendor/mma.cuh": '#pragma once\n#include "sib.cuh"\n',
+        "kernels/gb10/qwen/nvfp4/q4k_vendor/sib.cuh": "#define MMA 7\n",
+        **(extra or {}),
+    }
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def tree(root: Path) -> None:
+    """gb10 (base) and hopper (inherits gb10), one model, a use, both kinds of shadow."""
+    hw(root, "gb10", arch="sm_121f")
+    hw(root, "hopper", arch="sm_90a", inherits="gb10")
+    for h in ("gb10", "hopper"):
+        model(root, h, "qwen")
+    files(
+        root,
+        "kernels/gb10/common/rms.cu",
+        "kernels/gb10/common/util.cuh",
+        "kernels/gb10/common/vendor/v.h",
+        "kernels/gb10/qwen/bf16/rms.cu",
+        "kernels/hopper/common/util.cuh",
+        "kernels/shared/extra.cu",
+    )
+    kernel_toml(root, "kernels/gb10/qwen/bf16", use=["../shared/extra.cu"], shadow={"rms": "q"})
+    kernel_toml(root, "kernels/hopper/common", shadow={"util": "wider loads"})

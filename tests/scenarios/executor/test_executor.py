@@ -1,0 +1,199 @@
+"""The local executor: at most ``jobs`` actions at once (threads and processes), longest
+first, failures reported, and ``stop`` ends whole process groups at once.
+
+The tests of this topic that run in-process are in ``tests/unit/executor/test_executor.py``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from metrale_orch.executor import Action, ActionStopped, LocalExecutor
+from metrale_orch.proc import ProcessError
+
+#: An action that records its start and end (wall-clock ns) in $LOG and sleeps $1 s.
+RECORDER = """#!/bin/sh
+echo "start $(date +%s%N) $2" >> "$LOG"
+sleep "$1"
+echo "end $(date +%s%N) $2" >> "$LOG"
+"""
+
+
+def recorder(tmp_path: Path) -> Path:
+    """The recorder script under ``tmp_path``, written once and by a rename: processes
+    making actions at the same time never rewrite a script another one is executing
+    (which failed with "Text file busy")."""
+    path = tmp_path / "bin" / "rec"
+    if path.is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".rec.{os.getpid()}.{threading.get_ident()}")
+    tmp.write_text(RECORDER)
+    tmp.chmod(0o755)
+    os.replace(tmp, path)
+    return path
+
+
+def max_overlap(log: Path) -> int:
+    """The most actions of ``log`` running at one time."""
+    events = []
+    for line in log.read_text().splitlines():
+        kind, stamp, _label = line.split(" ", 2)
+        events.append((int(stamp), 0 if kind == "end" else 1))
+    running = peak = 0
+    for _stamp, starts in sorted(events):
+        running += 1 if starts else -1
+        peak = max(peak, running)
+    return peak
+
+
+def action(tmp_path: Path, seconds: float, label: str, **kw: object) -> Action:
+    env = {"PATH": os.environ["PATH"], "LOG": str(tmp_path / "log")}
+    return Action(
+        argv=(str(recorder(tmp_path)), str(seconds), label),
+        cwd=tmp_path,
+        env=env,
+        label=label,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize("jobs", [1, 2, 3])
+def test_never_more_than_jobs_actions_at_once(tmp_path: Path, jobs: int) -> None:
+    executor = LocalExecutor(jobs)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        done = list(pool.map(executor.run, [action(tmp_path, 0.15, f"a{i}") for i in range(8)]))
+    assert all(d.returncode == 0 for d in done)
+    assert max_overlap(tmp_path / "log") == jobs
+    assert executor.peak == jobs
+
+
+def _run_in_process(slot_dir: str, tmp: str, n: int, tag: str) -> None:
+    executor = LocalExecutor(2, slot_dir=Path(slot_dir))
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        list(pool.map(executor.run, [action(Path(tmp), 0.2, f"{tag}{i}") for i in range(n)]))
+
+
+def test_processes_sharing_the_slot_directory_share_the_budget(tmp_path: Path) -> None:
+    """Three processes with ``jobs = 2`` each, one slot directory: two at once, in all."""
+    recorder(tmp_path)
+    ctx = multiprocessing.get_context("spawn")
+    procs = [
+        ctx.Process(target=_run_in_process, args=(str(tmp_path / "slots"), str(tmp_path), 3, t))
+        for t in "abc"
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert len((tmp_path / "log").read_text().splitlines()) == 18
+    assert max_overlap(tmp_path / "log") == 2
+
+
+def test_a_killed_holder_never_leaks_a_slot(tmp_path: Path) -> None:
+    """A process killed while it holds a slot: the kernel frees it (flock)."""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl,os,sys,time;fd=os.open(sys.argv[1],os.O_RDWR|os.O_CREAT);"
+            "fcntl.flock(fd,fcntl.LOCK_EX);print('held',flush=True);time.sleep(60)",
+            str(tmp_path / "slots" / "slot-0"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    (tmp_path / "slots").mkdir(exist_ok=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        executor = LocalExecutor(1, slot_dir=tmp_path / "slots")
+        result: list[object] = []
+        t = threading.Thread(target=lambda: result.append(executor.run(action(tmp_path, 0, "x"))))
+        t.start()
+        time.sleep(0.3)
+        assert not result, "ran while the only slot was held"
+        holder.kill()
+        t.join(10)
+        assert result and not t.is_alive()
+    finally:
+        holder.kill()
+        holder.wait()
+        assert holder.stdout is not None
+        holder.stdout.close()
+
+
+def test_a_failing_action_raises_with_its_output_and_others_go_on(tmp_path: Path) -> None:
+    executor = LocalExecutor(2)
+    bad = Action(argv=("sh", "-c", "echo broken >&2; exit 3"), cwd=tmp_path, env=dict(os.environ))
+    with pytest.raises(ProcessError) as info:
+        executor.run(bad)
+    assert info.value.returncode == 3 and "broken" in info.value.output
+    assert executor.run(action(tmp_path, 0, "ok")).returncode == 0
+    slow = Action(argv=("sleep", "30"), cwd=tmp_path, env=dict(os.environ), timeout=0.3)
+    with pytest.raises(ProcessError, match=r"timed out after 0\.3 s"):
+        executor.run(slow)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead: only its parent has not reaped it yet.
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def test_stop_ends_every_action_and_its_children_at_once(tmp_path: Path) -> None:
+    """Each action starts a child of its own (as nvcc starts cicc and ptxas); stop ends
+    both, for every action in flight, and refuses the waiting ones."""
+    executor = LocalExecutor(2)
+    pids = tmp_path / "pids"
+    script = f'sleep 60 & echo $$ $! >> {pids}; trap "" TERM; wait'
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            executor.run(Action(argv=("sh", "-c", script), cwd=tmp_path, env=dict(os.environ)))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 10
+    while (not pids.exists() or len(pids.read_text().split()) < 4) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    started = [int(p) for p in pids.read_text().split()]
+    assert len(started) == 4, "two actions (shell and child) should be running"
+    begin = time.monotonic()
+    executor.stop()
+    for t in threads:
+        t.join(10)
+    assert time.monotonic() - begin < 5
+    assert len(errors) == 3 and all(isinstance(e, ActionStopped) for e in errors), errors
+    assert not [pid for pid in started if _alive(pid)]
+    with pytest.raises(ActionStopped):
+        executor.run(action(tmp_path, 0, "late"))
+
+
+def test_each_action_runs_in_a_process_group_of_its_own(tmp_path: Path) -> None:
+    """So a terminal's Ctrl-C reaches the build only, and stop() can end the group."""
+    executor = LocalExecutor(1)
+    done = executor.run(
+        Action(argv=("sh", "-c", "cut -d' ' -f5 /proc/$$/stat"), cwd=tmp_path, env=dict(os.environ))
+    )
+    assert int(done.stdout.split()[0]) != os.getpgid(0)
