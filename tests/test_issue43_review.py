@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from metrale_orch.cli import main
-from tests.support.project import make_project, project_env, use_fake_compiler
+from tests.support.project import doit, make_project, project_env, use_fake_compiler
 
 
 def _project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
@@ -38,3 +38,15 @@ def test_why_miss_writes_nothing_in_the_build_dir_set_aside(tmp_path: Path) -> N
     assert code == 0, err
     assert not (root / "build").exists()
     assert (elsewhere / ".state").is_dir()
+
+
+def test_profile_top_0_does_not_say_the_build_compiled_nothing(tmp_path: Path) -> None:
+    """``profile --top 0`` lists no compile; it must not say the build had none (it had 5)."""
+    root, env = _project(tmp_path)
+    assert doit(root, ["build"], env).returncode == 0
+    for argv in (["profile", "--top", "0"], ["profile", "--build", "1", "--top", "0"]):
+        code, out, err = _cli(root, env, *argv)
+        assert code == 0, err
+        assert "no compiles" not in out
+        assert out.splitlines()[0].endswith("none listed (--top 0)")
+        assert "modules: 7 compiled" in out

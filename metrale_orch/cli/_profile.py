@@ -120,6 +120,8 @@ def format_summary(summary: ProfileSummary, shown: str, *, empty: str = "") -> s
             lines.append(
                 f"  {target:<{widths[0]}}  {module:<{widths[1]}}  {seconds:>{widths[2]}}  {outcome}"
             )
+    elif summary.compiles:  # only --top 0 lists none of a build's compiles
+        lines.append(f"slowest compiles ({shown}): none listed (--top 0)")
     else:
         lines.append(empty or f"no compiles in the last build ({shown})")
     o = summary.outcomes
