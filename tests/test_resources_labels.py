@@ -69,3 +69,15 @@ def test_more_spill_is_not_called_new(tmp_path: Path) -> None:
         ("starts", "new"),
     ]
     assert (doc["new_spills"], doc["more_spills"], code) == (1, 1, 1)
+
+
+def test_more_spills_are_counted_in_the_plural(tmp_path: Path) -> None:
+    """Two kernels spilling more: "2 more spills", as "2 new spills" (issue 43 review)."""
+    if shutil.which("nvcc") is None or shutil.which("ptxas") is None:
+        pytest.skip("nvcc and ptxas are not installed")
+    environ = dict(os.environ)
+    base = _built(tmp_path / "base", grows=40, starts=40)
+    now = _built(tmp_path / "now", grows=48, starts=48)
+    code, out, _ = run_cli(now, ["resources", TARGET, "--diff", str(base / "build")], environ)
+    assert out.splitlines()[-1].endswith("(2 kernels now), 0 new spills, 2 more spills")
+    assert code == 1
