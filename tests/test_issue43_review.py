@@ -50,3 +50,13 @@ def test_profile_top_0_does_not_say_the_build_compiled_nothing(tmp_path: Path) -
         assert "no compiles" not in out
         assert out.splitlines()[0].endswith("none listed (--top 0)")
         assert "modules: 7 compiled" in out
+
+
+def test_profile_build_not_kept_names_the_one_build_kept(tmp_path: Path) -> None:
+    """``--build N`` not kept, with one build in the history: "1 build, #1", not
+    "1 builds, #1 to #1"."""
+    root, env = _project(tmp_path)
+    assert doit(root, ["build"], env).returncode == 0
+    code, out, err = _cli(root, env, "profile", "--build", "2")
+    assert (code, out) == (2, "")
+    assert err == "error: --build 2: not kept; the history holds 1 build, #1 (see --list)\n"

@@ -93,7 +93,8 @@ def _kept_build(history: Sequence[BuildRecord], build: int) -> BuildRecord:
     for record in history:
         if record.build == build:
             return record
-    held = f"{len(history)} builds, #{history[0].build} to #{history[-1].build}"
+    first, last = history[0].build, history[-1].build
+    held = f"1 build, #{last}" if first == last else f"{len(history)} builds, #{first} to #{last}"
     raise UsageError(f"--build {build}: not kept; the history holds {held} (see --list)")
 
 
