@@ -60,3 +60,16 @@ def test_profile_build_not_kept_names_the_one_build_kept(tmp_path: Path) -> None
     code, out, err = _cli(root, env, "profile", "--build", "2")
     assert (code, out) == (2, "")
     assert err == "error: --build 2: not kept; the history holds 1 build, #1 (see --list)\n"
+
+
+def test_cache_gc_refuses_a_size_of_400_digits_in_one_line(tmp_path: Path) -> None:
+    """``cache gc --max-size`` of 400 digits: one line, exit 2, as the settings refuse it
+    (B4); it was "internal error: OverflowError" from the report's MiB."""
+    root, env = _project(tmp_path)
+    code, out, err = _cli(root, env, "cache", "gc", "--max-size", "9" * 400)
+    assert (code, out) == (2, "")
+    assert err.startswith("error: size '999")
+    assert err.endswith("e.g. 500M or 2G, of at most 1024T\n")
+    assert err.count("\n") == 1
+    code, _out, err = _cli(root, env, "cache", "gc", "--max-size", "1024T")
+    assert code == 0, err
