@@ -15,7 +15,8 @@ of its targets is, which says nothing). A failure prints its one-line message
 docs/guarantees.md, "What the counts mean").
 
 The words of each line are :mod:`~metrale_orch.tasks.report_lines`; how the run ends,
-:mod:`~metrale_orch.tasks.run_end`.
+:mod:`~metrale_orch.tasks.run_end`; the kept compile times, the profile and the build
+history, :mod:`~metrale_orch.tasks.reporter_files`.
 
 Each build task returns a small value (``outcome``, module outcomes, this
 task's cache statistics, cache warnings, its profile spans); the reporter adds
@@ -59,7 +60,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -71,18 +71,12 @@ from metrale_orch.errors import (
     MetraleError,
     printable,
 )
-from metrale_orch.fsutil import write_atomic
 from metrale_orch.paths import (
     BUILD_TASK,
     COMPDB_NAME,
     COVERAGE_TASK,
-    PROFILE_HISTORY_NAME,
-    PROFILE_NAME,
     SMOKE_TASK,
-    STATE_DIR,
     STATS_NAME,
-    profile_history,
-    root_relative,
 )
 from metrale_orch.tasks.actions import progress_counts, stop_requested
 from metrale_orch.tasks.checker import PROFILE_KEY
@@ -100,6 +94,12 @@ from metrale_orch.tasks.report_lines import (
     format_summary,
     format_target,
     remote_totals,
+)
+from metrale_orch.tasks.reporter_files import (
+    expected_target_seconds,
+    warn_unwritten,
+    write_profile,
+    write_times,
 )
 from metrale_orch.tasks.run_end import end_interrupted
 from metrale_orch.tasks.scope import selection_scope
@@ -195,7 +195,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         )
         self._tasks = tasks  # the targets whose parts make the compilation database
         if self._tty:
-            self._expected = _expected_target_seconds()
+            self._expected = expected_target_seconds()
 
     def execute_task(self, task: Task) -> None:
         if _is_build(task):
@@ -386,8 +386,8 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             self.write(format_remote(self._remote) + "\n")
         if self._ran:  # a no-op run leaves the last build's report files in place
             self._write_stats()
-            self._write_profile()
-            self._write_times()
+            write_profile(self._spans, self._origin_ns)
+            write_times(self._spans, self._alive, self.write)
             self._write_compdb()
 
     # -- helpers ----------------------------------------------------------------------------------
@@ -431,83 +431,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
                 self.write(f"{line}\n")
             cache_mod.write_stats(path, total)
         except Exception as exc:  # the summary must never fail the run
-            _warn_unwritten("the cache statistics", path, exc)
-
-    def _write_times(self) -> None:
-        """Merge this run's compile times into the kept ones (the next run's order)."""
-        from metrale_orch.steps.times import (
-            kept_problems,
-            merge_compiles,
-            peaks_of,
-            read_times,
-            write_times,
-        )
-
-        run = _RunCompiles.of(self._spans)
-        state = Path(STATE_DIR)
-        try:
-            state = current_run().config().build_dir / STATE_DIR
-            old = read_times(state)
-            problems = kept_problems(state)  # only an ordering: warned of, then rewritten
-            for problem in problems:
-                self.write(f"warning: {problem}\n")
-            # A module another target compiled (or an earlier run did) costs the same here.
-            known = {**old.by_key(), **run.compiled}
-            seen: dict[str, set[str]] = {}
-            for target, module, _key in run.keyed:
-                seen.setdefault(target, set()).add(module)
-            compiles = [(t, m, k, known[k]) for t, m, k in run.keyed if k in known]
-            merged = merge_compiles(
-                old,
-                compiles,
-                seen=seen,
-                alive=self._alive or None,
-                peaks=peaks_of(old, run.keyed, run.measured, run.bounds),
-            )
-            if merged != old or problems:
-                write_times(state, merged)
-        except (MetraleError, OSError) as exc:  # only an ordering: never fails the run
-            _warn_unwritten("the compile times", state, exc)
-
-    def _write_profile(self) -> None:
-        """Write every span of this run to profile.json, atomically (Chrome trace events),
-        and add the run to the build history (:mod:`metrale_orch.steps.history`)."""
-        # Imported only after a run that built: a no-op never needs the profile's classes.
-        from metrale_orch.steps.profile import Span, encode_profile, trace_document
-
-        spans = []
-        for item in self._spans:
-            try:
-                spans.append(Span.from_dict(item))
-            except ValueError:  # not from this package's actions: leave it out
-                continue
-        doc = trace_document(spans, origin_ns=self._origin_ns, main_pid=os.getpid())
-        path = Path(PROFILE_NAME)
-        try:
-            config = current_run().config()
-            path = config.build_dir / PROFILE_NAME
-            write_atomic(path, encode_profile(doc))
-        except (MetraleError, OSError) as exc:  # the profile must never fail the run
-            _warn_unwritten("the build profile", path, exc)
-        events = doc["traceEvents"]
-        self._write_history(events if isinstance(events, list) else [])
-
-    def _write_history(self, events: list[dict[str, object]]) -> None:
-        """Add this run to the build history; a damaged one is replaced, and said."""
-        from metrale_orch.steps.history import record_build
-
-        path = Path(PROFILE_HISTORY_NAME)
-        try:
-            run = current_run()
-            build_dir = run.config().build_dir
-            path = profile_history(build_dir)
-            words = run.selection.words if run.selection is not None else ()
-            name = root_relative(path, run.root)
-            damaged = record_build(path, events, words=words, name=name)
-            if damaged is not None:
-                _warn(f"{name}: {damaged.problem}: replaced by a new history")
-        except (MetraleError, OSError) as exc:  # the history must never fail the run
-            _warn_unwritten("the build history", path, exc)
+            warn_unwritten("the cache statistics", path, exc)
 
     def _write_compdb(self) -> None:
         """Merge the parts of every buildable target of the tree (selected or not, built
@@ -535,23 +459,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
                     targets = sorted(set(targets) | stored, key=str)
             write_database_from_parts(config.root, config.build_dir, targets)
         except (MetraleError, OSError, ValueError) as exc:  # never fails the run
-            _warn_unwritten("the compilation database", path, exc)
-
-
-def _warn_unwritten(what: str, path: Path, exc: BaseException) -> None:
-    """One stderr line for a file of the run's report that could not be written: which,
-    where, and why (an ``OSError``'s own words, e.g. "No space left on device")."""
-    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-    _warn(f"could not write {what} {path}: {reason}")
-
-
-def _warn(text: str) -> None:
-    """``warning: text`` on the process's own stderr: doit's target threads each swap
-    ``sys.stderr`` for a capturing writer around their actions and restore what they
-    found, so after two ran at once it is left as one of those, and lost."""
-    stream = sys.__stderr__ or sys.stderr
-    stream.write(printable(f"warning: {text}") + "\n")
-    stream.flush()
+            warn_unwritten("the compilation database", path, exc)
 
 
 def _is_terminal(stream: TextIO) -> bool:
@@ -571,57 +479,3 @@ def _live_line(stream: TextIO, sample: Callable[[], str]) -> LiveLine | None:
     except Exception:  # no rich, or a terminal it cannot drive: the plain lines remain
         return None
     return line
-
-
-def _expected_target_seconds() -> dict[str, float]:
-    """``build:<target>`` -> the kept compile seconds of its modules' last compiles
-    (:mod:`metrale_orch.steps.times`), for the ETA; {} when none are kept. Not the last
-    profile's: a build the cache served compiled nothing, and its profile says so."""
-    from metrale_orch.steps.times import read_kept_seconds
-
-    try:
-        build_dir = current_run().config().build_dir
-    except MetraleError:
-        return {}
-    return {f"{_BASE}{target}": s for target, s in read_kept_seconds(build_dir).items()}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _RunCompiles:
-    """What a run's spans say of its compiles, by cache key (for the kept times)."""
-
-    #: ``(target, module, key)`` of every module keyed in the run.
-    keyed: tuple[tuple[str, str, str], ...]
-    #: The compiler's seconds of each key compiled.
-    compiled: Mapping[str, float]
-    #: The compiler's peak memory, where measured.
-    measured: Mapping[str, int]
-    #: Where the peak was not known: the most it can have been.
-    bounds: Mapping[str, int]
-
-    @classmethod
-    def of(cls, spans: Iterable[Mapping[str, object]]) -> _RunCompiles:
-        keyed: list[tuple[str, str, str]] = []
-        compiled: dict[str, float] = {}
-        measured: dict[str, int] = {}
-        bounds: dict[str, int] = {}
-        for item in spans:
-            target, module = str(item.get("target", "")), str(item.get("module", ""))
-            args = item.get("args")
-            if not target or not module or not isinstance(args, dict):
-                continue
-            key, step = args.get("key"), item.get("step")
-            if not isinstance(key, str):
-                continue
-            if step == "key":
-                keyed.append((target, module, key))
-            elif step == "compile" and args.get("outcome") == "compiled":
-                seconds = args.get("seconds")
-                if isinstance(seconds, int | float):
-                    compiled[key] = float(seconds)
-                memory, bound = args.get("memory"), args.get("memory_bound")
-                if isinstance(memory, int) and memory > 0:
-                    measured[key] = memory
-                elif isinstance(bound, int) and bound > 0:
-                    bounds[key] = bound
-        return cls(keyed=tuple(keyed), compiled=compiled, measured=measured, bounds=bounds)
