@@ -6,11 +6,10 @@ compiler) and fails without its fix.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Mapping
 from pathlib import Path
 
-from metrale_orch.cli import main
+from tests.support.nvcc_tree import run_cli
 from tests.support.project import doit, make_project, project_env, use_fake_compiler
 
 
@@ -22,9 +21,7 @@ def _project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 
 
 def _cli(root: Path, env: Mapping[str, str], *argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = main(["--root", str(root), *argv], environ=env, out=out, err=err)
-    return code, out.getvalue(), err.getvalue()
+    return run_cli(root, list(argv), env)
 
 
 def test_why_miss_writes_nothing_in_the_build_dir_set_aside(tmp_path: Path) -> None:
