@@ -70,3 +70,30 @@ def test_cache_gc_refuses_a_size_of_400_digits_in_one_line(tmp_path: Path) -> No
     assert err.count("\n") == 1
     code, _out, err = _cli(root, env, "cache", "gc", "--max-size", "1024T")
     assert code == 0, err
+
+
+def test_a_build_dir_that_is_a_file_is_one_line_for_every_command(tmp_path: Path) -> None:
+    """``build_dir`` naming a file (or a path under one): one line naming it, exit 2, as any
+    bad setting; it was "internal error: FileExistsError" (``why-miss``) and a doit
+    traceback per target after "cannot take the build lock" (``doit build``)."""
+    root, env = _project(tmp_path)
+    plain = tmp_path / "plain"
+    plain.write_text("not a directory\n")
+    for where, said in (
+        (plain, "is a file"),
+        (plain / "sub", f"lies under {str(plain)!r}, a file"),
+    ):
+        line = (
+            f"build_dir: {str(where)!r} {said}, not a directory: choose a directory (e.g. build/)"
+        )
+        for argv in (["status"], ["why-miss", "hopper/qwen/w4"], ["compdb"]):
+            code, out, err = _cli(root, env, "--set", f"build_dir={where}", *argv)
+            assert (code, out, err) == (2, "", f"error: command line: {line}\n"), argv
+    run = doit(root, ["build"], {**env, "METRALE_ORCH_BUILD_DIR": str(plain)})
+    assert run.returncode == 2
+    assert "Traceback" not in run.text
+    assert (
+        f"FAILED build:(tree): environment METRALE_ORCH_BUILD_DIR: build_dir: {str(plain)!r}"
+        in run.text
+    )
+    assert plain.read_text() == "not a directory\n"
