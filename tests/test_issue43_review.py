@@ -97,3 +97,14 @@ def test_a_build_dir_that_is_a_file_is_one_line_for_every_command(tmp_path: Path
         in run.text
     )
     assert plain.read_text() == "not a directory\n"
+
+
+def test_a_doit_argument_that_is_no_utf8_does_not_crash_the_build_lock(tmp_path: Path) -> None:
+    """``doit build X=<byte 0xff>`` (a doit variable from a file name's bytes): the lock's
+    note names the command with the byte as ``\\xff``; it was a UnicodeEncodeError traceback
+    before anything ran (exit 3)."""
+    root, env = _project(tmp_path)
+    run = doit(root, ["build", "X=\udcff"], env)
+    assert run.returncode == 0, run.text
+    assert "Traceback" not in run.text
+    assert "build: 4 built, 0 from cache, 0 up to date, 1 skipped, 0 failed" in run.text
