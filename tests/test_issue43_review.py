@@ -6,9 +6,11 @@ compiler) and fails without its fix.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping
 from pathlib import Path
 
+from metrale_orch.cli import main
 from tests.support.nvcc_tree import run_cli
 from tests.support.project import doit, make_project, project_env, use_fake_compiler
 
@@ -108,3 +110,16 @@ def test_a_doit_argument_that_is_no_utf8_does_not_crash_the_build_lock(tmp_path:
     assert run.returncode == 0, run.text
     assert "Traceback" not in run.text
     assert "build: 4 built, 0 from cache, 0 up to date, 1 skipped, 0 failed" in run.text
+
+
+def test_a_root_that_is_no_directory_is_one_line_for_every_command(tmp_path: Path) -> None:
+    """``--root`` (or ``METRALE_ORCH_ROOT``) naming no directory: one line, exit 2, whatever
+    the command, as ``doit`` alone said it; ``status`` said "internal error:
+    FileNotFoundError" and ``layout`` "0 targets, 0 failing" (exit 0) for a typo."""
+    missing = tmp_path / "no-such-project"
+    for argv in (["status"], ["layout"], ["check"], ["doit", "list"]):
+        code, out, err = run_cli(missing, argv, {})
+        assert (code, out, err) == (2, "", f"error: --root {missing}: not a directory\n"), argv
+    out_, err_ = io.StringIO(), io.StringIO()
+    code = main(["layout"], environ={"METRALE_ORCH_ROOT": str(missing)}, out=out_, err=err_)
+    assert (code, err_.getvalue()) == (2, f"error: METRALE_ORCH_ROOT {missing}: not a directory\n")
