@@ -163,6 +163,8 @@ class RemoteStore:
         self._proven = False
         self._failures = 0
         self.disabled = False
+        #: The extra this store's protocol needs and does not have (it is then disabled).
+        self.missing: ExtraMissing | None = None
         self._opened = False
         # An fsspec filesystem: fsspec is untyped, so its objects are Any here.
         self._fs: Any = None
@@ -348,7 +350,7 @@ class RemoteStore:
             try:
                 import_extra(extra, f"remote cache {self.url}")
             except ExtraMissing as exc:
-                self.disabled = True
+                self.disabled, self.missing = True, exc
                 self._warn(f"{exc}; using the local cache only")
                 raise RemoteOff(f"{exc.module} missing") from None
         if self.url.startswith(("grpc://", "grpcs://")):

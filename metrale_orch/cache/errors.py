@@ -84,7 +84,7 @@ class SizeError(CacheError):
 
     template = (
         "size {text!r} is not understood: use bytes or a number with K, M, G or T "
-        "(powers of 1024), e.g. 500M or 2G"
+        "(powers of 1024), e.g. 500M or 2G, of at most 1024T"
     )
 
 

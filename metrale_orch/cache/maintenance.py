@@ -26,7 +26,7 @@ from metrale_orch.cache.local import (
 )
 from metrale_orch.cache.objects import CorruptObject, decode_object
 from metrale_orch.cache.signing import Trust
-from metrale_orch.config.values import size_bytes
+from metrale_orch.config.values import MAX_BYTES, size_bytes
 
 __all__ = [
     "BadObject",
@@ -319,9 +319,10 @@ def parse_size(text: str) -> int:
     """Bytes for ``500M``, ``2G``, ``1.5GiB``, ``4096`` (powers of 1024; the one parser
     of sizes people type, :func:`~metrale_orch.config.values.size_bytes`).
 
-    Raises :class:`SizeError`.
+    Raises :class:`SizeError`, also for one over :data:`~metrale_orch.config.values.MAX_BYTES`
+    (a typo, and past what the report's arithmetic takes).
     """
     size = size_bytes(text)
-    if size is None:
+    if size is None or size > MAX_BYTES:
         raise SizeError(text)
     return size

@@ -29,6 +29,7 @@ from metrale_orch.cache.local import LocalTier, read_object_head, scan_objects
 from metrale_orch.cache.objects import CorruptObject, DecodedObject, read_header
 from metrale_orch.cache.settings import CacheSettings
 from metrale_orch.cache.signing import Signing, Trust, local_signer
+from metrale_orch.errors import MetraleError
 
 __all__ = ["RECORD_META", "Entry", "Records", "TierHeads", "TierUnreadable"]
 
@@ -182,7 +183,7 @@ class TierHeads:
         try:
             return self._store.keys()
         except (RemoteFailure, RemoteOff) as exc:
-            raise TierUnreadable(self.name, self._failure(exc, "cannot be listed")) from None
+            raise self._unreadable(exc, "cannot be listed") from None
 
     def _head(self, key: str) -> tuple[bytes, bytes] | None:
         if self._store is None:
@@ -190,7 +191,14 @@ class TierHeads:
         try:
             return self._store.head(key)
         except (RemoteFailure, RemoteOff) as exc:
-            raise TierUnreadable(self.name, self._failure(exc, "cannot be read")) from None
+            raise self._unreadable(exc, "cannot be read") from None
+
+    def _unreadable(self, exc: Exception, what: str) -> MetraleError:
+        """The error of a remote that failed: the missing extra itself (exit 2, its fix
+        named), as every command that cannot work without one says it; else
+        :class:`TierUnreadable`."""
+        missing = None if self._store is None else self._store.missing
+        return missing or TierUnreadable(self.name, self._failure(exc, what))
 
     def _failure(self, exc: Exception, what: str) -> str:
         """Why the remote failed: the call's own failure, else the warning that switched it

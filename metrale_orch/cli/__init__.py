@@ -140,16 +140,11 @@ def main(
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
         return int(exc.code or 0)
-    if args.root is not None:
-        root = args.root
-    elif env.get("METRALE_ORCH_ROOT"):
-        root = Path(env["METRALE_ORCH_ROOT"])
-    else:
-        root = find_root(Path.cwd())
     try:
+        root = _root(args.root, env)
         overrides = _parse_settings(args.settings)
     except UsageError as exc:
-        print(f"error: {exc}", file=err)
+        print(printable(f"error: {exc}"), file=err)
         return exc.exit_code
     # Resolved, as doit sees its working directory: the configuration is that of the run.
     ctx = Context(
@@ -182,6 +177,22 @@ def main(
                 file=err,
             )
         return 1
+
+
+def _root(given: Path | None, env: Mapping[str, str]) -> Path:
+    """The project root: ``--root``, else ``$METRALE_ORCH_ROOT``, else the nearest ancestor
+    of the working directory with ``dodo.py`` or ``kernels/``. Raises ``UsageError`` for a
+    root named that is not a directory (every command: a typo is no empty project)."""
+    if given is None and not env.get("METRALE_ORCH_ROOT"):
+        return find_root(Path.cwd())
+    root, named = (
+        (given, "--root")
+        if given is not None
+        else (Path(env["METRALE_ORCH_ROOT"]), "METRALE_ORCH_ROOT")
+    )
+    if not root.is_dir():
+        raise UsageError(f"{named} {root}: not a directory")
+    return root
 
 
 #: What a setting's name looks like (only such a word of a bad ``--set`` is shown).

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from metrale_orch.config import setting_variables
-from metrale_orch.errors import UsageError
 
 if TYPE_CHECKING:
     from metrale_orch.cli import Context
@@ -53,8 +52,6 @@ def _run(args: argparse.Namespace, ctx: Context) -> int:
 
     variables = setting_variables(ctx.overrides)  # ConfigError for a key no run can take
     rooted = args.root is not None or bool(ctx.environ.get("METRALE_ORCH_ROOT"))
-    if rooted and not ctx.root.is_dir():
-        raise UsageError(f"--root {ctx.root}: not a directory")
     with _applied(ctx.root if rooted else None, variables):
         return run_doit(args.doit_args)
 

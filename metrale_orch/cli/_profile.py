@@ -93,7 +93,8 @@ def _kept_build(history: Sequence[BuildRecord], build: int) -> BuildRecord:
     for record in history:
         if record.build == build:
             return record
-    held = f"{len(history)} builds, #{history[0].build} to #{history[-1].build}"
+    first, last = history[0].build, history[-1].build
+    held = f"1 build, #{last}" if first == last else f"{len(history)} builds, #{first} to #{last}"
     raise UsageError(f"--build {build}: not kept; the history holds {held} (see --list)")
 
 
@@ -120,6 +121,8 @@ def format_summary(summary: ProfileSummary, shown: str, *, empty: str = "") -> s
             lines.append(
                 f"  {target:<{widths[0]}}  {module:<{widths[1]}}  {seconds:>{widths[2]}}  {outcome}"
             )
+    elif summary.compiles:  # only --top 0 lists none of a build's compiles
+        lines.append(f"slowest compiles ({shown}): none listed (--top 0)")
     else:
         lines.append(empty or f"no compiles in the last build ({shown})")
     o = summary.outcomes

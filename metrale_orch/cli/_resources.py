@@ -241,7 +241,7 @@ def _print_diff(old: ResourceReport, new: ResourceReport, as_json: bool, ctx: Co
         printable(
             f"diff {old.build_dir} → {new.build_dir}: {summary} "
             f"({compared} kernels now), {spills} new spill{'s' * (spills != 1)}"
-            + (f", {more} more spill" if more else "")
+            + (f", {more} more spill{'s' * (more != 1)}" if more else "")
         ),
         file=ctx.out,
     )

@@ -69,7 +69,7 @@ def run_why_miss(args: argparse.Namespace, ctx: Context) -> int:
     parse_target(target)  # a malformed name says so, before the tree is asked
     # A target the tree does not have is refused as `status` and `why` refuse it (keying
     # it would stage the hardware's common files alone and report them).
-    select_specs(ctx.root.resolve(), ctx.environ, target)
+    select_specs(ctx.root.resolve(), ctx.environ, target, config)
 
     def say(line: str) -> None:
         ctx.err.write(printable(line) + "\n")

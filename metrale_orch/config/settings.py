@@ -407,7 +407,8 @@ def _where(key: str, source: str) -> str:
 def build_dir_problem(root: Path, build_dir: Path) -> str:
     """Why ``build_dir`` cannot hold the build of the project at ``root``, or "" (I/O:
     resolves symlinks). The build writes, stages and deletes there, so it may not be
-    the root, ``kernels/``, inside ``kernels/``, or contain ``kernels/``."""
+    the root, ``kernels/``, inside ``kernels/``, or contain ``kernels/``, nor be (or lie
+    under) a file."""
     where = Path(os.path.realpath(build_dir))
     top = Path(os.path.realpath(root))
     kernels = Path(os.path.realpath(top / "kernels"))
@@ -429,4 +430,8 @@ def build_dir_problem(root: Path, build_dir: Path) -> str:
             f"{shown} contains the kernel tree (kernels/); cleaning the build would delete "
             "kernel sources: choose a directory beside it (e.g. build/)"
         )
+    existing = next(p for p in (where, *where.parents) if p.exists())  # "/" exists
+    if not existing.is_dir():
+        what = "is" if existing == where else f"lies under {str(existing)!r},"
+        return f"{shown} {what} a file, not a directory: choose a directory (e.g. build/)"
     return ""

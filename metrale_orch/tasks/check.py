@@ -249,7 +249,7 @@ def report_lines(report: CheckReport) -> list[tuple[Literal["out", "err"], str]]
         )
         return lines
     skipped = report.skipping
-    how = f"; {skipped} skipped: compiler not installed" if skipped else ""
+    how = f"; {skipped} skipped: cannot be built here" if skipped else ""
     lines.append(("out", f"check: ok (the build accepts all {report.targets} targets{how})"))
     return lines
 

@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from metrale_orch.errors import printable
+
 __all__ = ["HOLDER_NAME", "LOCK_NAME", "BuildLock"]
 
 #: The lock file and the note naming its holder, under the build directory.
@@ -64,7 +66,8 @@ class BuildLock:
             raise
         self._fd = fd
         command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv else "?"
-        self._note = f"pid {os.getpid()}, `{command}`, since {time.strftime('%H:%M:%S')}"
+        # printable: an argument that is no UTF-8 (a file name's bytes) is shown as \xNN.
+        self._note = printable(f"pid {os.getpid()}, `{command}`, since {time.strftime('%H:%M:%S')}")
         with contextlib.suppress(OSError):
             self._holder.write_text(self._note + "\n", encoding="utf-8")
 

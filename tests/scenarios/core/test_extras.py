@@ -100,6 +100,13 @@ CASES = {
         line="warning: cache signing (cache_trusted_keys, cache_signing_key) needs "
         "cryptography: pip install cryptography; building without the cache",
     ),
+    "why-miss --remote: exit 2": Case(  # it cannot work without the extra (issue 43 review)
+        missing="s3fs",
+        settings=(("CACHE", "s3://bucket/kernels"),),
+        command=("metrale-orch", "why-miss", "--remote", "hopper/qwen/w8"),
+        line="error: remote cache s3://bucket/kernels needs s3fs: pip install 'metrale-orch[s3]'",
+        exit_code=2,
+    ),
     "cache keygen": Case(
         missing="cryptography",
         command=("metrale-orch", "cache", "keygen", "new.key"),

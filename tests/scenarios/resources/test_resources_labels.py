@@ -41,12 +41,17 @@ def _built(root: Path, grows: int, starts: int) -> Path:
     return built_tree(root, files, [TARGET])
 
 
-def test_more_spill_is_not_called_new(tmp_path: Path) -> None:
+def _base_and_now(
+    tmp_path: Path, base: tuple[int, int], now: tuple[int, int]
+) -> tuple[Path, Path, dict[str, str]]:
+    """The tree built with (grows, starts) sums ``base``, then ``now``, and the environment."""
     if shutil.which("nvcc") is None or shutil.which("ptxas") is None:
         pytest.skip("nvcc and ptxas are not installed")
-    environ = dict(os.environ)
-    base = _built(tmp_path / "base", grows=40, starts=4)
-    now = _built(tmp_path / "now", grows=48, starts=40)
+    return _built(tmp_path / "base", *base), _built(tmp_path / "now", *now), dict(os.environ)
+
+
+def test_more_spill_is_not_called_new(tmp_path: Path) -> None:
+    base, now, environ = _base_and_now(tmp_path, (40, 4), (48, 40))
     code, out, _ = run_cli(base, ["resources", TARGET, "--json"], environ)
     (target,) = json.loads(out)["targets"]
     spills = {k["kernel"]: k["spill_store_bytes"] for m in target["modules"] for k in m["kernels"]}
@@ -70,3 +75,11 @@ def test_more_spill_is_not_called_new(tmp_path: Path) -> None:
         ("starts", "new"),
     ]
     assert (doc["new_spills"], doc["more_spills"], code) == (1, 1, 1)
+
+
+def test_more_spills_are_counted_in_the_plural(tmp_path: Path) -> None:
+    """Two kernels spilling more: "2 more spills", as "2 new spills" (issue 43 review)."""
+    base, now, environ = _base_and_now(tmp_path, (40, 40), (48, 48))
+    code, out, _ = run_cli(now, ["resources", TARGET, "--diff", str(base / "build")], environ)
+    assert out.splitlines()[-1].endswith("(2 kernels now), 0 new spills, 2 more spills")
+    assert code == 1

@@ -142,7 +142,7 @@ def test_a_clean_project_passes_check_and_builds(tmp_path: Path) -> None:
     check = orch(root, env, "check")
     assert (check.returncode, check.err) == (0, METAL_SKIP + "\n"), check.text
     assert check.out == (
-        "check: ok (the build accepts all 5 targets; 1 skipped: compiler not installed)\n"
+        "check: ok (the build accepts all 5 targets; 1 skipped: cannot be built here)\n"
     )
     assert fake_compiles(tmp_path) == []  # check compiles nothing
     build = doit(root, ["build"], env)

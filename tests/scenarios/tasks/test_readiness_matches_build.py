@@ -80,4 +80,15 @@ def test_check_skips_the_targets_and_count_the_build_skips(tmp_path: Path) -> No
                    "to hipcc, install ROCm in /opt/rocm, or put hipcc on PATH) whose compiler "
                    "supports gfx9999"] == "strix/m/q"  # fmt: skip
     assert "4 built, 0 from cache, 0 up to date, 2 skipped, 0 failed" in build.text
-    assert out == "check: ok (the build accepts all 6 targets; 2 skipped: compiler not installed)\n"
+    assert out == "check: ok (the build accepts all 6 targets; 2 skipped: cannot be built here)\n"
+
+
+def test_check_does_not_call_an_installed_compiler_missing(tmp_path: Path) -> None:
+    """The summary's word for the skips covers a hipcc that is installed but cannot build
+    the arch: "compiler not installed" was false for it (issue 43 review)."""
+    root, env = _project(tmp_path)
+    (root / "kernels/apple").rename(tmp_path / "apple")  # only the arch skip is left
+    code, out, err = _check(root, env)
+    assert code == 0, err
+    assert "cannot build gfx9999" in err
+    assert out == "check: ok (the build accepts all 5 targets; 1 skipped: cannot be built here)\n"

@@ -106,7 +106,7 @@ def test_check_clean_tree(tmp_path: Path) -> None:
     tree(tmp_path)
     code, out, err = run(tmp_path, "check")
     assert (code, err) == (0, skipped("gb10/qwen/bf16", "hopper/qwen/bf16") + "\n")
-    assert out == "check: ok (the build accepts all 2 targets; 2 skipped: compiler not installed)\n"
+    assert out == "check: ok (the build accepts all 2 targets; 2 skipped: cannot be built here)\n"
 
 
 def test_check_reports_every_problem_at_once(tmp_path: Path) -> None:
