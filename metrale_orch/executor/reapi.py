@@ -63,6 +63,7 @@ def open_backend(config: Config) -> ReapiBackend:
         headers={k: str(v) for k, v in config.remote_headers.items()},
         timeout=CALL_TIMEOUT,
         ca_file=config.remote_ca_file,
+        streams=config.remote_jobs,
     )
     return ReapiBackend(client, queue_timeout=config.remote_queue_timeout)
 

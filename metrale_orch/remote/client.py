@@ -1,4 +1,4 @@
-"""The REAPI v2 client: capabilities, the CAS, the action cache and Execute over one channel.
+"""The REAPI v2 client: capabilities, the CAS, the action cache and Execute.
 
 :class:`RemoteClient` is what the rest of the package uses; it is thread-safe (a
 build calls it from a hundred threads at once) and raises only
@@ -14,6 +14,9 @@ build calls it from a hundred threads at once) and raises only
 - Downloads are verified; a corrupt blob is an error, never a value.
 - Every call runs under a deadline: ``timeout`` for plain calls, that plus
   ``size / MIN_RATE`` for transfers, the caller's for Execute.
+- Execute streams run on the client's event loop over a pool of channels sized for
+  ``streams`` in flight (:mod:`~metrale_orch.remote.aio`); the caller's thread sleeps
+  until the answer. The unary calls go over one synchronous channel.
 - A client belongs to the process that made it: a gRPC channel does not survive a
   ``fork`` (doit's process workers make their own).
 """
@@ -30,6 +33,7 @@ from types import TracebackType
 import grpc
 
 from metrale_orch.remote._proto import remote_execution_pb2 as re_pb2
+from metrale_orch.remote.aio import ChannelPool, EventLoop
 from metrale_orch.remote.cas import Cas, UploadStats
 from metrale_orch.remote.digest import CHUNK, EMPTY, Digest
 from metrale_orch.remote.errors import (
@@ -65,12 +69,13 @@ class Capabilities:
 
 
 class RemoteClient:
-    """A REAPI v2 client over one gRPC channel (see the module docstring).
+    """A REAPI v2 client (see the module docstring).
 
     ``url``: ``grpc://host:port`` (plaintext) or ``grpcs://host[:port]`` (TLS with the
     system roots, or ``ca_file``). ``headers`` go with every call (an API key such as
     ``x-buildbuddy-api-key``). ``timeout``: seconds per call. ``batch_limit`` lowers the
-    server's batch limit. Raises :class:`RemoteConfigError` for settings it cannot use;
+    server's batch limit. ``streams``: the Execute calls expected in flight at once (the
+    channel pool's size). Raises :class:`RemoteConfigError` for settings it cannot use;
     nothing is sent before the first call.
     """
 
@@ -84,6 +89,7 @@ class RemoteClient:
         ca_file: Path | None = None,
         batch_limit: int | None = None,
         chunk_size: int = CHUNK,
+        streams: int = 100,
     ) -> None:
         if not timeout > 0:
             raise RemoteConfigError("timeout", f"{timeout!r} must be a positive number of seconds")
@@ -94,7 +100,10 @@ class RemoteClient:
         self.url = url
         self.instance = instance
         self.timeout = timeout
-        self._rpc = Rpc(url, instance=instance, headers=headers or {}, ca_file=ca_file)
+        self._rpc = Rpc(
+            url, instance=instance, headers=headers or {}, ca_file=ca_file, streams=streams
+        )
+        self._loop = EventLoop()
         self._batch_limit = batch_limit
         self._cas = Cas(
             self._rpc, timeout=timeout, chunk_size=chunk_size, limit=self._max_batch_bytes
@@ -272,20 +281,28 @@ class RemoteClient:
         :class:`RemoteUnavailable`, :class:`RemoteAuthError` or :class:`RemoteRejected`."""
         if not self.capabilities().exec_enabled:
             raise CapabilityError(self.url, "the server does not execute actions (cache only)")
-        return execute(
-            self._rpc,
-            action,
-            skip_cache_lookup=skip_cache_lookup,
-            timeout=timeout,
-            platform=platform,
-            queue_timeout=queue_timeout,
+        return self._loop.run(
+            execute(
+                self._rpc,
+                action,
+                skip_cache_lookup=skip_cache_lookup,
+                timeout=timeout,
+                platform=platform,
+                queue_timeout=queue_timeout,
+            )
         )
+
+    @property
+    def channels(self) -> ChannelPool:
+        """The Execute streams' channels (how many, what each carried)."""
+        return self._rpc.pool
 
     # -- lifetime --------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the channel; calls in flight fail."""
+        """Close the channels and the event loop; calls in flight fail."""
         self._rpc.close()
+        self._loop.close(self._rpc.pool.close)
 
     def __enter__(self) -> RemoteClient:
         return self

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -116,7 +117,7 @@ class _Watch:
             self.stages.setdefault(meta.stage, time.monotonic())
 
 
-def execute(
+async def execute(
     rpc: Rpc,
     action: Digest,
     *,
@@ -125,7 +126,8 @@ def execute(
     platform: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
     queue_timeout: float | None = None,
 ) -> ExecuteResult:
-    """Run ``action`` remotely and wait for it, under ``timeout`` seconds in all, and at
+    """Run ``action`` remotely and wait for it (on the client's event loop, its stream on
+    the channel pool's least busy channel), under ``timeout`` seconds in all, and at
     most ``queue_timeout`` seconds before a worker takes it (None: no bound but
     ``timeout``; no worker for the platform is then said after ``queue_timeout``).
 
@@ -151,7 +153,7 @@ def execute(
         if remaining <= 0:
             raise _deadline_error(rpc, watch, limit - start, platform)
         try:
-            op, why = _follow(rpc, request, watch, remaining, (limit - start, platform))
+            op, why = await _follow(rpc, request, watch, remaining, (limit - start, platform))
         except RemoteUnavailable:
             if not waiting or watch.stage != _STAGE.EXECUTING or time.monotonic() >= deadline:
                 raise
@@ -163,10 +165,10 @@ def execute(
             raise RemoteUnavailable(
                 rpc.url, f"the Execute stream broke {breaks} times (last: {why})"
             )
-        time.sleep(max(0.0, min(PAUSE * breaks, deadline - time.monotonic())))
+        await asyncio.sleep(max(0.0, min(PAUSE * breaks, deadline - time.monotonic())))
 
 
-def _follow(
+async def _follow(
     rpc: Rpc,
     request: re_pb2.ExecuteRequest,
     watch: _Watch,
@@ -175,32 +177,37 @@ def _follow(
 ) -> tuple[operations_pb2.Operation | None, str]:
     """One Execute or WaitExecution stream: (the finished operation, "") or (None, why it
     broke). Raises for a failure that is not a break."""
-    if watch.name:
-        call_name = "WaitExecution"
-        call = rpc.wait_execution(
-            re_pb2.WaitExecutionRequest(name=watch.name), timeout=remaining, metadata=rpc.metadata
-        )
-    else:
-        call_name = "Execute"
-        call = rpc.execute(request, timeout=remaining, metadata=rpc.metadata)
-    try:
-        for op in call:
-            watch.see(op)
-            if op.done:
-                return op, ""
-        return None, "the stream ended before the action finished"
-    except grpc.RpcError as exc:
-        code = code_of(exc)
-        if code is grpc.StatusCode.DEADLINE_EXCEEDED:
-            raise _deadline_error(rpc, watch, *context) from None
-        if code is grpc.StatusCode.NOT_FOUND and watch.name:
-            lost, watch.name = watch.name, ""
-            return None, f"the server lost operation {lost}"
-        if watch.name and code in _BREAKS:
-            return None, f"{code.name}: {describe(exc.details())}"
-        raise rpc.error(exc, call_name, remaining) from None
-    finally:
-        call.cancel()
+    async with rpc.pool.channel() as channel:
+        if watch.name:
+            call_name = "WaitExecution"
+            call = rpc.aio_stream(channel, "WaitExecution")(
+                re_pb2.WaitExecutionRequest(name=watch.name),
+                timeout=remaining,
+                metadata=rpc.metadata,
+            )
+        else:
+            call_name = "Execute"
+            call = rpc.aio_stream(channel, "Execute")(
+                request, timeout=remaining, metadata=rpc.metadata
+            )
+        try:
+            async for op in call:
+                watch.see(op)
+                if op.done:
+                    return op, ""
+            return None, "the stream ended before the action finished"
+        except grpc.RpcError as exc:
+            code = code_of(exc)
+            if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise _deadline_error(rpc, watch, *context) from None
+            if code is grpc.StatusCode.NOT_FOUND and watch.name:
+                lost, watch.name = watch.name, ""
+                return None, f"the server lost operation {lost}"
+            if watch.name and code in _BREAKS:
+                return None, f"{code.name}: {describe(exc.details())}"
+            raise rpc.error(exc, call_name, remaining) from None
+        finally:
+            call.cancel()
 
 
 def _result(

@@ -27,6 +27,7 @@ from google.rpc import status_pb2
 
 from metrale_orch.remote._proto import bytestream_pb2 as bs_pb2
 from metrale_orch.remote._proto import remote_execution_pb2 as re_pb2
+from metrale_orch.remote.aio import ChannelPool, channels_for
 from metrale_orch.remote.errors import (
     RemoteAuthError,
     RemoteConfigError,
@@ -125,6 +126,7 @@ class Rpc:
         instance: str,
         headers: Mapping[str, str],
         ca_file: Path | None,
+        streams: int = 100,
     ) -> None:
         target, tls = parse_url(url)
         self.url = url
@@ -139,6 +141,7 @@ class Rpc:
             ("grpc.max_send_message_length", MAX_MESSAGE),
             ("grpc.primary_user_agent", "metrale-orch"),
         ]
+        creds: grpc.ChannelCredentials | None = None
         if tls:
             creds = grpc.ssl_channel_credentials(root_certificates=_read_ca(ca_file))
             self.channel = grpc.secure_channel(target, creds, options=options)
@@ -146,6 +149,10 @@ class Rpc:
             if ca_file is not None:
                 raise RemoteConfigError("CA file", f"{ca_file} is set for a plaintext grpc:// URL")
             self.channel = grpc.insecure_channel(target, options=options)
+        #: The Execute streams' channels, on the client's event loop (``remote.aio``).
+        self.pool = ChannelPool(
+            target, size=channels_for(streams), options=options, credentials=creds
+        )
         ch, re_file, bs_file = self.channel, re_pb2.DESCRIPTOR, bs_pb2.DESCRIPTOR
         cas, ac = "ContentAddressableStorage", "ActionCache"
         self.get_capabilities = _unary(
@@ -184,15 +191,6 @@ class Rpc:
             re_pb2.UpdateActionResultRequest,
             re_pb2.ActionResult,
         )
-        self.execute = _stream(
-            ch, (re_file, "Execution", "Execute"), re_pb2.ExecuteRequest, operations_pb2.Operation
-        )
-        self.wait_execution = _stream(
-            ch,
-            (re_file, "Execution", "WaitExecution"),
-            re_pb2.WaitExecutionRequest,
-            operations_pb2.Operation,
-        )
         self.read = _stream(
             ch, (bs_file, "ByteStream", "Read"), bs_pb2.ReadRequest, bs_pb2.ReadResponse
         )
@@ -205,7 +203,18 @@ class Rpc:
         )
 
     def close(self) -> None:
+        """Close the unary calls' channel (the pool closes on the event loop)."""
         self.channel.close()
+
+    def aio_stream(
+        self, channel: grpc.aio.Channel, method: str
+    ) -> grpc.aio.UnaryStreamMultiCallable[Message, operations_pb2.Operation]:
+        """The Execution service's ``method`` (Execute, WaitExecution) on a pool channel."""
+        return channel.unary_stream(
+            _path((re_pb2.DESCRIPTOR, "Execution", method)),
+            request_serializer=_serialize,
+            response_deserializer=operations_pb2.Operation.FromString,
+        )
 
     def resource_prefix(self) -> str:
         """``{instance}/`` (nothing for the default instance), for ByteStream names."""
