@@ -4,10 +4,11 @@
 :class:`~metrale_orch.remote.client.RemoteClient`. Per action it builds the input root
 (SHA-256 of each staged file found once per content through the stage's xxh3 hashes;
 directory digests memoised by content, so the subtrees thousands of actions share are
-hashed and uploaded once), the Command and Action, uploads what the CAS lacks
-(FindMissingBlobs first; digests already known present this run are not asked
-about again), executes, and writes each declared output to its local path, verified
-against its SHA-256 as it is downloaded. Errors map onto the executor's two kinds:
+hashed and uploaded once), the Command and Action, looks the action up in the action
+cache (a hit uploads and executes nothing), uploads what the CAS lacks (FindMissingBlobs
+first, except for a few small blobs; digests already known present this run are not
+asked about again), executes, and writes each declared output to its local path,
+verified against its SHA-256 as it is downloaded. Errors map onto the executor's two kinds:
 infrastructure (:class:`~metrale_orch.executor.offload.RemoteUnavailable`, run here
 instead) and a compile that ran and failed (a :class:`RemoteRun` with its exit code).
 """
@@ -48,6 +49,9 @@ __all__ = ["ReapiBackend", "open_backend"]
 #: Input roots kept for reuse (one per target stage in flight; a target's modules share one).
 ROOTS_KEPT = 64
 
+#: Bytes of unknown blobs up to which they are sent without asking FindMissingBlobs first.
+ASK_ABOVE = 16 * 1024
+
 #: Seconds each unary call (capabilities, FindMissingBlobs, a batch) may take.
 CALL_TIMEOUT = 60.0
 
@@ -82,6 +86,9 @@ class ReapiBackend:
         self._sha: dict[str, Digest] = {}
         #: Digests known to be in the CAS this run (found there or uploaded).
         self._present: set[Digest] = set()
+        #: Whether to look an action up in the action cache before uploading its inputs
+        #: (False once the server says it has none).
+        self._ac = True
         #: Stage directory -> (its file mapping, the input root built from it), newest last.
         self._roots: dict[Path, tuple[Mapping[str, str], InputRoot]] = {}
 
@@ -104,10 +111,14 @@ class ReapiBackend:
             action = encode_action(
                 form.argv, form.env, form.cwd, outputs, root, form.platform, timeout
             )
+            hit = self._cached(action.digest, outputs, start)
+            if hit is not None:  # nothing uploaded, nothing executed
+                return hit
             self._upload(action.blobs)
             sent = time.perf_counter()
             done = self.client.execute(
                 action.digest,
+                skip_cache_lookup=self._ac,  # just asked: a miss
                 timeout=timeout + self.queue_timeout,
                 platform=form.platform,
                 queue_timeout=self.queue_timeout,
@@ -144,6 +155,35 @@ class ReapiBackend:
             cached=done.cached,
             stages=_stages(done, sent - start),
             worker=done.timings.worker,
+        )
+
+    def _cached(
+        self, action: Digest, outputs: Mapping[str, Path], start: float
+    ) -> RemoteRun | None:
+        """The action cache's successful result of ``action`` with its outputs written, or
+        None (a miss, a failed or incomplete result, a blob gone from the CAS, or a server
+        without an action cache: then it is not asked again)."""
+        if not self._ac:
+            return None
+        try:
+            result = self.client.get_action_result(action)
+        except RemoteRejected:  # no action cache here (UNIMPLEMENTED): Execute's lookup
+            self._ac = False
+            return None
+        if result is None or result.exit_code != 0:
+            return None
+        try:
+            stdout, stderr = self.client.std_outputs(result)
+            self._fetch_outputs(result, outputs)
+        except (BlobMissing, CorruptBlob, RemoteUnavailable):  # evicted, bad, or no output
+            return None
+        return RemoteRun(
+            returncode=0,
+            stdout=stdout.decode("utf-8", "replace"),
+            stderr=stderr.decode("utf-8", "replace"),
+            seconds=time.perf_counter() - start,
+            cached=True,
+            worker=result.execution_metadata.worker,
         )
 
     def _input_root(self, form: RemoteForm) -> InputRoot:
@@ -192,7 +232,9 @@ class ReapiBackend:
             unknown = {d: b for d, b in blobs.items() if d not in self._present}
         if not unknown:
             return
-        self.client.upload(unknown)
+        # A module's own blobs (its Command and Action, a few hundred bytes) cost less to
+        # send than to ask about: one call, not two.
+        self.client.upload(unknown, ask=sum(d.size for d in unknown) > ASK_ABOVE)
         with self._lock:
             self._present.update(unknown)
 

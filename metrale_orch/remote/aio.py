@@ -25,6 +25,7 @@ import contextlib
 import os
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import grpc
@@ -65,9 +66,9 @@ class EventLoop:
                 self._loop, self._thread, self._pid = loop, thread, os.getpid()
             return self._loop
 
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run ``coro`` on the loop and wait for its result (raises what it raised)."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop()).result()
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        """Run ``coro`` on the loop; its future has the result (or what it raised)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop())
 
     def close(self, last: Callable[[], Coroutine[Any, Any, None]] | None = None) -> None:
         """Run ``last`` on the loop (closing channels), then stop the loop and its thread.
@@ -78,11 +79,12 @@ class EventLoop:
                 return
             self._loop = self._thread = None
         with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(_shutdown(last), loop).result(10)
+            asyncio.run_coroutine_threadsafe(_shutdown(last), loop).result(30)
+        # Stopped, not closed: gRPC may still hand the loop a late callback of a call it
+        # cancelled, which a closed loop would refuse with an error.
         loop.call_soon_threadsafe(loop.stop)
         if thread is not threading.current_thread():
             thread.join(10)
-            loop.close()
 
 
 async def _shutdown(last: Callable[[], Coroutine[Any, Any, None]] | None) -> None:

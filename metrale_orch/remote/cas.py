@@ -2,7 +2,8 @@
 
 Invariants:
 
-- An upload asks FindMissingBlobs first and sends only what is missing; the empty
+- An upload asks FindMissingBlobs first and sends only what is missing (unless its
+  caller says the blobs are too few and small to be worth asking about); the empty
   blob is never sent or fetched (every server holds it).
 - A blob travels in a batch call when it fits the batch limit with its framing
   (:data:`BLOB_OVERHEAD` per blob, :data:`REQUEST_OVERHEAD` per request), else
@@ -92,9 +93,10 @@ class Cas:
             missing.update(from_message(d) for d in answer.missing_blob_digests)
         return missing
 
-    def upload(self, blobs: Mapping[Digest, Blob]) -> UploadStats:
-        """Send every blob of ``blobs`` the CAS lacks; raises a :class:`RemoteError`."""
-        missing = sorted(self.find_missing(blobs))
+    def upload(self, blobs: Mapping[Digest, Blob], *, ask: bool = True) -> UploadStats:
+        """Send every blob of ``blobs`` the CAS lacks (without ``ask``: every one, unasked);
+        raises a :class:`RemoteError`."""
+        missing = sorted(self.find_missing(blobs) if ask else set(blobs) - {EMPTY})
         limit = self._limit()
         small = [d for d in missing if fits(d.size, limit)]
         for batch in plan_batches(small, limit):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -176,12 +177,13 @@ class RemoteClient:
         self.capabilities()
         return self._cas.find_missing(digests)
 
-    def upload(self, blobs: Mapping[Digest, Blob]) -> UploadStats:
-        """Put every blob the CAS lacks (FindMissingBlobs first; small ones batched, big
-        ones streamed). A ``Path`` blob is read now and must still match its digest
-        (:class:`BlobChanged`). Raises a :class:`RemoteError`."""
+    def upload(self, blobs: Mapping[Digest, Blob], *, ask: bool = True) -> UploadStats:
+        """Put every blob the CAS lacks (FindMissingBlobs first; without ``ask``, every
+        blob, for a few small ones; small ones batched, big ones streamed). A ``Path``
+        blob is read now and must still match its digest (:class:`BlobChanged`). Raises
+        a :class:`RemoteError`."""
         self.capabilities()
-        return self._cas.upload(blobs)
+        return self._cas.upload(blobs, ask=ask)
 
     def download(self, digest: Digest) -> bytes:
         """The verified bytes of ``digest``; raises :class:`BlobMissing`,
@@ -279,9 +281,28 @@ class RemoteClient:
         only words the error when no worker takes the action. Raises
         :class:`CapabilityError` when the server does not execute, and
         :class:`RemoteUnavailable`, :class:`RemoteAuthError` or :class:`RemoteRejected`."""
+        return self.submit_execute(
+            action,
+            skip_cache_lookup=skip_cache_lookup,
+            timeout=timeout,
+            platform=platform,
+            queue_timeout=queue_timeout,
+        ).result()
+
+    def submit_execute(
+        self,
+        action: Digest,
+        *,
+        skip_cache_lookup: bool = False,
+        timeout: float,
+        platform: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
+        queue_timeout: float | None = None,
+    ) -> Future[ExecuteResult]:
+        """:meth:`execute` on the client's event loop, not waited for: no thread is held
+        while the action runs (its future raises what :meth:`execute` would)."""
         if not self.capabilities().exec_enabled:
             raise CapabilityError(self.url, "the server does not execute actions (cache only)")
-        return self._loop.run(
+        return self._loop.submit(
             execute(
                 self._rpc,
                 action,

@@ -7,9 +7,10 @@ its Command are read from the CAS (missing ones answer FAILED_PRECONDITION, as a
 does, and so does a missing input root), the action waits for one of ``workers`` slots,
 the slot sleeps ``seconds`` (no CPU, no thread), and the result names one small blob per
 output path the Command declares (a PTX-looking text naming the path, stored in the CAS),
-exit 0. No action cache: every Execute runs. So the client's own cost is what a benchmark
-of a build against it measures, and the engine's own (a few hundred microseconds per
-action, on one loop) stays out of its way; the engine's counts say what ran::
+exit 0. Its action cache is always empty: every Execute runs. So the client's own cost
+is what a benchmark of a build against it measures, and the engine's own (a few hundred
+microseconds per action, on one loop) stays out of its way; the engine's counts say what
+ran::
 
     with standin_engine(workers=16, seconds=0.2) as engine:
         env["METRALE_ORCH_REMOTE_EXECUTOR"] = engine.url
@@ -131,19 +132,30 @@ def _now() -> timestamp_pb2.Timestamp:
 
 
 class _Capabilities(_SyncCapabilities):
-    async def GetCapabilities(self, request: Any, context: Any) -> Any:  # type: ignore[override]
+    async def GetCapabilities(self, request: Any, context: Any) -> Any:
         return super().GetCapabilities(request, context)
 
 
 class _Cas(_SyncCas):
-    async def FindMissingBlobs(self, request: Any, context: Any) -> Any:  # type: ignore[override]
+    async def FindMissingBlobs(self, request: Any, context: Any) -> Any:
         return super().FindMissingBlobs(request, context)
 
-    async def BatchUpdateBlobs(self, request: Any, context: Any) -> Any:  # type: ignore[override]
+    async def BatchUpdateBlobs(self, request: Any, context: Any) -> Any:
         return super().BatchUpdateBlobs(request, context)
 
-    async def BatchReadBlobs(self, request: Any, context: Any) -> Any:  # type: ignore[override]
+    async def BatchReadBlobs(self, request: Any, context: Any) -> Any:
         return super().BatchReadBlobs(request, context)
+
+
+class _ActionCache(re_grpc.ActionCacheServicer):
+    """An engine's action cache that never has the answer (every Execute runs)."""
+
+    def __init__(self, fake: FakeRemote) -> None:
+        self.fake = fake
+
+    async def GetActionResult(self, request: Any, context: Any) -> Any:
+        self.fake.record("GetActionResult", context)
+        await context.abort(grpc.StatusCode.NOT_FOUND, "no result")
 
 
 class _ByteStream(_SyncByteStream):
@@ -157,7 +169,7 @@ class _ByteStream(_SyncByteStream):
         for start in range(0, len(data), 65536):
             yield bytestream_pb2.ReadResponse(data=data[start : start + 65536])
 
-    async def Write(self, request_iterator: Any, context: Any) -> Any:  # type: ignore[override]
+    async def Write(self, request_iterator: Any, context: Any) -> Any:
         self.fake.record("Write", context)
         name, parts = "", []
         async for request in request_iterator:
@@ -172,7 +184,7 @@ class _Execution(re_grpc.ExecutionServicer):
     def __init__(self, engine: StandIn) -> None:
         self.engine = engine
 
-    async def Execute(self, request: Any, context: Any) -> AsyncIterator[Any]:  # type: ignore[override]
+    async def Execute(self, request: Any, context: Any) -> AsyncIterator[Any]:
         async for op in self.engine.execute(request, context):
             yield op
 
@@ -180,10 +192,11 @@ class _Execution(re_grpc.ExecutionServicer):
 async def _start(engine: StandIn) -> grpc.aio.Server:
     server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 1 << 20)])
     fake = engine.fake
-    re_grpc.add_CapabilitiesServicer_to_server(_Capabilities(fake), server)
-    re_grpc.add_ContentAddressableStorageServicer_to_server(_Cas(fake), server)
-    re_grpc.add_ExecutionServicer_to_server(_Execution(engine), server)
-    bytestream_pb2_grpc.add_ByteStreamServicer_to_server(_ByteStream(fake), server)
+    re_grpc.add_CapabilitiesServicer_to_server(_Capabilities(fake), server)  # type: ignore[no-untyped-call]
+    re_grpc.add_ContentAddressableStorageServicer_to_server(_Cas(fake), server)  # type: ignore[no-untyped-call]
+    re_grpc.add_ExecutionServicer_to_server(_Execution(engine), server)  # type: ignore[no-untyped-call]
+    re_grpc.add_ActionCacheServicer_to_server(_ActionCache(fake), server)  # type: ignore[no-untyped-call]
+    bytestream_pb2_grpc.add_ByteStreamServicer_to_server(_ByteStream(fake), server)  # type: ignore[no-untyped-call]
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     fake.url = f"grpc://127.0.0.1:{port}"

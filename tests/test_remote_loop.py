@@ -1,0 +1,130 @@
+"""The remote client's event loop (issue 45): Execute streams in flight hold no thread,
+they are spread over a pool of connections, and an action the engine's action cache
+answers uploads and executes nothing."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+import grpc
+import xxhash
+from google.longrunning import operations_pb2
+
+from metrale_orch.executor import RemoteForm
+from metrale_orch.executor.reapi import ReapiBackend
+from metrale_orch.remote import Digest, RemoteClient, digest_bytes
+from metrale_orch.remote._proto import remote_execution_pb2 as re_pb2
+from metrale_orch.remote.wire import digest_message
+from tests.support.reapi_fake import fake_remote, operation
+from tests.support.reapi_standin import standin_engine
+
+STAGE = re_pb2.ExecutionStage
+
+
+def _threads() -> int:
+    """Threads of this process now (the kernel's count: gRPC's own threads included)."""
+    status = Path("/proc/self/status").read_text()
+    return int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("Threads:")))
+
+
+def test_a_thousand_streams_in_flight_hold_no_thread_each(tmp_path: Path) -> None:
+    in_flight = 1024
+    with standin_engine(workers=in_flight, seconds=120.0) as engine:
+        client = RemoteClient(engine.url, streams=in_flight)
+        command = re_pb2.Command(arguments=["true"]).SerializeToString()
+        cmd = digest_bytes(command)
+        action = re_pb2.Action(command_digest=digest_message(cmd)).SerializeToString()
+        digest = digest_bytes(action)
+        client.upload({cmd: command, digest: action})
+        before = _threads()
+        futures = [client.submit_execute(digest, timeout=300) for _ in range(in_flight)]
+        deadline = time.monotonic() + 60
+        while engine.running < in_flight and time.monotonic() < deadline:
+            time.sleep(0.1)
+        during, running = _threads(), engine.running
+        client.close()  # every stream cancelled
+        wait(futures, timeout=30)
+    assert running == in_flight, running
+    assert all(f.done() for f in futures)
+    # The loop's thread and gRPC's few of its own, however many streams are in flight.
+    assert during - before <= 16, (before, during)
+
+
+def test_the_channel_pool_spreads_streams_over_connections() -> None:
+    peers: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def script(request: object, context: grpc.ServicerContext) -> Iterator[Any]:
+        with lock:
+            peers[context.peer()] += 1
+        yield operation("op", STAGE.EXECUTING)
+        time.sleep(0.5)
+        yield operation("op", STAGE.COMPLETED, response=re_pb2.ExecuteResponse())
+
+    streams = 240  # three channels of 80
+    with fake_remote(threads=streams + 16) as fake:
+        fake.execute = script
+        client = RemoteClient(fake.url, streams=streams)
+        with ThreadPoolExecutor(streams) as pool:
+            runs = [
+                pool.submit(client.execute, digest_bytes(b"action"), timeout=30)
+                for _ in range(streams)
+            ]
+            assert all(r.result().exit_code == 0 for r in runs)
+        carried = list(client.channels.carried)
+        client.close()
+    assert len(peers) == 3, peers  # one connection each: three client ports
+    assert sorted(peers.values()) == sorted(carried)
+    assert min(carried) >= streams // 3 - 10, carried
+
+
+def test_an_action_cache_hit_uploads_and_executes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    source = b"__global__ void k() {}\n"
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "a.cu").write_bytes(source)
+    form = RemoteForm(
+        root=tmp_path,
+        files={"w/a.cu": xxhash.xxh3_128(source).hexdigest()},
+        cwd="w",
+        argv=("nvcc", "--ptx", "a.cu", "-o", "a.ptx"),
+        env={"PATH": "/usr/bin:/bin"},
+        outputs={"w/a.ptx": out / "a.ptx"},
+        platform={"OSFamily": "linux"},
+    )
+    ptx = b".version 8.0\n"
+    ptx_digest = digest_bytes(ptx)
+
+    def script(
+        request: re_pb2.ExecuteRequest, context: object
+    ) -> Iterator[operations_pb2.Operation]:
+        result = re_pb2.ActionResult(exit_code=0)
+        result.output_files.add(path="a.ptx", digest=digest_message(ptx_digest))
+        fake.blobs[ptx_digest] = ptx
+        action = request.action_digest
+        fake.results[Digest(action.hash, action.size_bytes)] = result  # as an engine caches it
+        yield operation("op", STAGE.COMPLETED, response=re_pb2.ExecuteResponse(result=result))
+
+    with fake_remote() as fake:
+        fake.execute = script
+        first = ReapiBackend(RemoteClient(fake.url))
+        ran = first.run(form, timeout=30, cancel=threading.Event())
+        assert not ran.cached and "Execute" in fake.methods()
+        first.close()
+        (out / "a.ptx").unlink()
+        with fake.lock:
+            fake.calls.clear()
+        second = ReapiBackend(RemoteClient(fake.url))  # nothing known present: a new run
+        got = second.run(form, timeout=30, cancel=threading.Event())
+        second.close()
+        methods = fake.methods()
+    assert got.cached and got.returncode == 0
+    assert (out / "a.ptx").read_bytes() == ptx
+    assert methods == ["GetCapabilities", "GetActionResult", "BatchReadBlobs"], methods
