@@ -5,10 +5,12 @@
 (SHA-256 of each staged file found once per content through the stage's xxh3 hashes;
 directory digests memoised by content, so the subtrees thousands of actions share are
 hashed and uploaded once), the Command and Action, looks the action up in the action
-cache (a hit uploads and executes nothing), uploads what the CAS lacks (FindMissingBlobs
-first, except for a few small blobs; digests already known present this run are not
-asked about again), executes, and writes each declared output to its local path,
-verified against its SHA-256 as it is downloaded. Errors map onto the executor's two kinds:
+cache when its inputs are not all known present (a hit uploads and executes nothing;
+otherwise Execute's own lookup serves, at no extra call), uploads what the CAS lacks
+(FindMissingBlobs first, except for a few small blobs; digests already known present
+this run are not asked about again), executes, and writes each declared output to its
+local path, verified against its SHA-256 as it is downloaded. Errors map onto the
+executor's two kinds:
 infrastructure (:class:`~metrale_orch.executor.offload.RemoteUnavailable`, run here
 instead) and a compile that ran and failed (a :class:`RemoteRun` with its exit code).
 """
@@ -111,14 +113,19 @@ class ReapiBackend:
             action = encode_action(
                 form.argv, form.env, form.cwd, outputs, root, form.platform, timeout
             )
-            hit = self._cached(action.digest, outputs, start)
-            if hit is not None:  # nothing uploaded, nothing executed
-                return hit
-            self._upload(action.blobs)
+            unknown = self._unknown(action.blobs)
+            # Inputs to send: ask the action cache first (a hit sends nothing). Only the
+            # module's own Command and Action: Execute's own cache lookup costs no call.
+            asked = self._ac and any(d in root.blobs for d in unknown)
+            if asked:
+                hit = self._cached(action.digest, outputs, start)
+                if hit is not None:  # nothing uploaded, nothing executed
+                    return hit
+            self._upload(unknown)
             sent = time.perf_counter()
             done = self.client.execute(
                 action.digest,
-                skip_cache_lookup=self._ac,  # just asked: a miss
+                skip_cache_lookup=asked and self._ac,  # just asked: a miss
                 timeout=timeout + self.queue_timeout,
                 platform=form.platform,
                 queue_timeout=self.queue_timeout,
@@ -227,9 +234,12 @@ class ReapiBackend:
 
         return build_input_root(files, hasher=hasher, memo=self._memo)
 
-    def _upload(self, blobs: Mapping[Digest, Blob]) -> None:
+    def _unknown(self, blobs: Mapping[Digest, Blob]) -> dict[Digest, Blob]:
+        """The blobs of ``blobs`` not known to be in the CAS this run."""
         with self._lock:
-            unknown = {d: b for d, b in blobs.items() if d not in self._present}
+            return {d: b for d, b in blobs.items() if d not in self._present}
+
+    def _upload(self, unknown: Mapping[Digest, Blob]) -> None:
         if not unknown:
             return
         # A module's own blobs (its Command and Action, a few hundred bytes) cost less to

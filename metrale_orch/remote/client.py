@@ -14,9 +14,8 @@ build calls it from a hundred threads at once) and raises only
 - Downloads are verified; a corrupt blob is an error, never a value.
 - Every call runs under a deadline: ``timeout`` for plain calls, that plus
   ``size / MIN_RATE`` for transfers, the caller's for Execute.
-- Execute streams run on the client's event loop over a pool of channels sized for
-  ``streams`` in flight (:mod:`~metrale_orch.remote.aio`); the caller's thread sleeps
-  until the answer. The unary calls go over one synchronous channel.
+- Execute streams go over a pool of channels sized for ``streams`` in flight
+  (:mod:`~metrale_orch.remote.channels`), each its own connection.
 - A client belongs to the process that made it: a gRPC channel does not survive a
   ``fork`` (doit's process workers make their own).
 """
@@ -26,7 +25,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -34,8 +32,8 @@ from types import TracebackType
 import grpc
 
 from metrale_orch.remote._proto import remote_execution_pb2 as re_pb2
-from metrale_orch.remote.aio import ChannelPool, EventLoop
 from metrale_orch.remote.cas import Cas, UploadStats
+from metrale_orch.remote.channels import ChannelPool
 from metrale_orch.remote.digest import CHUNK, EMPTY, Digest
 from metrale_orch.remote.errors import (
     CapabilityError,
@@ -104,7 +102,6 @@ class RemoteClient:
         self._rpc = Rpc(
             url, instance=instance, headers=headers or {}, ca_file=ca_file, streams=streams
         )
-        self._loop = EventLoop()
         self._batch_limit = batch_limit
         self._cas = Cas(
             self._rpc, timeout=timeout, chunk_size=chunk_size, limit=self._max_batch_bytes
@@ -281,49 +278,27 @@ class RemoteClient:
         only words the error when no worker takes the action. Raises
         :class:`CapabilityError` when the server does not execute, and
         :class:`RemoteUnavailable`, :class:`RemoteAuthError` or :class:`RemoteRejected`."""
-        return self.submit_execute(
+        if not self.capabilities().exec_enabled:
+            raise CapabilityError(self.url, "the server does not execute actions (cache only)")
+        return execute(
+            self._rpc,
             action,
             skip_cache_lookup=skip_cache_lookup,
             timeout=timeout,
             platform=platform,
             queue_timeout=queue_timeout,
-        ).result()
-
-    def submit_execute(
-        self,
-        action: Digest,
-        *,
-        skip_cache_lookup: bool = False,
-        timeout: float,
-        platform: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
-        queue_timeout: float | None = None,
-    ) -> Future[ExecuteResult]:
-        """:meth:`execute` on the client's event loop, not waited for: no thread is held
-        while the action runs (its future raises what :meth:`execute` would)."""
-        if not self.capabilities().exec_enabled:
-            raise CapabilityError(self.url, "the server does not execute actions (cache only)")
-        return self._loop.submit(
-            execute(
-                self._rpc,
-                action,
-                skip_cache_lookup=skip_cache_lookup,
-                timeout=timeout,
-                platform=platform,
-                queue_timeout=queue_timeout,
-            )
         )
 
     @property
     def channels(self) -> ChannelPool:
         """The Execute streams' channels (how many, what each carried)."""
-        return self._rpc.pool
+        return self._rpc.streams
 
     # -- lifetime --------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the channels and the event loop; calls in flight fail."""
+        """Close the channels; calls in flight fail."""
         self._rpc.close()
-        self._loop.close(self._rpc.pool.close)
 
     def __enter__(self) -> RemoteClient:
         return self

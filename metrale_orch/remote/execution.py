@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -117,7 +116,7 @@ class _Watch:
             self.stages.setdefault(meta.stage, time.monotonic())
 
 
-async def execute(
+def execute(
     rpc: Rpc,
     action: Digest,
     *,
@@ -126,8 +125,7 @@ async def execute(
     platform: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
     queue_timeout: float | None = None,
 ) -> ExecuteResult:
-    """Run ``action`` remotely and wait for it (on the client's event loop, its stream on
-    the channel pool's least busy channel), under ``timeout`` seconds in all, and at
+    """Run ``action`` remotely and wait for it, under ``timeout`` seconds in all, and at
     most ``queue_timeout`` seconds before a worker takes it (None: no bound but
     ``timeout``; no worker for the platform is then said after ``queue_timeout``).
 
@@ -153,7 +151,7 @@ async def execute(
         if remaining <= 0:
             raise _deadline_error(rpc, watch, limit - start, platform)
         try:
-            op, why = await _follow(rpc, request, watch, remaining, (limit - start, platform))
+            op, why = _follow(rpc, request, watch, remaining, (limit - start, platform))
         except RemoteUnavailable:
             if not waiting or watch.stage != _STAGE.EXECUTING or time.monotonic() >= deadline:
                 raise
@@ -165,10 +163,10 @@ async def execute(
             raise RemoteUnavailable(
                 rpc.url, f"the Execute stream broke {breaks} times (last: {why})"
             )
-        await asyncio.sleep(max(0.0, min(PAUSE * breaks, deadline - time.monotonic())))
+        time.sleep(max(0.0, min(PAUSE * breaks, deadline - time.monotonic())))
 
 
-async def _follow(
+def _follow(
     rpc: Rpc,
     request: re_pb2.ExecuteRequest,
     watch: _Watch,
@@ -177,21 +175,19 @@ async def _follow(
 ) -> tuple[operations_pb2.Operation | None, str]:
     """One Execute or WaitExecution stream: (the finished operation, "") or (None, why it
     broke). Raises for a failure that is not a break."""
-    async with rpc.pool.channel() as channel:
+    with rpc.streams.channel() as index:  # the connection with the fewest streams
         if watch.name:
             call_name = "WaitExecution"
-            call = rpc.aio_stream(channel, "WaitExecution")(
+            call = rpc.wait_execution[index](
                 re_pb2.WaitExecutionRequest(name=watch.name),
                 timeout=remaining,
                 metadata=rpc.metadata,
             )
         else:
             call_name = "Execute"
-            call = rpc.aio_stream(channel, "Execute")(
-                request, timeout=remaining, metadata=rpc.metadata
-            )
+            call = rpc.execute[index](request, timeout=remaining, metadata=rpc.metadata)
         try:
-            async for op in call:
+            for op in call:
                 watch.see(op)
                 if op.done:
                     return op, ""
