@@ -97,13 +97,13 @@ class StandIn:
         meta = re_pb2.ExecutedActionMetadata(queued_timestamp=_now())
         yield operation(name, _STAGE.QUEUED)
         async with self._slots:
+            # A worker took it: the queue time ends here, not when the client has read on.
+            meta.worker_start_timestamp.CopyFrom(_now())
             self.running += 1
             self.peak = max(self.peak, self.running)
-            slot = self.running
+            meta.worker = f"standin-{self.running}"
             yield operation(name, _STAGE.EXECUTING)
-            meta.worker = f"standin-{slot}"
-            meta.worker_start_timestamp.CopyFrom(_now())
-            meta.execution_start_timestamp.CopyFrom(meta.worker_start_timestamp)
+            meta.execution_start_timestamp.CopyFrom(_now())
             try:
                 await asyncio.sleep(self.seconds)
             finally:
