@@ -1,6 +1,6 @@
 """The remote client at many actions in flight (issue 45): Execute streams are spread over
-a pool of connections, and an action the engine's action cache answers uploads and
-executes nothing."""
+a pool of connections, an action the engine's action cache answers uploads and executes
+nothing, and a result's outputs come back in one batch read."""
 
 from __future__ import annotations
 
@@ -98,3 +98,41 @@ def test_an_action_cache_hit_uploads_and_executes_nothing(tmp_path: Path) -> Non
     assert got.cached and got.returncode == 0
     assert (out / "a.ptx").read_bytes() == ptx
     assert methods == ["GetCapabilities", "GetActionResult", "BatchReadBlobs"], methods
+
+
+def test_outputs_and_std_streams_come_back_in_one_batch_read(tmp_path: Path) -> None:
+    (tmp_path / "w").mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    form = RemoteForm(
+        root=tmp_path,
+        files={},
+        cwd="w",
+        argv=("nvcc", "--ptx", "a.cu"),
+        env={"PATH": "/usr/bin:/bin"},
+        outputs={"w/a.ptx": out / "a.ptx", "w/a.d": out / "a.d"},
+        platform={"OSFamily": "linux"},
+    )
+    blobs = {name: f"{name} bytes\n".encode() for name in ("a.ptx", "a.d", "stderr")}
+
+    def script(request: object, context: object) -> Iterator[operations_pb2.Operation]:
+        result = re_pb2.ActionResult(exit_code=0)
+        for name, data in blobs.items():
+            digest = digest_bytes(data)
+            fake.blobs[digest] = data
+            if name == "stderr":
+                result.stderr_digest.CopyFrom(digest_message(digest))
+            else:
+                result.output_files.add(path=name, digest=digest_message(digest))
+        yield operation("op", STAGE.COMPLETED, response=re_pb2.ExecuteResponse(result=result))
+
+    with fake_remote() as fake:
+        fake.execute = script
+        backend = ReapiBackend(RemoteClient(fake.url))
+        got = backend.run(form, timeout=30, cancel=threading.Event())
+        backend.close()
+        methods = fake.methods()
+    assert got.returncode == 0 and got.stderr == "stderr bytes\n"
+    assert (out / "a.ptx").read_bytes() == blobs["a.ptx"]
+    assert (out / "a.d").read_bytes() == blobs["a.d"]
+    assert methods.count("BatchReadBlobs") == 1, methods

@@ -9,10 +9,10 @@ cache when its inputs are not all known present (a hit uploads and executes noth
 otherwise Execute's own lookup serves, at no extra call), uploads what the CAS lacks
 (FindMissingBlobs first, except for a few small blobs; digests already known present
 this run are not asked about again), executes, and writes each declared output to its
-local path, verified against its SHA-256 as it is downloaded. Errors map onto the
-executor's two kinds:
-infrastructure (:class:`~metrale_orch.executor.offload.RemoteUnavailable`, run here
-instead) and a compile that ran and failed (a :class:`RemoteRun` with its exit code).
+local path, verified against its SHA-256 (the outputs, stdout and stderr in one batch
+read where they fit). Errors map onto the executor's two kinds: infrastructure
+(:class:`~metrale_orch.executor.offload.RemoteUnavailable`, run here instead) and a
+compile that ran and failed (a :class:`RemoteRun` with its exit code).
 """
 
 from __future__ import annotations
@@ -138,9 +138,7 @@ class ReapiBackend:
                     seconds=time.perf_counter() - start,
                     worker=done.timings.worker,
                 )
-            stdout, stderr = self.client.std_outputs(done.result)
-            if done.exit_code == 0:
-                self._fetch_outputs(done.result, outputs)
+            stdout, stderr = self._fetch(done.result, outputs if done.exit_code == 0 else {})
         except RemoteAuthError as exc:
             raise RemoteUnavailable(str(exc)) from None
         except ClientUnavailable as exc:
@@ -180,8 +178,7 @@ class ReapiBackend:
         if result is None or result.exit_code != 0:
             return None
         try:
-            stdout, stderr = self.client.std_outputs(result)
-            self._fetch_outputs(result, outputs)
+            stdout, stderr = self._fetch(result, outputs)
         except (BlobMissing, CorruptBlob, RemoteUnavailable):  # evicted, bad, or no output
             return None
         return RemoteRun(
@@ -248,15 +245,34 @@ class ReapiBackend:
         with self._lock:
             self._present.update(unknown)
 
-    def _fetch_outputs(self, result: ActionResult, outputs: Mapping[str, Path]) -> None:
+    def _fetch(self, result: ActionResult, outputs: Mapping[str, Path]) -> tuple[bytes, bytes]:
+        """The result's stdout and stderr, and each of ``outputs`` written to its local
+        path: every blob they need read in one batch where they fit (verified)."""
+        from metrale_orch.fsutil import write_atomic
         from metrale_orch.remote.wire import from_message
 
-        got = {f.path: from_message(f.digest) for f in result.output_files}
+        named = {f.path: from_message(f.digest) for f in result.output_files}
+        files: dict[Path, Digest] = {}
         for rel, local in outputs.items():
-            digest = got.get(rel)
+            digest = named.get(rel)
             if digest is None:  # exit 0 without an output: the engine's fault, not the compile's
                 raise RemoteUnavailable(f"bad result: exit 0 but no output {rel!r}")
-            self.client.download_to(digest, local)
+            files[local] = digest
+        std = [
+            None if raw or not result.HasField(name) else from_message(getattr(result, name))
+            for raw, name in (
+                (result.stdout_raw, "stdout_digest"),
+                (result.stderr_raw, "stderr_digest"),
+            )
+        ]
+        data = self.client.download_many([*files.values(), *(d for d in std if d is not None)])
+        for local, digest in files.items():
+            write_atomic(local, data[digest])
+        out, err = (
+            bytes(raw) if digest is None else data[digest]
+            for raw, digest in zip((result.stdout_raw, result.stderr_raw), std, strict=True)
+        )
+        return out, err
 
 
 def _digests(path: Path) -> tuple[Digest, str]:

@@ -188,6 +188,12 @@ class RemoteClient:
         self.capabilities()
         return self._cas.download(digest)
 
+    def download_many(self, digests: Iterable[Digest]) -> dict[Digest, bytes]:
+        """The verified bytes of each of ``digests``, the small ones in as few batch calls
+        as hold them; raises as :meth:`download` does."""
+        self.capabilities()
+        return self._cas.download_many(digests)
+
     def download_to(self, digest: Digest, path: Path) -> None:
         """Write the verified blob to ``path`` (atomically, streamed when big); raises as
         :meth:`download` does, and ``OSError`` when ``path`` cannot be written."""
