@@ -5,8 +5,6 @@ partial is installed or left in the build's temporary directory."""
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,6 +14,7 @@ from tests.support.project import (
     fake_compiles,
     make_project,
     project_env,
+    start_doit,
     use_fake_compiler,
 )
 from tests.support.reapi_standin import standin_engine
@@ -37,14 +36,7 @@ def test_ctrl_c_with_500_remote_actions_in_flight_leaves_nothing_behind(tmp_path
     )
     with standin_engine(workers=IN_FLIGHT + 24, seconds=300) as engine:
         env["METRALE_ORCH_REMOTE_EXECUTOR"] = engine.url
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "doit", "build:hopper/qwen/w8"],
-            cwd=root,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        proc = start_doit(root, ["build:hopper/qwen/w8"], env)
         try:
             deadline = time.monotonic() + 240
             while engine.running < IN_FLIGHT and time.monotonic() < deadline:

@@ -30,6 +30,7 @@ import xxhash
 
 from metrale_orch.executor.action import RemoteForm
 from metrale_orch.executor.offload import RemoteRun, RemoteUnavailable
+from metrale_orch.fsutil import write_atomic
 from metrale_orch.remote.digest import Digest
 from metrale_orch.remote.errors import (
     BlobMissing,
@@ -248,7 +249,6 @@ class ReapiBackend:
     def _fetch(self, result: ActionResult, outputs: Mapping[str, Path]) -> tuple[bytes, bytes]:
         """The result's stdout and stderr, and each of ``outputs`` written to its local
         path: every blob they need read in one batch where they fit (verified)."""
-        from metrale_orch.fsutil import write_atomic
         from metrale_orch.remote.wire import from_message
 
         named = {f.path: from_message(f.digest) for f in result.output_files}
