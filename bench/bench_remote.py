@@ -15,8 +15,10 @@ X2  the real-shaped tree (``bench/gen_tree.py --profile real --scale``) with a f
     ``distinct compiles x sleep / workers``. With ``--simulated`` the engine is the stand-in
     (:mod:`tests.support.reapi_standin`, threads of this process): workers that sleep the
     action seconds without CPU and return the declared outputs, so the client is what is
-    measured; one line per worker count, ``X2 simulated 16 workers: 41.2 s, ideal 32.2 s,
-    1.28x, client CPU 0.9 ms/action``. Client CPU (here and in X1) is ``getrusage`` of the
+    measured; per worker count a line ``X2 simulated 16 workers: 41.2 s, ideal 32.2 s,
+    1.28x, client CPU 0.9 ms/action`` and one of counts, ending with the engine's CPU per
+    action (this process's), the most threads the ``doit`` process held and the engine's
+    calls per action. Client CPU (here and in X1) is ``getrusage`` of the
     ``doit`` process (``RUSAGE_CHILDREN``) over the actions that ran remotely.
 X3  warm rebuilds of the sample tree (a fresh checkout, an empty build directory, every
     module a hit) from the local tier, from S3 (moto) and from a REAPI action cache
@@ -37,6 +39,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -80,18 +83,46 @@ class Timed(NamedTuple):
     cpu: float
     #: Of ``cpu``, the kernel's part (system time).
     sys: float
+    #: The most threads the process held at once (``Threads:`` of ``/proc/<pid>/status``,
+    #: sampled every 0.1 s).
+    threads: int = 0
+    #: CPU seconds of this process meanwhile (``RUSAGE_SELF``): an engine on its threads.
+    own_cpu: float = 0.0
 
 
 def timed(argv: list[str], cwd: Path, env: dict[str, str]) -> Timed:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    own = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
-    proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    with subprocess.Popen(
+        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
+        threads, text = 0, []
+        reader = threading.Thread(target=lambda: text.append(proc.stdout.read()))  # type: ignore[union-attr]
+        reader.start()
+        while proc.poll() is None:
+            threads = max(threads, threads_of(proc.pid))
+            time.sleep(0.1)
+        reader.join()
     took = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    mine = resource.getrusage(resource.RUSAGE_SELF)
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)} failed in {cwd}:\n{proc.stdout}{proc.stderr}")
+        raise SystemExit(f"{' '.join(argv)} failed in {cwd}:\n{''.join(text)}")
     sys = after.ru_stime - before.ru_stime
-    return Timed(took, proc.stdout + proc.stderr, after.ru_utime - before.ru_utime + sys, sys)
+    own_cpu = mine.ru_utime + mine.ru_stime - own.ru_utime - own.ru_stime
+    cpu = after.ru_utime - before.ru_utime + sys
+    return Timed(took, "".join(text), cpu, sys, threads, own_cpu)
+
+
+def threads_of(pid: int) -> int:
+    """How many threads process ``pid`` has now (0 when it is gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    found = re.search(r"^Threads:\s+(\d+)", status, re.M)
+    return int(found.group(1)) if found else 0
 
 
 def line_of(text: str, prefix: str) -> str:
@@ -259,11 +290,14 @@ def x2_simulated(args: argparse.Namespace, root: Path, counts: list[int]) -> Non
                 f"X2 simulated {workers} workers{tag}: {run.seconds:.1f} s, ideal {ideal:.1f} s, "
                 f"{run.seconds / ideal:.2f}x, client CPU {per * 1000:.1f} ms/action"
             )
+            calls = len(eng.fake.methods()) / max(1, eng.executed)
             print(
                 f"  {eng.executed} actions ({compiles} compiles), at most {eng.peak} at once; "
                 f"client CPU {run.cpu:.1f} s ({run.sys:.1f} s system); one client core "
                 f"feeds {args.seconds / per:.0f} workers at {args.seconds} s an action; "
-                f"load {os.getloadavg()[0]:.2f}"
+                f"load {os.getloadavg()[0]:.2f}; engine CPU "
+                f"{run.own_cpu / max(1, eng.executed) * 1000:.1f} ms/action; client threads "
+                f"at most {run.threads}; {calls:.1f} calls/action"
             )
             if args.profile:
                 show_profile(out / f"x2-{workers}.prof")
@@ -310,7 +344,8 @@ def x3(args: argparse.Namespace) -> None:
             if extra:  # a reader with an empty local cache: every hit comes from the remote
                 env["METRALE_ORCH_LOCAL_CACHE"] = str(out / f"cache-{slug}-reader")
                 shutil.rmtree(env["METRALE_ORCH_LOCAL_CACHE"], ignore_errors=True)
-            took, text = timed([PY, "-m", "doit", "build"], checkout(out, f"warm-{slug}"), env)
+            warm = timed([PY, "-m", "doit", "build"], checkout(out, f"warm-{slug}"), env)
+            took, text = warm.seconds, warm.text
             results[name] = took
             print(f"  {name:<20} {took:6.2f} s   ({line_of(text, 'cache: ')})")
     base = results["local tier"]

@@ -8,6 +8,10 @@ independently of the local ``jobs``; everything else runs on its
 :class:`~metrale_orch.proc.Completed` (``where``) and counted per owner (the target
 that asked), with the reason for each local run.
 
+How many go out at once follows the engine's queue (:class:`Window`): REAPI reports no
+worker count, so ``remote_jobs`` is the most, and the window backs off while actions
+wait long for a worker, then grows again.
+
 Failures keep their meaning. A remote compile that exits non-zero is a compile error
 (:class:`~metrale_orch.proc.ProcessError`, as a local one), never retried here. An
 infrastructure failure (:class:`RemoteUnavailable`: unreachable, deadline, no worker
@@ -39,10 +43,13 @@ __all__ = [
     "RemoteExecutor",
     "RemoteRun",
     "RemoteUnavailable",
+    "Window",
 ]
 
 #: Infrastructure failures in a row after which the remote is not asked again this run.
 BREAKER_FAILURES = 3
+#: Seconds of waiting for a worker that count as a queue building up (see :class:`Window`).
+QUEUE_LONG = 0.25
 
 
 class RemoteUnavailable(MetraleError):
@@ -130,6 +137,35 @@ class _Breaker:
                 self._failures = 0
 
 
+class Window:
+    """How many actions the engine is given at once: REAPI reports no worker count, so
+    the window starts at ``ceiling`` (``remote_jobs``) and follows the engine's queue:
+    an action that waited at least :data:`QUEUE_LONG` seconds, and at least half its run,
+    for a worker shrinks it by a quarter (at most once per window of actions ending);
+    one that hardly waited grows it by one, up to ``ceiling``. An action with no stage
+    times (a cache hit, an engine that reports none) changes nothing."""
+
+    def __init__(self, ceiling: int) -> None:
+        self.ceiling = ceiling
+        self.limit = ceiling
+        #: Actions to end before the window may shrink again.
+        self._hold = 0
+
+    def ended(self, stages: Mapping[str, tuple[float, float]]) -> None:
+        """Adjust to one action's stage times (see the class docstring; under the lock)."""
+        queued, ran = stages.get("queued"), stages.get("executing")
+        if queued is None:
+            return
+        waited = queued[1] - queued[0]
+        self._hold = max(0, self._hold - 1)
+        if waited >= QUEUE_LONG and (ran is None or waited >= (ran[1] - ran[0]) / 2):
+            if not self._hold:
+                self.limit = max(1, self.limit * 3 // 4)
+                self._hold = self.limit
+        elif waited < QUEUE_LONG / 2:
+            self.limit = min(self.ceiling, self.limit + 1)
+
+
 class RemoteExecutor:
     """See the module docstring. Thread-safe."""
 
@@ -145,9 +181,10 @@ class RemoteExecutor:
         self.local = local
         self.strict = strict
         self._remote_jobs = remote_jobs
-        #: Free remote slots, and the condition a sender waits on for one (woken by a
-        #: slot given back or by stop(): no polling, however many wait).
-        self._free = remote_jobs
+        #: Actions sent and not back, the window they must fit, and the condition a sender
+        #: waits on (woken by one coming back or by stop(): no polling, however many wait).
+        self._sent = 0
+        self.window = Window(remote_jobs)
         self._room = threading.Condition(threading.Lock())
         self._cancel = threading.Event()
         self._breaker = _Breaker()
@@ -223,13 +260,14 @@ class RemoteExecutor:
 
     def _send(self, action: Action, form: RemoteForm) -> RemoteRun:
         with self._room:
-            while self._free == 0:
+            while self._sent >= self.window.limit:
                 if self._cancel.is_set():
                     raise ActionStopped(f"{action.label or action.argv[0]}: not started: stopped")
                 self._room.wait()
-            self._free -= 1
+            self._sent += 1
         with self._lock:
             self._in_flight += 1
+        run: RemoteRun | None = None
         try:
             run = self.backend.run(form, timeout=action.timeout, cancel=self._cancel)
         except Exception:
@@ -241,8 +279,12 @@ class RemoteExecutor:
             with self._lock:
                 self._in_flight -= 1
             with self._room:
-                self._free += 1
-                self._room.notify()
+                self._sent -= 1
+                was = self.window.limit
+                if run is not None:
+                    self.window.ended(run.stages)
+                # One free place, or more when the window grew.
+                self._room.notify(max(1, self.window.limit - was + 1))
         if self._cancel.is_set():
             raise ActionStopped(f"{action.label or action.argv[0]}: stopped")
         return run

@@ -4,12 +4,15 @@
 :class:`~metrale_orch.remote.client.RemoteClient`. Per action it builds the input root
 (SHA-256 of each staged file found once per content through the stage's xxh3 hashes;
 directory digests memoised by content, so the subtrees thousands of actions share are
-hashed and uploaded once), the Command and Action, uploads what the CAS lacks
-(FindMissingBlobs first; digests already known present this run are not asked
-about again), executes, and writes each declared output to its local path, verified
-against its SHA-256 as it is downloaded. Errors map onto the executor's two kinds:
-infrastructure (:class:`~metrale_orch.executor.offload.RemoteUnavailable`, run here
-instead) and a compile that ran and failed (a :class:`RemoteRun` with its exit code).
+hashed and uploaded once), the Command and Action, looks the action up in the action
+cache when its inputs are not all known present (a hit uploads and executes nothing;
+otherwise Execute's own lookup serves, at no extra call), uploads what the CAS lacks
+(FindMissingBlobs first, except for a few small blobs; digests already known present
+this run are not asked about again), executes, and writes each declared output to its
+local path, verified against its SHA-256 (the outputs, stdout and stderr in one batch
+read where they fit). Errors map onto the executor's two kinds: infrastructure
+(:class:`~metrale_orch.executor.offload.RemoteUnavailable`, run here instead) and a
+compile that ran and failed (a :class:`RemoteRun` with its exit code).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import xxhash
 
 from metrale_orch.executor.action import RemoteForm
 from metrale_orch.executor.offload import RemoteRun, RemoteUnavailable
+from metrale_orch.fsutil import write_atomic
 from metrale_orch.remote.digest import Digest
 from metrale_orch.remote.errors import (
     BlobMissing,
@@ -48,6 +52,9 @@ __all__ = ["ReapiBackend", "open_backend"]
 #: Input roots kept for reuse (one per target stage in flight; a target's modules share one).
 ROOTS_KEPT = 64
 
+#: Bytes of unknown blobs up to which they are sent without asking FindMissingBlobs first.
+ASK_ABOVE = 16 * 1024
+
 #: Seconds each unary call (capabilities, FindMissingBlobs, a batch) may take.
 CALL_TIMEOUT = 60.0
 
@@ -63,6 +70,7 @@ def open_backend(config: Config) -> ReapiBackend:
         headers={k: str(v) for k, v in config.remote_headers.items()},
         timeout=CALL_TIMEOUT,
         ca_file=config.remote_ca_file,
+        streams=config.remote_jobs,
     )
     return ReapiBackend(client, queue_timeout=config.remote_queue_timeout)
 
@@ -81,6 +89,9 @@ class ReapiBackend:
         self._sha: dict[str, Digest] = {}
         #: Digests known to be in the CAS this run (found there or uploaded).
         self._present: set[Digest] = set()
+        #: Whether to look an action up in the action cache before uploading its inputs
+        #: (False once the server says it has none).
+        self._ac = True
         #: Stage directory -> (its file mapping, the input root built from it), newest last.
         self._roots: dict[Path, tuple[Mapping[str, str], InputRoot]] = {}
 
@@ -103,10 +114,19 @@ class ReapiBackend:
             action = encode_action(
                 form.argv, form.env, form.cwd, outputs, root, form.platform, timeout
             )
-            self._upload(action.blobs)
+            unknown = self._unknown(action.blobs)
+            # Inputs to send: ask the action cache first (a hit sends nothing). Only the
+            # module's own Command and Action: Execute's own cache lookup costs no call.
+            asked = self._ac and any(d in root.blobs for d in unknown)
+            if asked:
+                hit = self._cached(action.digest, outputs, start)
+                if hit is not None:  # nothing uploaded, nothing executed
+                    return hit
+            self._upload(unknown)
             sent = time.perf_counter()
             done = self.client.execute(
                 action.digest,
+                skip_cache_lookup=asked and self._ac,  # just asked: a miss
                 timeout=timeout + self.queue_timeout,
                 platform=form.platform,
                 queue_timeout=self.queue_timeout,
@@ -119,9 +139,7 @@ class ReapiBackend:
                     seconds=time.perf_counter() - start,
                     worker=done.timings.worker,
                 )
-            stdout, stderr = self.client.std_outputs(done.result)
-            if done.exit_code == 0:
-                self._fetch_outputs(done.result, outputs)
+            stdout, stderr = self._fetch(done.result, outputs if done.exit_code == 0 else {})
         except RemoteAuthError as exc:
             raise RemoteUnavailable(str(exc)) from None
         except ClientUnavailable as exc:
@@ -143,6 +161,34 @@ class ReapiBackend:
             cached=done.cached,
             stages=_stages(done, sent - start),
             worker=done.timings.worker,
+        )
+
+    def _cached(
+        self, action: Digest, outputs: Mapping[str, Path], start: float
+    ) -> RemoteRun | None:
+        """The action cache's successful result of ``action`` with its outputs written, or
+        None (a miss, a failed or incomplete result, a blob gone from the CAS, or a server
+        without an action cache: then it is not asked again)."""
+        if not self._ac:
+            return None
+        try:
+            result = self.client.get_action_result(action)
+        except RemoteRejected:  # no action cache here (UNIMPLEMENTED): Execute's lookup
+            self._ac = False
+            return None
+        if result is None or result.exit_code != 0:
+            return None
+        try:
+            stdout, stderr = self._fetch(result, outputs)
+        except (BlobMissing, CorruptBlob, RemoteUnavailable):  # evicted, bad, or no output
+            return None
+        return RemoteRun(
+            returncode=0,
+            stdout=stdout.decode("utf-8", "replace"),
+            stderr=stderr.decode("utf-8", "replace"),
+            seconds=time.perf_counter() - start,
+            cached=True,
+            worker=result.execution_metadata.worker,
         )
 
     def _input_root(self, form: RemoteForm) -> InputRoot:
@@ -186,24 +232,47 @@ class ReapiBackend:
 
         return build_input_root(files, hasher=hasher, memo=self._memo)
 
-    def _upload(self, blobs: Mapping[Digest, Blob]) -> None:
+    def _unknown(self, blobs: Mapping[Digest, Blob]) -> dict[Digest, Blob]:
+        """The blobs of ``blobs`` not known to be in the CAS this run."""
         with self._lock:
-            unknown = {d: b for d, b in blobs.items() if d not in self._present}
+            return {d: b for d, b in blobs.items() if d not in self._present}
+
+    def _upload(self, unknown: Mapping[Digest, Blob]) -> None:
         if not unknown:
             return
-        self.client.upload(unknown)
+        # A module's own blobs (its Command and Action, a few hundred bytes) cost less to
+        # send than to ask about: one call, not two.
+        self.client.upload(unknown, ask=sum(d.size for d in unknown) > ASK_ABOVE)
         with self._lock:
             self._present.update(unknown)
 
-    def _fetch_outputs(self, result: ActionResult, outputs: Mapping[str, Path]) -> None:
+    def _fetch(self, result: ActionResult, outputs: Mapping[str, Path]) -> tuple[bytes, bytes]:
+        """The result's stdout and stderr, and each of ``outputs`` written to its local
+        path: every blob they need read in one batch where they fit (verified)."""
         from metrale_orch.remote.wire import from_message
 
-        got = {f.path: from_message(f.digest) for f in result.output_files}
+        named = {f.path: from_message(f.digest) for f in result.output_files}
+        files: dict[Path, Digest] = {}
         for rel, local in outputs.items():
-            digest = got.get(rel)
+            digest = named.get(rel)
             if digest is None:  # exit 0 without an output: the engine's fault, not the compile's
                 raise RemoteUnavailable(f"bad result: exit 0 but no output {rel!r}")
-            self.client.download_to(digest, local)
+            files[local] = digest
+        std = [
+            None if raw or not result.HasField(name) else from_message(getattr(result, name))
+            for raw, name in (
+                (result.stdout_raw, "stdout_digest"),
+                (result.stderr_raw, "stderr_digest"),
+            )
+        ]
+        data = self.client.download_many([*files.values(), *(d for d in std if d is not None)])
+        for local, digest in files.items():
+            write_atomic(local, data[digest])
+        out, err = (
+            bytes(raw) if digest is None else data[digest]
+            for raw, digest in zip((result.stdout_raw, result.stderr_raw), std, strict=True)
+        )
+        return out, err
 
 
 def _digests(path: Path) -> tuple[Digest, str]:

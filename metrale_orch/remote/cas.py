@@ -2,7 +2,8 @@
 
 Invariants:
 
-- An upload asks FindMissingBlobs first and sends only what is missing; the empty
+- An upload asks FindMissingBlobs first and sends only what is missing (unless its
+  caller says the blobs are too few and small to be worth asking about); the empty
   blob is never sent or fetched (every server holds it).
 - A blob travels in a batch call when it fits the batch limit with its framing
   (:data:`BLOB_OVERHEAD` per blob, :data:`REQUEST_OVERHEAD` per request), else
@@ -92,9 +93,10 @@ class Cas:
             missing.update(from_message(d) for d in answer.missing_blob_digests)
         return missing
 
-    def upload(self, blobs: Mapping[Digest, Blob]) -> UploadStats:
-        """Send every blob of ``blobs`` the CAS lacks; raises a :class:`RemoteError`."""
-        missing = sorted(self.find_missing(blobs))
+    def upload(self, blobs: Mapping[Digest, Blob], *, ask: bool = True) -> UploadStats:
+        """Send every blob of ``blobs`` the CAS lacks (without ``ask``: every one, unasked);
+        raises a :class:`RemoteError`."""
+        missing = sorted(self.find_missing(blobs) if ask else set(blobs) - {EMPTY})
         limit = self._limit()
         small = [d for d in missing if fits(d.size, limit)]
         for batch in plan_batches(small, limit):
@@ -147,16 +149,25 @@ class Cas:
     def download(self, digest: Digest) -> bytes:
         """The verified content of ``digest``; raises :class:`BlobMissing`,
         :class:`CorruptBlob` or another :class:`RemoteError`."""
-        if digest == EMPTY:
-            return b""
-        if fits(digest.size, self._limit()):
-            data = self._batch_read(digest)
-        else:
-            data = b"".join(self._read(digest))
-        got = Digest(hashlib.sha256(data).hexdigest(), len(data))
-        if got != digest:
-            raise CorruptBlob(self.rpc.url, str(digest), str(got))
-        return data
+        return self.download_many([digest])[digest]
+
+    def download_many(self, digests: Iterable[Digest]) -> dict[Digest, bytes]:
+        """The verified content of each of ``digests``: those that fit the batch limit in
+        as few BatchReadBlobs calls as hold them, the others streamed. Raises as
+        :meth:`download` does."""
+        wanted = sorted(set(digests))
+        limit = self._limit()
+        got: dict[Digest, bytes] = {d: b"" for d in wanted if d == EMPTY}
+        for batch in plan_batches([d for d in wanted if d != EMPTY and fits(d.size, limit)], limit):
+            got.update(self._batch_read(batch))
+        for digest in wanted:
+            if digest not in got:
+                got[digest] = b"".join(self._read(digest))
+        for digest, data in got.items():
+            found = Digest(hashlib.sha256(data).hexdigest(), len(data))
+            if found != digest:
+                raise CorruptBlob(self.rpc.url, str(digest), str(found))
+        return got
 
     def download_to(self, digest: Digest, path: Path) -> None:
         """Write the verified content of ``digest`` to ``path`` (atomically: a temporary
@@ -188,21 +199,26 @@ class Cas:
         if got != digest:
             raise CorruptBlob(self.rpc.url, str(digest), str(got))
 
-    def _batch_read(self, digest: Digest) -> bytes:
+    def _batch_read(self, batch: list[Digest]) -> dict[Digest, bytes]:
         request = re_pb2.BatchReadBlobsRequest(
-            instance_name=self.rpc.instance, digests=[digest_message(digest)]
+            instance_name=self.rpc.instance, digests=[digest_message(d) for d in batch]
         )
-        timeout = self._transfer_timeout(digest.size)
+        timeout = self._transfer_timeout(sum(d.size for d in batch))
         answer = self._unary(self.rpc.batch_read, request, "BatchReadBlobs", timeout)
+        got: dict[Digest, bytes] = {}
         for response in answer.responses:
-            if from_message(response.digest) != digest:
+            digest = from_message(response.digest)
+            if digest not in batch:
                 continue
             if response.status.code == grpc.StatusCode.NOT_FOUND.value[0]:
                 raise BlobMissing(self.rpc.url, str(digest))
             if response.status.code != 0:
                 raise status_error(self.rpc, response.status, f"BatchReadBlobs {digest}", timeout)
-            return bytes(response.data)
-        raise self._bad_answer(f"BatchReadBlobs did not answer for {digest}")
+            got[digest] = bytes(response.data)
+        for digest in batch:
+            if digest not in got:
+                raise self._bad_answer(f"BatchReadBlobs did not answer for {digest}")
+        return got
 
     def _read(self, digest: Digest) -> Iterator[bytes]:
         """ByteStream Read of ``digest``, cut off after ``size`` + one chunk."""

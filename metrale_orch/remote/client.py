@@ -1,4 +1,4 @@
-"""The REAPI v2 client: capabilities, the CAS, the action cache and Execute over one channel.
+"""The REAPI v2 client: capabilities, the CAS, the action cache and Execute.
 
 :class:`RemoteClient` is what the rest of the package uses; it is thread-safe (a
 build calls it from a hundred threads at once) and raises only
@@ -14,6 +14,8 @@ build calls it from a hundred threads at once) and raises only
 - Downloads are verified; a corrupt blob is an error, never a value.
 - Every call runs under a deadline: ``timeout`` for plain calls, that plus
   ``size / MIN_RATE`` for transfers, the caller's for Execute.
+- Execute streams go over a pool of channels sized for ``streams`` in flight
+  (:mod:`~metrale_orch.remote.channels`), each its own connection.
 - A client belongs to the process that made it: a gRPC channel does not survive a
   ``fork`` (doit's process workers make their own).
 """
@@ -31,6 +33,7 @@ import grpc
 
 from metrale_orch.remote._proto import remote_execution_pb2 as re_pb2
 from metrale_orch.remote.cas import Cas, UploadStats
+from metrale_orch.remote.channels import ChannelPool
 from metrale_orch.remote.digest import CHUNK, EMPTY, Digest
 from metrale_orch.remote.errors import (
     CapabilityError,
@@ -65,12 +68,13 @@ class Capabilities:
 
 
 class RemoteClient:
-    """A REAPI v2 client over one gRPC channel (see the module docstring).
+    """A REAPI v2 client (see the module docstring).
 
     ``url``: ``grpc://host:port`` (plaintext) or ``grpcs://host[:port]`` (TLS with the
     system roots, or ``ca_file``). ``headers`` go with every call (an API key such as
     ``x-buildbuddy-api-key``). ``timeout``: seconds per call. ``batch_limit`` lowers the
-    server's batch limit. Raises :class:`RemoteConfigError` for settings it cannot use;
+    server's batch limit. ``streams``: the Execute calls expected in flight at once (the
+    channel pool's size). Raises :class:`RemoteConfigError` for settings it cannot use;
     nothing is sent before the first call.
     """
 
@@ -84,6 +88,7 @@ class RemoteClient:
         ca_file: Path | None = None,
         batch_limit: int | None = None,
         chunk_size: int = CHUNK,
+        streams: int = 100,
     ) -> None:
         if not timeout > 0:
             raise RemoteConfigError("timeout", f"{timeout!r} must be a positive number of seconds")
@@ -94,7 +99,9 @@ class RemoteClient:
         self.url = url
         self.instance = instance
         self.timeout = timeout
-        self._rpc = Rpc(url, instance=instance, headers=headers or {}, ca_file=ca_file)
+        self._rpc = Rpc(
+            url, instance=instance, headers=headers or {}, ca_file=ca_file, streams=streams
+        )
         self._batch_limit = batch_limit
         self._cas = Cas(
             self._rpc, timeout=timeout, chunk_size=chunk_size, limit=self._max_batch_bytes
@@ -167,18 +174,25 @@ class RemoteClient:
         self.capabilities()
         return self._cas.find_missing(digests)
 
-    def upload(self, blobs: Mapping[Digest, Blob]) -> UploadStats:
-        """Put every blob the CAS lacks (FindMissingBlobs first; small ones batched, big
-        ones streamed). A ``Path`` blob is read now and must still match its digest
-        (:class:`BlobChanged`). Raises a :class:`RemoteError`."""
+    def upload(self, blobs: Mapping[Digest, Blob], *, ask: bool = True) -> UploadStats:
+        """Put every blob the CAS lacks (FindMissingBlobs first; without ``ask``, every
+        blob, for a few small ones; small ones batched, big ones streamed). A ``Path``
+        blob is read now and must still match its digest (:class:`BlobChanged`). Raises
+        a :class:`RemoteError`."""
         self.capabilities()
-        return self._cas.upload(blobs)
+        return self._cas.upload(blobs, ask=ask)
 
     def download(self, digest: Digest) -> bytes:
         """The verified bytes of ``digest``; raises :class:`BlobMissing`,
         :class:`CorruptBlob` or another :class:`RemoteError`."""
         self.capabilities()
         return self._cas.download(digest)
+
+    def download_many(self, digests: Iterable[Digest]) -> dict[Digest, bytes]:
+        """The verified bytes of each of ``digests``, the small ones in as few batch calls
+        as hold them; raises as :meth:`download` does."""
+        self.capabilities()
+        return self._cas.download_many(digests)
 
     def download_to(self, digest: Digest, path: Path) -> None:
         """Write the verified blob to ``path`` (atomically, streamed when big); raises as
@@ -281,10 +295,15 @@ class RemoteClient:
             queue_timeout=queue_timeout,
         )
 
+    @property
+    def channels(self) -> ChannelPool:
+        """The Execute streams' channels (how many, what each carried)."""
+        return self._rpc.streams
+
     # -- lifetime --------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the channel; calls in flight fail."""
+        """Close the channels; calls in flight fail."""
         self._rpc.close()
 
     def __enter__(self) -> RemoteClient:

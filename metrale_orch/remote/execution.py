@@ -175,32 +175,35 @@ def _follow(
 ) -> tuple[operations_pb2.Operation | None, str]:
     """One Execute or WaitExecution stream: (the finished operation, "") or (None, why it
     broke). Raises for a failure that is not a break."""
-    if watch.name:
-        call_name = "WaitExecution"
-        call = rpc.wait_execution(
-            re_pb2.WaitExecutionRequest(name=watch.name), timeout=remaining, metadata=rpc.metadata
-        )
-    else:
-        call_name = "Execute"
-        call = rpc.execute(request, timeout=remaining, metadata=rpc.metadata)
-    try:
-        for op in call:
-            watch.see(op)
-            if op.done:
-                return op, ""
-        return None, "the stream ended before the action finished"
-    except grpc.RpcError as exc:
-        code = code_of(exc)
-        if code is grpc.StatusCode.DEADLINE_EXCEEDED:
-            raise _deadline_error(rpc, watch, *context) from None
-        if code is grpc.StatusCode.NOT_FOUND and watch.name:
-            lost, watch.name = watch.name, ""
-            return None, f"the server lost operation {lost}"
-        if watch.name and code in _BREAKS:
-            return None, f"{code.name}: {describe(exc.details())}"
-        raise rpc.error(exc, call_name, remaining) from None
-    finally:
-        call.cancel()
+    with rpc.streams.channel() as index:  # the connection with the fewest streams
+        if watch.name:
+            call_name = "WaitExecution"
+            call = rpc.wait_execution[index](
+                re_pb2.WaitExecutionRequest(name=watch.name),
+                timeout=remaining,
+                metadata=rpc.metadata,
+            )
+        else:
+            call_name = "Execute"
+            call = rpc.execute[index](request, timeout=remaining, metadata=rpc.metadata)
+        try:
+            for op in call:
+                watch.see(op)
+                if op.done:
+                    return op, ""
+            return None, "the stream ended before the action finished"
+        except grpc.RpcError as exc:
+            code = code_of(exc)
+            if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise _deadline_error(rpc, watch, *context) from None
+            if code is grpc.StatusCode.NOT_FOUND and watch.name:
+                lost, watch.name = watch.name, ""
+                return None, f"the server lost operation {lost}"
+            if watch.name and code in _BREAKS:
+                return None, f"{code.name}: {describe(exc.details())}"
+            raise rpc.error(exc, call_name, remaining) from None
+        finally:
+            call.cancel()
 
 
 def _result(

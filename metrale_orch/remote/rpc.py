@@ -1,8 +1,10 @@
 """The one door to the gRPC channel: the URL, the headers, typed calls, and error mapping.
 
 :class:`Rpc` opens one channel (``grpc://host:port`` plaintext, ``grpcs://host[:port]``
-TLS with the system roots or a CA file), sends the same metadata with every call
-(the caller's headers and REAPI's ``RequestMetadata``), and turns every gRPC failure
+TLS with the system roots or a CA file), and more for the Execute streams when a build
+keeps more open than one connection carries (:mod:`~metrale_orch.remote.channels`),
+sends the same metadata with every call (the caller's headers and REAPI's
+``RequestMetadata``), and turns every gRPC failure
 into one of :mod:`~metrale_orch.remote.errors` (:meth:`Rpc.error`). Its call objects
 are typed multicallables built from the generated descriptors' service and method
 names, so no method path is spelled by hand. A channel and its calls are
@@ -27,6 +29,7 @@ from google.rpc import status_pb2
 
 from metrale_orch.remote._proto import bytestream_pb2 as bs_pb2
 from metrale_orch.remote._proto import remote_execution_pb2 as re_pb2
+from metrale_orch.remote.channels import ChannelPool, channels_for
 from metrale_orch.remote.errors import (
     RemoteAuthError,
     RemoteConfigError,
@@ -59,6 +62,7 @@ CODES: Mapping[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.Sta
 _HEADER_NAME = re.compile(r"[0-9a-z][0-9a-z_.-]*")
 _REQUEST_METADATA = "build.bazel.remote.execution.v2.requestmetadata-bin"
 
+_OPERATION = operations_pb2.Operation
 Req = TypeVar("Req", bound=Message)
 Resp = TypeVar("Resp")
 Resp_co = TypeVar("Resp_co", covariant=True)
@@ -125,6 +129,7 @@ class Rpc:
         instance: str,
         headers: Mapping[str, str],
         ca_file: Path | None,
+        streams: int = 100,
     ) -> None:
         target, tls = parse_url(url)
         self.url = url
@@ -134,18 +139,32 @@ class Rpc:
             *header_metadata(headers),
             (_REQUEST_METADATA, _request_metadata()),
         )
-        options = [
+        options: list[tuple[str, object]] = [
             ("grpc.max_receive_message_length", MAX_MESSAGE),
             ("grpc.max_send_message_length", MAX_MESSAGE),
             ("grpc.primary_user_agent", "metrale-orch"),
         ]
+        creds: grpc.ChannelCredentials | None = None
         if tls:
             creds = grpc.ssl_channel_credentials(root_certificates=_read_ca(ca_file))
-            self.channel = grpc.secure_channel(target, creds, options=options)
-        else:
-            if ca_file is not None:
-                raise RemoteConfigError("CA file", f"{ca_file} is set for a plaintext grpc:// URL")
-            self.channel = grpc.insecure_channel(target, options=options)
+        elif ca_file is not None:
+            raise RemoteConfigError("CA file", f"{ca_file} is set for a plaintext grpc:// URL")
+
+        def open_channel(index: int) -> grpc.Channel:
+            # A distinct argument and a subchannel pool of its own: gRPC would otherwise
+            # share one connection among channels to the same target.
+            more: list[tuple[str, object]] = [
+                ("grpc.channel_pool_index", index),
+                ("grpc.use_local_subchannel_pool", 1),
+            ]
+            opts = options + more if index else options
+            if creds is None:
+                return grpc.insecure_channel(target, options=opts)
+            return grpc.secure_channel(target, creds, options=opts)
+
+        self.channel = open_channel(0)
+        #: The Execute streams' channels: this one first, more for more streams.
+        self.streams = ChannelPool(self.channel, open_channel, channels_for(streams))
         ch, re_file, bs_file = self.channel, re_pb2.DESCRIPTOR, bs_pb2.DESCRIPTOR
         cas, ac = "ContentAddressableStorage", "ActionCache"
         self.get_capabilities = _unary(
@@ -184,15 +203,17 @@ class Rpc:
             re_pb2.UpdateActionResultRequest,
             re_pb2.ActionResult,
         )
-        self.execute = _stream(
-            ch, (re_file, "Execution", "Execute"), re_pb2.ExecuteRequest, operations_pb2.Operation
-        )
-        self.wait_execution = _stream(
-            ch,
-            (re_file, "Execution", "WaitExecution"),
-            re_pb2.WaitExecutionRequest,
-            operations_pb2.Operation,
-        )
+        #: Execute and WaitExecution on each stream channel.
+        self.execute = [
+            _stream(c, (re_file, "Execution", "Execute"), re_pb2.ExecuteRequest, _OPERATION)
+            for c in self.streams.channels
+        ]
+        self.wait_execution = [
+            _stream(
+                c, (re_file, "Execution", "WaitExecution"), re_pb2.WaitExecutionRequest, _OPERATION
+            )
+            for c in self.streams.channels
+        ]
         self.read = _stream(
             ch, (bs_file, "ByteStream", "Read"), bs_pb2.ReadRequest, bs_pb2.ReadResponse
         )
@@ -205,7 +226,7 @@ class Rpc:
         )
 
     def close(self) -> None:
-        self.channel.close()
+        self.streams.close()
 
     def resource_prefix(self) -> str:
         """``{instance}/`` (nothing for the default instance), for ByteStream names."""

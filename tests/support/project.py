@@ -247,3 +247,15 @@ def terminate_after(proc: subprocess.Popen[str], marker: Path, timeout: float = 
             return
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
+
+
+def start_doit(root: Path, args: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[str]:
+    """Start ``python -m doit ARGS`` in ``root`` (its output, stderr included, piped)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "doit", *args],
+        cwd=root,
+        env=dict(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )

@@ -1,6 +1,7 @@
 """A scriptable REAPI server in the test process, for what a real server will not do on cue.
 
-:func:`fake_remote` serves Capabilities, the CAS, ByteStream and Execution on
+:func:`fake_remote` serves Capabilities, the CAS, ByteStream, the action cache (reads of
+``results``) and Execution on
 127.0.0.1 (an ephemeral port) from a :class:`FakeRemote` whose state a test sets:
 the capabilities, the stored blobs (tampered ones included: the fake serves what
 it holds, never checking digests), an error to answer every call with, and the
@@ -71,6 +72,9 @@ class FakeRemote:
     fail: tuple[grpc.StatusCode, str] | None = None
     #: Per-blob statuses BatchUpdateBlobs answers with (the blob is then not stored).
     refuse: dict[Digest, tuple[grpc.StatusCode, str]] = field(default_factory=dict)
+    #: The action cache: action digest -> its result (GetActionResult answers NOT_FOUND
+    #: for any other).
+    results: dict[Digest, re_pb2.ActionResult] = field(default_factory=dict)
     execute: Script = _no_script
     wait: Script = _no_script
     calls: list[tuple[str, dict[str, str | bytes]]] = field(default_factory=list)
@@ -147,6 +151,19 @@ class _Cas(remote_execution_pb2_grpc.ContentAddressableStorageServicer):
         return out
 
 
+class _ActionCache(remote_execution_pb2_grpc.ActionCacheServicer):
+    def __init__(self, fake: FakeRemote) -> None:
+        self.fake = fake
+
+    def GetActionResult(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.fake.record("GetActionResult", context)
+        digest = request.action_digest
+        found = self.fake.results.get(Digest(digest.hash, digest.size_bytes))
+        if found is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, "no result")
+        return found
+
+
 class _ByteStream(bytestream_pb2_grpc.ByteStreamServicer):
     def __init__(self, fake: FakeRemote) -> None:
         self.fake = fake
@@ -193,6 +210,7 @@ def fake_remote(threads: int = 16) -> Iterator[FakeRemote]:
     remote_execution_pb2_grpc.add_CapabilitiesServicer_to_server(_Capabilities(fake), server)
     remote_execution_pb2_grpc.add_ContentAddressableStorageServicer_to_server(_Cas(fake), server)
     remote_execution_pb2_grpc.add_ExecutionServicer_to_server(_Execution(fake), server)
+    remote_execution_pb2_grpc.add_ActionCacheServicer_to_server(_ActionCache(fake), server)
     bytestream_pb2_grpc.add_ByteStreamServicer_to_server(_ByteStream(fake), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()

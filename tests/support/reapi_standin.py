@@ -1,40 +1,48 @@
 """A REAPI engine stand-in for benchmarks: workers that sleep instead of compiling.
 
 :func:`standin_engine` serves the scriptable fake's Capabilities, CAS and ByteStream
-(:mod:`tests.support.reapi_fake`) with an Execute of its own: the action and its Command
-are read from the CAS (missing ones answer FAILED_PRECONDITION, as an engine does, and so
-does a missing input root), the action waits for one of ``workers`` slots, the slot
-sleeps ``seconds`` (no CPU), and the result names one small blob per output path the
-Command declares (a PTX-looking text naming the path, stored in the CAS), exit 0. No
-action cache: every Execute runs. So the client's own cost is what a benchmark of a
-build against it measures; the engine's counts say what ran::
+(:mod:`tests.support.reapi_fake`, the same state and handlers) with an Execute of its
+own, all on one ``grpc.aio`` event loop on a thread of the calling process: the action and
+its Command are read from the CAS (missing ones answer FAILED_PRECONDITION, as an engine
+does, and so does a missing input root), the action waits for one of ``workers`` slots,
+the slot sleeps ``seconds`` (no CPU, no thread), and the result names one small blob per
+output path the Command declares (a PTX-looking text naming the path, stored in the CAS),
+exit 0. Its action cache is always empty: every Execute runs. So the client's own cost
+is what a benchmark of a build against it measures, and the engine's own (a few hundred
+microseconds per action, on one loop) stays out of its way; the engine's counts say what
+ran::
 
     with standin_engine(workers=16, seconds=0.2) as engine:
         env["METRALE_ORCH_REMOTE_EXECUTOR"] = engine.url
         ...
     engine.executed, engine.peak      # actions run; most at once (<= workers)
+    engine.fake.methods()             # every call, in order
 
-The server runs on threads of the calling process (one per stream in flight, sleeping):
-its CPU is the caller's, never a ``doit`` child's.
+Its CPU is the calling process's (``getrusage(RUSAGE_SELF)``), never a ``doit`` child's.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 from google.protobuf import timestamp_pb2
 
+from metrale_orch.remote._proto import bytestream_pb2, bytestream_pb2_grpc
 from metrale_orch.remote._proto import remote_execution_pb2 as re_pb2
+from metrale_orch.remote._proto import remote_execution_pb2_grpc as re_grpc
 from metrale_orch.remote.digest import Digest, digest_bytes
 from metrale_orch.remote.wire import digest_message
-from tests.support.reapi_fake import FakeRemote, fake_remote, operation
+from tests.support.reapi_fake import FakeRemote, operation
+from tests.support.reapi_fake import _ByteStream as _SyncByteStream
+from tests.support.reapi_fake import _Capabilities as _SyncCapabilities
+from tests.support.reapi_fake import _Cas as _SyncCas
 
 __all__ = ["StandIn", "output_text", "standin_engine"]
 
@@ -56,49 +64,52 @@ class StandIn:
     executed: int = 0
     running: int = 0
     peak: int = 0
-    slots: threading.Semaphore = field(init=False)
     _ids: Iterator[int] = field(default_factory=itertools.count)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def __post_init__(self) -> None:
-        self.slots = threading.Semaphore(self.workers)
+    #: Made on the engine's loop (an asyncio semaphore belongs to one loop).
+    _slots: asyncio.Semaphore | None = None
 
     @property
     def url(self) -> str:
         return self.fake.url
 
-    def _blob(self, digest: Any, context: grpc.ServicerContext) -> bytes:
+    async def _blob(self, digest: Any, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
         data = self.fake.blobs.get(Digest(digest.hash, digest.size_bytes))
         if data is None:
-            context.abort(
+            await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"missing blob {digest.hash}/{digest.size_bytes}",
             )
+        assert data is not None
         return data
 
-    def execute(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+    async def execute(
+        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
         """The Execute script (see the module docstring)."""
-        action = re_pb2.Action.FromString(self._blob(request.action_digest, context))
-        command = re_pb2.Command.FromString(self._blob(action.command_digest, context))
+        self.fake.record("Execute", context)  # type: ignore[arg-type]
+        action = re_pb2.Action.FromString(await self._blob(request.action_digest, context))
+        command = re_pb2.Command.FromString(await self._blob(action.command_digest, context))
         if action.input_root_digest.size_bytes:  # the empty blob is always there
-            self._blob(action.input_root_digest, context)
+            await self._blob(action.input_root_digest, context)
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.workers)
         name = f"standin/{next(self._ids)}"
         meta = re_pb2.ExecutedActionMetadata(queued_timestamp=_now())
         yield operation(name, _STAGE.QUEUED)
-        with self.slots:
-            with self._lock:
-                self.running += 1
-                self.peak = max(self.peak, self.running)
-                slot = self.running
-            yield operation(name, _STAGE.EXECUTING)
-            meta.worker = f"standin-{slot}"
+        async with self._slots:
+            # A worker took it: the queue time ends here, not when the client has read on.
             meta.worker_start_timestamp.CopyFrom(_now())
-            meta.execution_start_timestamp.CopyFrom(meta.worker_start_timestamp)
-            time.sleep(self.seconds)
-            meta.execution_completed_timestamp.CopyFrom(_now())
-            with self._lock:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+            meta.worker = f"standin-{self.running}"
+            yield operation(name, _STAGE.EXECUTING)
+            meta.execution_start_timestamp.CopyFrom(_now())
+            try:
+                await asyncio.sleep(self.seconds)
+            finally:
                 self.running -= 1
-                self.executed += 1
+            meta.execution_completed_timestamp.CopyFrom(_now())
+            self.executed += 1
         result = re_pb2.ActionResult(exit_code=0, execution_metadata=meta)
         arch = next((a.split("=", 1)[1] for a in command.arguments if a.startswith("-arch=")), "")
         for path in command.output_paths:
@@ -116,14 +127,97 @@ def _now() -> timestamp_pb2.Timestamp:
     return stamp
 
 
-@contextlib.contextmanager
-def standin_engine(workers: int, seconds: float, *, streams: int = 0) -> Iterator[StandIn]:
-    """Serve a stand-in engine of ``workers`` slots sleeping ``seconds`` per action.
+# The fake's handlers, answered on the loop (each is a few dictionary look-ups; the fake's
+# ``fail`` and ``refuse`` scripts are not used here).
 
-    ``streams``: the server threads (Execute streams in flight plus CAS calls); default
-    ``4 * workers + 16``, enough for a client with ``remote_jobs`` up to ``2 * workers``.
-    """
-    with fake_remote(threads=streams or 4 * workers + 16) as fake:
-        engine = StandIn(fake, workers, seconds)
-        fake.execute = engine.execute
-        yield engine
+
+class _Capabilities(_SyncCapabilities):
+    async def GetCapabilities(self, request: Any, context: Any) -> Any:
+        return super().GetCapabilities(request, context)
+
+
+class _Cas(_SyncCas):
+    async def FindMissingBlobs(self, request: Any, context: Any) -> Any:
+        return super().FindMissingBlobs(request, context)
+
+    async def BatchUpdateBlobs(self, request: Any, context: Any) -> Any:
+        return super().BatchUpdateBlobs(request, context)
+
+    async def BatchReadBlobs(self, request: Any, context: Any) -> Any:
+        return super().BatchReadBlobs(request, context)
+
+
+class _ActionCache(re_grpc.ActionCacheServicer):
+    """An engine's action cache that never has the answer (every Execute runs)."""
+
+    def __init__(self, fake: FakeRemote) -> None:
+        self.fake = fake
+
+    async def GetActionResult(self, request: Any, context: Any) -> Any:
+        self.fake.record("GetActionResult", context)
+        await context.abort(grpc.StatusCode.NOT_FOUND, "no result")
+
+
+class _ByteStream(_SyncByteStream):
+    async def Read(self, request: Any, context: Any) -> AsyncIterator[Any]:  # type: ignore[override]
+        self.fake.record("Read", context)
+        hash_, size = request.resource_name.split("/")[-2:]
+        data = self.fake.blobs.get(Digest(hash_, int(size)))
+        if data is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, "no such blob")
+            return
+        for start in range(0, len(data), 65536):
+            yield bytestream_pb2.ReadResponse(data=data[start : start + 65536])
+
+    async def Write(self, request_iterator: Any, context: Any) -> Any:
+        self.fake.record("Write", context)
+        name, parts = "", []
+        async for request in request_iterator:
+            name = name or request.resource_name
+            parts.append(request.data)
+        hash_, size = name.split("/")[-2:]
+        self.fake.blobs[Digest(hash_, int(size))] = b"".join(parts)
+        return bytestream_pb2.WriteResponse(committed_size=int(size))
+
+
+class _Execution(re_grpc.ExecutionServicer):
+    def __init__(self, engine: StandIn) -> None:
+        self.engine = engine
+
+    async def Execute(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        async for op in self.engine.execute(request, context):
+            yield op
+
+
+async def _start(engine: StandIn) -> grpc.aio.Server:
+    server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 1 << 20)])
+    fake = engine.fake
+    re_grpc.add_CapabilitiesServicer_to_server(_Capabilities(fake), server)  # type: ignore[no-untyped-call]
+    re_grpc.add_ContentAddressableStorageServicer_to_server(_Cas(fake), server)  # type: ignore[no-untyped-call]
+    re_grpc.add_ExecutionServicer_to_server(_Execution(engine), server)  # type: ignore[no-untyped-call]
+    re_grpc.add_ActionCacheServicer_to_server(_ActionCache(fake), server)  # type: ignore[no-untyped-call]
+    bytestream_pb2_grpc.add_ByteStreamServicer_to_server(_ByteStream(fake), server)  # type: ignore[no-untyped-call]
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    fake.url = f"grpc://127.0.0.1:{port}"
+    return server
+
+
+@contextlib.contextmanager
+def standin_engine(workers: int, seconds: float) -> Iterator[StandIn]:
+    """Serve a stand-in engine of ``workers`` slots sleeping ``seconds`` per action, on an
+    event loop of its own thread, for the ``with`` block."""
+    engine = StandIn(FakeRemote(), workers, seconds)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="standin-engine", daemon=True)
+    thread.start()
+    try:
+        server = asyncio.run_coroutine_threadsafe(_start(engine), loop).result(30)
+        try:
+            yield engine
+        finally:
+            asyncio.run_coroutine_threadsafe(server.stop(None), loop).result(30)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()

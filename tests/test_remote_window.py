@@ -1,0 +1,100 @@
+"""How many actions go out at once follows the engine's queue (issue 45, item 4): REAPI
+reports no worker count, so ``remote_jobs`` is the most, and the window backs off while
+actions wait long for a worker."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from metrale_orch.executor import Action, LocalExecutor, RemoteForm
+from metrale_orch.executor.offload import QUEUE_LONG, RemoteExecutor, RemoteRun, Window
+
+
+class Engine:
+    """A backend with ``workers`` workers taking actions in arrival order: an action waits
+    for one (its "queued" stage), runs ``seconds`` (its "executing" stage); counts how many
+    it holds at once."""
+
+    endpoint = "grpc://engine:1"
+
+    def __init__(self, workers: int, seconds: float) -> None:
+        self.seconds = seconds
+        self.held = 0
+        self.peaks: list[int] = []
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[tuple[threading.Event, list[float]] | None] = queue.Queue()
+        self._workers = [threading.Thread(target=self._work) for _ in range(workers)]
+        for worker in self._workers:
+            worker.start()
+
+    def _work(self) -> None:
+        while (job := self._queue.get()) is not None:
+            done, times = job
+            times.append(time.time())
+            time.sleep(self.seconds)
+            times.append(time.time())
+            done.set()
+
+    def run(self, form: RemoteForm, *, timeout: float, cancel: threading.Event) -> RemoteRun:
+        with self._lock:
+            self.held += 1
+            self.peaks.append(self.held)
+        try:
+            done, times = threading.Event(), [time.time()]
+            self._queue.put((done, times))
+            done.wait()
+            queued, start, end = times
+            stages = {"queued": (queued, start), "executing": (start, end)}
+            return RemoteRun(
+                returncode=0, stdout="", stderr="", seconds=end - queued, stages=stages
+            )
+        finally:
+            with self._lock:
+                self.held -= 1
+
+    def close(self) -> None:
+        for _ in self._workers:
+            self._queue.put(None)
+
+
+def _action(tmp_path: Path) -> Action:
+    form = RemoteForm(
+        root=tmp_path,
+        files={},
+        cwd=".",
+        argv=("/bin/true",),
+        env={},
+        outputs={},
+        platform={},
+    )
+    return Action(argv=("/bin/true",), cwd=tmp_path, remote=form, owner="t")
+
+
+def test_the_window_backs_off_while_actions_queue_at_the_engine(tmp_path: Path) -> None:
+    engine = Engine(workers=3, seconds=0.2)
+    ex = RemoteExecutor(engine, LocalExecutor(1), remote_jobs=12)
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        list(pool.map(lambda _: ex.run(_action(tmp_path)), range(60)))
+    engine.close()
+    assert max(engine.peaks[:12]) == 12  # remote_jobs at first: no worker count is known
+    late = engine.peaks[40:]
+    assert max(late) <= 8, engine.peaks  # backed off: fewer waiting at the engine
+    assert ex.window.limit < 12
+
+
+def test_the_window_grows_back_while_actions_hardly_wait() -> None:
+    window = Window(10)
+    long_wait = {"queued": (0.0, QUEUE_LONG * 2), "executing": (QUEUE_LONG * 2, QUEUE_LONG * 3)}
+    window.ended(long_wait)
+    assert window.limit == 7
+    window.ended(long_wait)  # within one window of the last back-off: held
+    assert window.limit == 7
+    for _ in range(5):
+        window.ended({"queued": (0.0, 0.01), "executing": (0.01, 1.0)})
+    assert window.limit == 10  # up to remote_jobs, never past it
+    window.ended({})  # no stage times (a cache hit): no signal
+    assert window.limit == 10
