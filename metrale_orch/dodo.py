@@ -40,7 +40,7 @@ failed, or the name is no target — becomes a failing sub-task with the reason
 
 No-op speed: generating the tasks (resolving every target, planning it) costs
 several times doit's own up-to-date checks, so ``task_build`` goes through a
-task cache (:mod:`metrale_orch.tasks.creators`, ``metrale_orch.tasks.taskcache``,
+task cache (:mod:`metrale_orch.tasks.creators`, ``metrale_orch.graph.taskcache``,
 ``<build_dir>/.state/build-tasks.*.cache``): while the tree's shape, its TOML
 files, the configuration, the toolchains, the relevant environment and this
 package are unchanged, the task dicts come from the cache, equal to what
@@ -68,6 +68,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from metrale_orch.graph.scope import selection_scope
 from metrale_orch.tasks.doit_api import (
     current_run,
     guessed_selection,
@@ -75,7 +76,6 @@ from metrale_orch.tasks.doit_api import (
     loading_run,
 )
 from metrale_orch.tasks.earlystart import start_early_runs
-from metrale_orch.tasks.scope import selection_scope
 
 # The probes' dry runs the last run asked for start before anything else loads: a run
 # that selects some build sub-tasks, only those its targets asked for. With the package's

@@ -2,7 +2,7 @@
 
 Generating the tasks (resolving every target, planning it) costs several times
 doit's own up-to-date checks, so the specs come from the task cache
-(:mod:`metrale_orch.tasks.taskcache`, ``<build_dir>/.state/build-tasks.*.cache``)
+(:mod:`metrale_orch.graph.taskcache`, ``<build_dir>/.state/build-tasks.*.cache``)
 while the tree's shape, its TOML files, the configuration, the toolchains, the
 relevant environment and this package are unchanged; the task dicts are then
 equal to what generation would give. The ``smoke:<hw>`` dicts are recorded with
@@ -31,9 +31,16 @@ import metrale_orch
 from metrale_orch.config import Config, load_config
 from metrale_orch.errors import MetraleError, printable
 from metrale_orch.fsutil import remove_all_but_newest, write_own
+from metrale_orch.graph import taskcache
+from metrale_orch.graph.taskkey import (
+    generation_base,
+    key_of,
+    scoped_base,
+    stamps_of,
+    stored_key,
+)
 from metrale_orch.ownership import read_own
 from metrale_orch.paths import STATE_DIR, TREE_TASK
-from metrale_orch.tasks import taskcache
 from metrale_orch.tasks.checker import SignatureCheck
 from metrale_orch.tasks.dicts import (
     BuildSpec,
@@ -44,13 +51,7 @@ from metrale_orch.tasks.dicts import (
     plan_error_task,
     plan_skip_task,
 )
-from metrale_orch.tasks.taskkey import (
-    generation_base,
-    key_of,
-    scoped_base,
-    stamps_of,
-    stored_key,
-)
+from metrale_orch.tasks.doit_api import doit_version
 from metrale_orch.toolchain import earlyruns
 from metrale_orch.toolchain.definitions import Toolchain, load_toolchains
 from metrale_orch.toolchain.earlyruns import EarlyRuns
@@ -110,7 +111,7 @@ def cached_tasks(
     (:func:`~metrale_orch.tasks.dicts.build_scope`) gets the specs of the targets in it
     alone, and no smoke task: only the toolchains those targets select are probed, and
     its entry is cached under a base of its own
-    (:func:`~metrale_orch.tasks.taskkey.scoped_base`). A spec is the same whatever else is
+    (:func:`~metrale_orch.graph.taskkey.scoped_base`). A spec is the same whatever else is
     generated beside it. ``config``: the run's (None: loaded here)."""
     if probes is None:
         probes = ProbeMemo()
@@ -122,7 +123,9 @@ def cached_tasks(
         specs = generation().generate_specs(root, environ, argv, config=config, probes=probes)[0]
         return specs, None, "not cached: configuration error"
     state_dir = config.build_dir / STATE_DIR
-    base = scoped_base(generation_base(root, environ, config, toolchains), scope)
+    base = scoped_base(
+        generation_base(root, environ, config, toolchains, doit=doit_version()), scope
+    )
     used = taskcache.read_uses(state_dir, base)
     arches: Mapping[str, Sequence[str]] = taskcache.read_arches(state_dir, base)
     # The entry this base stored last is read while the toolchains' probes (started when
@@ -213,7 +216,7 @@ def _store(
 ) -> None:
     """Store what a generation made under the toolchains its targets did select, ``chosen``
     (and the arches they build for, of those probed per arch; see
-    :func:`~metrale_orch.tasks.taskkey.stored_key`), and the hints the next run reads
+    :func:`~metrale_orch.graph.taskkey.stored_key`), and the hints the next run reads
     first."""
     recorded = record_task_dicts(smoke)
     selected = sorted(chosen)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from metrale_orch.config import Config, load_config
 from metrale_orch.errors import MetraleError, is_printable, printable
+from metrale_orch.graph.scope import in_scope
 from metrale_orch.paths import (
     MANIFEST_NAME,
     SMOKE_TASK,
@@ -43,7 +44,6 @@ from metrale_orch.tasks.dicts import (
     plan_skip_task,
     target_plan_task,
 )
-from metrale_orch.tasks.scope import in_scope
 from metrale_orch.tasks.smoke import smoke_tasks
 from metrale_orch.toolchain.definitions import Toolchain, load_toolchains, select_toolchain
 from metrale_orch.toolchain.probe import FoundToolchain, ProbeMemo

@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from metrale_orch.tasks import taskcache
+from metrale_orch.graph import taskcache
 from tests.support.project import FILES, make_project, project_env, use_fake_compiler
 
 #: The package's task loader, as a project's pyproject.toml names it for plain doit.

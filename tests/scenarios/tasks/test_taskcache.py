@@ -19,19 +19,20 @@ from pathlib import Path
 import pytest
 
 from metrale_orch.config import load_config
+from metrale_orch.graph import taskcache
+from metrale_orch.graph.scope import in_scope
+from metrale_orch.graph.taskkey import generation_base, generation_key
 from metrale_orch.paths import TREE_TASK
-from metrale_orch.tasks import taskcache
 from metrale_orch.tasks.checker import SignatureCheck
 from metrale_orch.tasks.creators import cached_tasks
 from metrale_orch.tasks.dicts import BuildSpec
-from metrale_orch.tasks.scope import in_scope
+from metrale_orch.tasks.doit_api import doit_version
 from metrale_orch.tasks.specs import (
     GENERATION,
     cached_build_specs,
     resolve_build_specs,
     smoke_task_dicts,
 )
-from metrale_orch.tasks.taskkey import generation_base, generation_key
 from metrale_orch.toolchain import earlyruns
 from metrale_orch.toolchain.definitions import load_toolchains
 from tests.support.project import doit
@@ -328,7 +329,9 @@ def test_damaged_cache_files_miss(
 
 def _key(root: Path, env: dict[str, str]) -> str:
 
-    return generation_key(root, env, load_config(root, env), load_toolchains(root))
+    return generation_key(
+        root, env, load_config(root, env), load_toolchains(root), doit=doit_version()
+    )
 
 
 def test_package_files_are_watched(tmp_path: Path, trusting: None) -> None:
@@ -391,7 +394,9 @@ def test_a_toolchain_no_target_selects_is_not_probed_and_changes_nothing(
 
 
 def _base(root: Path, env: dict[str, str]) -> str:
-    return generation_base(root, env, load_config(root, env), load_toolchains(root))
+    return generation_base(
+        root, env, load_config(root, env), load_toolchains(root), doit=doit_version()
+    )
 
 
 def test_a_toolchain_a_skipped_target_selects_is_still_probed(
