@@ -95,7 +95,7 @@ from metrale_orch.tasks.actions import (
 from metrale_orch.tasks.checker import ContentChecker, TaskDataCodec
 from metrale_orch.tasks.creators import Generation, cached_tasks, named_failures, start_order
 from metrale_orch.tasks.database import BACKEND
-from metrale_orch.tasks.dicts import TaskDict, explicit_targets
+from metrale_orch.tasks.dicts import TaskDict, explicit_targets, task_dict
 from metrale_orch.tasks.reporter import BuildReporter
 from metrale_orch.tasks.run_end import end_interrupted
 
@@ -154,11 +154,11 @@ def task_build() -> Iterator[TaskDict]:
         )
         yield {"name": None, "doc": "build every target (skipping those without a toolchain)"}
         for spec in start_order(config, specs):  # longest first
-            yield dict(spec.task)
+            yield task_dict(spec, root)
         # A target named on the command line but not generated fails with the reason
         # (never doit's "Invalid parameter"); no smoke task depends on it.
         for spec in named_failures(root, specs, explicit_targets(words)):
-            yield dict(spec.task)
+            yield task_dict(spec, root)
         # HOOK(smoke): smoke:<hw> tasks (see specs.smoke_task_dicts), replayed from the
         # task cache on a hit (the same dicts: plain data and the same action functions).
         if smoke is None:

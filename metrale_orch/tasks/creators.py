@@ -32,6 +32,7 @@ from metrale_orch.config import Config, load_config
 from metrale_orch.errors import MetraleError, printable
 from metrale_orch.fsutil import remove_all_but_newest, write_own
 from metrale_orch.graph import taskcache
+from metrale_orch.graph.specs import BuildSpec, SpecKind
 from metrale_orch.graph.taskkey import (
     generation_base,
     key_of,
@@ -41,16 +42,7 @@ from metrale_orch.graph.taskkey import (
 )
 from metrale_orch.ownership import read_own
 from metrale_orch.paths import STATE_DIR, TREE_TASK
-from metrale_orch.tasks.checker import SignatureCheck
-from metrale_orch.tasks.dicts import (
-    BuildSpec,
-    SpecKind,
-    TaskDict,
-    build_task,
-    explicit_targets,
-    plan_error_task,
-    plan_skip_task,
-)
+from metrale_orch.tasks.dicts import TaskDict, explicit_targets
 from metrale_orch.tasks.doit_api import doit_version
 from metrale_orch.toolchain import earlyruns
 from metrale_orch.toolchain.definitions import Toolchain, load_toolchains
@@ -158,7 +150,7 @@ def cached_tasks(
             per_arch = {n: a for n, a in arches.items() if n in stamps}
             taskcache.write_uses(state_dir, base, sorted(stamps), key, per_arch, scoped=scoped)
         explicit = explicit_targets(argv)
-        specs = [_from_cached(root, c, explicit) for c in found.specs]
+        specs = [_from_cached(c, explicit) for c in found.specs]
         return specs, replay_task_dicts(found.extra), found.reason
     if early is None:
         early = _Early(root, environ, config, generation, scope)
@@ -277,9 +269,7 @@ def start_order(config: Config | None, specs: Sequence[BuildSpec]) -> list[Build
     by_name = {s.target: s for s in specs}
     if len(by_name) != len(specs):  # not one spec per target: leave the order alone
         return list(specs)
-    sizes = {
-        s.target: len(dep) if isinstance(dep := s.task.get("file_dep"), list) else 0 for s in specs
-    }
+    sizes = {s.target: len(s.file_dep) for s in specs}
     return [by_name[name] for name in longest_first(list(by_name), seconds, sizes)]
 
 
@@ -339,42 +329,29 @@ def replay_task_dicts(extra: object) -> list[TaskDict] | None:
 
 
 def _to_cached(spec: BuildSpec) -> taskcache.CachedSpec:
-    if spec.kind != "build":
-        return taskcache.CachedSpec(target=spec.target, kind=spec.kind, message=spec.message)
-    uptodate, file_dep, targets = (spec.task[k] for k in ("uptodate", "file_dep", "targets"))
-    assert isinstance(uptodate, list) and isinstance(file_dep, list) and isinstance(targets, list)
-    (check,) = uptodate
-    assert isinstance(check, SignatureCheck)
     return taskcache.CachedSpec(
         target=spec.target,
-        kind="build",
-        file_dep=tuple(file_dep),
-        parts=dict(check.parts),
-        manifest=targets[0],
+        kind=spec.kind,
+        message=spec.message,
+        file_dep=spec.file_dep,
+        parts=dict(spec.parts),
+        manifest=spec.manifest,
     )
 
 
-def _from_cached(root: Path, cached: taskcache.CachedSpec, explicit: frozenset[str]) -> BuildSpec:
-    name = cached.target
-    kind: SpecKind
-    if cached.kind == "build":
-        kind = "build"
-        task = build_task(
-            root=root,
-            target=name,
-            file_dep=list(cached.file_dep),
-            parts=cached.parts,
-            manifest=cached.manifest,
-        )
-    elif cached.kind == "skip":
-        kind = "skip"
-        task = plan_skip_task(
-            root=root, target=name, reason=cached.message, explicit=name in explicit
-        )
-    else:
-        kind = "error"
-        task = plan_error_task(root=root, target=name, message=cached.message)
-    return BuildSpec(target=name, kind=kind, message=cached.message, task=task)
+def _from_cached(cached: taskcache.CachedSpec, explicit: frozenset[str]) -> BuildSpec:
+    kind: SpecKind = (
+        "build" if cached.kind == "build" else "skip" if cached.kind == "skip" else "error"
+    )
+    return BuildSpec(
+        target=cached.target,
+        kind=kind,
+        message=cached.message,
+        file_dep=cached.file_dep,
+        parts=cached.parts,
+        manifest=cached.manifest,
+        explicit=kind == "skip" and cached.target in explicit,
+    )
 
 
 def named_failures(root: Path, specs: Sequence[BuildSpec], names: Iterable[str]) -> list[BuildSpec]:
@@ -416,8 +393,7 @@ def named_failures(root: Path, specs: Sequence[BuildSpec], names: Iterable[str])
             else:
                 message = tree if tree is not None else _not_a_target(target, have)
         message = printable(message)
-        task = plan_error_task(root=root, target=name, message=message, clean=canonical)
-        out.append(BuildSpec(target=name, kind="error", message=message, task=task))
+        out.append(BuildSpec(target=name, kind="error", message=message, clean=canonical))
     return out
 
 
