@@ -20,6 +20,7 @@ the tree does not generate.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -32,7 +33,7 @@ from metrale_orch.config import Config, load_config
 from metrale_orch.errors import MetraleError, printable
 from metrale_orch.fsutil import remove_all_but_newest, write_own
 from metrale_orch.graph import taskcache
-from metrale_orch.graph.specs import BuildSpec, SpecKind
+from metrale_orch.graph.specs import BuildSpec
 from metrale_orch.graph.taskkey import (
     generation_base,
     key_of,
@@ -219,7 +220,7 @@ def _store(
             taskcache.cache_path(state_dir, stored, scoped=scoped),
             stored,
             scanned,
-            [_to_cached(s) for s in specs],
+            specs,
             None if recorded is None else [recorded],
         )
     taskcache.write_uses(state_dir, base, selected, stored, per_arch, scoped=scoped)
@@ -328,30 +329,12 @@ def replay_task_dicts(extra: object) -> list[TaskDict] | None:
         return None
 
 
-def _to_cached(spec: BuildSpec) -> taskcache.CachedSpec:
-    return taskcache.CachedSpec(
-        target=spec.target,
-        kind=spec.kind,
-        message=spec.message,
-        file_dep=spec.file_dep,
-        parts=dict(spec.parts),
-        manifest=spec.manifest,
-    )
-
-
-def _from_cached(cached: taskcache.CachedSpec, explicit: frozenset[str]) -> BuildSpec:
-    kind: SpecKind = (
-        "build" if cached.kind == "build" else "skip" if cached.kind == "skip" else "error"
-    )
-    return BuildSpec(
-        target=cached.target,
-        kind=kind,
-        message=cached.message,
-        file_dep=cached.file_dep,
-        parts=cached.parts,
-        manifest=cached.manifest,
-        explicit=kind == "skip" and cached.target in explicit,
-    )
+def _from_cached(spec: BuildSpec, explicit: frozenset[str]) -> BuildSpec:
+    """A spec the task cache stored, as this run's command line selects it: a skip of a
+    target named exactly fails (the only fact of a spec that is not the tree's)."""
+    if spec.kind == "skip" and spec.target in explicit:
+        return dataclasses.replace(spec, explicit=True)
+    return spec
 
 
 def named_failures(root: Path, specs: Sequence[BuildSpec], names: Iterable[str]) -> list[BuildSpec]:
