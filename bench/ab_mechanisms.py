@@ -37,7 +37,7 @@ SWITCHED_OFF: dict[str, tuple[str, str, str]] = {
     ),
     "gc-freeze": ("dodo.py", "    gc.freeze()\n", "    pass\n"),
     "scope": (
-        "tasks/scope.py",
+        "graph/scope.py",
         '    if selection is None or selection.command != "run":\n        return None',
         "    if True:\n        return None",
     ),

@@ -170,7 +170,7 @@ def main() -> None:
         specs = resolve_build_specs(root, env)
     finally:
         os.chdir(cwd)
-    deps = {s.target: list(s.task["file_dep"]) for s in specs if s.kind == "build"}
+    deps = {s.target: list(s.file_dep) for s in specs if s.kind == "build"}
     errors = [s for s in specs if s.kind != "build"]
     if errors:
         sys.exit(f"{len(errors)} target(s) do not build: {errors[0].message}")

@@ -504,7 +504,7 @@ def main() -> int:
         print(f"    {_short(line, root)}")
 
     # Cold task generation: doit list with the task cache removed, vs plain doit list.
-    deps = {s.target: list(s.task["file_dep"]) for s in specs if s.kind == "build"}
+    deps = {s.target: list(s.file_dep) for s in specs if s.kind == "build"}
     (root / "plain-deps.json").write_text(json.dumps(deps))
     (root / "dodo_plain.py").write_text(PLAIN_DODO)
     plain = [*doit, "-f", "dodo_plain.py"]

@@ -40,7 +40,7 @@ failed, or the name is no target — becomes a failing sub-task with the reason
 
 No-op speed: generating the tasks (resolving every target, planning it) costs
 several times doit's own up-to-date checks, so ``task_build`` goes through a
-task cache (:mod:`metrale_orch.tasks.creators`, ``metrale_orch.tasks.taskcache``,
+task cache (:mod:`metrale_orch.tasks.creators`, ``metrale_orch.graph.taskcache``,
 ``<build_dir>/.state/build-tasks.*.cache``): while the tree's shape, its TOML
 files, the configuration, the toolchains, the relevant environment and this
 package are unchanged, the task dicts come from the cache, equal to what
@@ -68,6 +68,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from metrale_orch.graph.scope import selection_scope
 from metrale_orch.tasks.doit_api import (
     current_run,
     guessed_selection,
@@ -75,7 +76,6 @@ from metrale_orch.tasks.doit_api import (
     loading_run,
 )
 from metrale_orch.tasks.earlystart import start_early_runs
-from metrale_orch.tasks.scope import selection_scope
 
 # The probes' dry runs the last run asked for start before anything else loads: a run
 # that selects some build sub-tasks, only those its targets asked for. With the package's
@@ -95,7 +95,7 @@ from metrale_orch.tasks.actions import (
 from metrale_orch.tasks.checker import ContentChecker, TaskDataCodec
 from metrale_orch.tasks.creators import Generation, cached_tasks, named_failures, start_order
 from metrale_orch.tasks.database import BACKEND
-from metrale_orch.tasks.dicts import TaskDict, explicit_targets
+from metrale_orch.tasks.dicts import TaskDict, explicit_targets, task_dict
 from metrale_orch.tasks.reporter import BuildReporter
 from metrale_orch.tasks.run_end import end_interrupted
 
@@ -154,11 +154,11 @@ def task_build() -> Iterator[TaskDict]:
         )
         yield {"name": None, "doc": "build every target (skipping those without a toolchain)"}
         for spec in start_order(config, specs):  # longest first
-            yield dict(spec.task)
+            yield task_dict(spec, root)
         # A target named on the command line but not generated fails with the reason
         # (never doit's "Invalid parameter"); no smoke task depends on it.
         for spec in named_failures(root, specs, explicit_targets(words)):
-            yield dict(spec.task)
+            yield task_dict(spec, root)
         # HOOK(smoke): smoke:<hw> tasks (see specs.smoke_task_dicts), replayed from the
         # task cache on a hit (the same dicts: plain data and the same action functions).
         if smoke is None:

@@ -81,7 +81,6 @@ __all__ = [
     "encode_outputs",
     "file_digest",
     "result_digest",
-    "signature_parts",
     "stale_external",
     "stale_outputs",
 ]
@@ -109,26 +108,6 @@ _CHANGED_DURING_BUILD = (0, -1)
 PROFILE_KEY = "profile"
 #: doit's record keys that hold a task's values (saved values, the action's result).
 _VALUE_RECORDS = ("_values_:", "result:")
-
-
-def signature_parts(
-    signature: Mapping[str, object], encoded: Mapping[str, str] | None = None
-) -> dict[str, str]:
-    """One short digest per top-level part of a plan's signature (pure).
-
-    Each part is encoded as canonical JSON (:func:`~metrale_orch.canonical.canonical_json`:
-    sorted keys, no spaces; values that JSON cannot hold are encoded by ``str``), so
-    equal signatures give equal digests in every process and checkout. ``encoded``
-    gives the canonical text of some parts already made (a plan's
-    ``signature_json``: the same text, built from memoised pieces).
-    """
-    out: dict[str, str] = {}
-    for key in sorted(signature):
-        text = encoded.get(key) if encoded else None
-        if text is None:
-            text = canonical_json(signature[key])
-        out[str(key)] = bytes_digest(text.encode("utf-8"))
-    return out
 
 
 #: Prefix of a dict result's digest (:func:`result_digest`).

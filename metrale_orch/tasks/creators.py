@@ -2,7 +2,7 @@
 
 Generating the tasks (resolving every target, planning it) costs several times
 doit's own up-to-date checks, so the specs come from the task cache
-(:mod:`metrale_orch.tasks.taskcache`, ``<build_dir>/.state/build-tasks.*.cache``)
+(:mod:`metrale_orch.graph.taskcache`, ``<build_dir>/.state/build-tasks.*.cache``)
 while the tree's shape, its TOML files, the configuration, the toolchains, the
 relevant environment and this package are unchanged; the task dicts are then
 equal to what generation would give. The ``smoke:<hw>`` dicts are recorded with
@@ -20,6 +20,7 @@ the tree does not generate.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -31,26 +32,19 @@ import metrale_orch
 from metrale_orch.config import Config, load_config
 from metrale_orch.errors import MetraleError, printable
 from metrale_orch.fsutil import remove_all_but_newest, write_own
-from metrale_orch.ownership import read_own
-from metrale_orch.paths import STATE_DIR, TREE_TASK
-from metrale_orch.tasks import taskcache
-from metrale_orch.tasks.checker import SignatureCheck
-from metrale_orch.tasks.dicts import (
-    BuildSpec,
-    SpecKind,
-    TaskDict,
-    build_task,
-    explicit_targets,
-    plan_error_task,
-    plan_skip_task,
-)
-from metrale_orch.tasks.taskkey import (
+from metrale_orch.graph import taskcache
+from metrale_orch.graph.specs import BuildSpec
+from metrale_orch.graph.taskkey import (
     generation_base,
     key_of,
     scoped_base,
     stamps_of,
     stored_key,
 )
+from metrale_orch.ownership import read_own
+from metrale_orch.paths import STATE_DIR, TREE_TASK
+from metrale_orch.tasks.dicts import TaskDict, explicit_targets
+from metrale_orch.tasks.doit_api import doit_version
 from metrale_orch.toolchain import earlyruns
 from metrale_orch.toolchain.definitions import Toolchain, load_toolchains
 from metrale_orch.toolchain.earlyruns import EarlyRuns
@@ -110,7 +104,7 @@ def cached_tasks(
     (:func:`~metrale_orch.tasks.dicts.build_scope`) gets the specs of the targets in it
     alone, and no smoke task: only the toolchains those targets select are probed, and
     its entry is cached under a base of its own
-    (:func:`~metrale_orch.tasks.taskkey.scoped_base`). A spec is the same whatever else is
+    (:func:`~metrale_orch.graph.taskkey.scoped_base`). A spec is the same whatever else is
     generated beside it. ``config``: the run's (None: loaded here)."""
     if probes is None:
         probes = ProbeMemo()
@@ -122,7 +116,9 @@ def cached_tasks(
         specs = generation().generate_specs(root, environ, argv, config=config, probes=probes)[0]
         return specs, None, "not cached: configuration error"
     state_dir = config.build_dir / STATE_DIR
-    base = scoped_base(generation_base(root, environ, config, toolchains), scope)
+    base = scoped_base(
+        generation_base(root, environ, config, toolchains, doit=doit_version()), scope
+    )
     used = taskcache.read_uses(state_dir, base)
     arches: Mapping[str, Sequence[str]] = taskcache.read_arches(state_dir, base)
     # The entry this base stored last is read while the toolchains' probes (started when
@@ -155,7 +151,7 @@ def cached_tasks(
             per_arch = {n: a for n, a in arches.items() if n in stamps}
             taskcache.write_uses(state_dir, base, sorted(stamps), key, per_arch, scoped=scoped)
         explicit = explicit_targets(argv)
-        specs = [_from_cached(root, c, explicit) for c in found.specs]
+        specs = [_from_cached(c, explicit) for c in found.specs]
         return specs, replay_task_dicts(found.extra), found.reason
     if early is None:
         early = _Early(root, environ, config, generation, scope)
@@ -213,7 +209,7 @@ def _store(
 ) -> None:
     """Store what a generation made under the toolchains its targets did select, ``chosen``
     (and the arches they build for, of those probed per arch; see
-    :func:`~metrale_orch.tasks.taskkey.stored_key`), and the hints the next run reads
+    :func:`~metrale_orch.graph.taskkey.stored_key`), and the hints the next run reads
     first."""
     recorded = record_task_dicts(smoke)
     selected = sorted(chosen)
@@ -224,7 +220,7 @@ def _store(
             taskcache.cache_path(state_dir, stored, scoped=scoped),
             stored,
             scanned,
-            [_to_cached(s) for s in specs],
+            specs,
             None if recorded is None else [recorded],
         )
     taskcache.write_uses(state_dir, base, selected, stored, per_arch, scoped=scoped)
@@ -274,9 +270,7 @@ def start_order(config: Config | None, specs: Sequence[BuildSpec]) -> list[Build
     by_name = {s.target: s for s in specs}
     if len(by_name) != len(specs):  # not one spec per target: leave the order alone
         return list(specs)
-    sizes = {
-        s.target: len(dep) if isinstance(dep := s.task.get("file_dep"), list) else 0 for s in specs
-    }
+    sizes = {s.target: len(s.file_dep) for s in specs}
     return [by_name[name] for name in longest_first(list(by_name), seconds, sizes)]
 
 
@@ -335,43 +329,12 @@ def replay_task_dicts(extra: object) -> list[TaskDict] | None:
         return None
 
 
-def _to_cached(spec: BuildSpec) -> taskcache.CachedSpec:
-    if spec.kind != "build":
-        return taskcache.CachedSpec(target=spec.target, kind=spec.kind, message=spec.message)
-    uptodate, file_dep, targets = (spec.task[k] for k in ("uptodate", "file_dep", "targets"))
-    assert isinstance(uptodate, list) and isinstance(file_dep, list) and isinstance(targets, list)
-    (check,) = uptodate
-    assert isinstance(check, SignatureCheck)
-    return taskcache.CachedSpec(
-        target=spec.target,
-        kind="build",
-        file_dep=tuple(file_dep),
-        parts=dict(check.parts),
-        manifest=targets[0],
-    )
-
-
-def _from_cached(root: Path, cached: taskcache.CachedSpec, explicit: frozenset[str]) -> BuildSpec:
-    name = cached.target
-    kind: SpecKind
-    if cached.kind == "build":
-        kind = "build"
-        task = build_task(
-            root=root,
-            target=name,
-            file_dep=list(cached.file_dep),
-            parts=cached.parts,
-            manifest=cached.manifest,
-        )
-    elif cached.kind == "skip":
-        kind = "skip"
-        task = plan_skip_task(
-            root=root, target=name, reason=cached.message, explicit=name in explicit
-        )
-    else:
-        kind = "error"
-        task = plan_error_task(root=root, target=name, message=cached.message)
-    return BuildSpec(target=name, kind=kind, message=cached.message, task=task)
+def _from_cached(spec: BuildSpec, explicit: frozenset[str]) -> BuildSpec:
+    """A spec the task cache stored, as this run's command line selects it: a skip of a
+    target named exactly fails (the only fact of a spec that is not the tree's)."""
+    if spec.kind == "skip" and spec.target in explicit:
+        return dataclasses.replace(spec, explicit=True)
+    return spec
 
 
 def named_failures(root: Path, specs: Sequence[BuildSpec], names: Iterable[str]) -> list[BuildSpec]:
@@ -413,8 +376,7 @@ def named_failures(root: Path, specs: Sequence[BuildSpec], names: Iterable[str])
             else:
                 message = tree if tree is not None else _not_a_target(target, have)
         message = printable(message)
-        task = plan_error_task(root=root, target=name, message=message, clean=canonical)
-        out.append(BuildSpec(target=name, kind="error", message=message, task=task))
+        out.append(BuildSpec(target=name, kind="error", message=message, clean=canonical))
     return out
 
 

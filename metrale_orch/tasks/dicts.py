@@ -24,30 +24,24 @@ Three kinds of ``build:<hw>/<model>/<quant>`` sub-task:
   answering ``Invalid parameter``.
 
 Skip and error tasks carry their reason in ``doc``: ``doit list --status`` prints
-it on the target's own line. :class:`BuildSpec` is one such sub-task with what it
-came from (what ``metrale-orch status/why/rdeps`` read).
+it on the target's own line. Each is made from a
+:class:`~metrale_orch.graph.specs.BuildSpec` by :func:`task_dict` (the specs carry their
+file dependencies and signature parts; nothing is read back out of a dict).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
 
+from metrale_orch.graph.specs import BuildSpec, signature_parts
 from metrale_orch.paths import BUILD_TASK, rel_posix
 from metrale_orch.tasks import actions as _actions
-from metrale_orch.tasks.checker import SignatureCheck, signature_parts
-
-if TYPE_CHECKING:
-    from metrale_orch.steps.plan_values import TargetPlan
-    from metrale_orch.tree import Layout, LayoutError
+from metrale_orch.tasks.checker import SignatureCheck
 
 __all__ = [
     "BUILD",
     "KIND",
-    "BuildSpec",
-    "SpecKind",
     "TaskDict",
     "build_task",
     "explicit_targets",
@@ -55,7 +49,7 @@ __all__ = [
     "plan_build_task",
     "plan_error_task",
     "plan_skip_task",
-    "target_plan_task",
+    "task_dict",
 ]
 
 #: Base name of the build tasks.
@@ -66,28 +60,6 @@ KIND = "metrale_orch"
 
 #: A doit task dict (doit reads it by key; values are doit's own kinds of thing).
 TaskDict = dict[str, object]
-
-#: The kinds of ``build`` sub-task: built, skipped (toolchain missing), failing.
-SpecKind = Literal["build", "skip", "error"]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BuildSpec:
-    """One ``build`` sub-task with what it came from (for ``metrale-orch status/why/rdeps``)."""
-
-    target: str
-    #: "build", "skip" (toolchain missing) or "error" (tree, config or plan error).
-    kind: SpecKind
-    #: The skip reason or error message; "" for a build.
-    message: str = ""
-    #: The compile plan of a build, else None (also None for a spec from the task cache).
-    plan: TargetPlan | None = None
-    #: The resolved layout of a build, else None.
-    layout: Layout | None = None
-    #: The doit task dict.
-    task: Mapping[str, object]
-    #: What resolution gave: the Layout, the LayoutError, or None (tree-wide failure).
-    resolved: Layout | LayoutError | None = None
 
 
 def explicit_targets(argv: Sequence[str], base: str = BUILD) -> frozenset[str]:
@@ -124,17 +96,22 @@ def plan_build_task(
     )
 
 
-def target_plan_task(*, root: Path, target: str, plan: TargetPlan, manifest: Path) -> TaskDict:
-    """:func:`plan_build_task` of ``plan`` (pure), from its finished parts: the plan's
-    ``file_dep_rels`` are doit's spelling already (root-relative, unique, sorted) and its
-    ``signature_json`` the canonical text of some signature parts."""
-    return build_task(
-        root=root,
-        target=target,
-        file_dep=list(plan.file_dep_rels),
-        parts=signature_parts(plan.signature, plan.signature_json),
-        manifest=rel_posix(manifest, root),
-    )
+def task_dict(spec: BuildSpec, root: Path) -> TaskDict:
+    """The doit task dict of ``spec`` (pure): the one place a spec of the graph becomes
+    what doit loads, whether it was generated now or replayed from the task cache."""
+    if spec.kind == "build":
+        return build_task(
+            root=root,
+            target=spec.target,
+            file_dep=list(spec.file_dep),
+            parts=spec.parts,
+            manifest=spec.manifest,
+        )
+    if spec.kind == "skip":
+        return plan_skip_task(
+            root=root, target=spec.target, reason=spec.message, explicit=spec.explicit
+        )
+    return plan_error_task(root=root, target=spec.target, message=spec.message, clean=spec.clean)
 
 
 def build_task(

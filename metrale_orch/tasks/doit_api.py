@@ -50,7 +50,8 @@ from doit.doit_cmd import DoitConfig
 from doit.loader import TASK_STRING, task_params
 from doit.task import Task, dict_to_task
 
-from metrale_orch.tasks.run import Run, Selection
+from metrale_orch.graph.selection import Selection
+from metrale_orch.tasks.run import Run
 
 __all__ = [
     "CHECKER_RECORD",

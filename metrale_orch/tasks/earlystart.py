@@ -21,7 +21,7 @@ __all__ = ["start_early_runs"]
 def start_early_runs(run: Run, scope: Sequence[str] | None = None) -> int:
     """Start the plan's dry runs for the run's project into its probe memo's early runs
     (the plan of this run's kind: the whole tree's, or that of the targets ``scope``
-    names, :mod:`~metrale_orch.tasks.scope`); how many started."""
+    names, :mod:`~metrale_orch.graph.scope`); how many started."""
     environ = run.environ
     build_dir = Path(os.path.expanduser(environ.get("METRALE_ORCH_BUILD_DIR") or "build"))
     return run.probes.early.start_plan(run.root / build_dir / STATE_DIR, environ, scope)

@@ -23,9 +23,9 @@ from typing import Any
 
 from doit.cmd_base import DodoTaskLoader
 
+from metrale_orch.graph.scope import selection_scope
 from metrale_orch.tasks.doit_api import current_run, tell_loader_present, tell_selection
 from metrale_orch.tasks.earlystart import start_early_runs
-from metrale_orch.tasks.scope import selection_scope
 
 __all__ = ["Loader"]
 

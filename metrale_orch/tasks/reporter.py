@@ -70,6 +70,7 @@ from metrale_orch.errors import (
     MetraleError,
     printable,
 )
+from metrale_orch.graph.scope import selection_scope
 from metrale_orch.paths import (
     BUILD_TASK,
     COVERAGE_TASK,
@@ -92,7 +93,6 @@ from metrale_orch.tasks.report_lines import (
     format_target,
 )
 from metrale_orch.tasks.run_end import end_interrupted
-from metrale_orch.tasks.scope import selection_scope
 
 __all__ = ["BuildReporter"]
 
@@ -145,7 +145,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         self._selected: set[str] = set()
         #: Every target the tree has (the kept compile times of the others are dropped).
         self._alive: set[str] = set()
-        self._scoped = False  # a run of some build sub-tasks (tasks/scope.py)
+        self._scoped = False  # a run of some build sub-tasks (graph/scope.py)
         self._count_lock = threading.Lock()
         #: Where the compile actions ran (remote execution), added up over the targets.
         self._remote: dict[str, object] = {}
@@ -178,7 +178,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         self._total = len(names)
         self._selected = names
         # The tree's targets, whose kept compile times stay; a run scoped to some targets
-        # knows no other (see tasks/scope.py): it drops none.
+        # knows no other (see graph/scope.py): it drops none.
         self._scoped = selection_scope(current_run().selection) is not None
         self._alive = (
             set() if self._scoped else {n[len(_BASE) :] for n in tasks if n.startswith(_BASE)}

@@ -5,7 +5,7 @@ A :class:`Run` is made when doit loads the tasks and handed, through the doit ad
 and the actions. It holds:
 
 - what doit was asked (:class:`Selection`: its command and words, the dodo file's task
-  creators), and so the run's scope (:mod:`metrale_orch.tasks.scope`);
+  creators), and so the run's scope (:mod:`metrale_orch.graph.scope`);
 - the configuration, loaded once;
 - the toolchain probes (one :class:`~metrale_orch.toolchain.probe.ProbeMemo`: task
   generation probes each toolchain once, the builds reuse those identities);
@@ -28,7 +28,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,6 +35,7 @@ from doit.exceptions import TaskFailed
 
 from metrale_orch.config import Config, load_config
 from metrale_orch.errors import EXIT_FAILURE, EXIT_USAGE, MetraleError
+from metrale_orch.graph.selection import Selection
 from metrale_orch.tasks.run_end import exit_status
 from metrale_orch.tasks.runlock import BuildLock
 from metrale_orch.toolchain.probe import ProbeMemo
@@ -44,25 +44,13 @@ if TYPE_CHECKING:
     from metrale_orch.cache import Cache
     from metrale_orch.steps.session import BuildSession
 
-__all__ = ["RUN_ENV", "Run", "Selection", "Stop"]
+__all__ = ["RUN_ENV", "Run", "Stop"]
 
 #: The environment variable naming the doit run (:meth:`Run.begin`): the build sessions
 #: of its worker processes (forked, spawned alike) take it as theirs, so a cache entry one
 #: stored counts as shared in the run for the others (``steps.session``). Not a setting,
 #: and outside ``METRALE_*``, which task generation reads.
 RUN_ENV = "_METRALE_ORCH_RUN"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Selection:
-    """What a doit command was asked to do, as doit parsed its command line."""
-
-    #: doit's command (``run`` for ``doit`` and ``doit run``, ``list``, ``clean`` ...).
-    command: str
-    #: Its positional words: task names and wildcards (empty: the default tasks).
-    words: tuple[str, ...]
-    #: The task creators of the dodo file's namespace, None when not known.
-    creators: tuple[object, ...] | None = None
 
 
 class Stop:

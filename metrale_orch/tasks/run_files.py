@@ -149,7 +149,7 @@ def _write_history(events: list[dict[str, object]]) -> None:
 def write_compdb(built: Iterable[str], scoped: bool) -> None:
     """Merge the parts of every buildable target of the tree (selected or not, built
     now or before) into compile_commands.json (:mod:`metrale_orch.steps.compdb`). A
-    run scoped to some targets (:mod:`~metrale_orch.tasks.scope`) generated no other:
+    run scoped to some targets (:mod:`~metrale_orch.graph.scope`) generated no other:
     it takes the parts on disk of the tree's other targets (as walked now; a part of
     a target the tree lost is never merged)."""
 

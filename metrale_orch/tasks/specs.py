@@ -20,6 +20,8 @@ from pathlib import Path
 
 from metrale_orch.config import Config, load_config
 from metrale_orch.errors import MetraleError, is_printable, printable
+from metrale_orch.graph.scope import in_scope
+from metrale_orch.graph.specs import BuildSpec, plan_build_spec
 from metrale_orch.paths import (
     MANIFEST_NAME,
     SMOKE_TASK,
@@ -35,15 +37,7 @@ from metrale_orch.steps.plan_values import PlanMemo
 from metrale_orch.steps.staging import beyond_layout
 from metrale_orch.steps.subshell import check_compile_paths
 from metrale_orch.tasks.creators import Generation, cached_tasks, named_failures
-from metrale_orch.tasks.dicts import (
-    BuildSpec,
-    TaskDict,
-    explicit_targets,
-    plan_error_task,
-    plan_skip_task,
-    target_plan_task,
-)
-from metrale_orch.tasks.scope import in_scope
+from metrale_orch.tasks.dicts import TaskDict, explicit_targets, task_dict
 from metrale_orch.tasks.smoke import smoke_tasks
 from metrale_orch.toolchain.definitions import Toolchain, load_toolchains, select_toolchain
 from metrale_orch.toolchain.probe import FoundToolchain, ProbeMemo
@@ -169,8 +163,7 @@ def generate_specs(
 
     def error(name: str, message: str, resolved: Layout | LayoutError | None = None) -> BuildSpec:
         message = printable(message)  # it may name a file whose name is not UTF-8
-        task = plan_error_task(root=root, target=name, message=message)
-        return BuildSpec(target=name, kind="error", message=message, task=task, resolved=resolved)
+        return BuildSpec(target=name, kind="error", message=message, resolved=resolved)
 
     try:
         if config is None:
@@ -223,11 +216,14 @@ def generate_specs(
             tool = found[key]
             if isinstance(tool, ToolchainMissing):
                 reason = str(tool)
-                task = plan_skip_task(
-                    root=root, target=name, reason=reason, explicit=name in explicit
-                )
                 specs.append(
-                    BuildSpec(target=name, kind="skip", message=reason, task=task, resolved=layout)
+                    BuildSpec(
+                        target=name,
+                        kind="skip",
+                        message=reason,
+                        explicit=name in explicit,
+                        resolved=layout,
+                    )
                 )
                 continue
             if isinstance(tool, MetraleError):
@@ -260,12 +256,8 @@ def generate_specs(
             specs.append(error(name, unnamable_message(str(unnamable)), layout))
             continue
         out_dir = target_dir(config.build_dir, target.hardware, target.model, target.quant)
-        task = target_plan_task(root=root, target=name, plan=plan, manifest=out_dir / MANIFEST_NAME)
-        specs.append(
-            BuildSpec(
-                target=name, kind="build", plan=plan, layout=layout, task=task, resolved=layout
-            )
-        )
+        spec = plan_build_spec(root=root, target=name, plan=plan, manifest=out_dir / MANIFEST_NAME)
+        specs.append(dataclasses.replace(spec, layout=layout, resolved=layout))
     return specs, cacheable
 
 
@@ -286,8 +278,7 @@ def spec_inputs(root: Path, spec: BuildSpec) -> frozenset[str]:
     spec from the task cache that is not a build (it carries no resolution).
     """
     if spec.kind == "build":
-        file_dep = spec.task.get("file_dep", ())
-        deps = {str(p) for p in file_dep} if isinstance(file_dep, list | tuple) else set()
+        deps = set(spec.file_dep)
         if isinstance(spec.layout, Layout):
             with contextlib.suppress(MetraleError, OSError):
                 beyond = beyond_layout(root, spec.layout).files.values()
@@ -314,7 +305,7 @@ def load_build_tasks(
     root: Path, environ: Mapping[str, str], argv: Sequence[str] = ()
 ) -> list[TaskDict]:
     """The ``build`` sub-task dicts of :func:`resolve_build_specs`."""
-    return [dict(spec.task) for spec in resolve_build_specs(root, environ, argv)]
+    return [task_dict(spec, root) for spec in resolve_build_specs(root, environ, argv)]
 
 
 def smoke_task_dicts(

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from metrale_orch.config import Config
 from metrale_orch.errors import EXIT_USAGE, MetraleError
+from metrale_orch.graph.specs import BuildSpec
 from metrale_orch.steps.compdb import (
     Difference,
     TargetCommands,
@@ -31,7 +32,6 @@ from metrale_orch.steps.compdb import (
 from metrale_orch.steps.errors import ToolchainMissing
 from metrale_orch.steps.target import stage_target
 from metrale_orch.tasks import specs as generation
-from metrale_orch.tasks.dicts import BuildSpec
 from metrale_orch.tasks.runlock import BuildLock
 from metrale_orch.tree import Target
 from metrale_orch.views.status import choose_specs

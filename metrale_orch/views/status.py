@@ -38,6 +38,7 @@ from typing import Literal
 
 from metrale_orch.config import Config, load_config
 from metrale_orch.errors import MetraleError, UsageError
+from metrale_orch.graph.specs import BuildSpec
 from metrale_orch.paths import BUILD_TASK, DB_NAME, TREE_TASK, rel_posix
 from metrale_orch.steps.includes import Includes, module_closure, parse_includes
 from metrale_orch.steps.keyrecord import Change, plan_record, record_changes
@@ -54,7 +55,7 @@ from metrale_orch.tasks.checker import (
     TaskDataCodec,
 )
 from metrale_orch.tasks.creators import named_failures
-from metrale_orch.tasks.dicts import BuildSpec
+from metrale_orch.tasks.dicts import task_dict
 from metrale_orch.tasks.doit_api import (
     Dependency,
     Task,
@@ -262,7 +263,8 @@ def statuses(
     out: list[TargetStatus] = []
     with _in_root(root), _dependency(root) as dep:
         tasks = {
-            s.target: make_task({**s.task, "name": f"{BUILD_TASK}:{s.target}"}) for s in chosen
+            s.target: make_task({**task_dict(s, root), "name": f"{BUILD_TASK}:{s.target}"})
+            for s in chosen
         }
         for spec in chosen:
             task = tasks[spec.target]

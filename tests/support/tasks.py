@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from metrale_orch.tasks import taskcache
+from metrale_orch.graph.specs import BuildSpec
 from tests.support.project import FILES, make_project, project_env, use_fake_compiler
 
 #: The package's task loader, as a project's pyproject.toml names it for plain doit.
@@ -42,5 +42,5 @@ def project(tmp: Path, files: Mapping[str, str] | None = None) -> tuple[Path, di
     return root, project_env(tmp, fake_bin=tmp / "bin")
 
 
-def _one_spec() -> list[taskcache.CachedSpec]:
-    return [taskcache.CachedSpec(target="h/m/q", kind="error", message="x")]
+def _one_spec() -> list[BuildSpec]:
+    return [BuildSpec(target="h/m/q", kind="error", message="x")]

@@ -60,7 +60,7 @@ def test_doit_starts_the_longest_targets_first_and_hits_keep_the_times(
 def test_a_run_of_some_targets_keeps_every_other_targets_times(
     fake_project: tuple[Path, dict[str, str]],
 ) -> None:
-    """A run naming targets knows only those (tasks/scope.py): it records their compiles
+    """A run naming targets knows only those (graph/scope.py): it records their compiles
     and drops no other target's times; a run of the whole tree drops a removed one's."""
     root, env = fake_project
     assert doit(root, ["build"], env).returncode == 0

@@ -19,19 +19,19 @@ from pathlib import Path
 import pytest
 
 from metrale_orch.config import load_config
+from metrale_orch.graph import taskcache
+from metrale_orch.graph.scope import in_scope
+from metrale_orch.graph.specs import BuildSpec
+from metrale_orch.graph.taskkey import generation_base, generation_key
 from metrale_orch.paths import TREE_TASK
-from metrale_orch.tasks import taskcache
-from metrale_orch.tasks.checker import SignatureCheck
 from metrale_orch.tasks.creators import cached_tasks
-from metrale_orch.tasks.dicts import BuildSpec
-from metrale_orch.tasks.scope import in_scope
+from metrale_orch.tasks.doit_api import doit_version
 from metrale_orch.tasks.specs import (
     GENERATION,
     cached_build_specs,
     resolve_build_specs,
     smoke_task_dicts,
 )
-from metrale_orch.tasks.taskkey import generation_base, generation_key
 from metrale_orch.toolchain import earlyruns
 from metrale_orch.toolchain.definitions import load_toolchains
 from tests.support.project import doit
@@ -56,15 +56,16 @@ def trusting(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def norm(specs: list[BuildSpec]) -> list[tuple[str, str, str, str]]:
-    """The specs' task dicts in a comparable form (SignatureCheck by its parts)."""
-    out = []
-    for spec in specs:
-        task = dict(spec.task)
-        task["uptodate"] = [
-            ("sig", u.parts) if isinstance(u, SignatureCheck) else u for u in task["uptodate"]
-        ]
-        out.append((spec.target, spec.kind, spec.message, repr(sorted(task.items()))))
-    return out
+    """The specs in a comparable form: what their task dicts are made of."""
+    return [
+        (
+            s.target,
+            s.kind,
+            s.message,
+            repr((s.file_dep, sorted(s.parts.items()), s.manifest, s.explicit, s.clean)),
+        )
+        for s in specs
+    ]
 
 
 def lookup(root: Path, env: dict[str, str], argv: tuple[str, ...] = ()) -> str:
@@ -111,9 +112,9 @@ def test_hit_honours_the_command_line(
     argv = ("build:apple/llama/f16",)
     assert lookup(root, env, argv) == "hit"
     (skip,) = [s for s in cached_build_specs(root, env, argv)[0] if s.kind == "skip"]
-    assert skip.task["actions"][0][1][2] is True
+    assert skip.explicit is True
     (skip,) = [s for s in cached_build_specs(root, env, ("build",))[0] if s.kind == "skip"]
-    assert skip.task["actions"][0][1][2] is False
+    assert skip.explicit is False
 
 
 def test_same_bytes_touch_is_a_hit_by_content_then_stat_only(
@@ -195,7 +196,7 @@ def test_manifest_edits_miss(
 
 
 def _parts(specs: list[BuildSpec]) -> dict[str, dict[str, str]]:
-    return {s.target: dict(s.task["uptodate"][0].parts) for s in specs if s.kind == "build"}
+    return {s.target: dict(s.parts) for s in specs if s.kind == "build"}
 
 
 @pytest.mark.parametrize(
@@ -328,7 +329,9 @@ def test_damaged_cache_files_miss(
 
 def _key(root: Path, env: dict[str, str]) -> str:
 
-    return generation_key(root, env, load_config(root, env), load_toolchains(root))
+    return generation_key(
+        root, env, load_config(root, env), load_toolchains(root), doit=doit_version()
+    )
 
 
 def test_package_files_are_watched(tmp_path: Path, trusting: None) -> None:
@@ -391,7 +394,9 @@ def test_a_toolchain_no_target_selects_is_not_probed_and_changes_nothing(
 
 
 def _base(root: Path, env: dict[str, str]) -> str:
-    return generation_base(root, env, load_config(root, env), load_toolchains(root))
+    return generation_base(
+        root, env, load_config(root, env), load_toolchains(root), doit=doit_version()
+    )
 
 
 def test_a_toolchain_a_skipped_target_selects_is_still_probed(

@@ -58,7 +58,7 @@ def test_a_memo_is_rebuilt_as_the_users_own(tmp_path: Path) -> None:
 
 @as_root
 def test_a_task_cache_file_of_another_user_is_a_miss(tmp_path: Path) -> None:
-    from metrale_orch.tasks import taskcache
+    from metrale_orch.graph import taskcache
 
     path = tmp_path / "build-tasks.0123456789abcdef.cache"
     taskcache.store(path, "k" * 32, taskcache.Scan(started_ns=0, watches=()), [])

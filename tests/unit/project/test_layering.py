@@ -63,16 +63,31 @@ ALLOWED: dict[str, frozenset[str]] = {
     "matrix": frozenset({"steps", "toolchain", "tree"}),
     # The release gate (coverage): reads builds with the smoke readers and resources' ptxas.
     "gate": frozenset({"resources", "steps", "toolchain", "smoke", "tree", "config"}),
+    # The build graph without doit: a run's selection and scope, the task cache and its key.
+    "graph": frozenset({"steps", "toolchain", "config", "tree"}),
+    # The doit adapter: turns the graph into doit's task dicts, runs and reports them.
     "tasks": frozenset(
-        {"steps", "toolchain", "executor", "cache", "config", "defaults", "smoke", "tree", "gate"}
+        {
+            "graph",
+            "steps",
+            "toolchain",
+            "executor",
+            "cache",
+            "config",
+            "defaults",
+            "smoke",
+            "tree",
+            "gate",
+        }
     ),
-    "dodo": frozenset({"tasks"}),
+    "dodo": frozenset({"tasks", "graph"}),
     # Views of the build without a doit task (status, why, rdeps, compdb).
-    "views": frozenset({"tasks", "steps", "toolchain", "config", "tree"}),
+    "views": frozenset({"tasks", "graph", "steps", "toolchain", "config", "tree"}),
     "cli": frozenset(
         {
             "views",
             "tasks",
+            "graph",
             "steps",
             "executor",
             "toolchain",
@@ -149,6 +164,27 @@ def test_only_the_doit_integration_imports_doit(module: str, path: Path) -> None
         f"{path.relative_to(PACKAGE.parent)}:{line}: imports {target}"
         for line, target in _imports(path)
         if target == "doit" or target.startswith("doit.")
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_the_graph_imports_neither_doit_nor_the_doit_adapter() -> None:
+    """issue 46: the build graph (``metrale_orch/graph``) is usable without doit around
+    it; neither doit nor :mod:`metrale_orch.tasks` may be imported there, deferred
+    imports included."""
+    graph = [(m, p) for m, p in MODULES if _area(m) == "graph"]
+    assert {m for m, _ in graph} >= {
+        "metrale_orch.graph.scope",
+        "metrale_orch.graph.selection",
+        "metrale_orch.graph.taskcache",
+        "metrale_orch.graph.taskkey",
+    }
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}: imports {target}"
+        for _module, path in graph
+        for line, target in _imports(path)
+        if target in ("doit", "metrale_orch.tasks")
+        or target.startswith(("doit.", "metrale_orch.tasks."))
     ]
     assert not found, "\n".join(found)
 

@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 
 from metrale_orch.canonical import canonical_json, canonical_list, canonical_strings
 from metrale_orch.errors import MetraleError
+from metrale_orch.graph.specs import plan_build_spec, signature_parts
 from metrale_orch.paths import root_relative
 from metrale_orch.steps.plan import check_plan, plan_target
 from metrale_orch.steps.plan_values import PlanMemo, RootRel
-from metrale_orch.tasks.checker import signature_parts
-from metrale_orch.tasks.dicts import plan_build_task, rel_posix, target_plan_task
+from metrale_orch.tasks.dicts import plan_build_task, rel_posix, task_dict
 from metrale_orch.toolchain.definitions import load_toolchains
 from metrale_orch.tree import Layout, resolve_all
 from tests.support import REPO
@@ -133,7 +133,7 @@ def test_memo_hands_out_copies_of_shared_defaults(tmp_path: Path) -> None:
     assert a.modules[0].argv is b.modules[0].argv  # add.cu: one argv for both targets
 
 
-def test_target_plan_task_is_plan_build_task_of_the_plan(tmp_path: Path) -> None:
+def test_the_task_of_a_plan_build_spec_is_plan_build_task_of_the_plan(tmp_path: Path) -> None:
     """Generation builds a task from the plan's finished parts (its doit spelling of the
     file deps, its pre-encoded signature parts): the same dict as from the plain parts."""
     root = REPO
@@ -145,7 +145,9 @@ def test_target_plan_task_is_plan_build_task_of_the_plan(tmp_path: Path) -> None
             continue
         plan = plan_target(root, layout, toolchains, identity="id", memo=memo)
         name = str(layout.target)
-        fast = target_plan_task(root=root, target=name, plan=plan, manifest=manifest)
+        fast = task_dict(
+            plan_build_spec(root=root, target=name, plan=plan, manifest=manifest), root
+        )
         slow = plan_build_task(
             root=root,
             target=name,

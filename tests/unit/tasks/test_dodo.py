@@ -14,13 +14,13 @@ import xxhash
 from doit.dependency import Dependency, SqliteDB
 
 from metrale_orch import fsutil
+from metrale_orch.graph.specs import signature_parts
 from metrale_orch.paths import rel_posix
 from metrale_orch.tasks.checker import (
     ContentChecker,
     SignatureCheck,
     TaskDataCodec,
     file_digest,
-    signature_parts,
 )
 from metrale_orch.tasks.dicts import explicit_targets, plan_build_task
 from metrale_orch.tasks.doit_api import stored_state

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 from metrale_orch.cache import CacheStats
-from metrale_orch.tasks import actions, taskcache
+from metrale_orch.graph import taskcache
+from metrale_orch.tasks import actions
 from metrale_orch.tasks.checker import SignatureCheck
 from metrale_orch.tasks.creators import record_task_dicts, replay_task_dicts
 from metrale_orch.tasks.outcomes import nonzero_counters

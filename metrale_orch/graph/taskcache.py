@@ -56,9 +56,8 @@ import sys
 import time
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 
 import xxhash
 
@@ -73,6 +72,7 @@ from metrale_orch.fsutil import (
     remove_all_but_newest,
     write_own,
 )
+from metrale_orch.graph.specs import BuildSpec
 from metrale_orch.ownership import read_own
 
 __all__ = [
@@ -80,7 +80,6 @@ __all__ = [
     "KEEP",
     "RACY_NS",
     "SCHEMA",
-    "CachedSpec",
     "Lookup",
     "Scan",
     "cache_path",
@@ -108,23 +107,6 @@ USES_NAME = "build-tasks.uses.json"
 _MARSHAL_VERSION = 4
 
 _log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CachedSpec:
-    """What a ``build`` sub-task is made from (see ``metrale_orch.tasks.dicts``)."""
-
-    target: str
-    #: "build", "skip" or "error".
-    kind: str
-    #: Skip reason or error message; "" for a build.
-    message: str = ""
-    #: doit ``file_dep`` (root-relative, unique, sorted); builds only.
-    file_dep: tuple[str, ...] = ()
-    #: Signature part -> digest; builds only.
-    parts: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    #: The ``targets`` entry (the manifest path); builds only.
-    manifest: str = ""
 
 
 # ------------------------------------------------------------------------------ fingerprints
@@ -283,7 +265,7 @@ def _pack(key: str, started_ns: int, watches: Sequence[Sequence[object]], body: 
     return _MAGIC + line + header + body
 
 
-def _encode_body(specs: Sequence[CachedSpec], extra: object = None) -> bytes:
+def _encode_body(specs: Sequence[BuildSpec], extra: object = None) -> bytes:
     # One str object per distinct path: marshal writes it once and back-references it,
     # and loading shares it again, so ~45 000 edges cost ~9 000 strings.
     interned: dict[str, str] = {}
@@ -325,7 +307,7 @@ def _scoped_name(path: Path) -> bool:
 
 
 def store(
-    path: Path, key: str, scanned: Scan, specs: Sequence[CachedSpec], extra: object = None
+    path: Path, key: str, scanned: Scan, specs: Sequence[BuildSpec], extra: object = None
 ) -> None:
     """Write the cache file (temporary file + rename; errors are ignored), then remove
     all but the :data:`KEEP` most recently written entries of its kind beside it (the
@@ -434,7 +416,7 @@ class Lookup:
     """The outcome of :func:`lookup`."""
 
     #: The cached specs on a hit, else None.
-    specs: tuple[CachedSpec, ...] | None
+    specs: tuple[BuildSpec, ...] | None
     #: What :func:`store` was given as ``extra`` (None on a miss).
     extra: object = None
     #: "hit", or why not (for logs and tests).
@@ -571,11 +553,11 @@ def lookup(path: Path, key: str) -> Lookup:
     return Lookup(specs=specs, extra=extra, reason="hit", compared=compared, refreshed=settled)
 
 
-def _decode_body(body: bytes) -> tuple[tuple[CachedSpec, ...], object]:
+def _decode_body(body: bytes) -> tuple[tuple[BuildSpec, ...], object]:
     rows, extra = marshal.loads(body)
     specs = tuple(
         [
-            CachedSpec(
+            BuildSpec(
                 target=target,
                 kind=kind,
                 message=message,

@@ -1,4 +1,4 @@
-"""A run's scope (``metrale_orch.tasks.scope``): which build sub-tasks it needs."""
+"""A run's scope (``metrale_orch.graph.scope``): which build sub-tasks it needs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from doit.task import Task
 from hypothesis import given
 from hypothesis import strategies as st
 
-from metrale_orch.tasks.scope import build_scope, in_scope
+from metrale_orch.graph.scope import build_scope, in_scope
 
 
 @pytest.mark.parametrize(

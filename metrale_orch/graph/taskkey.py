@@ -19,10 +19,9 @@ import xxhash
 
 import metrale_orch
 from metrale_orch.config import EXECUTION_KEYS, Config
+from metrale_orch.graph import taskcache
 from metrale_orch.paths import STATE_DIR
 from metrale_orch.steps.hip_mirror import scan_hip_compat
-from metrale_orch.tasks import taskcache
-from metrale_orch.tasks.doit_api import doit_version
 from metrale_orch.toolchain.definitions import Toolchain
 from metrale_orch.toolchain.probe import ProbeMemo
 from metrale_orch.toolchain.stamps import Stamp, toolchain_stamps
@@ -39,11 +38,17 @@ __all__ = [
 
 
 def generation_base(
-    root: Path, environ: Mapping[str, str], config: Config, toolchains: Mapping[str, Toolchain]
+    root: Path,
+    environ: Mapping[str, str],
+    config: Config,
+    toolchains: Mapping[str, Toolchain],
+    *,
+    doit: str,
 ) -> str:
     """Digest of what task generation depends on besides the watched files and the
-    toolchains' programs (no compiler runs): versions, root, configuration, every
-    toolchain's definition, and the environment variables any of them reads."""
+    toolchains' programs (no compiler runs): versions (``doit``: the version of the
+    driver the tasks are generated for, given by its adapter), root, configuration,
+    every toolchain's definition, and the environment variables any of them reads."""
     names = {"PATH", "HOME", "XDG_CACHE_HOME"}
     names.update(k for k in environ if k.startswith("METRALE_"))
     for tc in toolchains.values():
@@ -56,7 +61,7 @@ def generation_base(
     doc = {
         "schema": taskcache.SCHEMA,
         "python": [sys.version, sys.executable],
-        "doit": doit_version(),
+        "doit": doit,
         "package": metrale_orch.__version__,
         "root": os.fspath(root),
         "build_dir": os.fspath(config.build_dir),
@@ -76,6 +81,8 @@ def generation_key(
     toolchains: Mapping[str, Toolchain],
     probes: ProbeMemo | None = None,
     used: Iterable[str] | None = None,
+    *,
+    doit: str,
 ) -> str:
     """Digest of what task generation depends on besides the watched files (I/O: finds
     and probes toolchains): :func:`generation_base`, and the programs of the toolchains
@@ -85,9 +92,9 @@ def generation_key(
     Probed on every invocation (a wrapper can switch the real compiler without a change
     any stat would see); only the real binaries' hashes are remembered. A toolchain no
     target selects changes no task, so it is not probed: hipcc on a tree of NVIDIA
-    targets costs a no-op nothing (:func:`~metrale_orch.tasks.taskcache.read_uses`).
+    targets costs a no-op nothing (:func:`~metrale_orch.graph.taskcache.read_uses`).
     """
-    base = generation_base(root, environ, config, toolchains)
+    base = generation_base(root, environ, config, toolchains, doit=doit)
     state_dir = config.build_dir / STATE_DIR
     if used is None:
         used = taskcache.read_uses(state_dir, base)

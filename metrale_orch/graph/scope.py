@@ -12,8 +12,8 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Sequence
 
+from metrale_orch.graph.selection import Selection
 from metrale_orch.paths import BUILD_TASK
-from metrale_orch.tasks.run import Selection
 
 __all__ = ["build_scope", "in_scope", "selection_scope"]
 
@@ -46,7 +46,7 @@ def selection_scope(selection: Selection | None, *, guess: bool = False) -> tupl
 
 
 def build_scope(selection: Sequence[str] | None) -> tuple[str, ...] | None:
-    """The words of a doit ``run`` selection (:class:`~metrale_orch.tasks.run.Selection`)
+    """The words of a doit ``run`` selection (:class:`~metrale_orch.graph.selection.Selection`)
     when it selects ``build``
     sub-tasks only, sorted and unique: each a sub-task's full
     name (``build:<target>``) or a wildcard of them (``build:hopper/*``). None when it
