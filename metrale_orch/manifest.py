@@ -27,6 +27,7 @@ __all__ = [
     "ManifestModule",
     "ManifestShadow",
     "ModuleOutcome",
+    "odd_artefact",
     "read_manifest",
 ]
 
@@ -164,6 +165,16 @@ class Manifest:
 
 
 _SHADOW_FIELDS = ("role", "name", "winner", "loser", "reason")
+
+
+def odd_artefact(manifest: Manifest) -> str | None:
+    """The first artefact of ``manifest`` named other than as a plain file name of the
+    target's directory (a path, "", "." or ".."), else None (pure): a reader that joins it
+    to the directory refuses such a manifest."""
+    for module in manifest.modules:
+        if "/" in module.artefact or module.artefact in ("", ".", ".."):
+            return module.artefact
+    return None
 
 
 def read_manifest(path: Path) -> Manifest:

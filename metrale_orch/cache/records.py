@@ -87,16 +87,7 @@ class TierHeads:
                 raise TierUnreadable(
                     "remote tier", "no remote cache is configured (set `cache` to its URL)"
                 )
-            self._store = RemoteStore(
-                settings.remote,
-                storage_options=settings.storage_options,
-                namespace=settings.namespace,
-                timeout=float(settings.timeout),
-                failure_threshold=settings.failure_threshold,
-                writable=False,
-                warn=self._warn,
-                max_size=settings.max_object_size,
-            )
+            self._store = settings.remote_store(writable=False, warn=self._warn)
         self.warnings: list[str] = []
         self._trust = _trust(settings, remote=remote)
 

@@ -7,11 +7,12 @@ frozen, with ``storage_options`` held as a read-only mapping.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from metrale_orch.cache.bucket import RemoteStore
 from metrale_orch.cache.errors import CacheSettingsError, TrustedKeyError
 from metrale_orch.cache.local import DEFAULT_MAX_OBJECT_SIZE
 from metrale_orch.config import (
@@ -100,4 +101,18 @@ class CacheSettings:
             signing_key=config.cache_signing_key,
             signing_key_where=source_label(config, "cache_signing_key"),
             local_key=config.local_key,
+        )
+
+    def remote_store(self, *, writable: bool, warn: Callable[[str], None]) -> RemoteStore:
+        """The store of the remote tier (``remote`` must be set), its deadline, failure
+        threshold and object size bound from these settings."""
+        return RemoteStore(
+            self.remote or "",
+            storage_options=self.storage_options,
+            namespace=self.namespace,
+            timeout=float(self.timeout),
+            failure_threshold=self.failure_threshold,
+            writable=writable,
+            warn=warn,
+            max_size=self.max_object_size,
         )

@@ -126,15 +126,8 @@ class Cache:
         )
         self._remote: RemoteStore | None = None
         if self._enabled and settings.remote:
-            self._remote = RemoteStore(
-                settings.remote,
-                storage_options=settings.storage_options,
-                namespace=settings.namespace,
-                timeout=float(settings.timeout),
-                failure_threshold=settings.failure_threshold,
-                writable=settings.mode == "read-write",
-                warn=self._remote_warn,
-                max_size=settings.max_object_size,
+            self._remote = settings.remote_store(
+                writable=settings.mode == "read-write", warn=self._remote_warn
             )
         if self._enabled and self._signing is None:
             self._warn_shared_local(settings.local_dir)

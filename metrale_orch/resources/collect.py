@@ -25,7 +25,7 @@ from pathlib import Path
 
 from metrale_orch.errors import MetraleError
 from metrale_orch.fsutil import bytes_hash
-from metrale_orch.manifest import Manifest, ManifestError, read_manifest
+from metrale_orch.manifest import Manifest, ManifestError, odd_artefact, read_manifest
 from metrale_orch.paths import MANIFEST_NAME, STATE_DIR, rel_posix, target_dir
 from metrale_orch.proc import run_process
 from metrale_orch.resources.answers import Answers
@@ -215,9 +215,9 @@ def read_target_manifest(path: Path, shown: str) -> Manifest:
         raise BadManifest(shown, f"cannot be read ({exc.strerror or exc})") from None
     except ManifestError as exc:
         raise BadManifest(shown, f"cannot be read ({exc})") from None
-    for module in manifest.modules:
-        if "/" in module.artefact or module.artefact in ("", ".", ".."):
-            raise BadManifest(shown, f"artefact {module.artefact!r} is not a file name")
+    odd = odd_artefact(manifest)
+    if odd is not None:
+        raise BadManifest(shown, f"artefact {odd!r} is not a file name")
     return manifest
 
 

@@ -32,7 +32,13 @@ from pathlib import Path
 
 from metrale_orch.errors import MetraleError
 from metrale_orch.fsutil import file_hash
-from metrale_orch.manifest import Manifest, ManifestError, ManifestModule, read_manifest
+from metrale_orch.manifest import (
+    Manifest,
+    ManifestError,
+    ManifestModule,
+    odd_artefact,
+    read_manifest,
+)
 from metrale_orch.paths import MANIFEST_NAME, rel_posix, target_dir
 from metrale_orch.resources.collect import select_targets
 from metrale_orch.sass.diff import KernelDiff, SassDiff, TargetNote, diff_functions
@@ -162,9 +168,9 @@ def _side(run: _Run, build_dir: Path, target: Target) -> _Side:
         raise UndisassemblableArtefact(shown, f"cannot be read ({exc.strerror or exc})") from None
     except ManifestError as exc:
         raise UndisassemblableArtefact(shown, f"cannot be read ({exc}); rebuild it") from None
-    for module in manifest.modules:
-        if "/" in module.artefact or module.artefact in ("", ".", ".."):
-            raise UndisassemblableArtefact(shown, f"artefact {module.artefact!r} is not a file")
+    odd = odd_artefact(manifest)
+    if odd is not None:
+        raise UndisassemblableArtefact(shown, f"artefact {odd!r} is not a file")
     return _Side(tdir=tdir, manifest=manifest)
 
 
