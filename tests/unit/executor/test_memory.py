@@ -18,6 +18,7 @@ import pytest
 from metrale_orch.config import ConfigError, load_config
 from metrale_orch.executor import PrioritySlots
 from metrale_orch.executor.memory import MemoryBudget, available_memory
+from metrale_orch.proc import peak_is_the_child_s
 from metrale_orch.steps.profile import Span, trace_document
 from metrale_orch.steps.times import TIMES, CompileTimes, merge_compiles, read_times, write_times
 from metrale_orch.tasks.progress import progress_text
@@ -167,3 +168,14 @@ def test_the_live_line_and_the_profile_show_memory_in_use() -> None:
     track = [(e["ts"], e["args"]["MiB"]) for e in events if e["ph"] == "C"]
     # a's compiler ran 1-4 ms, b's 2-3 ms (each span's end less its seconds).
     assert track == [(1000, 100.0), (2000, 150.0), (3000, 100.0), (4000, 0.0)]
+
+
+def test_a_child_peak_just_above_the_parent_s_is_what_it_inherited() -> None:
+    """A child that only inherited this process's memory was once reported ~10 % above
+    this process's high-water mark (Linux sums per-thread, per-CPU counters lazily): that is
+    not the child's peak; a peak well above it is."""
+    own = 300 * MIB
+    assert not peak_is_the_child_s(own, own)
+    assert not peak_is_the_child_s(322 * MIB, own)  # the CI worker's reading
+    assert peak_is_the_child_s(400 * MIB, own)
+    assert peak_is_the_child_s(60 * MIB, 20 * MIB)  # a small parent: 32 MiB of slack
