@@ -51,20 +51,26 @@ def read_own(path: Path | str) -> bytes:
     return _read_regular(path, own=True)
 
 
-def read_regular(path: Path | str) -> bytes:
+def read_regular(path: Path | str, *, follow: bool = True, most: int = -1) -> bytes:
     """The bytes of the regular file at ``path``, whoever owns it: for a file that decides
-    no byte of a build (kept compile times), which is checked for what it holds. Raises
-    OSError, and for anything but a regular file (a FIFO there is not waited on)."""
-    return _read_regular(path, own=False)
+    no byte of a build (kept compile times, the build history), which is checked for what
+    it holds; ``follow=False`` refuses a symbolic link there (``ELOOP``), ``most`` reads at
+    most that many bytes. Raises OSError, and for anything but a regular file (a FIFO
+    there is not waited on)."""
+    return _read_regular(path, own=False, follow=follow, most=most)
 
 
-def _read_regular(path: Path | str, *, own: bool) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "rb") as fh:
+def _read_regular(path: Path | str, *, own: bool, follow: bool = True, most: int = -1) -> bytes:
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags if follow else flags | getattr(os, "O_NOFOLLOW", 0))
+    try:  # checked before a file object is made of it: one refuses a directory itself
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
         problem = not_own(st) if own else ""
         if problem:
             raise PermissionError(errno.EPERM, problem, os.fspath(path))
-        return fh.read()
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            return fh.read(most)
+    finally:
+        os.close(fd)

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import re
-import stat
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +30,7 @@ from pathlib import Path
 
 from metrale_orch.canonical import canonical_json
 from metrale_orch.fsutil import write_atomic
+from metrale_orch.ownership import read_regular
 from metrale_orch.steps.errors import HistoryError
 from metrale_orch.steps.profile import ProfileSummary, read_at, summarize_profile
 
@@ -169,21 +168,17 @@ def read_history(path: Path, name: str) -> tuple[BuildRecord, ...]:
     """The builds kept at ``path`` (``()`` when there is no history yet); ``name`` is how
     messages call the file. Raises :class:`~metrale_orch.steps.errors.HistoryError`."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+        data = read_regular(path, follow=False, most=MAX_BYTES + 1)
     except FileNotFoundError:
         return ()
     except OSError as exc:
-        why = "a symbolic link" if exc.errno == errno.ELOOP else f"cannot read it: {exc.strerror}"
+        if exc.errno == errno.ELOOP:
+            why = "a symbolic link"
+        elif exc.errno == errno.EINVAL:  # read_regular's "not a regular file"
+            why = str(exc.strerror)
+        else:
+            why = f"cannot read it: {exc.strerror}"
         raise HistoryError(name, why) from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise HistoryError(name, "not a regular file")
-        with os.fdopen(fd, "rb", closefd=False) as fh:
-            data = fh.read(MAX_BYTES + 1)
-    except OSError as exc:
-        raise HistoryError(name, f"cannot read it: {exc.strerror}") from None
-    finally:
-        os.close(fd)
     if len(data) > MAX_BYTES:
         raise HistoryError(name, f"larger than {MAX_BYTES // 2**20} MiB")
     try:
