@@ -19,6 +19,7 @@ refused raises :class:`CorruptObject`; the caller removes it with
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import fcntl
@@ -28,7 +29,7 @@ import shutil
 import stat
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -394,15 +395,16 @@ class LocalTier:
         remove_entry(self.path(key))
 
 
-@contextlib.contextmanager
-def key_lock(local_dir: Path, key: str, timeout: float | None) -> Iterator[bool]:
-    """Hold an exclusive ``flock`` for ``key``; yields False if ``timeout`` ran out unlocked."""
+@contextlib.asynccontextmanager
+async def key_lock(local_dir: Path, key: str, timeout: float | None) -> AsyncIterator[bool]:
+    """Hold an exclusive ``flock`` for ``key``; yields False if ``timeout`` ran out unlocked.
+    Waited for on the event loop (polled, holding no thread)."""
     path = local_dir / "locks" / key[:2] / f"{key}.lock"
     make_private_dir(local_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        locked = _acquire(fd, timeout)
+        locked = await _acquire(fd, timeout)
         if not locked:
             log.warning("lock %s still held after %.0f s; going on without it", path, timeout)
         try:
@@ -414,18 +416,15 @@ def key_lock(local_dir: Path, key: str, timeout: float | None) -> Iterator[bool]
         os.close(fd)
 
 
-def _acquire(fd: int, timeout: float | None) -> bool:
-    if timeout is None:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        return True
-    deadline = time.monotonic() + timeout
+async def _acquire(fd: int, timeout: float | None) -> bool:
+    deadline = None if timeout is None else time.monotonic() + timeout
     delay = 0.005
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True
         except BlockingIOError:
-            if time.monotonic() >= deadline:
+            if deadline is not None and time.monotonic() >= deadline:
                 return False
-            time.sleep(delay)
+            await asyncio.sleep(delay)
             delay = min(delay * 2, 0.1)

@@ -18,7 +18,7 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -549,9 +549,10 @@ class Cache:
 
     # -- coordination --
 
-    @contextlib.contextmanager
-    def key_lock(self, key: str, timeout: float | None = None) -> Iterator[None]:
-        """Serialise processes working on ``key`` (an ``flock`` under the local dir).
+    @contextlib.asynccontextmanager
+    async def key_lock(self, key: str, timeout: float | None = None) -> AsyncIterator[None]:
+        """Serialise processes working on ``key`` (an ``flock`` under the local dir, waited
+        for on the event loop).
 
         The second process to ask waits, then usually hits. With ``timeout``, it
         goes on unlocked after that many seconds. A no-op when the cache is off
@@ -563,7 +564,7 @@ class Cache:
             return
         try:
             lock = key_lock(self.settings.local_dir, key, timeout)
-            lock.__enter__()
+            await lock.__aenter__()
         except OSError as exc:
             self._warn(f"local cache {self.settings.local_dir} cannot hold locks ({exc})")
             yield
@@ -571,7 +572,7 @@ class Cache:
         try:
             yield
         finally:
-            lock.__exit__(None, None, None)
+            await lock.__aexit__(None, None, None)
 
 
 def _seconds(meta: Mapping[str, object]) -> float:

@@ -74,9 +74,10 @@ class ActionStopped(MetraleError):
 
 
 class Executor(Protocol):
-    """Runs compile actions. ``run`` blocks the calling thread until the action ends; it
-    may be called from many threads at once, and runs at most ``jobs`` actions at a
-    time. Raises :class:`~metrale_orch.proc.ProcessError` for an action that failed
+    """Runs compile actions. ``run`` is a coroutine of the build's event loop (one per
+    process, :class:`~metrale_orch.executor.loop.ActionLoop`): an action waiting for a
+    slot, a compiler or a remote engine holds no thread. At most ``jobs`` actions run at
+    a time. Raises :class:`~metrale_orch.proc.ProcessError` for an action that failed
     (could not start, timed out, exited non-zero) and :class:`ActionStopped` after
     :meth:`stop`."""
 
@@ -88,8 +89,8 @@ class Executor(Protocol):
         """How many actions run right now."""
         ...
 
-    def run(self, action: Action) -> Completed: ...
+    async def run(self, action: Action) -> Completed: ...
 
     def stop(self) -> None:
-        """Stop every action in flight now and refuse every later one."""
+        """Stop every action in flight now and refuse every later one (from any thread)."""
         ...

@@ -15,6 +15,7 @@ once, alone, and is then reported as killed for memory.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -28,9 +29,11 @@ from metrale_orch.executor.memory import KILLED_FOR_MEMORY, available_memory, ki
 from metrale_orch.executor.slots import MachineSlots, PrioritySlots
 from metrale_orch.proc import (
     Completed,
+    Measured,
     ProcessError,
     decode_output,
     finished,
+    reap,
     start_process,
     timed_out,
 )
@@ -49,7 +52,11 @@ class LocalExecutor:
     """Runs actions on this machine: at most ``jobs`` at once in this process, and, with
     ``slot_dir``, at most ``jobs`` at once across every process sharing that directory;
     in this process, only while their predicted peaks fit ``memory`` bytes (0: the
-    memory available when it starts; where that cannot be read, no limit)."""
+    memory available when it starts; where that cannot be read, no limit).
+
+    :meth:`run` is a coroutine of the build's event loop: an action waiting for a slot or
+    for its compiler holds no thread (the loop reaps each compiler through a pidfd,
+    :func:`~metrale_orch.proc.reap`). :meth:`stop` may be called from any thread."""
 
     def __init__(self, jobs: int, *, slot_dir: Path | None = None, memory: int = 0) -> None:
         self._jobs = jobs
@@ -57,7 +64,10 @@ class LocalExecutor:
         self._machine = MachineSlots(slot_dir, jobs) if slot_dir is not None else None
         self._stopped = threading.Event()
         self._lock = threading.Lock()
-        self._running: dict[int, subprocess.Popen[bytes]] = {}
+        #: The running compilers, each with an event set once the loop reaped it.
+        self._running: dict[int, tuple[Measured, threading.Event]] = {}
+        #: The loop the actions run on (known from the first one).
+        self._loop: asyncio.AbstractEventLoop | None = None
         #: Most actions seen running at once in this process (tests, the profile).
         self.peak = 0
 
@@ -79,72 +89,85 @@ class LocalExecutor:
     def stopped(self) -> bool:
         return self._stopped.is_set()
 
-    def run(self, action: Action) -> Completed:
+    async def run(self, action: Action) -> Completed:
+        self._loop = asyncio.get_running_loop()
         try:
-            return self._admitted(action, alone=False)
+            return await self._admitted(action, alone=False)
         except _KilledForMemory:
             pass  # the out-of-memory killer's, most likely: once more, with nothing beside it
         try:
-            return self._admitted(action, alone=True)
+            return await self._admitted(action, alone=True)
         except _KilledForMemory as again:
             reason = f"{KILLED_FOR_MEMORY} (SIGKILL), twice: the second time running alone"
             raise ProcessError(
                 again.argv, again.returncode, output=again.output, reason=reason
             ) from None
 
-    def _admitted(self, action: Action, *, alone: bool) -> Completed:
+    async def _admitted(self, action: Action, *, alone: bool) -> Completed:
         """Run ``action`` once its slots are held (``alone``: with no other action)."""
         if self._stopped.is_set():
             raise ActionStopped(f"{action.label or action.argv[0]}: not started: the build stopped")
-        with self._slots.slot(action.expected, action.memory, alone) as got:
+        async with self._slots.slot(action.expected, action.memory, alone) as got:
             if not got:
                 raise ActionStopped(f"{action.label or action.argv[0]}: not started: stopped")
             if self._machine is None:
-                return self._spawn(action)
-            with self._machine.slot(self._stopped) as held:
+                return await self._spawn(action)
+            async with self._machine.slot(self._stopped) as held:
                 if not held:
                     raise ActionStopped(f"{action.label or action.argv[0]}: not started: stopped")
-                return self._spawn(action)
+                return await self._spawn(action)
 
     def stop(self) -> None:
+        """Stop every action in flight (SIGTERM to each group, SIGKILL after :data:`GRACE`
+        seconds) and refuse the rest; from any thread. Called off the loop it returns once
+        every compiler is gone (or the grace ran out); on the loop it does not wait."""
         self._stopped.set()
-        self._slots.close()
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self._slots.close)
+        else:
+            self._slots.close()
         with self._lock:
             procs = list(self._running.values())
-        for proc in procs:
+        for proc, _reaped in procs:
             _signal_group(proc, signal.SIGTERM)
+        if _on_loop(loop):
+            assert loop is not None
+            loop.call_later(GRACE, _kill_all, [p for p, _r in procs])
+            return
         deadline = time.monotonic() + GRACE
-        for proc in procs:
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+        for proc, reaped in procs:
+            if not reaped.wait(max(0.0, deadline - time.monotonic())):
                 _signal_group(proc, signal.SIGKILL)
-        for proc in procs:
+        for proc, _reaped in procs:
             # What a compiler left behind in its group (a killed nvcc's children).
             _signal_group(proc, signal.SIGKILL)
 
-    def _spawn(self, action: Action) -> Completed:
+    async def _spawn(self, action: Action) -> Completed:
         start = time.perf_counter()
         args, proc = start_process(action.argv, cwd=action.cwd, env=action.env, new_session=True)
+        reaped = threading.Event()
         with self._lock:
-            self._running[proc.pid] = proc
+            self._running[proc.pid] = (proc, reaped)
             self.peak = max(self.peak, len(self._running))
         try:
             if self._stopped.is_set():  # stop() ran between the slot and the registration
                 _signal_group(proc, signal.SIGKILL)
-            try:
-                out, err = proc.communicate(timeout=action.timeout)
-            except subprocess.TimeoutExpired:
-                _signal_group(proc, signal.SIGKILL)
-                raise timed_out(args, *_drain(proc), action.timeout) from None
+            out, err, expired = await reap(
+                proc,
+                timeout=action.timeout,
+                kill=lambda: _signal_group(proc, signal.SIGKILL),
+            )
         finally:
+            reaped.set()
             with self._lock:
                 self._running.pop(proc.pid, None)
-            if proc.poll() is None:
-                _signal_group(proc, signal.SIGKILL)
-                proc.wait()
         if self._stopped.is_set():
             raise ActionStopped(f"{action.label or args[0]}: stopped")
+        if expired:
+            raise timed_out(args, out, err, action.timeout)
+        assert proc.returncode is not None
         output = decode_output(out) + decode_output(err) if proc.returncode else ""
         if killed_for_memory(proc.returncode, output):  # neither stop() nor the timeout
             raise _KilledForMemory(args, proc.returncode, output=output, reason=KILLED_FOR_MEMORY)
@@ -152,22 +175,17 @@ class LocalExecutor:
         return finished(args, proc.returncode, out, err, seconds, proc.peak, proc.bound)
 
 
-#: Seconds to read what a killed compiler printed: a process it started in a session of
-#: its own (a daemon) may hold its pipes open forever.
-_DRAIN_SECONDS = 5.0
-
-
-def _drain(proc: subprocess.Popen[bytes]) -> tuple[bytes | None, bytes | None]:
-    """What the killed ``proc`` printed, read for at most :data:`_DRAIN_SECONDS`; then its
-    pipes are closed, whoever still holds them."""
+def _on_loop(loop: asyncio.AbstractEventLoop | None) -> bool:
+    """Whether this thread runs ``loop``."""
     try:
-        return proc.communicate(timeout=_DRAIN_SECONDS)
-    except subprocess.TimeoutExpired as exc:
-        for pipe in (proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
-        proc.wait()
-        return exc.stdout, exc.stderr
+        return loop is not None and asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+def _kill_all(procs: list[Measured]) -> None:
+    for proc in procs:
+        _signal_group(proc, signal.SIGKILL)
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:

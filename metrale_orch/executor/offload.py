@@ -24,9 +24,13 @@ would hide a broken farm).
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import contextlib
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -82,12 +86,14 @@ class RemoteRun:
 class RemoteBackend(Protocol):
     """Runs one remote form on an engine and writes its outputs to their local paths.
     Raises :class:`RemoteUnavailable` for infrastructure trouble; a non-zero exit is a
-    :class:`RemoteRun`. ``cancel`` is set when the build stops."""
+    :class:`RemoteRun`. ``close`` may be called from any thread: calls in flight fail."""
 
     @property
     def endpoint(self) -> str: ...
 
-    def run(self, form: RemoteForm, *, timeout: float, cancel: threading.Event) -> RemoteRun: ...
+    async def run(self, form: RemoteForm, *, timeout: float) -> RemoteRun:
+        """On the build's event loop; cancelled (its calls with it) when the build stops."""
+        ...
 
     def close(self) -> None: ...
 
@@ -167,7 +173,8 @@ class Window:
 
 
 class RemoteExecutor:
-    """See the module docstring. Thread-safe."""
+    """See the module docstring. :meth:`run` is a coroutine of the build's event loop;
+    :meth:`stop`, :meth:`counts` and the properties may be called from any thread."""
 
     def __init__(
         self,
@@ -181,16 +188,19 @@ class RemoteExecutor:
         self.local = local
         self.strict = strict
         self._remote_jobs = remote_jobs
-        #: Actions sent and not back, the window they must fit, and the condition a sender
-        #: waits on (woken by one coming back or by stop(): no polling, however many wait).
+        #: Actions sent and not back, the window they must fit, and the senders waiting
+        #: for room (futures of the loop, woken by one coming back or by stop()).
         self._sent = 0
         self.window = Window(remote_jobs)
-        self._room = threading.Condition(threading.Lock())
+        self._room: collections.deque[asyncio.Future[None]] = collections.deque()
+        #: The calls in flight, cancelled by stop().
+        self._calls: set[asyncio.Future[RemoteRun]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._cancel = threading.Event()
         self._breaker = _Breaker()
         self._lock = threading.Lock()
-        self._in_flight = 0
         self._counts: dict[str, RemoteCounts] = {}
+        self._bridge_pool = ThreadPoolExecutor(max(1, remote_jobs))
 
     @property
     def jobs(self) -> int:
@@ -200,8 +210,7 @@ class RemoteExecutor:
 
     @property
     def running(self) -> int:
-        with self._lock:
-            return self.local.running + self._in_flight
+        return self.local.running + len(self._calls)
 
     @property
     def memory(self) -> tuple[int, int]:
@@ -210,10 +219,20 @@ class RemoteExecutor:
 
     def stop(self) -> None:
         self._cancel.set()
-        with self._room:
-            self._room.notify_all()
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self._stopped_on_loop)
         self.local.stop()
         self.backend.close()  # calls in flight fail at once: nothing waits for the engine
+
+    def _stopped_on_loop(self) -> None:
+        for call in list(self._calls):
+            call.cancel()
+        while self._room:
+            waiter = self._room.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
 
     def close(self) -> None:
         self.backend.close()
@@ -223,21 +242,22 @@ class RemoteExecutor:
         with self._lock:
             return self._counts.pop(owner, RemoteCounts())
 
-    def run(self, action: Action) -> Completed:
+    async def run(self, action: Action) -> Completed:
+        self._loop = asyncio.get_running_loop()
         if self._cancel.is_set():
             raise ActionStopped(f"{action.label or action.argv[0]}: not started: the build stopped")
         form = action.remote
         if form is None:
-            return self._here(action, "no remote form")
+            return await self._here(action, "no remote form")
         if form.local_reason:
-            return self._here(action, form.local_reason)
+            return await self._here(action, form.local_reason)
         if self._breaker.open:  # counted under the failure that opened it
-            return self._unavailable(action, self._breaker.reason)
+            return await self._unavailable(action, self._breaker.reason)
         try:
-            run = self._send(action, form)
+            run = await self._send(action, form)
         except RemoteUnavailable as exc:
             self._breaker.failed(exc.reason)
-            return self._unavailable(action, exc.reason)
+            return await self._unavailable(action, exc.reason)
         self._breaker.succeeded()
         with self._lock:
             counts = self._counts.setdefault(action.owner, RemoteCounts())
@@ -258,49 +278,69 @@ class RemoteExecutor:
             stages=run.stages,
         )
 
-    def _send(self, action: Action, form: RemoteForm) -> RemoteRun:
-        with self._room:
-            while self._sent >= self.window.limit:
-                if self._cancel.is_set():
-                    raise ActionStopped(f"{action.label or action.argv[0]}: not started: stopped")
-                self._room.wait()
-            self._sent += 1
-        with self._lock:
-            self._in_flight += 1
+    async def _send(self, action: Action, form: RemoteForm) -> RemoteRun:
+        loop = asyncio.get_running_loop()
+        while self._sent >= self.window.limit:
+            if self._cancel.is_set():
+                raise ActionStopped(f"{action.label or action.argv[0]}: not started: stopped")
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._room.append(waiter)
+            await waiter
+        if self._cancel.is_set():
+            raise ActionStopped(f"{action.label or action.argv[0]}: not started: stopped")
+        self._sent += 1
         run: RemoteRun | None = None
+        call = asyncio.ensure_future(self._bridge(form, action.timeout))
+        self._calls.add(call)
         try:
-            run = self.backend.run(form, timeout=action.timeout, cancel=self._cancel)
-        except Exception:
-            if self._cancel.is_set():  # the channel closed under it by stop(): whatever
-                # the call raised (grpc's "Channel closed!"), the action was stopped
+            run = await call
+        except (Exception, asyncio.CancelledError):
+            if self._cancel.is_set():  # stopped: whatever the call raised (grpc's
+                # "Channel closed!", a cancellation), the action was stopped
                 raise ActionStopped(f"{action.label or action.argv[0]}: stopped") from None
             raise
         finally:
-            with self._lock:
-                self._in_flight -= 1
-            with self._room:
-                self._sent -= 1
-                was = self.window.limit
-                if run is not None:
-                    self.window.ended(run.stages)
-                # One free place, or more when the window grew.
-                self._room.notify(max(1, self.window.limit - was + 1))
+            self._calls.discard(call)
+            self._sent -= 1
+            was = self.window.limit
+            if run is not None:
+                self.window.ended(run.stages)
+            # One free place, or more when the window grew.
+            self._wake(max(1, self.window.limit - was + 1))
         if self._cancel.is_set():
             raise ActionStopped(f"{action.label or action.argv[0]}: stopped")
         return run
 
-    def _unavailable(self, action: Action, reason: str) -> Completed:
+    async def _bridge(self, form: RemoteForm, timeout: float) -> RemoteRun:
+        # bridge until the backend runs on the loop (s3-aio): a thread per call
+        run = self.backend.run
+        if asyncio.iscoroutinefunction(run):
+            return await run(form, timeout=timeout)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._bridge_pool,
+            lambda: run(form, timeout=timeout, cancel=self._cancel),  # type: ignore[call-arg,arg-type,return-value]
+        )
+
+    def _wake(self, places: int) -> None:
+        while places > 0 and self._room:
+            waiter = self._room.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                places -= 1
+
+    async def _unavailable(self, action: Action, reason: str) -> Completed:
         if self.strict:
             raise ProcessError(
                 action.argv,
                 None,
                 reason=f"remote execution failed ({reason}); remote_strict forbids running it here",
             )
-        return self._here(action, reason)
+        return await self._here(action, reason)
 
-    def _here(self, action: Action, reason: str) -> Completed:
+    async def _here(self, action: Action, reason: str) -> Completed:
         start = time.perf_counter()
-        done = self.local.run(action)
+        done = await self.local.run(action)
         with self._lock:
             self._counts.setdefault(action.owner, RemoteCounts()).local[reason] += 1
         return Completed(

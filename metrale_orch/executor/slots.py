@@ -1,6 +1,6 @@
 """Slots that bound how many actions run at once: in this process, and on this machine.
 
-:class:`PrioritySlots` hands ``jobs`` slots to the threads of one process, the
+:class:`PrioritySlots` hands ``jobs`` slots to the actions of one process, the
 waiting action with the longest expected time first (ties in arrival order), and
 only while its predicted peak memory fits
 (:class:`~metrale_orch.executor.memory.MemoryBudget`): the first in line waits for
@@ -20,6 +20,7 @@ more machine slots than it has actions running.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import heapq
@@ -27,8 +28,7 @@ import itertools
 import os
 import stat
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from metrale_orch.executor.memory import MemoryBudget
@@ -40,24 +40,13 @@ _SLOT_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBL
 __all__ = ["MachineSlots", "PrioritySlots"]
 
 
-class _Waiter:
-    """One thread waiting for a slot: woken alone, when the slot is handed to it."""
-
-    __slots__ = ("alone", "event", "granted", "memory")
-
-    def __init__(self, memory: int, alone: bool) -> None:
-        self.event = threading.Event()
-        self.granted = False
-        self.memory = memory
-        self.alone = alone
-
-
 class PrioritySlots:
-    """``jobs`` slots for the threads of this process (see the module docstring), within
-    ``memory`` bytes of predicted peaks (0: no limit).
+    """``jobs`` slots for the actions of this process (see the module docstring), within
+    ``memory`` bytes of predicted peaks (0: no limit). Used on one event loop: a waiter is
+    a future of that loop, holding no thread.
 
-    A released slot is handed straight to the first waiter in line, and only that
-    thread wakes (hundreds of module pipelines may wait at once)."""
+    A released slot is handed straight to the first waiter in line, and only that one
+    wakes (thousands of module pipelines may wait at once)."""
 
     def __init__(self, jobs: int, memory: int = 0) -> None:
         if jobs < 1:
@@ -65,23 +54,24 @@ class PrioritySlots:
         self.jobs = jobs
         self._free = jobs
         self._memory = MemoryBudget(memory)
-        self._lock = threading.Lock()
-        self._waiting: list[tuple[float, int, _Waiter]] = []
+        #: (-expected, arrival, memory, alone, the waiter's future), longest first.
+        self._waiting: list[tuple[float, int, int, bool, asyncio.Future[bool]]] = []
         self._order = itertools.count()
         self._closed = False
 
     @property
     def memory(self) -> tuple[int, int]:
         """The predicted peaks of the slots' holders added up, and the budget (bytes)."""
-        with self._lock:
-            return self._memory.in_use, self._memory.budget
+        return self._memory.in_use, self._memory.budget
 
-    @contextlib.contextmanager
-    def slot(self, expected: float, memory: int = 0, alone: bool = False) -> Iterator[bool]:
-        """Hold a slot for the ``with`` block; yields False (and holds none) once closed.
-        ``memory``: the predicted peak in bytes (0: unknown); ``alone``: start only when
-        no other slot is held, and let none be taken meanwhile."""
-        got = self._acquire(expected, memory, alone)
+    @contextlib.asynccontextmanager
+    async def slot(
+        self, expected: float, memory: int = 0, alone: bool = False
+    ) -> AsyncIterator[bool]:
+        """Hold a slot for the ``async with`` block; yields False (and holds none) once
+        closed. ``memory``: the predicted peak in bytes (0: unknown); ``alone``: start only
+        when no other slot is held, and let none be taken meanwhile."""
+        got = await self._acquire(expected, memory, alone)
         try:
             yield got
         finally:
@@ -89,51 +79,54 @@ class PrioritySlots:
                 self._release(memory, alone)
 
     def close(self) -> None:
-        """Wake every waiter with no slot; later callers get none."""
-        with self._lock:
-            self._closed = True
-            waiting, self._waiting = self._waiting, []
-        for _exp, _n, waiter in waiting:
-            waiter.event.set()
+        """Wake every waiter with no slot; later callers get none (on the loop)."""
+        self._closed = True
+        waiting, self._waiting = self._waiting, []
+        for *_rest, future in waiting:
+            if not future.done():
+                future.set_result(False)
 
-    def _acquire(self, expected: float, memory: int, alone: bool) -> bool:
-        with self._lock:
-            if self._closed:
-                return False
-            if self._free and not self._waiting and self._memory.fits(memory, alone):
-                self._free -= 1
-                self._memory.take(memory, alone)
-                return True
-            waiter = _Waiter(memory, alone)
-            heapq.heappush(self._waiting, (-float(expected), next(self._order), waiter))
-            granted = self._admit()
-        for other in granted:
-            other.event.set()
-        waiter.event.wait()
-        return waiter.granted
+    async def _acquire(self, expected: float, memory: int, alone: bool) -> bool:
+        if self._closed:
+            return False
+        if self._free and not self._waiting and self._memory.fits(memory, alone):
+            self._free -= 1
+            self._memory.take(memory, alone)
+            return True
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        entry = (-float(expected), next(self._order), memory, alone, future)
+        heapq.heappush(self._waiting, entry)
+        self._admit()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled() and future.result():
+                self._release(memory, alone)  # granted as it was cancelled: hand it on
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiting.remove(entry)
+                    heapq.heapify(self._waiting)
+            raise
 
     def _release(self, memory: int, alone: bool) -> None:
-        with self._lock:
-            self._free += 1
-            self._memory.give(memory, alone)
-            granted = self._admit()
-        for waiter in granted:
-            waiter.event.set()
+        self._free += 1
+        self._memory.give(memory, alone)
+        self._admit()
 
-    def _admit(self) -> list[_Waiter]:
+    def _admit(self) -> None:
         """Grant slots to the waiters in line while a slot is free and the first one's
-        memory fits (the lock held); returns them, to be woken outside the lock."""
-        granted = []
+        memory fits."""
         while self._waiting and self._free:
-            waiter = self._waiting[0][2]
-            if not self._memory.fits(waiter.memory, waiter.alone):
+            _exp, _n, memory, alone, future = self._waiting[0]
+            if future.done():  # cancelled while waiting
+                heapq.heappop(self._waiting)
+                continue
+            if not self._memory.fits(memory, alone):
                 break
             heapq.heappop(self._waiting)
             self._free -= 1
-            self._memory.take(waiter.memory, waiter.alone)
-            waiter.granted = True
-            granted.append(waiter)
-        return granted
+            self._memory.take(memory, alone)
+            future.set_result(True)
 
 
 class MachineSlots:
@@ -151,12 +144,13 @@ class MachineSlots:
         self._held: set[int] = set()
         self._next = os.getpid() % jobs
 
-    @contextlib.contextmanager
-    def slot(self, stopped: threading.Event) -> Iterator[bool]:
-        """Hold one slot file for the ``with`` block and yield True; yield False (holding
-        none) when ``stopped`` is set while waiting. Where the directory cannot be
-        written, yields True holding none: the in-process bound is all there is."""
-        got = self._acquire(stopped)
+    @contextlib.asynccontextmanager
+    async def slot(self, stopped: threading.Event) -> AsyncIterator[bool]:
+        """Hold one slot file for the ``async with`` block and yield True; yield False
+        (holding none) when ``stopped`` is set while waiting (polled: the loop waits, no
+        thread does). Where the directory cannot be written, yields True holding none:
+        the in-process bound is all there is."""
+        got = await self._acquire(stopped)
         try:
             yield got is not None
         finally:
@@ -175,7 +169,7 @@ class MachineSlots:
             order = [(start + i) % self.jobs for i in range(self.jobs)]
             return [i for i in order if i not in self._held]
 
-    def _acquire(self, stopped: threading.Event) -> tuple[int, int] | None:
+    async def _acquire(self, stopped: threading.Event) -> tuple[int, int] | None:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             st = os.lstat(self.directory)
@@ -197,7 +191,7 @@ class MachineSlots:
                     self._held.discard(index)
                 if got is not None:  # the slot files cannot be used
                     return got
-            time.sleep(delay)
+            await asyncio.sleep(delay)
             delay = min(delay * 2, 0.05)
         return None
 

@@ -161,7 +161,7 @@ class Ran:
     bound: int = 0
 
 
-def run_compile(
+async def run_compile(
     ctx: BuildContext, module: ModulePlan, *, expected: float = 0.0
 ) -> tuple[bytes, float, tuple[Input, ...], Ran]:
     """Compile one module in its staged role directory into a temporary directory.
@@ -184,7 +184,7 @@ def run_compile(
     try:
         steps = _render_steps(ctx, module, tmp)
         remote = _remote_form(ctx, module, steps) if ctx.session.remote else None
-        seconds, text, returncode, ran = _run_steps(ctx, module, steps, expected, remote)
+        seconds, text, returncode, ran = await _run_steps(ctx, module, steps, expected, remote)
         data, read = _results(ctx, module, steps, returncode, text)
         where = ran.where
         escape = _read_outside(ctx, steps, read) if where.startswith("remote") else ""
@@ -195,7 +195,7 @@ def run_compile(
             for stale in (steps.output, steps.depfile):  # the remote result's files
                 with contextlib.suppress(FileNotFoundError):
                     stale.unlink()
-            seconds, text, returncode, ran = _run_steps(ctx, module, steps, expected, remote)
+            seconds, text, returncode, ran = await _run_steps(ctx, module, steps, expected, remote)
             data, read = _results(ctx, module, steps, returncode, text)
         recorded = record_inputs(
             read,
@@ -408,7 +408,7 @@ def _failure(
     return make
 
 
-def _run_steps(
+async def _run_steps(
     ctx: BuildContext,
     module: ModulePlan,
     steps: _Steps,
@@ -448,7 +448,7 @@ def _run_steps(
         )
         asked = time.perf_counter()
         try:
-            done = ctx.session.executor.run(action)
+            done = await ctx.session.executor.run(action)
         except ProcessError as exc:
             raise _failure(ctx, module, exc.returncode, exc.output)(step, exc.reason) from None
         # What the executor took beyond the compiler's own seconds: the wait for a slot.

@@ -6,10 +6,11 @@ memory when the files its compile read still match.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -45,13 +46,15 @@ class ArtefactMemo:
         self._data: OrderedDict[tuple[str, str], Obtained] = OrderedDict()
         self._size = 0
         self._max = max_bytes
-        self._claims: dict[str, threading.Lock] = {}
+        self._claims: dict[str, asyncio.Lock] = {}
 
-    @contextlib.contextmanager
-    def claim(self, key: str) -> Iterator[None]:
+    @contextlib.asynccontextmanager
+    async def claim(self, key: str) -> AsyncIterator[None]:
+        """Hold ``key`` for the ``async with`` block: one pipeline per key at a time (the
+        others wait on the event loop, holding no thread, then find the artefact here)."""
         with self._lock:
-            lock = self._claims.setdefault(key, threading.Lock())
-        with lock:
+            lock = self._claims.setdefault(key, asyncio.Lock())
+        async with lock:
             yield
 
     def get(self, key: str, artefact: str) -> Obtained | None:

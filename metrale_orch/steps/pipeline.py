@@ -1,6 +1,7 @@
 """One module's pipeline: from the run's memo or the cache, else compiled and stored.
 
-:func:`run_pipeline` obtains one keyed module of a target (on a session thread) and
+:func:`run_pipeline` obtains one keyed module of a target (a coroutine on the session's
+event loop, its cache I/O on the loop's pool) and
 records what it got: :func:`obtain` looks in the session's memo, then the cache (under
 the cache's key lock), and compiles on a miss (:func:`~metrale_orch.steps.compile.run_compile`)
 then publishes to the cache and the memo. A memoised or cached artefact is taken only
@@ -12,11 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from metrale_orch.cache import RECORD_META, RUN_META
+from metrale_orch.executor.loop import offload
 from metrale_orch.fsutil import bytes_hash
 from metrale_orch.manifest import ModuleOutcome
 from metrale_orch.steps.compile import BuildContext, run_compile
@@ -29,10 +31,10 @@ from metrale_orch.steps.errors import (
 from metrale_orch.steps.keyrecord import key_record, staged_sources
 from metrale_orch.steps.memo import Obtained, Origin
 from metrale_orch.steps.plan_values import ModulePlan
-from metrale_orch.steps.profile import SpanRecorder
+from metrale_orch.steps.profile import SpanArgs, SpanRecorder
 from metrale_orch.steps.results import ModuleResult
 
-__all__ = ["ModuleObtained", "Obtainment", "obtain", "run_pipeline"]
+__all__ = ["ModuleObtained", "Obtainment", "obtain", "pipeline_from_memo", "run_pipeline"]
 
 #: How :func:`obtain` got an artefact: this process's memo, a cache entry this run stored
 #: (another worker process compiled it), a cache tier, or the compiler. The first two are
@@ -54,7 +56,7 @@ class ModuleObtained:
     failure: ModuleFailure | None = None
 
 
-def run_pipeline(
+async def run_pipeline(
     ctx: BuildContext,
     module: ModulePlan,
     key: str,
@@ -62,22 +64,47 @@ def run_pipeline(
     rec: SpanRecorder,
     parts: Mapping[str, object],
 ) -> ModuleObtained:
-    """One module: from the memo or the cache, else compiled (on a session thread);
+    """One module: from the memo or the cache, else compiled (on the session's loop);
     ``expected`` is its compile's seconds in the last build (0 when unknown), ``parts``
     what its key hashed (:func:`~metrale_orch.steps.keys.module_parts`)."""
     t0 = time.perf_counter()
-    progress = ctx.session.progress
     outcome: Obtainment | Literal["failed"] = "failed"
     origin: Origin = "compiled"
     failure: ModuleFailure | None = None
     try:
-        data, outcome, inputs, origin = obtain(ctx, module, key, rec, expected, parts)
+        data, outcome, inputs, origin = await obtain(ctx, module, key, rec, expected, parts)
     except (CompileError, MissRefused) as exc:
         failure = exc
         ctx.log.error("%s", exc)
         data, inputs = None, ()
     finally:
-        progress.finished("shared" if outcome in _SHARED else outcome, expected)
+        ctx.session.progress.finished("shared" if outcome in _SHARED else outcome, expected)
+    return _obtained(module, key, t0, (data, outcome, inputs, origin), failure)
+
+
+def pipeline_from_memo(
+    ctx: BuildContext, module: ModulePlan, key: str, expected: float, rec: SpanRecorder
+) -> ModuleObtained | None:
+    """:func:`run_pipeline` in the calling thread for a module this run already obtained
+    whose inputs still hold (no hand-off to the loop); None when it must run there."""
+    t0, start = time.perf_counter(), time.time_ns()
+    args: SpanArgs = {}
+    got = memo_hit(ctx, module, key, args)
+    if got is None:
+        return None
+    rec.add_between("lookup", start, time.time_ns(), module=module.name, key=key, **args)
+    ctx.session.progress.finished("shared", expected)
+    return _obtained(module, key, t0, got, None)
+
+
+def _obtained(
+    module: ModulePlan,
+    key: str,
+    t0: float,
+    got: tuple[bytes | None, Obtainment | Literal["failed"], tuple[Input, ...], Origin],
+    failure: ModuleFailure | None,
+) -> ModuleObtained:
+    data, outcome, inputs, origin = got
     shared = outcome in _SHARED
     result = ModuleResult(
         name=module.name,
@@ -102,7 +129,7 @@ def _recorded(outcome: Obtainment | Literal["failed"]) -> ModuleOutcome:
     return outcome
 
 
-def obtain(
+async def obtain(
     ctx: BuildContext,
     module: ModulePlan,
     key: str,
@@ -128,27 +155,15 @@ def obtain(
     ``parts``, its key's parts (:func:`~metrale_orch.steps.keyrecord.key_record`).
     """
     session = ctx.session
-
-    def still_valid(inputs: object) -> bool:
-        return inputs_match(
-            inputs,
-            module_cwd=module.cwd,
-            staged=ctx.staged.hashes,
-            roots=ctx.roots,
-            hasher=session.hasher,
-        )
-
-    with session.memo.claim(key), contextlib.ExitStack() as held:
+    async with session.memo.claim(key), contextlib.AsyncExitStack() as held:
         with rec.span("lookup", module=module.name, key=key) as args:
-            got = session.memo.get(key, module.artefact)
-            if got is not None and still_valid([list(i) for i in got.inputs]):
-                args.update(outcome="local", source="memo", bytes=len(got.data))
-                if ctx.cache is not None:
-                    ctx.cache.count_shared()
-                return got.data, "memo", got.inputs, got.origin
+            got = memo_hit(ctx, module, key, args)
+            if got is not None:
+                return got
             if ctx.cache is not None:
-                held.enter_context(ctx.cache.key_lock(key))  # until stored, see above
-            hit, rejected = _cache_lookup(ctx, module, key, still_valid)
+                await held.enter_async_context(ctx.cache.key_lock(key))  # until stored
+            # File and network I/O: on the session's pool, off the loop.
+            hit, rejected = await offload(_cache_lookup, ctx, module, key)
             if hit is not None:
                 data, tier, _inputs, _origin = hit
                 if tier == "run":  # another worker process of this run compiled it
@@ -167,15 +182,40 @@ def obtain(
                     "no tier, as there is no cache" if ctx.cache is None else ctx.cache.tiers(),
                     rejected,
                 )
-        data, inputs = _compile_and_store(ctx, module, key, rec, expected, rejected, parts)
+        data, inputs = await _compile_and_store(ctx, module, key, rec, expected, rejected, parts)
         return data, "compiled", inputs, "compiled"
+
+
+def memo_hit(
+    ctx: BuildContext, module: ModulePlan, key: str, args: SpanArgs
+) -> tuple[bytes, Obtainment, tuple[Input, ...], Origin] | None:
+    """The artefact of ``key`` this run already obtained, as :func:`obtain` returns it,
+    when every file its compile read still has the content it had (else None); records
+    the lookup in ``args`` and counts it as shared in the run."""
+    got = ctx.session.memo.get(key, module.artefact)
+    if got is None or not _still_valid(ctx, module, [list(i) for i in got.inputs]):
+        return None
+    args.update(outcome="local", source="memo", bytes=len(got.data))
+    if ctx.cache is not None:
+        ctx.cache.count_shared()
+    return got.data, "memo", got.inputs, got.origin
+
+
+def _still_valid(ctx: BuildContext, module: ModulePlan, inputs: object) -> bool:
+    """Whether every file in a recorded ``inputs`` list still has its recorded content."""
+    return inputs_match(
+        inputs,
+        module_cwd=module.cwd,
+        staged=ctx.staged.hashes,
+        roots=ctx.roots,
+        hasher=ctx.session.hasher,
+    )
 
 
 def _cache_lookup(
     ctx: BuildContext,
     module: ModulePlan,
     key: str,
-    still_valid: Callable[[object], bool],
 ) -> tuple[tuple[bytes, Obtainment, tuple[Input, ...], Origin] | None, bool]:
     """The cached artefact of ``key`` whose recorded inputs still hold, as :func:`obtain`
     returns it (or None), and whether an entry was rejected for other inputs."""
@@ -186,7 +226,7 @@ def _cache_lookup(
 
     def accept(meta: Mapping[str, object]) -> bool:
         nonlocal rejected
-        ok = still_valid(meta.get("inputs"))
+        ok = _still_valid(ctx, module, meta.get("inputs"))
         rejected = rejected or not ok
         return ok
 
@@ -212,7 +252,7 @@ def _cache_lookup(
     return None, rejected
 
 
-def _compile_and_store(
+async def _compile_and_store(
     ctx: BuildContext,
     module: ModulePlan,
     key: str,
@@ -223,10 +263,9 @@ def _compile_and_store(
 ) -> tuple[bytes, tuple[Input, ...]]:
     """Compile ``module`` (``compile`` span), publish it to the cache (``store``) and the
     session's memo. Raises :class:`CompileError`."""
-    plan = ctx.plan
     with rec.span("compile", module=module.name, key=key) as args:
         args["outcome"] = "failed"
-        data, seconds, inputs, ran = run_compile(ctx, module, expected=expected)
+        data, seconds, inputs, ran = await run_compile(ctx, module, expected=expected)
         # The span also holds the wait for an executor slot ("wait"); "seconds" is the
         # compiler's own time.
         args.update(
@@ -252,30 +291,46 @@ def _compile_and_store(
         )
     if ctx.cache is not None:
         with rec.span("store", module=module.name, bytes=len(data), key=key):
-            ctx.cache.put(
-                key,
-                {module.artefact: data},
-                {
-                    "command": list(module.argv),
-                    "toolchain": {"name": plan.toolchain.name, "identity": plan.identity},
-                    "producer": f"metrale-orch {plan.target} {module.name}",
-                    "compile_seconds": round(seconds, 6),
-                    "inputs": [list(i) for i in inputs],
-                    RUN_META: ctx.session.run,
-                    RECORD_META: key_record(
-                        parts,
-                        namespace=ctx.cache.settings.namespace,
-                        target=str(plan.target),
-                        hardware=plan.hardware,
-                        module=module.name,
-                        source=module.source_rel,
-                        tree=staged_sources(ctx.staged.files, ctx.root, module.cwd),
-                    ),
-                },
-                replace=replace,
-            )
+            await offload(_store, ctx, module, key, data, seconds, inputs, replace, parts)
     ctx.session.memo.put(key, module.artefact, Obtained(data, inputs, "compiled"))
     return data, inputs
+
+
+def _store(
+    ctx: BuildContext,
+    module: ModulePlan,
+    key: str,
+    data: bytes,
+    seconds: float,
+    inputs: tuple[Input, ...],
+    replace: bool,
+    parts: Mapping[str, object],
+) -> None:
+    """Publish a compiled artefact to the cache, with what made it (I/O, off the loop)."""
+    plan = ctx.plan
+    assert ctx.cache is not None
+    ctx.cache.put(
+        key,
+        {module.artefact: data},
+        {
+            "command": list(module.argv),
+            "toolchain": {"name": plan.toolchain.name, "identity": plan.identity},
+            "producer": f"metrale-orch {plan.target} {module.name}",
+            "compile_seconds": round(seconds, 6),
+            "inputs": [list(i) for i in inputs],
+            RUN_META: ctx.session.run,
+            RECORD_META: key_record(
+                parts,
+                namespace=ctx.cache.settings.namespace,
+                target=str(plan.target),
+                hardware=plan.hardware,
+                module=module.name,
+                source=module.source_rel,
+                tree=staged_sources(ctx.staged.files, ctx.root, module.cwd),
+            ),
+        },
+        replace=replace,
+    )
 
 
 def _as_inputs(value: object) -> tuple[Input, ...]:

@@ -17,8 +17,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Coroutine, Iterator, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from metrale_orch.config import default_jobs
 from metrale_orch.executor import Executor, LocalExecutor
+from metrale_orch.executor.loop import ActionLoop
 from metrale_orch.paths import STATE_DIR
 from metrale_orch.steps.deps import FileHasher
 from metrale_orch.steps.includes import Includes
@@ -36,8 +37,8 @@ __all__ = ["SLOTS_DIR", "BuildSession", "Progress", "local_executor"]
 
 T = TypeVar("T")
 
-#: Fewest module pipelines in flight at once in one session (see ``__init__``).
-PIPELINES = 32
+#: Threads of the session loop's pool: cache lookups and stores (file and network I/O).
+LOOP_WORKERS = 16
 #: The machine-wide compile slots (``<build_dir>/.state/jobs/slot-N``).
 SLOTS_DIR = "jobs"
 
@@ -153,13 +154,11 @@ class BuildSession:
         # every target finishing at once, preparation got a thirtieth of it and the slots
         # ran dry between targets).
         self._finishing = threading.BoundedSemaphore(1)
-        # Module pipelines (lookup, compile, store) of every target in flight. A pipeline
-        # mostly waits: for an executor slot, or for the pipeline of another target that
-        # owns the same key. More threads than this only contend for the interpreter
-        # (measured while E3 was tuned: 1024 threads were 2.5x slower than 128).
-        self._pool = ThreadPoolExecutor(
-            max_workers=max(PIPELINES, 4 * executor.jobs), thread_name_prefix="metrale-module"
-        )
+        # Module pipelines (lookup, compile, store) of every target in flight: coroutines
+        # of one event loop, which waits for every slot, compiler and remote call in
+        # flight; the cache lookups and stores on its small pool (issue 45: a thread per
+        # pipeline cost 12-28 ms of CPU per action, rising with the actions in flight).
+        self._loop = ActionLoop(LOOP_WORKERS)
 
     @classmethod
     def local(
@@ -205,44 +204,15 @@ class BuildSession:
         return got
 
     @property
-    def pool(self) -> ThreadPoolExecutor:
-        return self._pool
+    def loop(self) -> ActionLoop:
+        """The event loop the session's module pipelines run on."""
+        return self._loop
 
-    def submit_pipeline(self, key: str, run: Callable[[], T]) -> Future[T]:
-        """Run a module pipeline for ``key`` on the session's threads; one whose key
-        another pipeline of this session has in flight is submitted only when that one
-        has ended (it then finds the result in the memo).
-
-        Only scheduling: the memo's claim still makes the second wait if it starts
-        first. Queued behind their owners, the waiting pipelines of other targets no
-        longer hold every thread while the owners sit in the queue behind them (E3)."""
-        with self._lock:
-            owner = self._in_flight.get(key)
-            if owner is None or owner.done():
-                future = self._pool.submit(run)
-                self._in_flight[key] = future
-                owner = None
-        if owner is None:
-            # Outside the lock: a future already done runs the callback right here.
-            future.add_done_callback(lambda f: self._ended(key, f))
-            return future
-        chained: Future[T] = Future()
-
-        def start(_owner: object) -> None:
-            try:
-                inner = self._pool.submit(run)
-            except BaseException as exc:  # the session closed meanwhile
-                chained.set_exception(exc)
-                return
-            inner.add_done_callback(lambda f: _copy_outcome(f, chained))
-
-        owner.add_done_callback(start)
-        return chained
-
-    def _ended(self, key: str, future: Future[Any]) -> None:
-        with self._lock:
-            if self._in_flight.get(key) is future:
-                del self._in_flight[key]
+    def submit(self, pipeline: Coroutine[Any, Any, T]) -> Future[T]:
+        """Run a module pipeline on the session's loop, in the caller's context; its
+        outcome on the future. Two pipelines of one key take turns (the memo's claim):
+        the second finds the first one's artefact."""
+        return self._loop.submit(pipeline)
 
     def first_sweep(self, directory: str) -> bool:
         """True the first time ``directory`` is asked about in this session."""
@@ -257,16 +227,4 @@ class BuildSession:
         self.executor.stop()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _copy_outcome(source: Future[T], target: Future[T]) -> None:
-    if source.cancelled():  # the session closed with it queued
-        target.cancel()
-        target.set_running_or_notify_cancel()
-        return
-    exc = source.exception()
-    if exc is not None:
-        target.set_exception(exc)
-    else:
-        target.set_result(source.result())
+        self._loop.close()

@@ -17,13 +17,11 @@ target reaches beyond its layout, :mod:`~metrale_orch.steps.tree_reach`.
 
 from __future__ import annotations
 
-import contextvars
-import functools
 import logging
 import os
 import posixpath
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,7 +66,7 @@ from metrale_orch.steps.includes import (
 from metrale_orch.steps.install import install
 from metrale_orch.steps.keyrecord import plan_record
 from metrale_orch.steps.keys import checkout_of, module_parts
-from metrale_orch.steps.pipeline import ModuleObtained, run_pipeline
+from metrale_orch.steps.pipeline import ModuleObtained, pipeline_from_memo, run_pipeline
 from metrale_orch.steps.plan import config_docs, plan_target
 from metrale_orch.steps.plan_values import ModulePlan, PlanMemo, TargetPlan
 from metrale_orch.steps.profile import SpanRecorder
@@ -466,7 +464,7 @@ def _obtain_all(
     session: BuildSession,
     rec: SpanRecorder,
 ) -> list[ModuleObtained]:
-    """Run the pipelines of the keyed modules on the session's threads, in this context
+    """Run the pipelines of the keyed modules on the session's event loop, in this context
     (the cache's per-task statistics follow); results in plan order.
 
     Every pipeline has ended when this returns or raises: an error other than a
@@ -475,32 +473,20 @@ def _obtain_all(
     ctx = prep.ctx
     expected = {k.key: session.expected_seconds(k.key, rec.target, k.module.name) for k in keyed}
     session.progress.add(len(keyed), sum(expected.values()))
-    runs = [
-        # A context each: the cache's per-task statistics follow it onto the threads.
-        functools.partial(
-            contextvars.copy_context().run,
-            run_pipeline,
-            ctx,
-            k.module,
-            k.key,
-            expected[k.key],
-            rec,
-            k.parts,
-        )
-        for k in keyed
-    ]
     # Obtained earlier in the run: verified in this thread, after the others are under way
-    # (no thread handoff for most modules of a tree's later targets; the same pipeline).
+    # (no hand-off to the loop for most modules of a tree's later targets).
     here = [session.memo.holds(k.key, k.module.artefact) for k in keyed]
     futures: dict[int, Future[ModuleObtained]] = {}
     try:
         for i, k in enumerate(keyed):
             if not here[i]:
-                futures[i] = session.submit_pipeline(k.key, runs[i])
+                futures[i] = session.submit(
+                    run_pipeline(ctx, k.module, k.key, expected[k.key], rec, k.parts)
+                )
         with session.finishing():
-            for i in range(len(keyed)):
+            for i, k in enumerate(keyed):
                 if here[i]:
-                    futures[i] = _ran_here(runs[i])
+                    futures[i] = _from_memo(ctx, k, expected[k.key], rec, session)
         wait(futures.values())
     except BaseException:
         session.stop()
@@ -514,14 +500,21 @@ def _obtain_all(
     return [f.result() for f in ordered]
 
 
-def _ran_here(run: Callable[[], ModuleObtained]) -> Future[ModuleObtained]:
-    """``run`` called in this thread, as a finished future (its error raised later, after
-    the target's other pipelines ended, as a pipeline's on a session thread is)."""
+def _from_memo(
+    ctx: BuildContext, k: KeyedModule, expected: float, rec: SpanRecorder, session: BuildSession
+) -> Future[ModuleObtained]:
+    """The module's pipeline from the run's memo in this thread, as a finished future, or
+    on the loop when the memoised artefact no longer holds (its error raised later, after
+    the target's other pipelines ended, as a pipeline's on the loop is)."""
     future: Future[ModuleObtained] = Future()
     try:
-        future.set_result(run())
+        got = pipeline_from_memo(ctx, k.module, k.key, expected, rec)
     except Exception as exc:
         future.set_exception(exc)
+        return future
+    if got is None:
+        return session.submit(run_pipeline(ctx, k.module, k.key, expected, rec, k.parts))
+    future.set_result(got)
     return future
 
 

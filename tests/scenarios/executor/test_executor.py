@@ -12,13 +12,14 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from metrale_orch.executor import Action, ActionStopped, LocalExecutor
+from metrale_orch.executor.loop import ActionLoop
 from metrale_orch.proc import ProcessError
+from tests.support.executor import run_action, run_actions
 
 #: An action that records its start and end (wall-clock ns) in $LOG and sleeps $1 s.
 RECORDER = """#!/bin/sh
@@ -70,8 +71,7 @@ def action(tmp_path: Path, seconds: float, label: str, **kw: object) -> Action:
 @pytest.mark.parametrize("jobs", [1, 2, 3])
 def test_never_more_than_jobs_actions_at_once(tmp_path: Path, jobs: int) -> None:
     executor = LocalExecutor(jobs)
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        done = list(pool.map(executor.run, [action(tmp_path, 0.15, f"a{i}") for i in range(8)]))
+    done = run_actions(executor, [action(tmp_path, 0.15, f"a{i}") for i in range(8)])
     assert all(d.returncode == 0 for d in done)
     assert max_overlap(tmp_path / "log") == jobs
     assert executor.peak == jobs
@@ -79,8 +79,7 @@ def test_never_more_than_jobs_actions_at_once(tmp_path: Path, jobs: int) -> None
 
 def _run_in_process(slot_dir: str, tmp: str, n: int, tag: str) -> None:
     executor = LocalExecutor(2, slot_dir=Path(slot_dir))
-    with ThreadPoolExecutor(max_workers=n) as pool:
-        list(pool.map(executor.run, [action(Path(tmp), 0.2, f"{tag}{i}") for i in range(n)]))
+    run_actions(executor, [action(Path(tmp), 0.2, f"{tag}{i}") for i in range(n)])
 
 
 def test_processes_sharing_the_slot_directory_share_the_budget(tmp_path: Path) -> None:
@@ -117,14 +116,13 @@ def test_a_killed_holder_never_leaks_a_slot(tmp_path: Path) -> None:
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         executor = LocalExecutor(1, slot_dir=tmp_path / "slots")
-        result: list[object] = []
-        t = threading.Thread(target=lambda: result.append(executor.run(action(tmp_path, 0, "x"))))
-        t.start()
+        loop = ActionLoop(1)
+        result = loop.submit(executor.run(action(tmp_path, 0, "x")))
         time.sleep(0.3)
-        assert not result, "ran while the only slot was held"
+        assert not result.done(), "ran while the only slot was held"
         holder.kill()
-        t.join(10)
-        assert result and not t.is_alive()
+        assert result.result(10).returncode == 0
+        loop.close()
     finally:
         holder.kill()
         holder.wait()
@@ -136,12 +134,12 @@ def test_a_failing_action_raises_with_its_output_and_others_go_on(tmp_path: Path
     executor = LocalExecutor(2)
     bad = Action(argv=("sh", "-c", "echo broken >&2; exit 3"), cwd=tmp_path, env=dict(os.environ))
     with pytest.raises(ProcessError) as info:
-        executor.run(bad)
+        run_action(executor, bad)
     assert info.value.returncode == 3 and "broken" in info.value.output
-    assert executor.run(action(tmp_path, 0, "ok")).returncode == 0
+    assert run_action(executor, action(tmp_path, 0, "ok")).returncode == 0
     slow = Action(argv=("sleep", "30"), cwd=tmp_path, env=dict(os.environ), timeout=0.3)
     with pytest.raises(ProcessError, match=r"timed out after 0\.3 s"):
-        executor.run(slow)
+        run_action(executor, slow)
 
 
 def _alive(pid: int) -> bool:
@@ -163,17 +161,13 @@ def test_stop_ends_every_action_and_its_children_at_once(tmp_path: Path) -> None
     executor = LocalExecutor(2)
     pids = tmp_path / "pids"
     script = f'sleep 60 & echo $$ $! >> {pids}; trap "" TERM; wait'
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
+    loop = ActionLoop(1)
+    futures = [
+        loop.submit(
             executor.run(Action(argv=("sh", "-c", script), cwd=tmp_path, env=dict(os.environ)))
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run) for _ in range(3)]
-    for t in threads:
-        t.start()
+        )
+        for _ in range(3)
+    ]
     deadline = time.monotonic() + 10
     while (not pids.exists() or len(pids.read_text().split()) < 4) and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -181,19 +175,22 @@ def test_stop_ends_every_action_and_its_children_at_once(tmp_path: Path) -> None
     assert len(started) == 4, "two actions (shell and child) should be running"
     begin = time.monotonic()
     executor.stop()
-    for t in threads:
-        t.join(10)
+    errors = [f.exception(10) for f in futures]
     assert time.monotonic() - begin < 5
-    assert len(errors) == 3 and all(isinstance(e, ActionStopped) for e in errors), errors
+    assert all(isinstance(e, ActionStopped) for e in errors), errors
     assert not [pid for pid in started if _alive(pid)]
     with pytest.raises(ActionStopped):
-        executor.run(action(tmp_path, 0, "late"))
+        run_action(executor, action(tmp_path, 0, "late"))
+    loop.close()
 
 
 def test_each_action_runs_in_a_process_group_of_its_own(tmp_path: Path) -> None:
     """So a terminal's Ctrl-C reaches the build only, and stop() can end the group."""
     executor = LocalExecutor(1)
-    done = executor.run(
-        Action(argv=("sh", "-c", "cut -d' ' -f5 /proc/$$/stat"), cwd=tmp_path, env=dict(os.environ))
+    done = run_action(
+        executor,
+        Action(
+            argv=("sh", "-c", "cut -d' ' -f5 /proc/$$/stat"), cwd=tmp_path, env=dict(os.environ)
+        ),
     )
     assert int(done.stdout.split()[0]) != os.getpgid(0)

@@ -14,7 +14,6 @@ import os
 import resource
 import sys
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ import pytest
 from metrale_orch.executor import Action, LocalExecutor
 from metrale_orch.proc import ProcessError
 from metrale_orch.steps.times import TIMES
-from tests.support.executor import MIB
+from tests.support.executor import MIB, run_action, run_actions
 from tests.support.project import doit
 
 #: A compiler stand-in: logs "start"/"end" with wall-clock ns and its label in $LOG,
@@ -113,8 +112,7 @@ def test_predictions_below_jobs_times_the_peak_hold_the_sum_within_the_budget(
 ) -> None:
     executor = LocalExecutor(4, memory=250 * MIB)
     actions = [hog(tmp_path, f"a{i}", mb=20, memory=100 * MIB) for i in range(6)]
-    with ThreadPoolExecutor(max_workers=6) as pool:
-        done = list(pool.map(executor.run, actions))
+    done = run_actions(executor, actions)
     assert all(d.returncode == 0 for d in done)
     runs = intervals(tmp_path / "log")
     assert len(runs) == 6
@@ -128,7 +126,7 @@ def test_a_compile_above_this_process_s_peak_is_measured(tmp_path: Path) -> None
     # only a compile that takes more is measured: its largest resident set.
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024  # MiB (Linux: KiB)
     mb = own + 64
-    (done,) = [LocalExecutor(1).run(hog(tmp_path, "big", mb=mb))]
+    done = run_action(LocalExecutor(1), hog(tmp_path, "big", mb=mb))
     assert done.returncode == 0
     assert mb * MIB < done.memory < (mb + 100) * MIB, (mb, done.memory)
 
@@ -138,8 +136,7 @@ def test_with_no_history_compiles_are_admitted_by_jobs_alone(tmp_path: Path) -> 
     # until the four have started, and fails if they never do).
     executor = LocalExecutor(4, memory=1)
     actions = [hog(tmp_path, f"n{i}", env={"BARRIER": 4}) for i in range(4)]
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        done = list(pool.map(executor.run, actions))
+    done = run_actions(executor, actions)
     assert all(d.returncode == 0 for d in done)
     assert executor.peak == 4
 
@@ -148,8 +145,7 @@ def test_a_compile_predicted_over_the_whole_budget_still_runs_alone(tmp_path: Pa
     executor = LocalExecutor(3, memory=100 * MIB)
     weights = {"big": 500 * MIB, **{f"s{i}": 40 * MIB for i in range(3)}}
     actions = [hog(tmp_path, label, memory=w) for label, w in weights.items()]
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        done = list(pool.map(executor.run, actions))
+    done = run_actions(executor, actions)
     assert all(d.returncode == 0 for d in done)
     runs = intervals(tmp_path / "log")
     (big,) = [r for r in runs if r[2] == "big"]
@@ -161,8 +157,7 @@ def test_a_compile_killed_for_memory_runs_again_alone_once(tmp_path: Path) -> No
     env = {"KILL": "once", "KILL_MARK": str(tmp_path / "killed")}
     actions = [hog(tmp_path, "oom", env=env, expected=9.0)]
     actions += [hog(tmp_path, f"o{i}", seconds=0.3) for i in range(3)]
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        done = list(pool.map(executor.run, actions))
+    done = run_actions(executor, actions)
     assert all(d.returncode == 0 for d in done)
     runs = intervals(tmp_path / "log")
     _killed, retried = [r for r in runs if r[2] == "oom"]
@@ -174,12 +169,12 @@ def test_a_compile_killed_for_memory_runs_again_alone_once(tmp_path: Path) -> No
 def test_a_compile_killed_again_alone_is_reported_as_killed_for_memory(tmp_path: Path) -> None:
     executor = LocalExecutor(2)
     with pytest.raises(ProcessError, match="killed for memory") as got:
-        executor.run(hog(tmp_path, "oom", env={"KILL": "always"}))
+        run_action(executor, hog(tmp_path, "oom", env={"KILL": "always"}))
     assert got.value.returncode == -9
     assert [r[2] for r in intervals(tmp_path / "log")] == ["oom", "oom"]  # tried twice
     # A compile this executor kills for its timeout is no memory kill: reported once.
     with pytest.raises(ProcessError, match="timed out") as late:
-        executor.run(hog(tmp_path, "slow", seconds=30, timeout=0.5))
+        run_action(executor, hog(tmp_path, "slow", seconds=30, timeout=0.5))
     assert "memory" not in str(late.value)
 
 

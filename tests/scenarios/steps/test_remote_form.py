@@ -50,11 +50,11 @@ class MaterialisingWorker:
     def stop(self) -> None:
         self.local.stop()
 
-    def run(self, action: Action) -> Completed:
+    async def run(self, action: Action) -> Completed:
         form = action.remote
         if form is None or form.local_reason:
             self.ran_here.append(form.local_reason if form else "no form")
-            return self.local.run(action)
+            return await self.local.run(action)
         self.remote.append(action)
         with tempfile.TemporaryDirectory() as tmp:
             top = Path(tmp)

@@ -7,6 +7,7 @@ The tests of this topic that start processes are in ``tests/scenarios/cache/test
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -203,8 +204,12 @@ def test_mode_off_is_no_cache_at_all(tmp_path: Path) -> None:
     key = _key()
     cache.put(key, {"a": b"b"}, META)
     assert cache.get(key) is None
-    with cache.key_lock(key):
-        pass
+
+    async def locked() -> None:
+        async with cache.key_lock(key):
+            pass
+
+    asyncio.run(locked())
     cache.close()
     assert not (tmp_path / "cache").exists()
     # Issue 43: the lookup is still a miss (hits + shared + misses = every lookup).

@@ -7,8 +7,8 @@ These are the tests of this topic that run in-process; the others are in
 
 from __future__ import annotations
 
+import asyncio
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -17,37 +17,63 @@ from metrale_orch.executor import PrioritySlots
 
 
 def test_the_longest_expected_action_starts_first() -> None:
-    slots = PrioritySlots(1)
-    order: list[str] = []
-    gate = threading.Event()
+    async def main() -> list[str]:
+        slots = PrioritySlots(1)
+        order: list[str] = []
+        gate = asyncio.Event()
 
-    def take(name: str, expected: float) -> None:
-        with slots.slot(expected):
-            order.append(name)
-            if name == "first":
-                gate.wait(5)
+        async def take(name: str, expected: float) -> None:
+            async with slots.slot(expected):
+                order.append(name)
+                if name == "first":
+                    await gate.wait()
 
-    first = threading.Thread(target=take, args=("first", 0))
-    first.start()
-    time.sleep(0.05)
-    waiters = [
-        threading.Thread(target=take, args=(name, exp))
-        for name, exp in (("short", 0.1), ("long", 9.0), ("unknown", 0.0), ("mid", 2.0))
-    ]
-    for w in waiters:
-        w.start()
-        time.sleep(0.02)
-    gate.set()
-    for t in (first, *waiters):
-        t.join(5)
-    assert order == ["first", "long", "mid", "short", "unknown"]
+        first = asyncio.create_task(take("first", 0))
+        await asyncio.sleep(0)
+        waiters = [
+            asyncio.create_task(take(name, exp))
+            for name, exp in (("short", 0.1), ("long", 9.0), ("unknown", 0.0), ("mid", 2.0))
+        ]
+        await asyncio.sleep(0)
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(first, *waiters), 5)
+        return order
+
+    assert asyncio.run(main()) == ["first", "long", "mid", "short", "unknown"]
 
 
-def test_threads_of_one_process_try_no_slot_they_hold(
+def test_a_waiter_cancelled_in_line_takes_no_slot() -> None:
+    """A pipeline cancelled while it waits leaves the line, and the slot goes on."""
+
+    async def main() -> list[str]:
+        slots = PrioritySlots(1)
+        order: list[str] = []
+        gate = asyncio.Event()
+
+        async def take(name: str, expected: float) -> None:
+            async with slots.slot(expected):
+                order.append(name)
+                if name == "first":
+                    await gate.wait()
+
+        first = asyncio.create_task(take("first", 0))
+        await asyncio.sleep(0)
+        gone = asyncio.create_task(take("gone", 9.0))
+        kept = asyncio.create_task(take("kept", 1.0))
+        await asyncio.sleep(0)
+        gone.cancel()
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(first, kept), 5)
+        return order
+
+    assert asyncio.run(main()) == ["first", "kept"]
+
+
+def test_actions_of_one_process_try_no_slot_they_hold(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each thread locks a slot file no other thread of its process holds: one try each
-    when no other process competes (every try is three system calls under the GIL)."""
+    """Each action locks a slot file no other action of its process holds: one try each
+    when no other process competes (every try is three system calls)."""
     import fcntl
 
     from metrale_orch.executor.slots import MachineSlots
@@ -57,22 +83,22 @@ def test_threads_of_one_process_try_no_slot_they_hold(
     monkeypatch.setattr(fcntl, "flock", lambda fd, op: (tries.append(fd), real(fd, op))[1])
     slots = MachineSlots(tmp_path / "slots", 4)
     stopped = threading.Event()
-    inside = threading.Barrier(4)
     held: list[set[int]] = []
 
-    def hold() -> None:
-        with slots.slot(stopped) as got:
-            assert got
-            inside.wait(10)  # all four at once
-            held.append(set(slots._held))
-            inside.wait(10)
+    async def main() -> None:
+        inside = asyncio.Barrier(4)
 
-    for _round in range(3):
-        threads = [threading.Thread(target=hold) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(20)
+        async def hold() -> None:
+            async with slots.slot(stopped) as got:
+                assert got
+                await inside.wait()  # all four at once
+                held.append(set(slots._held))
+                await inside.wait()
+
+        for _round in range(3):
+            await asyncio.wait_for(asyncio.gather(*(hold() for _ in range(4))), 20)
+
+    asyncio.run(main())
     assert held and all(h == {0, 1, 2, 3} for h in held)
     assert len(tries) == 12
     assert not slots._held

@@ -9,8 +9,7 @@ The tests of this topic that start processes are in
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import ThreadPoolExecutor
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -67,23 +66,24 @@ def test_memavailable_is_read_in_bytes(tmp_path: Path) -> None:
 
 
 def test_priority_slots_keep_the_holders_predictions_within_the_budget() -> None:
-    """Threads only: every holder sees the predictions in use within the budget, except
-    while one predicted over the whole budget holds a slot alone."""
+    """Every holder sees the predictions in use within the budget, except while one
+    predicted over the whole budget holds a slot alone."""
     slots = PrioritySlots(4, memory=250)
     seen: list[tuple[int, int]] = []
-    lock = threading.Lock()
 
-    def hold(memory: int) -> None:
-        with slots.slot(0.0, memory) as got:
+    async def hold(memory: int) -> None:
+        async with slots.slot(0.0, memory) as got:
             assert got
             in_use, _budget = slots.memory
-            with lock:
-                seen.append((memory, in_use))
-            threading.Event().wait(0.01)
+            seen.append((memory, in_use))
+            await asyncio.sleep(0.01)
 
     sizes = [100, 100, 100, 60, 60, 400, 100, 0, 0, 150, 90, 100]
-    with ThreadPoolExecutor(max_workers=len(sizes)) as pool:
-        list(pool.map(hold, sizes))
+
+    async def main() -> None:
+        await asyncio.wait_for(asyncio.gather(*(hold(m) for m in sizes)), 20)
+
+    asyncio.run(main())
     assert sorted(m for m, _ in seen) == sorted(sizes)  # every one ran
     for memory, in_use in seen:
         assert in_use <= 250 or memory == in_use == 400, seen
@@ -93,29 +93,26 @@ def test_priority_slots_keep_the_holders_predictions_within_the_budget() -> None
 def test_the_first_in_line_waits_for_memory_rather_than_be_overtaken() -> None:
     slots = PrioritySlots(3, memory=100)
     order: list[str] = []
-    held = slots.slot(0.0, 60)
-    assert held.__enter__()
 
-    def take(name: str, expected: float, memory: int) -> None:
-        with slots.slot(expected, memory) as got:
+    async def take(name: str, expected: float, memory: int) -> None:
+        async with slots.slot(expected, memory) as got:
             assert got
             order.append(name)
 
-    def queued(n: int) -> None:  # until n threads wait in line (no timing involved)
-        while len(slots._waiting) < n:
-            threading.Event().wait(0.001)
+    async def main() -> None:
+        held = slots.slot(0.0, 60)
+        assert await held.__aenter__()
+        first = asyncio.create_task(take("large", 5.0, 60))  # 60 + 60 > 100: waits
+        await asyncio.sleep(0)
+        second = asyncio.create_task(take("small", 1.0, 10))  # would fit, but waits
+        await asyncio.sleep(0)
+        assert len(slots._waiting) == 2
+        # The small one would fit beside the holder, but the large one is first in line.
+        assert order == [] and slots.memory == (60, 100)
+        await held.__aexit__(None, None, None)  # both start now: 60 + 10 fit
+        await asyncio.wait_for(asyncio.gather(first, second), 10)
 
-    first = threading.Thread(target=take, args=("large", 5.0, 60))  # 60 + 60 > 100: waits
-    first.start()
-    queued(1)
-    second = threading.Thread(target=take, args=("small", 1.0, 10))  # would fit, but waits
-    second.start()
-    queued(2)
-    # The small one would fit beside the holder, but the large one is first in line.
-    assert order == [] and slots.memory == (60, 100)
-    held.__exit__(None, None, None)  # both start now: 60 + 10 fit
-    first.join(10)
-    second.join(10)
+    asyncio.run(main())
     assert sorted(order) == ["large", "small"]
 
 

@@ -9,30 +9,31 @@ The tests of this topic that start processes are in
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from metrale_orch.executor import ActionStopped, LocalExecutor
+from metrale_orch.executor.loop import ActionLoop
 from metrale_orch.executor.offload import (
     RemoteExecutor,
     RemoteRun,
     RemoteUnavailable,
 )
 from metrale_orch.proc import ProcessError
+from tests.support.executor import run_action, run_actions
 from tests.support.remote import FakeBackend, action, ran_here
 
 
 def test_a_form_goes_out_and_is_counted(tmp_path: Path) -> None:
     backend = FakeBackend()
     ex = RemoteExecutor(backend, LocalExecutor(1))
-    done = ex.run(action(tmp_path))
+    done = run_action(ex, action(tmp_path))
     assert done.where == "remote" and done.stdout == "ok\n"
     assert len(backend.forms) == 1 and ran_here(tmp_path) == 0
     cached = RemoteRun(returncode=0, stdout="", stderr="", seconds=0.0, cached=True)
     backend.answer = cached
-    assert ex.run(action(tmp_path)).where == "remote (action cache)"
+    assert run_action(ex, action(tmp_path)).where == "remote (action cache)"
     assert ex.counts("t").to_dict() == {"remote": 1, "action_cache": 1}
     assert ex.counts("t").to_dict() == {}  # taken
 
@@ -41,7 +42,7 @@ def test_strict_makes_infrastructure_failures_module_failures(tmp_path: Path) ->
     backend = FakeBackend(RemoteUnavailable("no worker for platform OSFamily=linux"))
     ex = RemoteExecutor(backend, LocalExecutor(1), strict=True)
     with pytest.raises(ProcessError, match=r"no worker for platform.*remote_strict"):
-        ex.run(action(tmp_path))
+        run_action(ex, action(tmp_path))
     assert ran_here(tmp_path) == 0
 
 
@@ -49,7 +50,7 @@ def test_a_remote_compile_error_is_a_compile_error_never_retried_here(tmp_path: 
     failed = RemoteRun(returncode=2, stdout="", stderr="k.cu(3): error: x\n", seconds=0.1)
     ex = RemoteExecutor(FakeBackend(failed), LocalExecutor(1))
     with pytest.raises(ProcessError) as err:
-        ex.run(action(tmp_path))
+        run_action(ex, action(tmp_path))
     assert err.value.returncode == 2 and "error: x" in err.value.output
     assert ran_here(tmp_path) == 0
 
@@ -58,22 +59,22 @@ def test_remote_jobs_caps_actions_in_flight_independently_of_jobs(tmp_path: Path
     backend = FakeBackend(delay=0.2)
     ex = RemoteExecutor(backend, LocalExecutor(1), remote_jobs=4)
     assert ex.jobs == 4
-    with ThreadPoolExecutor(max_workers=10) as pool:
-        list(pool.map(lambda _: ex.run(action(tmp_path)), range(10)))
+    run_actions(ex, [action(tmp_path) for _ in range(10)])
     assert backend.peak == 4
 
 
 def test_stop_ends_actions_in_flight_and_refuses_the_rest(tmp_path: Path) -> None:
     backend = FakeBackend(delay=30)
     ex = RemoteExecutor(backend, LocalExecutor(1), remote_jobs=1)
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        futures = [pool.submit(ex.run, action(tmp_path)) for _ in range(3)]
-        time.sleep(0.3)
-        start = time.monotonic()
-        ex.stop()
-        for fut in futures:
-            with pytest.raises(ActionStopped):
-                fut.result(timeout=5)
+    loop = ActionLoop(2)
+    futures = [loop.submit(ex.run(action(tmp_path))) for _ in range(3)]
+    time.sleep(0.3)
+    start = time.monotonic()
+    ex.stop()
+    for fut in futures:
+        with pytest.raises(ActionStopped):
+            fut.result(timeout=5)
+    loop.close()
     assert time.monotonic() - start < 2
     with pytest.raises(ActionStopped):
-        ex.run(action(tmp_path))
+        run_action(ex, action(tmp_path))

@@ -7,11 +7,11 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from metrale_orch.executor import Action, LocalExecutor, RemoteForm
 from metrale_orch.executor.offload import QUEUE_LONG, RemoteExecutor, RemoteRun, Window
+from tests.support.executor import run_actions
 
 
 class Engine:
@@ -77,8 +77,7 @@ def _action(tmp_path: Path) -> Action:
 def test_the_window_backs_off_while_actions_queue_at_the_engine(tmp_path: Path) -> None:
     engine = Engine(workers=3, seconds=0.2)
     ex = RemoteExecutor(engine, LocalExecutor(1), remote_jobs=12)
-    with ThreadPoolExecutor(max_workers=12) as pool:
-        list(pool.map(lambda _: ex.run(_action(tmp_path)), range(60)))
+    run_actions(ex, [_action(tmp_path) for _ in range(60)])
     engine.close()
     assert max(engine.peaks[:12]) == 12  # remote_jobs at first: no worker count is known
     late = engine.peaks[40:]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 
@@ -21,41 +22,59 @@ def session() -> Iterator[BuildSession]:
 
 
 def test_a_pipeline_of_a_key_in_flight_starts_after_its_owner(session: BuildSession) -> None:
+    """Two pipelines of one key take turns (the memo's claim), holding no thread while
+    they wait; another key does not wait."""
     release = threading.Event()
     order: list[str] = []
 
-    def owner() -> str:
-        release.wait(5)
-        order.append("owner")
-        return "built"
+    async def owner() -> str:
+        async with session.memo.claim("k"):
+            while not release.is_set():
+                await asyncio.sleep(0.001)
+            order.append("owner")
+            return "built"
 
-    def waiter() -> str:
-        order.append("waiter")
-        return "verified"
+    async def waiter() -> str:
+        async with session.memo.claim("k"):
+            order.append("waiter")
+            return "verified"
 
-    first = session.submit_pipeline("k", owner)
-    second = session.submit_pipeline("k", waiter)
-    other = session.submit_pipeline("other", lambda: "free")
+    async def free() -> str:
+        async with session.memo.claim("other"):
+            return "free"
+
+    before = threading.active_count()
+    first = session.submit(owner())
+    second = session.submit(waiter())
+    other = session.submit(free())
     assert other.result(5) == "free"  # another key does not wait
-    assert not second.done()  # queued behind its owner, holding no thread
+    assert not second.done()  # behind its owner
+    assert threading.active_count() <= before + 1  # the loop's: none waits in a thread
     release.set()
     assert (first.result(5), second.result(5)) == ("built", "verified")
     assert order == ["owner", "waiter"]
 
 
-def test_quick_pipelines_of_one_key_never_deadlock(session: BuildSession) -> None:
-    """A pipeline that ends before its callback is attached (a memo or cache hit) must not
-    run the callback under the session's lock (it did: the warm build hung)."""
-    futures = [session.submit_pipeline("k", lambda i=i: i) for i in range(200)]
+def test_many_pipelines_of_one_key_end_in_turn(session: BuildSession) -> None:
+    async def quick(i: int) -> int:
+        async with session.memo.claim("k"):
+            return i
+
+    futures = [session.submit(quick(i)) for i in range(200)]
     assert [f.result(10) for f in futures] == list(range(200))
 
 
 def test_an_owners_failure_is_not_the_waiters(session: BuildSession) -> None:
-    def owner() -> str:
-        raise RuntimeError("compile failed")
+    async def owner() -> str:
+        async with session.memo.claim("k"):
+            raise RuntimeError("compile failed")
 
-    first = session.submit_pipeline("k", owner)
-    second = session.submit_pipeline("k", lambda: "compiled itself")
+    async def waiter() -> str:
+        async with session.memo.claim("k"):
+            return "compiled itself"
+
+    first = session.submit(owner())
+    second = session.submit(waiter())
     with pytest.raises(RuntimeError):
         first.result(5)
     assert second.result(5) == "compiled itself"
