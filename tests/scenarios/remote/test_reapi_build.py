@@ -336,9 +336,8 @@ def test_stop_ends_remote_actions_in_flight_at_once(
 ) -> None:
     """Ctrl-C with remote compiles in flight: the channel closes, every action ends as
     stopped at once (not after its timeout), and nothing is run here instead."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from metrale_orch.executor import Action, ActionStopped, LocalExecutor
+    from metrale_orch.executor.loop import ActionLoop
     from metrale_orch.executor.offload import RemoteExecutor
 
     stack, workers = farm
@@ -348,16 +347,17 @@ def test_stop_ends_remote_actions_in_flight_at_once(
     here = tmp_path / "ran-here"
     action = Action(argv=("/bin/sh", "-c", f"touch {here}"), cwd=tmp_path, remote=form, timeout=600)
     before = executed(workers)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = [pool.submit(ex.run, action) for _ in range(2)]
-        deadline = time.monotonic() + 60
-        while executed(workers) - before < 1 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        start = time.monotonic()
-        ex.stop()
-        for fut in futures:
-            with pytest.raises(ActionStopped):
-                fut.result(timeout=10)
+    loop = ActionLoop(2)
+    futures = [loop.submit(ex.run(action)) for _ in range(2)]
+    deadline = time.monotonic() + 60
+    while executed(workers) - before < 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    start = time.monotonic()
+    ex.stop()
+    for fut in futures:
+        with pytest.raises(ActionStopped):
+            fut.result(timeout=10)
+    loop.close()
     assert time.monotonic() - start < 5
     assert not here.exists()
 

@@ -16,14 +16,16 @@ from metrale_orch.executor.offload import (
     RemoteExecutor,
     RemoteUnavailable,
 )
+from tests.support.executor import run_action
 from tests.support.remote import FakeBackend, action, ran_here
 
 
 def test_what_cannot_go_out_runs_here_with_its_reason(tmp_path: Path) -> None:
     backend = FakeBackend()
     ex = RemoteExecutor(backend, LocalExecutor(1))
-    assert ex.run(action(tmp_path, reason="CPATH names '/x'")).where == "local: CPATH names '/x'"
-    assert ex.run(action(tmp_path, remote=False)).where == "local: no remote form"
+    done = run_action(ex, action(tmp_path, reason="CPATH names '/x'"))
+    assert done.where == "local: CPATH names '/x'"
+    assert run_action(ex, action(tmp_path, remote=False)).where == "local: no remote form"
     assert backend.forms == [] and ran_here(tmp_path) == 2
     assert ex.counts("t").to_dict() == {"local": {"CPATH names '/x'": 1, "no remote form": 1}}
 
@@ -32,7 +34,7 @@ def test_infrastructure_failure_runs_here_then_the_breaker_opens(tmp_path: Path)
     backend = FakeBackend(RemoteUnavailable("unreachable: grpc://fake:1 (connection refused)"))
     ex = RemoteExecutor(backend, LocalExecutor(1))
     for _ in range(BREAKER_FAILURES + 2):
-        assert ex.run(action(tmp_path)).where.startswith("local: ")
+        assert run_action(ex, action(tmp_path)).where.startswith("local: ")
     assert len(backend.forms) == BREAKER_FAILURES  # then no more calls to a dead endpoint
     assert ran_here(tmp_path) == BREAKER_FAILURES + 2
     local = ex.counts("t").local
