@@ -291,7 +291,7 @@ class _Reaping:
         try:
             self._pidfd = os.pidfd_open(proc.pid)
         except (AttributeError, OSError):  # no pidfd here: a pool thread waits for it
-            loop.run_in_executor(None, proc.wait).add_done_callback(lambda _f: self._check())
+            self._wait_in_pool()
         else:
             loop.add_reader(self._pidfd, self._exited)
         self._check()
@@ -311,9 +311,16 @@ class _Reaping:
         self._check()
 
     def _exited(self) -> None:
-        if self.proc.reap_now():
-            self._close_pidfd()
+        reaped = self.proc.reap_now()
+        self._close_pidfd()
+        if reaped:
             self._check()
+        else:  # reaped by no one yet (a wait() elsewhere holds it): a pool thread waits
+            self._wait_in_pool()
+
+    def _wait_in_pool(self) -> None:
+        done = self.loop.run_in_executor(None, self.proc.wait)
+        done.add_done_callback(lambda _f: self._check())
 
     def _close_pidfd(self) -> None:
         if self._pidfd >= 0:

@@ -1,0 +1,89 @@
+"""The action loop (issue 45): compiles in flight hold no thread each; the loop reaps them
+through a pidfd and keeps what ``wait4`` says of them; a stop ends them all.
+
+These start processes (the actions), hence here and not in ``tests/unit/executor``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from metrale_orch.executor import Action, ActionStopped, LocalExecutor
+from metrale_orch.executor.loop import ActionLoop
+
+
+def _sleeper(tmp_path: Path, seconds: float, label: str) -> Action:
+    return Action(
+        argv=("sleep", str(seconds)), cwd=tmp_path, env={"PATH": os.environ["PATH"]}, label=label
+    )
+
+
+def test_hundreds_of_actions_in_flight_hold_no_thread_each(tmp_path: Path) -> None:
+    """400 actions at once, 200 running: the process gains the loop's thread and no other
+    (a module pipeline held a thread of its own before issue 45)."""
+    executor = LocalExecutor(200)
+    loop = ActionLoop(2)
+    before = threading.active_count()
+    futures = [loop.submit(executor.run(_sleeper(tmp_path, 0.3, f"a{i}"))) for i in range(400)]
+    most = 0
+    while not all(f.done() for f in futures):
+        most = max(most, threading.active_count())
+        time.sleep(0.01)
+    assert all(f.result().returncode == 0 for f in futures)
+    assert executor.peak == 200
+    assert most <= before + 1, f"{most} threads with 400 actions in flight (before: {before})"
+    loop.close()
+
+
+def test_a_stop_from_another_thread_ends_the_actions_the_loop_waits_for(tmp_path: Path) -> None:
+    executor = LocalExecutor(50)
+    loop = ActionLoop(2)
+    futures = [loop.submit(executor.run(_sleeper(tmp_path, 60, f"s{i}"))) for i in range(80)]
+    deadline = time.monotonic() + 20
+    while executor.running < 50 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert executor.running == 50
+    start = time.monotonic()
+    executor.stop()  # SIGTERM: sleep ends at once
+    errors = [f.exception(10) for f in futures]
+    assert time.monotonic() - start < 5
+    assert all(isinstance(e, ActionStopped) for e in errors), errors
+    assert executor.running == 0
+    loop.close()
+
+
+def test_a_cancelled_pipeline_leaves_no_compiler_running(tmp_path: Path) -> None:
+    """A task cancelled while its compiler runs (the loop closing under it) kills the
+    compiler's group and reaps it: no process, no zombie."""
+    executor = LocalExecutor(1)
+    loop = ActionLoop(1)
+    pid_file = tmp_path / "pid"
+    action = Action(
+        argv=("sh", "-c", f"echo $$ > {pid_file}; exec sleep 60"),
+        cwd=tmp_path,
+        env={"PATH": os.environ["PATH"]},
+    )
+    future = loop.submit(executor.run(action))
+    deadline = time.monotonic() + 10
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    pid = int(pid_file.read_text())
+
+    def cancel_all() -> None:
+        for task in asyncio.all_tasks(loop.loop):
+            task.cancel()
+
+    loop.call(cancel_all)
+    with pytest.raises(BaseException):  # noqa: B017  # the task's cancellation
+        future.result(10)
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not os.path.exists(f"/proc/{pid}"), "the compiler (or its zombie) is still there"
+    loop.close()
