@@ -222,6 +222,11 @@ class Cache:
     def enabled(self) -> bool:
         return self._enabled
 
+    @property
+    def networked(self) -> bool:
+        """Whether a lookup may ask a remote tier (network I/O: off the event loop)."""
+        return self._enabled and self._remote is not None and not self._remote.disabled
+
     def tiers(self) -> str:
         """The tiers a lookup asks, in words for a message: ``the local cache and the remote
         s3://b/p``, or why one is not asked (no remote set, the remote switched off, the

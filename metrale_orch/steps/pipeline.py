@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 from metrale_orch.cache import RECORD_META, RUN_META
 from metrale_orch.executor.loop import offload
@@ -33,6 +33,8 @@ from metrale_orch.steps.memo import Obtained, Origin
 from metrale_orch.steps.plan_values import ModulePlan
 from metrale_orch.steps.profile import SpanArgs, SpanRecorder
 from metrale_orch.steps.results import ModuleResult
+
+T = TypeVar("T")
 
 __all__ = ["ModuleObtained", "Obtainment", "obtain", "pipeline_from_memo", "run_pipeline"]
 
@@ -162,8 +164,7 @@ async def obtain(
                 return got
             if ctx.cache is not None:
                 await held.enter_async_context(ctx.cache.key_lock(key))  # until stored
-            # File and network I/O: on the session's pool, off the loop.
-            hit, rejected = await offload(_cache_lookup, ctx, module, key)
+            hit, rejected = await _io(ctx, _cache_lookup, ctx, module, key)
             if hit is not None:
                 data, tier, _inputs, _origin = hit
                 if tier == "run":  # another worker process of this run compiled it
@@ -291,7 +292,7 @@ async def _compile_and_store(
         )
     if ctx.cache is not None:
         with rec.span("store", module=module.name, bytes=len(data), key=key):
-            await offload(_store, ctx, module, key, data, seconds, inputs, replace, parts)
+            await _io(ctx, _store, ctx, module, key, data, seconds, inputs, replace, parts)
     ctx.session.memo.put(key, module.artefact, Obtained(data, inputs, "compiled"))
     return data, inputs
 
@@ -331,6 +332,15 @@ def _store(
         },
         replace=replace,
     )
+
+
+async def _io(ctx: BuildContext, fn: Callable[..., T], *args: object) -> T:
+    """``fn(*args)``, a cache lookup or store: on the session's pool where it may ask a
+    remote tier (network I/O), else here on the loop (a local file: a hop to the pool and
+    back costs more than reading it)."""
+    if ctx.cache is not None and ctx.cache.networked:
+        return await offload(fn, *args)
+    return fn(*args)
 
 
 def _as_inputs(value: object) -> tuple[Input, ...]:
