@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, TypedDict
 from doit.exceptions import TaskFailed
 
 from metrale_orch.paths import BUILD_TASK, root_relative
+from metrale_orch.tasks.values import SummaryValues
 
 if TYPE_CHECKING:
     from metrale_orch.config import Config
@@ -60,13 +61,13 @@ def run_smoke_action(
     summary = report.summary_line()
     log.info("%s (report: %s)", summary, xml)
     if report.ok:
-        return {
-            "summary": summary,
-            "report": root_relative(xml, Path(root)),
-            "passed": report.count("passed"),
-            "skipped": report.count("skipped"),
-            "failed": 0,
-        }
+        return SummaryValues(
+            summary=summary,
+            report=root_relative(xml, Path(root)),
+            passed=report.count("passed"),
+            skipped=report.count("skipped"),
+            failed=0,
+        ).to_values()
     lines = [summary] + [
         f"  FAIL {r.target} {r.module}::{r.case}: {r.message}" for r in report.failures()
     ]

@@ -47,13 +47,7 @@ from metrale_orch.steps.plan_values import TargetPlan
 from metrale_orch.steps.staging import plan_stage
 from metrale_orch.tasks import specs as generation
 from metrale_orch.tasks.check import UNPROBED
-from metrale_orch.tasks.checker import (
-    PLAN_RECORD_KEY,
-    SIGNATURE_KEY,
-    ContentChecker,
-    SignatureCheck,
-    TaskDataCodec,
-)
+from metrale_orch.tasks.checker import ContentChecker, SignatureCheck, TaskDataCodec
 from metrale_orch.tasks.creators import named_failures
 from metrale_orch.tasks.dicts import task_dict
 from metrale_orch.tasks.doit_api import (
@@ -65,6 +59,7 @@ from metrale_orch.tasks.doit_api import (
     make_task,
     open_dependency,
 )
+from metrale_orch.tasks.values import BuildRecord
 from metrale_orch.toolchain.definitions import load_toolchains
 from metrale_orch.tree import Layout
 
@@ -312,7 +307,7 @@ def _build_status(
             )
         return TargetStatus(target=spec.target, status="stale")
     reasons: Mapping[str, object] = result.reasons
-    saved = dep.get_values(task.name).get(SIGNATURE_KEY) or {}
+    saved = BuildRecord.from_values(dep.get_values(task.name)).signature or {}
     current: dict[str, str] = {}
     bad_outputs: tuple[str, ...] = ()
     changed_external: tuple[str, ...] = ()
@@ -405,7 +400,7 @@ def _saved_record(root: Path, target: str) -> Mapping[str, object] | None:
     before records were kept, or none)."""
     with _dependency(root) as dep:
         values = {} if dep is None else dep.get_values(f"{BUILD_TASK}:{target}")
-    text = values.get(PLAN_RECORD_KEY)
+    text = BuildRecord.from_values(values).plan
     try:
         record = json.loads(text) if isinstance(text, str) else None
     except ValueError:
