@@ -30,7 +30,6 @@ from metrale_orch.steps import target as build
 from metrale_orch.steps.results import TargetResult
 from metrale_orch.steps.session import BuildSession, local_executor
 from metrale_orch.steps.times import CompileTimes, read_times
-from metrale_orch.tasks.buildlog import configure_build_log, flush_build_log
 from metrale_orch.tasks.checker import encode_outputs
 from metrale_orch.tasks.doit_api import current_run
 from metrale_orch.tasks.outcomes import (
@@ -54,7 +53,7 @@ def build_target_action(root: str, target: str) -> dict[str, object] | TaskFaile
     try:
         return _build(root, target)
     finally:
-        flush_build_log()  # the target's lines are in the log when doit reports it
+        current_run().log.flush()  # the target's lines are in the log when doit reports it
 
 
 def _build(root: str, target: str) -> dict[str, object] | TaskFailed:
@@ -65,7 +64,7 @@ def _build(root: str, target: str) -> dict[str, object] | TaskFailed:
         return BuildFailed(f"{BUILD_TASK}:{target}: not started: the run was stopped", not_started)
     try:
         config = run.config(Path(root))
-        log = configure_build_log(
+        log = run.log.open(
             config.build_dir, max_bytes=config.log_max_bytes, backups=config.log_backups
         )
         cache = _cache(run, config)

@@ -12,6 +12,7 @@ and the actions. It holds:
 - the build sessions (the executor running at most ``jobs`` compiles, the artefacts
   obtained) and the opened cache, which every target this process builds shares;
 - the build actions in flight and the stop state (Ctrl-C, SIGTERM);
+- the build log's handle (:class:`~metrale_orch.tasks.buildlog.BuildLog`);
 - doit's loop: the project's build lock from its start to its end, and the run's exit
   status (:meth:`Run.begin`, :meth:`Run.end`, :meth:`Run.exit_status`). doit's runner
   calls nothing of a project's but its reporter, so the reporter hands both ends here.
@@ -36,6 +37,7 @@ from doit.exceptions import TaskFailed
 from metrale_orch.config import Config, load_config
 from metrale_orch.errors import EXIT_FAILURE, EXIT_USAGE, MetraleError
 from metrale_orch.graph.selection import Selection
+from metrale_orch.tasks.buildlog import BuildLog
 from metrale_orch.tasks.run_end import exit_status
 from metrale_orch.tasks.runlock import BuildLock
 from metrale_orch.toolchain.probe import ProbeMemo
@@ -80,7 +82,11 @@ class Run:
         self.selection = selection
         #: Whether doit has started loading this run's tasks (a new load is a new run).
         self.loading = False
+        #: Whether the package's task loader loads them (it tells :attr:`selection`).
+        self.loader = False
         self.probes = ProbeMemo()
+        #: The shared build log, as this run writes it.
+        self.log = BuildLog()
         self.stop = Stop()
         self._configs: dict[Path, Config] = {}
         self._lock = threading.Lock()
@@ -136,14 +142,15 @@ class Run:
             return self._cache[1]
 
     def close(self) -> None:
-        """Close the build sessions and discard the early runs no probe took (tests that
-        start a new run in the same process)."""
+        """Close the build sessions and the build log, and discard the early runs no probe
+        took (a process that starts a new run: doit run again, tests)."""
         with self._lock:
             sessions = list(self._sessions.values())
             self._sessions.clear()
         for session in sessions:
             session.close()
         self.probes.early.discard()
+        self.log.close()
 
     # -- the build actions in flight --
 
@@ -215,6 +222,7 @@ class Run:
         if self._build_lock is not None:
             self._build_lock.release()
             self._build_lock = None
+        self.log.flush()  # the run's lines are in the file when it ends
 
     @staticmethod
     def exit_status(
