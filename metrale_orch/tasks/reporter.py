@@ -17,17 +17,16 @@ docs/guarantees.md, "What the counts mean").
 The words of each line are :mod:`~metrale_orch.tasks.report_lines`; how the run ends,
 :mod:`~metrale_orch.tasks.run_end`.
 
-Each build task returns a small value (``outcome``, module outcomes, this
-task's cache statistics, cache warnings, its profile spans); the reporter adds
-the statistics up, prints each distinct cache warning once and writes them to
-``<build_dir>/cache-stats.json``, and writes every target's spans, on the
-worker that ran them, to ``<build_dir>/profile.json`` (Chrome trace events:
-:mod:`metrale_orch.steps.profile`), and merges the parts every target's build wrote
-into ``<build_dir>/compile_commands.json`` (:mod:`metrale_orch.steps.compdb`). A run
-that built nothing (a no-op) leaves the files of the last build that did in
-place, and costs nothing for them.
-Those files are written by :mod:`~metrale_orch.tasks.run_files`; the reporter only
-reports.
+Each build task returns a small value (:class:`~metrale_orch.tasks.values.BuildValues`:
+its outcome, module outcomes, this task's cache statistics, cache warnings, its profile
+spans); the reporter adds the statistics up, prints each distinct cache warning once,
+and hands what it gathered to the run, which writes ``<build_dir>/cache-stats.json``,
+``<build_dir>/profile.json`` (every target's spans, on the worker that ran them, as Chrome
+trace events: :mod:`metrale_orch.steps.profile`) and ``compile_commands.json`` (the parts
+every target's build wrote: :mod:`metrale_orch.steps.compdb`)
+(:meth:`~metrale_orch.tasks.run.Run.write_files`); the reporter only reports. A run that
+built nothing (a no-op) leaves the files of the last build that did in place, and costs
+nothing for them.
 Other tasks (``check``, ``smoke:…``, ``coverage``) are reported as doit's console reporter
 does; a passing smoke or coverage task's ``summary`` value is printed last.
 
@@ -60,7 +59,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from doit.exceptions import UnmetDependency
 from doit.reporter import ConsoleReporter
@@ -93,6 +92,9 @@ from metrale_orch.tasks.report_lines import (
 )
 from metrale_orch.tasks.run_end import end_interrupted
 from metrale_orch.tasks.values import BuildValues, SummaryValues
+
+if TYPE_CHECKING:
+    from metrale_orch.tasks.run_files import RunTotals
 
 __all__ = ["BuildReporter"]
 
@@ -371,15 +373,23 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         if self._remote:
             self.write(format_remote(self._remote) + "\n")
         if self._ran:  # a no-op run leaves the last build's report files in place
-            # Imported only after a run that ran something: a no-op never needs them.
-            from metrale_orch.tasks import run_files
-
-            run_files.write_stats(self._stats, self._remote, self.write)
-            run_files.write_profile(self._spans, self._origin_ns)
-            run_files.write_times(self._spans, self._alive, self.write)
-            run_files.write_compdb(self._built_targets(), self._scoped)
+            current_run().write_files(self._totals(), self.write)
 
     # -- helpers ----------------------------------------------------------------------------------
+
+    def _totals(self) -> RunTotals:
+        """What the run's files are written from (:meth:`Run.write_files`)."""
+        from metrale_orch.tasks.run_files import RunTotals  # as the run: after a build only
+
+        return RunTotals(
+            stats=tuple(self._stats),
+            remote=self._remote,
+            spans=tuple(self._spans),
+            origin_ns=self._origin_ns,
+            alive=frozenset(self._alive),
+            built=tuple(self._built_targets()),
+            scoped=self._scoped,
+        )
 
     def _built_targets(self) -> list[str]:
         """The targets of the run's build tasks (a plan that failed is no target)."""
