@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from metrale_orch import cache as cache_mod
 from metrale_orch.errors import MetraleError, printable
@@ -36,8 +37,10 @@ from metrale_orch.steps.compdb import stored_targets, write_database_from_parts
 from metrale_orch.steps.history import record_build
 from metrale_orch.steps.profile import Span, encode_profile, trace_document
 from metrale_orch.tasks.report_lines import remote_totals
-from metrale_orch.tasks.run import Run
 from metrale_orch.tree import LayoutError, Target, walk
+
+if TYPE_CHECKING:  # the run imports this module when it writes its files
+    from metrale_orch.tasks.run import Run
 
 __all__ = [
     "RunCompiles",

@@ -370,6 +370,7 @@ START_UP_PATHS: tuple[str, ...] = (
     "metrale_orch.tasks.actions",
     "metrale_orch.tasks.creators",
     "metrale_orch.tasks.reporter",
+    "metrale_orch.tasks.run",
     "metrale_orch.tasks.smoke",
     "metrale_orch.cli._",
 )
