@@ -76,13 +76,20 @@ def _counts(value: object) -> Mapping[str, int] | None:
     return None
 
 
-def _dict(fields: Sequence[tuple[str, object]]) -> dict[str, object]:
-    """The dict of the fields that are set, tuples as lists (doit's codec keeps the type)."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in fields if v is not None}
+class _Values:
+    """What the kinds of value share: their dict."""
+
+    __slots__: tuple[str, ...] = ()
+
+    def to_values(self) -> dict[str, object]:
+        """The dict doit is given (pure): the fields that are set, tuples as lists (doit's
+        codec keeps the type)."""
+        fields = ((name, getattr(self, name)) for name in self.__slots__)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in fields if v is not None}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class BuildValues:
+class BuildValues(_Values):
     """What a ``build:<target>`` action returns to doit (see the module docstring)."""
 
     outcome: Outcome | None = None
@@ -110,10 +117,6 @@ class BuildValues:
     skipped: str | None = None
     #: The package error's exit status, for a failure.
     exit_code: int | None = None
-
-    def to_values(self) -> dict[str, object]:
-        """The dict doit is given (pure)."""
-        return _dict([(name, getattr(self, name)) for name in self.__slots__])
 
     @classmethod
     def from_values(cls, values: object) -> BuildValues:
@@ -144,7 +147,7 @@ class BuildValues:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class BuildRecord:
+class BuildRecord(_Values):
     """What a target's last good build left in its saved values (module docstring).
 
     Read on every up-to-date check of every target, so it holds what was stored as it
@@ -155,10 +158,6 @@ class BuildRecord:
     outputs: tuple[str, ...] | None = None
     external: Mapping[str, Sequence[int | str]] | None = None
     plan: str | None = None
-
-    def to_values(self) -> dict[str, object]:
-        """The dict doit is given (pure)."""
-        return _dict([(name, getattr(self, name)) for name in self.__slots__])
 
     @classmethod
     def from_values(cls, values: object) -> BuildRecord:
@@ -204,7 +203,7 @@ def persisted(values: Mapping[str, object]) -> Mapping[str, object]:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class SummaryValues:
+class SummaryValues(_Values):
     """What a passing ``smoke:<hw>`` or ``coverage`` action returns: the lines the
     reporter prints last, and for smoke its report file and counts."""
 
@@ -213,10 +212,6 @@ class SummaryValues:
     passed: int | None = None
     skipped: int | None = None
     failed: int | None = None
-
-    def to_values(self) -> dict[str, object]:
-        """The dict doit is given (pure)."""
-        return _dict([(name, getattr(self, name)) for name in self.__slots__])
 
     @classmethod
     def from_values(cls, values: object) -> SummaryValues:

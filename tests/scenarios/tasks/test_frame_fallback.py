@@ -11,11 +11,9 @@ selected, recorded so that the next run builds only the rest.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.support.project import DoitRun, doit, started_targets
+from tests.support.project import DoitRun, doit, python_code, started_targets
 
 #: doit, with its commands run through a frame of another shape than 0.37's (as a doit
 #: release that moved the method, or a wrapper around it, would).
@@ -37,16 +35,7 @@ sys.exit(DoitMain().run(sys.argv[1:]))
 
 
 def _other_doit(root: Path, args: list[str], env: dict[str, str]) -> DoitRun:
-    proc = subprocess.run(
-        [sys.executable, "-c", OTHER_FRAMES_DOIT, *args],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    return DoitRun(proc.returncode, proc.stdout, proc.stderr)
+    return python_code(root, OTHER_FRAMES_DOIT, args, env)
 
 
 def test_a_doit_whose_frames_differ_gets_a_correct_unscoped_run(

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 from metrale_orch.paths import LOG_NAME, PROFILE_NAME, STATS_NAME
@@ -21,6 +19,7 @@ from tests.support.project import (
     make_project,
     orch,
     project_env,
+    python_code,
     use_fake_compiler,
 )
 
@@ -90,20 +89,12 @@ def _report_files(root: Path) -> dict[str, object]:
 def test_each_run_of_a_warm_process_is_its_own(tmp_path: Path) -> None:
     warm_root, warm_env = _project(tmp_path / "warm")
     cold_root, cold_env = _project(tmp_path / "cold")
-    proc = subprocess.run(
-        [sys.executable, "-c", WARM],
-        cwd=warm_root,
-        env=warm_env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert [line for line in proc.stdout.splitlines() if line.startswith("===")] == [
+    proc = python_code(warm_root, WARM, [], warm_env)
+    assert proc.returncode == 0, proc.text
+    assert [line for line in proc.out.splitlines() if line.startswith("===")] == [
         MARK.format(i, 0) for i in range(len(STEPS))
     ]
-    warm_runs = _runs_of(proc.stdout)
+    warm_runs = _runs_of(proc.out)
     cold: list[DoitRun] = []
     for i, args in enumerate(STEPS):
         if i == 1:
@@ -118,4 +109,4 @@ def test_each_run_of_a_warm_process_is_its_own(tmp_path: Path) -> None:
         line.startswith("build: 2 built, 0 from cache, 2 up to date, 1 skipped") for line in second
     ), second
     assert _report_files(warm_root) == _report_files(cold_root)
-    assert proc.stderr == "".join(r.err for r in cold)
+    assert proc.err == "".join(r.err for r in cold)
