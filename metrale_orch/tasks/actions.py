@@ -221,7 +221,7 @@ def _output_dirs(build_dir: Path, target: str) -> list[Path]:
 
 def check_action(root: str) -> bool:
     """Validate the whole tree (``metrale-orch check``); its report is the task's output."""
-    from metrale_orch.tasks.check import check_tree, report_lines  # see the module docstring
+    from metrale_orch.graph.check import check_tree, report_lines  # see the module docstring
 
     try:
         report = check_tree(Path(root), os.environ, current_run().config(Path(root)))

@@ -40,6 +40,7 @@ from metrale_orch.config import Config, load_config
 from metrale_orch.errors import MetraleError, UsageError
 from metrale_orch.graph import generate as generation
 from metrale_orch.graph.cached import named_failures
+from metrale_orch.graph.check import UNPROBED
 from metrale_orch.graph.specs import BuildSpec
 from metrale_orch.paths import BUILD_TASK, DB_NAME, TREE_TASK, rel_posix
 from metrale_orch.steps.includes import Includes, module_closure, parse_includes
@@ -47,7 +48,6 @@ from metrale_orch.steps.keyrecord import Change, plan_record, record_changes
 from metrale_orch.steps.plan import plan_target
 from metrale_orch.steps.plan_values import TargetPlan
 from metrale_orch.steps.staging import plan_stage
-from metrale_orch.tasks.check import UNPROBED
 from metrale_orch.tasks.checker import ContentChecker, SignatureCheck, TaskDataCodec
 from metrale_orch.tasks.dicts import task_dict
 from metrale_orch.tasks.doit_api import (

@@ -63,8 +63,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     "matrix": frozenset({"steps", "toolchain", "tree"}),
     # The release gate (coverage): reads builds with the smoke readers and resources' ptxas.
     "gate": frozenset({"resources", "steps", "toolchain", "smoke", "tree", "config"}),
-    # The build graph without doit: a run's selection and scope, the task cache and its key.
-    "graph": frozenset({"steps", "toolchain", "config", "tree"}),
+    # The build graph without doit: generation, a run's selection and scope, the task
+    # cache and its key, readiness (the whole-tree check runs smoke's and the defaults'
+    # own validators).
+    "graph": frozenset({"steps", "toolchain", "config", "tree", "smoke", "defaults"}),
     # The doit adapter: turns the graph into doit's task dicts, runs and reports them.
     "tasks": frozenset(
         {
