@@ -5,7 +5,8 @@ A :class:`Run` is made when doit loads the tasks and handed, through the doit ad
 and the actions. It holds:
 
 - what doit was asked (:class:`Selection`: its command and words, the dodo file's task
-  creators), and so the run's scope (:mod:`metrale_orch.graph.scope`);
+  creators), and so the run's scope (:mod:`metrale_orch.graph.scope`), and whether the
+  package's task loader told it;
 - the configuration, loaded once;
 - the toolchain probes (one :class:`~metrale_orch.toolchain.probe.ProbeMemo`: task
   generation probes each toolchain once, the builds reuse those identities);
@@ -19,8 +20,11 @@ and the actions. It holds:
   project's but its reporter, so the reporter hands both ends here, and what it gathered
   from the targets' values; it only reports.
 
-A worker process doit forks inherits its parent's run; one it spawns makes its own on
-first need (its selection then unknown). Thread-safe where doit's target threads meet it.
+Nothing of a run is kept at module level but the adapter's reference to the current one,
+so a process that runs doit again (``metrale-orch doit`` in process, a watch loop) starts
+each run clean. A worker process doit forks inherits its parent's run; one it spawns
+makes its own on first need (its selection then unknown). Thread-safe where doit's target
+threads meet it.
 """
 
 from __future__ import annotations
