@@ -47,7 +47,7 @@ printf '.version 8.0\\n.target sm_90a\\n' > "$out"
 #: The edits that switch the compile-time order off (doit's start order, the executor's).
 SWITCHED_OFF: list[tuple[str, str, str]] = [
     (
-        "tasks/creators.py",
+        "graph/cached.py",
         "    if config is None:\n        return list(specs)",
         "    return list(specs)",
     ),

@@ -213,7 +213,7 @@ def write_ninja(
 
     ``ccache``: prefix ``ccache`` and insert ``-c``; ``limit``: only the first edges.
     """
-    from metrale_orch.tasks.specs import resolve_build_specs
+    from metrale_orch.graph.generate import resolve_build_specs
 
     cwd = os.getcwd()
     os.chdir(proj)

@@ -162,7 +162,7 @@ def main() -> None:
 
     # The exact file deps of every task, as our dodo generates them.
     sys.path.insert(0, str(HERE.parent))
-    from metrale_orch.tasks.specs import resolve_build_specs
+    from metrale_orch.graph.generate import resolve_build_specs
 
     cwd = os.getcwd()
     os.chdir(root)

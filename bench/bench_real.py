@@ -419,7 +419,7 @@ def group_build_failures(output: str, root: Path, explained: set[str]) -> list[s
 
 def specs_of(root: Path, env: dict[str, str]) -> list[Any]:
     """Every build sub-task as our dodo generates it (in this process)."""
-    from metrale_orch.tasks.specs import resolve_build_specs
+    from metrale_orch.graph.generate import resolve_build_specs
 
     cwd = os.getcwd()
     os.chdir(root)

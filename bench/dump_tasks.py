@@ -59,7 +59,7 @@ def main() -> int:
     os.chdir(root)
     sys.argv = ["doit", "list"]
     from metrale_orch import dodo
-    from metrale_orch.tasks.specs import generate_specs
+    from metrale_orch.graph.generate import generate_specs
 
     passes = []
     for drop in (True, False):

@@ -3,7 +3,7 @@
     from metrale_orch.dodo import *  # noqa: F403
 
 Tasks (generated on every doit invocation from the tree, see
-:func:`metrale_orch.tasks.specs.resolve_build_specs`):
+:func:`metrale_orch.graph.generate.resolve_build_specs`):
 
 - ``build:<hw>/<model>/<quant>`` per walked target (the group ``build`` is the
   default task): ``doit``, ``doit build``, ``doit 'build:hopper/*'``,
@@ -36,11 +36,11 @@ Every view shows why: an error or skip sub-task's doc carries its reason (``doit
 list --status`` prints it on the target's line), and a target named on the
 command line that is not generated — the configuration or the walk of the tree
 failed, or the name is no target — becomes a failing sub-task with the reason
-(:func:`metrale_orch.tasks.creators.named_failures`) instead of doit's ``Invalid parameter``.
+(:func:`metrale_orch.graph.cached.named_failures`) instead of doit's ``Invalid parameter``.
 
 No-op speed: generating the tasks (resolving every target, planning it) costs
 several times doit's own up-to-date checks, so ``task_build`` goes through a
-task cache (:mod:`metrale_orch.tasks.creators`, ``metrale_orch.graph.taskcache``,
+task cache (:mod:`metrale_orch.graph.cached`, ``metrale_orch.graph.taskcache``,
 ``<build_dir>/.state/build-tasks.*.cache``): while the tree's shape, its TOML
 files, the configuration, the toolchains, the relevant environment and this
 package are unchanged, the task dicts come from the cache, equal to what
@@ -85,6 +85,8 @@ from metrale_orch.tasks.earlystart import start_early_runs
 if not loader_present():
     start_early_runs(current_run(), selection_scope(guessed_selection(), guess=True))
 
+from metrale_orch.graph.cached import Generation, named_failures, start_order
+from metrale_orch.graph.selection import explicit_targets
 from metrale_orch.paths import BUILD_TASK, DB_NAME
 from metrale_orch.tasks.actions import (
     check_action,
@@ -93,11 +95,12 @@ from metrale_orch.tasks.actions import (
     install_sigterm_handler,
 )
 from metrale_orch.tasks.checker import ContentChecker, TaskDataCodec
-from metrale_orch.tasks.creators import Generation, cached_tasks, named_failures, start_order
+from metrale_orch.tasks.creators import cached_tasks
 from metrale_orch.tasks.database import BACKEND
-from metrale_orch.tasks.dicts import TaskDict, explicit_targets, task_dict
+from metrale_orch.tasks.dicts import TaskDict, task_dict
 from metrale_orch.tasks.reporter import BuildReporter
 from metrale_orch.tasks.run_end import end_interrupted
+from metrale_orch.tasks.smoke import smoke_task_dicts
 
 __all__ = ["DOIT_CONFIG", "task_build", "task_check", "task_coverage"]  # what `import *` takes
 
@@ -126,12 +129,13 @@ DOIT_CONFIG: dict[str, object] = {
 
 
 def _generation() -> Generation:
-    """The task generation (:mod:`metrale_orch.tasks.specs`), imported on first need.
+    """The generation of the build graph (:mod:`metrale_orch.graph.generate`), imported on
+    first need.
 
-    Deferred for no-op start-up speed: generation imports the compile step and smoke
-    (~100 ms), which a run answered by the task cache never needs.
+    Deferred for no-op start-up speed: generation imports the compile step's planning and
+    the tree (~100 ms), which a run answered by the task cache never needs.
     """
-    from metrale_orch.tasks.specs import GENERATION
+    from metrale_orch.graph.generate import GENERATION
 
     return GENERATION
 
@@ -159,10 +163,10 @@ def task_build() -> Iterator[TaskDict]:
         # (never doit's "Invalid parameter"); no smoke task depends on it.
         for spec in named_failures(root, specs, explicit_targets(words)):
             yield task_dict(spec, root)
-        # HOOK(smoke): smoke:<hw> tasks (see specs.smoke_task_dicts), replayed from the
+        # HOOK(smoke): smoke:<hw> tasks (tasks.smoke.smoke_task_dicts), replayed from the
         # task cache on a hit (the same dicts: plain data and the same action functions).
         if smoke is None:
-            smoke = _generation().smoke_task_dicts(root, run.environ, specs, config)
+            smoke = smoke_task_dicts(root, run.environ, specs, config)
         yield from smoke
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM while the tasks load: one line
         end_interrupted(exc, 0, sys.stderr)

@@ -1,5 +1,5 @@
 """``metrale-orch layout`` and ``metrale-orch check``: look at the tree, and ask whether
-the build will accept it (the checks live in :mod:`metrale_orch.tasks.check`).
+the build will accept it (the checks live in :mod:`metrale_orch.graph.check`).
 
 ``layout`` shows each module under the name the build installs it as: the build's own
 :func:`~metrale_orch.steps.plan.module_names` (``[modules]`` renames), never re-derived.
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 from metrale_orch import tree as lay
 from metrale_orch.canonical import readable_json
 from metrale_orch.errors import UsageError, printable
+from metrale_orch.graph.check import check_tree, report_lines
 from metrale_orch.steps.plan import module_names
-from metrale_orch.tasks.check import check_tree, report_lines
 from metrale_orch.tree.picture import FORMATS, draw_layout
 
 if TYPE_CHECKING:

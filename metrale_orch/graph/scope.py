@@ -2,7 +2,7 @@
 
 ``doit build:hopper/m/q`` (the edit-build loop of one target) or ``doit 'build:hopper/*'``
 needs those sub-tasks and no other task, so the task generation, the task cache and
-the toolchain probes need only their targets (:func:`~metrale_orch.tasks.creators.cached_tasks`):
+the toolchain probes need only their targets (:func:`~metrale_orch.graph.cached.cached_specs`):
 a HIP compiler is not probed for an NVIDIA target. Any other run (the default tasks,
 ``doit build``, ``smoke:<hw>``, ``doit list``, ``doit clean``) may ask for every task.
 """

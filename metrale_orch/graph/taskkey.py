@@ -4,7 +4,7 @@ on besides the watched files.
 :func:`generation_base` digests what needs no compiler run (versions, root,
 configuration, every toolchain's definition and the environment they read);
 :func:`generation_key` adds the stamps of the toolchains the targets select, probed on
-every invocation. Kept apart from the task dicts (:mod:`metrale_orch.tasks.creators`).
+every invocation. Kept apart from the specs it keys (:mod:`metrale_orch.graph.cached`).
 """
 
 from __future__ import annotations

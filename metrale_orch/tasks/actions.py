@@ -38,6 +38,7 @@ from metrale_orch.paths import BUILD_TASK, compdb_part
 from metrale_orch.tasks.doit_api import current_run
 from metrale_orch.tasks.outcomes import BuildFailed
 from metrale_orch.tasks.run import Run
+from metrale_orch.tasks.values import BuildValues, SummaryValues
 
 __all__ = [
     "build_action",
@@ -186,15 +187,14 @@ def build_action(root: str, target: str) -> dict[str, object] | TaskFailed:
 def skip_action(target: str, reason: str, explicit: bool) -> dict[str, object] | TaskFailed:
     """A target whose toolchain is missing: skipped when selected broadly, failed when named."""
     if explicit:
-        return BuildFailed(
-            f"{BUILD_TASK}:{target}: {reason}", {"outcome": "failed", "skipped": reason}
-        )
-    return {"outcome": "skipped", "skipped": reason}
+        failed = BuildValues(outcome="failed", skipped=reason)
+        return BuildFailed(f"{BUILD_TASK}:{target}: {reason}", failed)
+    return BuildValues(outcome="skipped", skipped=reason).to_values()
 
 
 def error_action(target: str, message: str) -> TaskFailed:
     """A target that does not resolve: fail with the resolver's one-line message."""
-    return BuildFailed(f"{BUILD_TASK}:{target}: {message}", {"outcome": "failed"})
+    return BuildFailed(f"{BUILD_TASK}:{target}: {message}", BuildValues(outcome="failed"))
 
 
 def clean_action(root: str, target: str) -> TaskFailed | None:
@@ -203,7 +203,7 @@ def clean_action(root: str, target: str) -> TaskFailed | None:
     try:
         config = current_run().config(Path(root))
     except MetraleError as exc:
-        return BuildFailed(f"clean:{target}: {exc}", {"exit_code": exc.exit_code})
+        return BuildFailed(f"clean:{target}: {exc}", BuildValues(exit_code=exc.exit_code))
     for directory in _output_dirs(config.build_dir, target):
         if directory.is_dir():
             shutil.rmtree(directory)
@@ -221,7 +221,7 @@ def _output_dirs(build_dir: Path, target: str) -> list[Path]:
 
 def check_action(root: str) -> bool:
     """Validate the whole tree (``metrale-orch check``); its report is the task's output."""
-    from metrale_orch.tasks.check import check_tree, report_lines  # see the module docstring
+    from metrale_orch.graph.check import check_tree, report_lines  # see the module docstring
 
     try:
         report = check_tree(Path(root), os.environ, current_run().config(Path(root)))
@@ -246,4 +246,4 @@ def coverage_action(root: str) -> dict[str, object] | TaskFailed:
     except MetraleError as exc:
         return TaskFailed(printable(f"error: {exc}"))
     text = "\n".join(printable(line) for line in got.lines())
-    return {"summary": text} if got.report.ok else TaskFailed(text)
+    return SummaryValues(summary=text).to_values() if got.report.ok else TaskFailed(text)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from doit.exceptions import TaskFailed
@@ -29,25 +30,16 @@ from metrale_orch.steps import target as build
 from metrale_orch.steps.results import TargetResult
 from metrale_orch.steps.session import BuildSession, local_executor
 from metrale_orch.steps.times import CompileTimes, read_times
-from metrale_orch.tasks.buildlog import configure_build_log, flush_build_log
-from metrale_orch.tasks.checker import (
-    EXTERNAL_KEY,
-    INPUTS_KEY,
-    OUTPUTS_KEY,
-    PLAN_RECORD_KEY,
-    PROFILE_KEY,
-    encode_outputs,
-)
+from metrale_orch.tasks.checker import encode_outputs
 from metrale_orch.tasks.doit_api import current_run
 from metrale_orch.tasks.outcomes import (
-    REFUSED_KEY,
-    STOPPED,
     BuildFailed,
     failure_text,
     nonzero_counters,
     summarise_result,
 )
 from metrale_orch.tasks.run import RUN_ENV, Run
+from metrale_orch.tasks.values import BuildValues
 from metrale_orch.tree import Target
 
 __all__ = ["build_target_action"]
@@ -61,17 +53,18 @@ def build_target_action(root: str, target: str) -> dict[str, object] | TaskFaile
     try:
         return _build(root, target)
     finally:
-        flush_build_log()  # the target's lines are in the log when doit reports it
+        current_run().log.flush()  # the target's lines are in the log when doit reports it
 
 
 def _build(root: str, target: str) -> dict[str, object] | TaskFailed:
     stats = cache_mod.CacheStats()
     run = current_run()
     if run.stop.signum:  # doit's `--continue` goes on handing out targets
-        return BuildFailed(f"{BUILD_TASK}:{target}: not started: the run was stopped", STOPPED)
+        not_started = BuildValues(outcome="stopped")
+        return BuildFailed(f"{BUILD_TASK}:{target}: not started: the run was stopped", not_started)
     try:
         config = run.config(Path(root))
-        log = configure_build_log(
+        log = run.log.open(
             config.build_dir, max_bytes=config.log_max_bytes, backups=config.log_backups
         )
         cache = _cache(run, config)
@@ -91,31 +84,41 @@ def _build(root: str, target: str) -> dict[str, object] | TaskFailed:
     except MetraleError as exc:
         _log.error("%s:%s: %s", BUILD_TASK, target, exc)
         stopped = bool(run.stop.signum) and isinstance(exc, ActionStopped)
-        failed: dict[str, object] = {
-            "outcome": "stopped" if stopped else "failed",
-            "cache": nonzero_counters(stats),
-            "exit_code": exc.exit_code,
-        }
+        failed = BuildValues(
+            outcome="stopped" if stopped else "failed",
+            cache=nonzero_counters(stats),
+            exit_code=exc.exit_code,
+        )
         return BuildFailed(f"{BUILD_TASK}:{target}: {exc}", failed)
-    values = summarise_result(result)
-    values["seconds"] = round(result.seconds, 3)
-    values["cache"] = nonzero_counters(stats)
-    if remote:
-        values["remote"] = remote
-    values[INPUTS_KEY] = dict(result.inputs)
-    values[OUTPUTS_KEY] = encode_outputs(result.outputs)
-    values[PLAN_RECORD_KEY] = result.plan_record
-    if result.external:
-        values[EXTERNAL_KEY] = {k: list(v) for k, v in result.external.items()}
-    values[PROFILE_KEY] = [span.to_dict() for span in result.spans]
-    if result.refused:  # require_hits: counted in the run's summary
-        values[REFUSED_KEY] = len(result.refused)
     warnings = [*result.warnings, *cache.warnings(), *session.warnings]
-    if warnings:
-        values["warnings"] = sorted({str(w) for w in warnings})
+    values = _result_values(result, stats, remote, warnings)
     if result.failed:
         return BuildFailed(failure_text(target, result), values)
-    return values
+    return values.to_values()
+
+
+def _result_values(
+    result: TargetResult,
+    stats: cache_mod.CacheStats,
+    remote: dict[str, object],
+    warnings: Sequence[object],
+) -> BuildValues:
+    """The values of a target that was built (pure; see :class:`BuildValues`)."""
+    outcome, modules = summarise_result(result)
+    return BuildValues(
+        outcome=outcome,
+        modules=modules,
+        seconds=round(result.seconds, 3),
+        cache=nonzero_counters(stats),
+        remote=remote or None,
+        inputs=dict(result.inputs),
+        outputs=tuple(encode_outputs(result.outputs)),
+        plan=result.plan_record,
+        external={k: list(v) for k, v in result.external.items()} or None,
+        profile=tuple(span.to_dict() for span in result.spans),
+        refused=len(result.refused) or None,  # require_hits: counted in the run's summary
+        warnings=tuple(sorted({str(w) for w in warnings})) or None,
+    )
 
 
 def _cache(run: Run, config: Config) -> cache_mod.Cache:

@@ -10,11 +10,15 @@ interpreter back after every call that lock became a convoy every compile start
 queued behind (E3 in bench/HISTORY.md).
 
 The records of a target are on disk when its doit action returns
-(:func:`flush_build_log`), and everything else when the process exits (the
-listener is stopped at exit; a forked worker, which exits without running
+(:meth:`BuildLog.flush`), and everything else when the run is closed or the process
+exits (the listener is stopped then; a forked worker, which exits without running
 ``atexit``, flushes after each action). The handler lives on the package
 logger, like any handler: a forked child finds its parent's there, without its
 listener thread, and replaces it.
+
+A :class:`BuildLog` belongs to a run (:class:`~metrale_orch.tasks.run.Run` holds it):
+nothing of it is kept at module level, and closing the run closes its log, so a process
+that runs doit again starts the next run's log afresh.
 """
 
 from __future__ import annotations
@@ -29,13 +33,11 @@ from pathlib import Path
 
 from metrale_orch.paths import LOG_NAME
 
-__all__ = ["configure_build_log", "flush_build_log"]
+__all__ = ["BuildLog"]
 
 #: The package logger every module logs under (``metrale_orch.*``).
 PACKAGE = "metrale_orch"
 FORMAT = "%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"
-#: doit's target threads configure the log at once: one of them adds the handler.
-_CONFIGURING = threading.Lock()
 
 
 class _BuildLogHandler(QueueHandler):
@@ -84,40 +86,58 @@ class _BuildLogHandler(QueueHandler):
         super().close()
 
 
-def configure_build_log(build_dir: Path, *, max_bytes: int, backups: int) -> logging.Logger:
-    """Attach the shared rotating build log under ``build_dir`` to the package logger
-    (idempotent per process) and return the logger.
+class BuildLog:
+    """A run's side of the shared build log (see the module docstring)."""
 
-    A process logs to one build directory at a time: configuring another one (a
-    long-lived process, or the test suite, building a second project) closes the
-    first one's handler after writing what it queued, so no project's records land
-    in an earlier project's log and no listener thread outlives its use.
+    def __init__(self) -> None:
+        #: doit's target threads open the log at once: one of them adds the handler.
+        self._configuring = threading.Lock()
 
-    Every process (doit's and each worker) configures the same file with the
-    same rotation settings, as concurrent-log-handler requires.
-    """
-    pkg = logging.getLogger(PACKAGE)
-    path = (Path(build_dir) / LOG_NAME).resolve()
-    with _CONFIGURING:
-        for handler in list(pkg.handlers):
-            if not isinstance(handler, _BuildLogHandler):
-                continue
-            if handler.pid != os.getpid():  # inherited through fork: no listener here
-                pkg.removeHandler(handler)
-            elif handler.path == path:
-                return pkg
-            else:  # another build directory's: its records are written, then it goes
-                pkg.removeHandler(handler)
-                handler.close()
-        Path(build_dir).mkdir(parents=True, exist_ok=True)
-        pkg.addHandler(_BuildLogHandler(path, max_bytes=max_bytes, backups=backups))
-        if pkg.level == logging.NOTSET or pkg.level > logging.INFO:
-            pkg.setLevel(logging.INFO)
-    return pkg
+    def open(self, build_dir: Path, *, max_bytes: int, backups: int) -> logging.Logger:
+        """Attach the shared rotating build log under ``build_dir`` to the package logger
+        (idempotent per process) and return the logger.
 
+        A process logs to one build directory at a time: opening another one (a
+        long-lived process, or the test suite, building a second project) closes the
+        first one's handler after writing what it queued, so no project's records land
+        in an earlier project's log and no listener thread outlives its use.
 
-def flush_build_log() -> None:
-    """Wait until this process's build-log records so far are in the file."""
-    for handler in logging.getLogger(PACKAGE).handlers:
-        if isinstance(handler, _BuildLogHandler):
+        Every process (doit's and each worker) opens the same file with the same
+        rotation settings, as concurrent-log-handler requires.
+        """
+        pkg = logging.getLogger(PACKAGE)
+        path = (Path(build_dir) / LOG_NAME).resolve()
+        with self._configuring:
+            for handler in _handlers():
+                if handler.pid != os.getpid():  # inherited through fork: no listener here
+                    pkg.removeHandler(handler)
+                elif handler.path == path:
+                    return pkg
+                else:  # another build directory's: its records are written, then it goes
+                    pkg.removeHandler(handler)
+                    handler.close()
+            Path(build_dir).mkdir(parents=True, exist_ok=True)
+            pkg.addHandler(_BuildLogHandler(path, max_bytes=max_bytes, backups=backups))
+            if pkg.level == logging.NOTSET or pkg.level > logging.INFO:
+                pkg.setLevel(logging.INFO)
+        return pkg
+
+    def flush(self) -> None:
+        """Wait until this process's build-log records so far are in the file."""
+        for handler in _handlers():
             handler.flush()
+
+    def close(self) -> None:
+        """Write what is queued and detach this process's handler (the run is over)."""
+        pkg = logging.getLogger(PACKAGE)
+        with self._configuring:
+            for handler in _handlers():
+                if handler.pid == os.getpid():
+                    pkg.removeHandler(handler)
+                    handler.close()
+
+
+def _handlers() -> list[_BuildLogHandler]:
+    """The build-log handlers on the package logger."""
+    handlers = logging.getLogger(PACKAGE).handlers
+    return [h for h in handlers if isinstance(h, _BuildLogHandler)]

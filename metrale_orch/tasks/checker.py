@@ -22,7 +22,8 @@ dependencies) binds the checker to the task being checked. A refresh is
 written only when the state doit handed over is, by identity, the one stored
 in that task's record, so a stale binding can never write into another task.
 The installed outputs and the files read beyond the task's file dependencies
-(``OUTPUTS_KEY``, ``EXTERNAL_KEY`` in the task's values) follow the same rule,
+(``outputs``, ``external`` of the task's :class:`~metrale_orch.tasks.values.BuildRecord`)
+follow the same rule,
 and :class:`SignatureCheck` refreshes their records the same way.
 
 Within one doit invocation each path is stat-ed and hashed at most once across
@@ -65,14 +66,9 @@ from metrale_orch.tasks.doit_api import (
     stored_state,
     stored_values,
 )
+from metrale_orch.tasks.values import BuildRecord, persisted, pop_inputs, refreshed_record
 
 __all__ = [
-    "EXTERNAL_KEY",
-    "INPUTS_KEY",
-    "OUTPUTS_KEY",
-    "PLAN_RECORD_KEY",
-    "PROFILE_KEY",
-    "SIGNATURE_KEY",
     "ContentChecker",
     "SignatureCheck",
     "TaskDataCodec",
@@ -85,27 +81,9 @@ __all__ = [
     "stale_outputs",
 ]
 
-#: Key of the per-part signature digests in a task's saved values.
-SIGNATURE_KEY = "signature"
-#: Key of a build's values: file dependency -> xxh3-64 of the content the build used
-#: (consumed when the task's state is saved; never stored).
-INPUTS_KEY = "inputs"
-#: Key of a build's saved values: the installed files (:func:`encode_outputs`).
-OUTPUTS_KEY = "outputs"
-#: Key of a build's saved values: its plan's record as canonical JSON (one string: doit
-#: decodes every record every run), what ``metrale-orch why`` compares the plan with.
-PLAN_RECORD_KEY = "plan"
-#: Key of a build's saved values: file read outside the tree, the toolkit and the
-#: system directories -> [mtime_ns, size, xxh3-128, change_ns, inode] (absent when there
-#: is none).
-EXTERNAL_KEY = "external"
 #: The saved state of a file that changed while the build that read it ran (less its
 #: digest): its size never matches, so the next run sees it changed.
 _CHANGED_DURING_BUILD = (0, -1)
-#: Key of a build's values: its profile spans (``Span.to_dict()`` each), for the
-#: reporter's ``profile.json``. They travel with the values from the worker but are
-#: never stored: :class:`TaskDataCodec` drops them, so no later run decodes them.
-PROFILE_KEY = "profile"
 #: doit's record keys that hold a task's values (saved values, the action's result).
 _VALUE_RECORDS = ("_values_:", "result:")
 
@@ -116,9 +94,9 @@ _RESULT_TAG = "xxh3-128:"
 
 def result_digest(result: Mapping[str, object]) -> str:
     """What a task's dict result is saved as (pure): xxh3-128 of its canonical JSON
-    (:func:`~metrale_orch.canonical.canonical_json`), its profile spans
-    (:data:`PROFILE_KEY`) left out."""
-    text = canonical_json({k: v for k, v in result.items() if k != PROFILE_KEY})
+    (:func:`~metrale_orch.canonical.canonical_json`), its profile spans left out
+    (:func:`~metrale_orch.tasks.values.persisted`)."""
+    text = canonical_json(persisted(result))
     return _RESULT_TAG + bytes_hash(text.encode("utf-8"))
 
 
@@ -135,7 +113,8 @@ class TaskDataCodec:
     plain data (strings, numbers, lists, tuples, dicts), stored as text (doit's
     sqlite backend decodes the column as UTF-8). A record written by JSON (an older
     database) is still read; one that cannot be decoded reads as empty, so its task
-    runs again. A build's profile spans (:data:`PROFILE_KEY`) are left out.
+    runs again. A build's profile spans are left out
+    (:func:`~metrale_orch.tasks.values.persisted`).
     """
 
     def encode(self, data: dict[str, object] | list[object]) -> str:
@@ -145,8 +124,8 @@ class TaskDataCodec:
             record = dict(data)
             for name in _VALUE_RECORDS:
                 values = record.get(name)
-                if isinstance(values, dict) and PROFILE_KEY in values:
-                    record[name] = {k: v for k, v in values.items() if k != PROFILE_KEY}
+                if isinstance(values, dict):
+                    record[name] = persisted(values)
         return _MARSHAL_TAG + marshal.dumps(record, 4).decode("latin-1")
 
     def decode(self, text: str) -> object:
@@ -324,10 +303,11 @@ class SignatureCheck(UptodateCalculator):  # type: ignore[misc]
             checker.bind(self._dep_manager, task.name)
         self._task = task
         task.value_savers.append(self.saved_values)
-        if values.get(SIGNATURE_KEY) != self.parts:
+        record = BuildRecord.from_values(values)
+        if record.signature != self.parts:
             return False
-        outputs, fresh_outputs = check_outputs(values.get(OUTPUTS_KEY))
-        external, fresh_external = check_external(values.get(EXTERNAL_KEY))
+        outputs, fresh_outputs = check_outputs(record.outputs)
+        external, fresh_external = check_external(record.external)
         self.stale_outputs, self.stale_external = tuple(outputs), tuple(external)
         if self.stale_outputs or self.stale_external:
             return False
@@ -348,28 +328,21 @@ class SignatureCheck(UptodateCalculator):  # type: ignore[misc]
         dep = self._dep_manager
         if dep is None or stored_values(dep, task) is not values:
             return
-        new = dict(values)
-        if outputs is not None:
-            new[OUTPUTS_KEY] = outputs
-        if external is not None:
-            new[EXTERNAL_KEY] = {k: list(v) for k, v in external.items()}
-        store_values(dep, task, new)
+        store_values(dep, task, refreshed_record(values, outputs, external))
 
     def saved_values(self) -> dict[str, object]:
         """What the task saves on success (doit calls this via ``value_savers``, just
         before it saves the task's file states): hands the build's input digests to
         the checker (they are not stored) and keeps the signature."""
-        task = self._task
-        values = getattr(task, "values", None)
-        inputs = values.pop(INPUTS_KEY, None) if isinstance(values, dict) else None
+        inputs = pop_inputs(getattr(self._task, "values", None))
         checker = getattr(self._dep_manager, "checker", None)
         if isinstance(checker, ContentChecker):
-            checker.expect(inputs if isinstance(inputs, Mapping) else {})
-        return {SIGNATURE_KEY: dict(self.parts)}
+            checker.expect(inputs)
+        return BuildRecord(signature=dict(self.parts)).to_values()
 
 
 def encode_outputs(states: Mapping[str, Sequence[int | str]]) -> list[str]:
-    """The ``OUTPUTS_KEY`` record of installed files (path -> a
+    """The ``outputs`` record of installed files (path -> a
     :data:`~metrale_orch.fsutil.FileState` with an xxh3-64 digest, all in one directory):
     ``[fingerprint, directory + "/", names, states]``, the last two ``\0``-joined. doit
     decodes every task's values on every run, and a few strings decode far faster than
@@ -409,7 +382,7 @@ def _settled_fingerprint(stats: Sequence[os.stat_result], taken_ns: int) -> str:
 
 
 def check_outputs(saved: object) -> tuple[list[str], list[str] | None]:
-    """The installed files of a build record (``OUTPUTS_KEY``, :func:`encode_outputs`) that
+    """The installed files of a build record (``outputs``, :func:`encode_outputs`) that
     are missing or no longer hold what was installed (sorted), and, when every file
     still holds it but some could not be trusted by their stat alone, the record
     refreshed with their current stats (else None).
@@ -419,7 +392,9 @@ def check_outputs(saved: object) -> tuple[list[str], list[str] | None]:
     prove it unchanged. A record of another shape (a build saved before outputs were
     recorded) counts as one stale output.
     """
-    if not (isinstance(saved, list) and len(saved) == 4 and all(isinstance(x, str) for x in saved)):
+    if not (isinstance(saved, list | tuple) and len(saved) == 4):
+        return ["(no record of the installed files)"], None
+    if not all(isinstance(x, str) for x in saved):
         return ["(no record of the installed files)"], None
     fingerprint, prefix, names, states = saved
     if not names:
@@ -454,11 +429,11 @@ def check_outputs(saved: object) -> tuple[list[str], list[str] | None]:
     if stale:
         return sorted(stale), None
     refreshed = encode_outputs(fresh)
-    return [], (refreshed if refreshed != saved else None)
+    return [], (refreshed if refreshed != list(saved) else None)
 
 
 def stale_outputs(saved: object) -> list[str]:
-    """The installed files of an ``OUTPUTS_KEY`` record that are missing or no longer hold
+    """The installed files of an ``outputs`` record that are missing or no longer hold
     what was installed, sorted (:func:`check_outputs`, without the refresh)."""
     return check_outputs(saved)[0]
 
@@ -471,7 +446,7 @@ def _digest_or_empty(digest_of: Callable[[str], str], path: str) -> str:
 
 
 def check_external(saved: object) -> tuple[list[str], dict[str, FileState] | None]:
-    """The files of a build's ``EXTERNAL_KEY`` record (path -> a
+    """The files of a build's ``external`` record (path -> a
     :data:`~metrale_orch.fsutil.FileState` with an xxh3-128 digest) that changed since the
     build read them (sorted), and, when none did but some could not be trusted by their
     stat alone, the record refreshed with their current stats (else None)."""
@@ -504,6 +479,6 @@ def check_external(saved: object) -> tuple[list[str], dict[str, FileState] | Non
 
 
 def stale_external(saved: object) -> list[str]:
-    """The files of an ``EXTERNAL_KEY`` record that changed since the build read them,
+    """The files of an ``external`` record that changed since the build read them,
     sorted (:func:`check_external`, without the refresh)."""
     return check_external(saved)[0]

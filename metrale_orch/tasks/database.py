@@ -28,12 +28,12 @@ A failed build keeps the record of the last good one. doit's runner deletes a fa
 task's record, so its state would read "never built" although the build installed
 nothing (:mod:`metrale_orch.steps.install`) and the last good artefacts are intact. In a
 run (:meth:`Database.report_at_end`: doit's runner deletes a record only for a failure,
-or for a record of another file checker), a build record whose installed files
-(:data:`~metrale_orch.tasks.checker.OUTPUTS_KEY`) all still hold what that build
-installed is kept, marked :data:`~metrale_orch.tasks.doit_api.FAILED_RECORD`: it still
-says truthfully which inputs those artefacts were built from, so the next run rebuilds
-exactly when they changed, and ``metrale-orch why`` names what changed since, and that
-the last build failed. Any other record is deleted, as doit does. The mark goes with the
+or for a record of another file checker), a build record whose installed files (the
+``outputs`` of its :class:`~metrale_orch.tasks.values.BuildRecord`) all still hold what
+that build installed is kept, marked :data:`~metrale_orch.tasks.doit_api.FAILED_RECORD`:
+it still says truthfully which inputs those artefacts were built from, so the next run
+rebuilds exactly when they changed, and ``metrale-orch why`` names what changed since,
+and that the last build failed. Any other record is deleted, as doit does. The mark goes with the
 next success (doit writes ``checker:`` only then).
 
 A task's dict result (doit's ``result:`` record: what a python-action returned,
@@ -55,7 +55,7 @@ from typing import NoReturn
 
 from metrale_orch.errors import EXIT_FAILURE, MetraleError, printable
 from metrale_orch.ownership import not_own
-from metrale_orch.tasks.checker import OUTPUTS_KEY, ContentChecker, check_outputs, result_digest
+from metrale_orch.tasks.checker import ContentChecker, check_outputs, result_digest
 from metrale_orch.tasks.doit_api import (
     CHECKER_RECORD,
     FAILED_RECORD,
@@ -63,6 +63,7 @@ from metrale_orch.tasks.doit_api import (
     DatabaseException,
     SavedOnceSqliteDB,
 )
+from metrale_orch.tasks.values import BuildRecord
 
 __all__ = ["BACKEND", "Database", "DatabaseUnwritable", "unwritable_reason"]
 
@@ -152,12 +153,11 @@ class Database(SavedOnceSqliteDB):
         if not self.in_(task_id):
             return False
         record = self._record(task_id)
-        values = record.get(VALUES_RECORD)
+        outputs = BuildRecord.from_values(record.get(VALUES_RECORD)).outputs
         if (
             record.get(CHECKER_RECORD) != ContentChecker.__name__
-            or not isinstance(values, dict)
-            or OUTPUTS_KEY not in values
-            or check_outputs(values[OUTPUTS_KEY])[0]
+            or outputs is None
+            or check_outputs(outputs)[0]
         ):
             return False
         record[FAILED_RECORD] = True

@@ -15,7 +15,7 @@ Three kinds of ``build:<hw>/<model>/<quant>`` sub-task:
   ``{"skipped": reason}`` when the target was selected broadly (``doit build``,
   ``doit 'build:hopper/*'``, the default tasks, a task dependency) and fails with
   the reason when it was named exactly on the command line
-  (``doit build:hopper/m/q``); see :func:`explicit_targets`.
+  (``doit build:hopper/m/q``); see :func:`~metrale_orch.graph.selection.explicit_targets`.
 - **error**: the target does not resolve (tree error) or cannot be planned; the
   action fails with the one-line message. Other targets are unaffected. A target
   named exactly on the command line that the tree does not generate (its
@@ -31,7 +31,7 @@ file dependencies and signature parts; nothing is read back out of a dict).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from metrale_orch.graph.specs import BuildSpec, signature_parts
@@ -44,7 +44,6 @@ __all__ = [
     "KIND",
     "TaskDict",
     "build_task",
-    "explicit_targets",
     "one_line",
     "plan_build_task",
     "plan_error_task",
@@ -60,20 +59,6 @@ KIND = "metrale_orch"
 
 #: A doit task dict (doit reads it by key; values are doit's own kinds of thing).
 TaskDict = dict[str, object]
-
-
-def explicit_targets(argv: Sequence[str], base: str = BUILD) -> frozenset[str]:
-    """Targets named exactly (``build:<target>``, no ``*``) among command-line words (pure).
-
-    A group (``build``), a wildcard (``build:hopper/*``) or the default tasks
-    select broadly; only a full sub-task name is an explicit selection.
-    """
-    prefix = base + ":"
-    return frozenset(
-        word[len(prefix) :]
-        for word in argv
-        if word.startswith(prefix) and "*" not in word and len(word) > len(prefix)
-    )
 
 
 def plan_build_task(
@@ -166,7 +151,8 @@ def plan_error_task(*, root: Path, target: str, message: str, clean: bool = True
     message, so ``doit list --status`` shows it on the target's line.
 
     ``clean=False`` for a name that is not a target of the tree (e.g. one named on the
-    command line, see :func:`explicit_targets`): ``doit clean`` then removes nothing.
+    command line, see :func:`~metrale_orch.graph.selection.explicit_targets`): ``doit clean``
+    then removes nothing.
     """
     task: TaskDict = {
         "name": target,

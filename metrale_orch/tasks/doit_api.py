@@ -23,7 +23,8 @@ which mypy sees as ``Any`` (the honest exception to concrete types).
 
 It also holds the package's one piece of module-level state on the doit side: the
 :class:`~metrale_orch.tasks.run.Run` of this process (:func:`current_run`), begun when
-doit loads the tasks (:func:`loading_run`). What doit was asked comes by doit's
+doit loads the tasks (:func:`loading_run`); a process that runs doit again gets a new one,
+so nothing of a run reaches the next. What doit was asked comes by doit's
 documented door when the package's task loader (:mod:`metrale_orch.tasks.loader`) loads
 the tasks (:func:`tell_selection`); a plain ``doit`` with the one-line dodo file and no
 loader configured tells nothing, and only then is it read from doit's frame
@@ -158,41 +159,46 @@ def running_backend() -> object:
 
 # ------------------------------------------------------------------------------ the run
 
-#: This process's run, the selection the task loader told for the load under way, and
-#: whether the package's loader loads the tasks (see the module docstring).
-_STATE: dict[str, object] = {"run": None, "told": None, "loader": False}
+#: This process's run (see the module docstring): the one reference the package keeps at
+#: module level, as doit hands its reporter, its actions and a dodo file's task creators
+#: nothing of the project. What a run was told (its selection, whether the package's
+#: loader loads its tasks) lives on the run itself, so each run starts clean.
+_CURRENT: list[Run] = []
 
 
 def current_run() -> Run:
     """This process's run (made on first need: a worker process doit spawned, a view)."""
-    run = _STATE["run"]
-    if not isinstance(run, Run):
-        run = _STATE["run"] = Run(Path.cwd(), os.environ)
-    return run
+    if not _CURRENT:
+        _CURRENT.append(Run(Path.cwd(), os.environ))
+    return _CURRENT[0]
 
 
 def new_run(root: Path | None = None, environ: Mapping[str, str] | None = None) -> Run:
-    """Begin a new run in this process, the last one's sessions closed (tests)."""
-    old = _STATE["run"]
-    if isinstance(old, Run):
-        old.close()
+    """Begin a new run in this process, the last one's sessions closed (a warm process
+    running doit again, tests)."""
+    if _CURRENT:
+        _CURRENT.pop().close()
     run = Run(Path.cwd() if root is None else root, os.environ if environ is None else environ)
-    _STATE["run"], _STATE["told"] = run, None
+    _CURRENT.append(run)
     return run
 
 
-def loading_run() -> Run:
-    """The run whose tasks doit loads now (the dodo file's ``task_build`` asks): the
-    current one when its load has not begun (it was made while the dodo file was
-    imported), else a new one; its selection is what the task loader told, else what
-    doit's frame shows (plain ``doit``, no loader), else unknown."""
+def _next_run() -> Run:
+    """The run whose tasks doit loads next: the current one while its load has not
+    begun (it was made while the dodo file was imported, or by the loader), else a new
+    one (doit runs again in this process)."""
     run = current_run()
-    if run.loading:
-        run = new_run()
-    told = _STATE["told"]
-    _STATE["told"], _STATE["loader"] = None, False
+    return new_run() if run.loading else run
+
+
+def loading_run() -> Run:
+    """The run whose tasks doit loads now (the dodo file's ``task_build`` asks); its
+    selection is what the task loader told, else what doit's frame shows (plain
+    ``doit``, no loader), else unknown."""
+    run = _next_run()
     run.loading = True
-    run.selection = told if isinstance(told, Selection) else _frame_selection()
+    if not run.loader:
+        run.selection = _frame_selection()
     return run
 
 
@@ -201,19 +207,20 @@ def tell_selection(command: str, words: list[str], namespace: object) -> Selecti
     for the load it is about to start; that selection."""
     creators = task_creators(namespace) if isinstance(namespace, dict) else None
     told = Selection(command=command, words=tuple(str(w) for w in words), creators=creators)
-    _STATE["told"] = told
+    run = _next_run()
+    run.loader, run.selection = True, told
     return told
 
 
 def tell_loader_present() -> None:
-    """The package's task loader loads this process's tasks: it tells the selection when
+    """The package's task loader loads the next run's tasks: it tells the selection when
     doit hands it over, after the dodo file is imported."""
-    _STATE["loader"] = True
+    _next_run().loader = True
 
 
 def loader_present() -> bool:
     """Whether the package's task loader loads this process's tasks."""
-    return bool(_STATE["loader"])
+    return current_run().loader
 
 
 def task_creators(namespace: Mapping[str, object]) -> tuple[object, ...]:

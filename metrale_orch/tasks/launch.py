@@ -19,6 +19,7 @@ I/O: reads the files in the working directory and runs doit there, as ``doit`` d
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -63,7 +64,16 @@ def read_doit_config() -> None:
 
 def run_doit(args: Sequence[str]) -> int:
     """``doit ARGS`` in the working directory, after :func:`read_doit_config`; returns
-    doit's exit status. Raises ``ConfigError``."""
+    doit's exit status. Raises ``ConfigError``.
+
+    The process's ``sys.stdout`` and ``sys.stderr`` are its own again afterwards: doit's
+    thread runner swaps them for a capture around each python-action, unlocked, so two
+    targets finishing at once can leave one's capture in place, and what a process that
+    goes on prints (doit run again, a watch loop's line) would vanish into it."""
     read_doit_config()
-    status = _Main(task_loader=Loader()).run(list(args))
+    streams = sys.stdout, sys.stderr
+    try:
+        status = _Main(task_loader=Loader()).run(list(args))
+    finally:
+        sys.stdout, sys.stderr = streams
     return 0 if status is None else int(status)  # some commands (forget) return None

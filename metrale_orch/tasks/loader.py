@@ -24,6 +24,8 @@ from typing import Any
 from doit.cmd_base import DodoTaskLoader
 
 from metrale_orch.graph.scope import selection_scope
+from metrale_orch.tasks.actions import default_target_threads
+from metrale_orch.tasks.checker import ContentChecker
 from metrale_orch.tasks.doit_api import current_run, tell_loader_present, tell_selection
 from metrale_orch.tasks.earlystart import start_early_runs
 
@@ -36,6 +38,16 @@ class Loader(DodoTaskLoader):  # type: ignore[misc]
     def setup(self, opt_values: dict[str, Any]) -> None:
         tell_loader_present()  # before the dodo file is imported: nothing is guessed then
         super().setup(opt_values)
+
+    def load_doit_config(self) -> dict[str, Any]:
+        """The dodo file's ``DOIT_CONFIG``; the package's (it names the package's file
+        checker) with its default of target threads worked out for this run: Python
+        imports the dodo module once per process, so a process that runs doit again
+        (``jobs`` changed meanwhile) would otherwise keep its first run's."""
+        config = dict(super().load_doit_config())
+        if config.get("check_file_uptodate") is ContentChecker:
+            config["num_process"] = default_target_threads(current_run())
+        return config
 
     def load_tasks(self, cmd: Any, pos_args: list[str]) -> list[Any]:
         command = getattr(cmd, "name", "") or type(cmd).__name__.lower()

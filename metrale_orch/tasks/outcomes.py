@@ -1,7 +1,8 @@
-"""What a build task returns to doit: its small JSON-ready value, or a failure carrying one.
+"""What a build task returns to doit: its small value, or a failure carrying one.
 
-Pure values shared by the build action (:mod:`metrale_orch.tasks.building`), which makes
-them, and the reporter, which aggregates them.
+Pure helpers of the build action (:mod:`metrale_orch.tasks.building`), which makes the
+values (:class:`~metrale_orch.tasks.values.BuildValues`), and the reporter, which adds
+them up.
 """
 
 from __future__ import annotations
@@ -11,25 +12,18 @@ from typing import TYPE_CHECKING
 from doit.exceptions import TaskFailed
 
 from metrale_orch.paths import BUILD_TASK
+from metrale_orch.tasks.values import BuildValues, Outcome
 
 if TYPE_CHECKING:
     from metrale_orch.cache import CacheStats
     from metrale_orch.steps.results import TargetResult
 
 __all__ = [
-    "REFUSED_KEY",
-    "STOPPED",
     "BuildFailed",
     "failure_text",
     "nonzero_counters",
     "summarise_result",
 ]
-
-#: The value key of a target's modules that ``require_hits`` did not compile (a count).
-REFUSED_KEY = "refused"
-
-#: The values of a target that a stopped run did not build.
-STOPPED: dict[str, object] = {"outcome": "stopped"}
 
 
 class BuildFailed(TaskFailed):  # type: ignore[misc]
@@ -38,13 +32,13 @@ class BuildFailed(TaskFailed):  # type: ignore[misc]
     doit saves no values for a failed task; the reporter reads them from here.
     """
 
-    def __init__(self, msg: str, values: dict[str, object] | None = None) -> None:
+    def __init__(self, msg: str, values: BuildValues | None = None) -> None:
         super().__init__(msg)
-        self.values = dict(values or {})
+        self.values = BuildValues() if values is None else values
 
 
-def summarise_result(result: TargetResult) -> dict[str, object]:
-    """The small JSON value a build task saves and the reporter aggregates (pure).
+def summarise_result(result: TargetResult) -> tuple[Outcome, dict[str, int]]:
+    """A built target's outcome and module counts, as its values hold them (pure).
 
     ``outcome``: ``built`` (at least one module compiled in this run, by this target or
     by another that shared it), ``cached`` (every module restored from a cache, by this
@@ -53,6 +47,7 @@ def summarise_result(result: TargetResult) -> dict[str, object]:
     them: never counted as hits), failed.
     """
     counts: dict[str, int] = {}
+    outcome: Outcome
     for m in result.modules:
         name = "shared" if m.shared else str(m.outcome) or "unknown"
         counts[name] = counts.get(name, 0) + 1
@@ -64,7 +59,7 @@ def summarise_result(result: TargetResult) -> dict[str, object]:
         outcome = "cached"
     else:
         outcome = "built"
-    return {"outcome": outcome, "modules": dict(sorted(counts.items()))}
+    return outcome, dict(sorted(counts.items()))
 
 
 def nonzero_counters(stats: CacheStats) -> dict[str, int | float]:

@@ -17,17 +17,16 @@ docs/guarantees.md, "What the counts mean").
 The words of each line are :mod:`~metrale_orch.tasks.report_lines`; how the run ends,
 :mod:`~metrale_orch.tasks.run_end`.
 
-Each build task returns a small value (``outcome``, module outcomes, this
-task's cache statistics, cache warnings, its profile spans); the reporter adds
-the statistics up, prints each distinct cache warning once and writes them to
-``<build_dir>/cache-stats.json``, and writes every target's spans, on the
-worker that ran them, to ``<build_dir>/profile.json`` (Chrome trace events:
-:mod:`metrale_orch.steps.profile`), and merges the parts every target's build wrote
-into ``<build_dir>/compile_commands.json`` (:mod:`metrale_orch.steps.compdb`). A run
-that built nothing (a no-op) leaves the files of the last build that did in
-place, and costs nothing for them.
-Those files are written by :mod:`~metrale_orch.tasks.run_files`; the reporter only
-reports.
+Each build task returns a small value (:class:`~metrale_orch.tasks.values.BuildValues`:
+its outcome, module outcomes, this task's cache statistics, cache warnings, its profile
+spans); the reporter adds the statistics up, prints each distinct cache warning once,
+and hands what it gathered to the run, which writes ``<build_dir>/cache-stats.json``,
+``<build_dir>/profile.json`` (every target's spans, on the worker that ran them, as Chrome
+trace events: :mod:`metrale_orch.steps.profile`) and ``compile_commands.json`` (the parts
+every target's build wrote: :mod:`metrale_orch.steps.compdb`)
+(:meth:`~metrale_orch.tasks.run.Run.write_files`); the reporter only reports. A run that
+built nothing (a no-op) leaves the files of the last build that did in place, and costs
+nothing for them.
 Other tasks (``check``, ``smoke:…``, ``coverage``) are reported as doit's console reporter
 does; a passing smoke or coverage task's ``summary`` value is printed last.
 
@@ -60,7 +59,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from doit.exceptions import UnmetDependency
 from doit.reporter import ConsoleReporter
@@ -77,11 +76,10 @@ from metrale_orch.paths import (
     SMOKE_TASK,
 )
 from metrale_orch.tasks.actions import progress_counts, stop_requested
-from metrale_orch.tasks.checker import PROFILE_KEY
 from metrale_orch.tasks.database import Database
 from metrale_orch.tasks.dicts import KIND
 from metrale_orch.tasks.doit_api import Task, current_run, running_backend
-from metrale_orch.tasks.outcomes import REFUSED_KEY, BuildFailed
+from metrale_orch.tasks.outcomes import BuildFailed
 from metrale_orch.tasks.progress import LiveLine, progress_text
 from metrale_orch.tasks.report_lines import (
     add_remote_counts,
@@ -93,6 +91,10 @@ from metrale_orch.tasks.report_lines import (
     format_target,
 )
 from metrale_orch.tasks.run_end import end_interrupted
+from metrale_orch.tasks.values import BuildValues, SummaryValues
+
+if TYPE_CHECKING:
+    from metrale_orch.tasks.run_files import RunTotals
 
 __all__ = ["BuildReporter"]
 
@@ -124,7 +126,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         self._counts: dict[str, int] = {}
         self._skipped: dict[str, list[str]] = {}
         self._ignored: list[str] = []
-        self._stats: list[dict[str, int]] = []
+        self._stats: list[dict[str, int | float]] = []
         self._spans: list[dict[str, object]] = []
         self._warnings: list[str] = []
         self._failed_names: list[str] = []
@@ -226,15 +228,15 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         if not _is_build(task):
             # Smoke's one line (what passed, what did not), the coverage report's lines.
             if task.name.startswith(_SMOKE_BASE) or task.name == COVERAGE_TASK:
-                summary = dict(getattr(task, "values", None) or {}).get("summary")
+                summary = SummaryValues.from_values(getattr(task, "values", None)).summary
                 if summary:
-                    self._smoke_lines.append(str(summary))
+                    self._smoke_lines.append(summary)
             return
         self._any_build = True
-        values = dict(getattr(task, "values", None) or {})
-        outcome = str(values.get("outcome", "built"))
+        values = BuildValues.from_values(getattr(task, "values", None))
+        outcome = values.outcome or "built"
         if outcome == "skipped":
-            reason = str(values.get("skipped", "skipped"))
+            reason = values.skipped or "skipped"
             self._skipped.setdefault(reason, []).append(task.name[len(_BASE) :])
             self._bump("skipped")
         else:
@@ -258,19 +260,17 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         self._ran = self._ran or _kind(task) == "build"
         self._bump("failed")
         self._failed_names.append(task.name)
-        values = dict(getattr(fail, "values", None) or {})
-        refused = values.get(REFUSED_KEY)
-        if isinstance(refused, int) and refused:
-            self._refused[task.name] = refused
+        values = _failed_values(fail)
+        if values.refused:
+            self._refused[task.name] = values.refused
         self._take(values)
         message = str(getattr(fail, "message", "") or fail)
         traceback = "".join(getattr(fail, "traceback", "") or "")
         if not message.startswith(_BASE):
             message = f"{task.name}: {message}"
         self.write(f"FAILED {message.rstrip()}\n")
-        modules = values.get("modules")
-        if isinstance(modules, dict) and modules:  # its lookups count on the cache: line
-            self.write(format_target(task.name, "failed", modules, values.get("seconds")) + "\n")
+        if values.modules:  # its lookups count on the cache: line
+            self.write(format_target(task.name, "failed", values.modules, values.seconds) + "\n")
         if traceback and not isinstance(fail, BuildFailed):
             self.write(traceback)
         self.failures.append({"task": task, "exception": fail})
@@ -279,10 +279,10 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         """Whether a failure reported after Ctrl-C or SIGTERM is only the stop itself (a
         target whose compiles were stopped, or a task left with a dependency unmet):
         said by the one closing line, not as a failure."""
-        values = getattr(fail, "values", None) or {}
+        values = _failed_values(fail)
         if _is_build(task):
-            self._take({k: v for k, v in dict(values).items() if k == "cache"})
-            return values.get("outcome") == "stopped"
+            self._take(BuildValues(cache=values.cache))
+            return values.outcome == "stopped"
         return isinstance(fail, UnmetDependency)
 
     def write(self, text: str) -> None:
@@ -292,13 +292,11 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             return
         super().write(printable(text))
 
-    def _finished_line(self, name: str, outcome: str, values: Mapping[str, object]) -> None:
+    def _finished_line(self, name: str, outcome: str, values: BuildValues) -> None:
         """One line per finished target: what the summary counts it as, its time, its
         modules' outcomes (:func:`~metrale_orch.tasks.report_lines.format_target`)."""
         self._finished.add(name)
-        modules = values.get("modules")
-        counts = modules if isinstance(modules, dict) else {}
-        self.write(format_target(name, outcome, counts, values.get("seconds")) + "\n")
+        self.write(format_target(name, outcome, values.modules or {}, values.seconds) + "\n")
 
     def _progress_text(self) -> str:
         counts, jobs = progress_counts()
@@ -375,15 +373,23 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         if self._remote:
             self.write(format_remote(self._remote) + "\n")
         if self._ran:  # a no-op run leaves the last build's report files in place
-            # Imported only after a run that ran something: a no-op never needs them.
-            from metrale_orch.tasks import run_files
-
-            run_files.write_stats(self._stats, self._remote, self.write)
-            run_files.write_profile(self._spans, self._origin_ns)
-            run_files.write_times(self._spans, self._alive, self.write)
-            run_files.write_compdb(self._built_targets(), self._scoped)
+            current_run().write_files(self._totals(), self.write)
 
     # -- helpers ----------------------------------------------------------------------------------
+
+    def _totals(self) -> RunTotals:
+        """What the run's files are written from (:meth:`Run.write_files`)."""
+        from metrale_orch.tasks.run_files import RunTotals  # as the run: after a build only
+
+        return RunTotals(
+            stats=tuple(self._stats),
+            remote=self._remote,
+            spans=tuple(self._spans),
+            origin_ns=self._origin_ns,
+            alive=frozenset(self._alive),
+            built=tuple(self._built_targets()),
+            scoped=self._scoped,
+        )
 
     def _built_targets(self) -> list[str]:
         """The targets of the run's build tasks (a plan that failed is no target)."""
@@ -396,20 +402,20 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
     def _bump(self, key: str) -> None:
         self._counts[key] = self._counts.get(key, 0) + 1
 
-    def _take(self, values: Mapping[str, object]) -> None:
-        stats = values.get("cache")
-        if isinstance(stats, dict) and stats:
-            self._stats.append(stats)
-        remote = values.get("remote")
-        if isinstance(remote, dict):
-            add_remote_counts(self._remote, remote)
-        warnings = values.get("warnings", ()) or ()
-        for warning in warnings if isinstance(warnings, list | tuple) else ():
+    def _take(self, values: BuildValues) -> None:
+        if values.cache:
+            self._stats.append(dict(values.cache))
+        if values.remote is not None:
+            add_remote_counts(self._remote, values.remote)
+        for warning in values.warnings or ():
             if warning not in self._warnings:
-                self._warnings.append(str(warning))
-        spans = values.get(PROFILE_KEY)
-        if isinstance(spans, list):
-            self._spans.extend(s for s in spans if isinstance(s, dict))
+                self._warnings.append(warning)
+        self._spans.extend(dict(span) for span in values.profile or ())
+
+
+def _failed_values(fail: BaseException) -> BuildValues:
+    """The values a failure carries (a target's :class:`BuildFailed`), else none."""
+    return fail.values if isinstance(fail, BuildFailed) else BuildValues()
 
 
 def _is_terminal(stream: TextIO) -> bool:

@@ -5,19 +5,26 @@ A :class:`Run` is made when doit loads the tasks and handed, through the doit ad
 and the actions. It holds:
 
 - what doit was asked (:class:`Selection`: its command and words, the dodo file's task
-  creators), and so the run's scope (:mod:`metrale_orch.graph.scope`);
+  creators), and so the run's scope (:mod:`metrale_orch.graph.scope`), and whether the
+  package's task loader told it;
 - the configuration, loaded once;
 - the toolchain probes (one :class:`~metrale_orch.toolchain.probe.ProbeMemo`: task
   generation probes each toolchain once, the builds reuse those identities);
 - the build sessions (the executor running at most ``jobs`` compiles, the artefacts
   obtained) and the opened cache, which every target this process builds shares;
 - the build actions in flight and the stop state (Ctrl-C, SIGTERM);
-- doit's loop: the project's build lock from its start to its end, and the run's exit
-  status (:meth:`Run.begin`, :meth:`Run.end`, :meth:`Run.exit_status`). doit's runner
-  calls nothing of a project's but its reporter, so the reporter hands both ends here.
+- the build log's handle (:class:`~metrale_orch.tasks.buildlog.BuildLog`);
+- doit's loop: the project's build lock from its start to its end, the files the run
+  leaves, and the run's exit status (:meth:`Run.begin`, :meth:`Run.end`,
+  :meth:`Run.write_files`, :meth:`Run.exit_status`). doit's runner calls nothing of a
+  project's but its reporter, so the reporter hands both ends here, and what it gathered
+  from the targets' values; it only reports.
 
-A worker process doit forks inherits its parent's run; one it spawns makes its own on
-first need (its selection then unknown). Thread-safe where doit's target threads meet it.
+Nothing of a run is kept at module level but the adapter's reference to the current one,
+so a process that runs doit again (``metrale-orch doit`` in process, a watch loop) starts
+each run clean. A worker process doit forks inherits its parent's run; one it spawns
+makes its own on first need (its selection then unknown). Thread-safe where doit's target
+threads meet it.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from doit.exceptions import TaskFailed
 from metrale_orch.config import Config, load_config
 from metrale_orch.errors import EXIT_FAILURE, EXIT_USAGE, MetraleError
 from metrale_orch.graph.selection import Selection
+from metrale_orch.tasks.buildlog import BuildLog
 from metrale_orch.tasks.run_end import exit_status
 from metrale_orch.tasks.runlock import BuildLock
 from metrale_orch.toolchain.probe import ProbeMemo
@@ -43,6 +51,7 @@ from metrale_orch.toolchain.probe import ProbeMemo
 if TYPE_CHECKING:
     from metrale_orch.cache import Cache
     from metrale_orch.steps.session import BuildSession
+    from metrale_orch.tasks.run_files import RunTotals
 
 __all__ = ["RUN_ENV", "Run", "Stop"]
 
@@ -80,7 +89,11 @@ class Run:
         self.selection = selection
         #: Whether doit has started loading this run's tasks (a new load is a new run).
         self.loading = False
+        #: Whether the package's task loader loads them (it tells :attr:`selection`).
+        self.loader = False
         self.probes = ProbeMemo()
+        #: The shared build log, as this run writes it.
+        self.log = BuildLog()
         self.stop = Stop()
         self._configs: dict[Path, Config] = {}
         self._lock = threading.Lock()
@@ -136,14 +149,15 @@ class Run:
             return self._cache[1]
 
     def close(self) -> None:
-        """Close the build sessions and discard the early runs no probe took (tests that
-        start a new run in the same process)."""
+        """Close the build sessions and the build log, and discard the early runs no probe
+        took (a process that starts a new run: doit run again, tests)."""
         with self._lock:
             sessions = list(self._sessions.values())
             self._sessions.clear()
         for session in sessions:
             session.close()
         self.probes.early.discard()
+        self.log.close()
 
     # -- the build actions in flight --
 
@@ -215,6 +229,17 @@ class Run:
         if self._build_lock is not None:
             self._build_lock.release()
             self._build_lock = None
+        self.log.flush()  # the run's lines are in the file when it ends
+
+    def write_files(self, totals: RunTotals, say: Callable[[str], None]) -> None:
+        """Write the files a run that ran something leaves (its cache statistics, profile,
+        build history, kept compile times, compilation database:
+        :mod:`~metrale_orch.tasks.run_files`) from what its reporter gathered; ``say``
+        prints a line. Never raises for a file it cannot write (one warning line)."""
+        # Imported here: a no-op run (which writes none of them) never loads them.
+        from metrale_orch.tasks.run_files import write_run_files
+
+        write_run_files(self, totals, say)
 
     @staticmethod
     def exit_status(

@@ -19,6 +19,7 @@ from metrale_orch.errors import (
     interrupt_exit_code,
 )
 from metrale_orch.tasks.report_lines import format_interrupted
+from metrale_orch.tasks.values import BuildValues
 
 __all__ = ["end_interrupted", "exit_status"]
 
@@ -54,7 +55,7 @@ def exit_status(failures: Iterable[tuple[str, object]]) -> int | None:
             code = EXIT_FAILURE
         elif isinstance(fail, TaskFailed):
             values = getattr(fail, "values", None)
-            declared = values.get("exit_code") if isinstance(values, dict) else None
+            declared = values.exit_code if isinstance(values, BuildValues) else None
             if kind == "error":
                 code = EXIT_USAGE
             elif declared in (EXIT_FAILURE, EXIT_USAGE):

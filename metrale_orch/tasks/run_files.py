@@ -5,8 +5,9 @@ run's order and ETA), ``profile.json`` and the build history
 (:mod:`metrale_orch.steps.profile`, :mod:`metrale_orch.steps.history`), and
 ``compile_commands.json`` (:mod:`metrale_orch.steps.compdb`).
 
-The reporter calls these and only reports; a file that cannot be written is one warning
-line naming it and why, and never fails the run.
+The run writes them (:meth:`~metrale_orch.tasks.run.Run.write_files`: what its reporter
+gathered, as one :class:`RunTotals`); the reporter only reports. A file that cannot be
+written is one warning line naming it and why, and never fails the run.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from metrale_orch import cache as cache_mod
 from metrale_orch.errors import MetraleError, printable
@@ -34,29 +36,63 @@ from metrale_orch.steps import times as kept
 from metrale_orch.steps.compdb import stored_targets, write_database_from_parts
 from metrale_orch.steps.history import record_build
 from metrale_orch.steps.profile import Span, encode_profile, trace_document
-from metrale_orch.tasks.doit_api import current_run
 from metrale_orch.tasks.report_lines import remote_totals
 from metrale_orch.tree import LayoutError, Target, walk
 
+if TYPE_CHECKING:  # the run imports this module when it writes its files
+    from metrale_orch.tasks.run import Run
+
 __all__ = [
     "RunCompiles",
+    "RunTotals",
     "warn",
     "warn_unwritten",
     "write_compdb",
     "write_profile",
+    "write_run_files",
     "write_stats",
     "write_times",
 ]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunTotals:
+    """What a run's reporter gathered from its targets' values, for the files."""
+
+    #: Each target's nonzero cache counters.
+    stats: tuple[Mapping[str, object], ...]
+    #: Where the compile actions ran, added up (remote execution).
+    remote: Mapping[str, object]
+    #: Every target's profile spans, and the wall-clock time 0 of the profile.
+    spans: tuple[Mapping[str, object], ...]
+    origin_ns: int
+    #: Every target of the tree (empty: a scoped run, which forgets no kept time).
+    alive: frozenset[str]
+    #: The targets of the run's build tasks, and whether the run was scoped to some.
+    built: tuple[str, ...]
+    scoped: bool
+
+
+def write_run_files(run: Run, totals: RunTotals, say: Callable[[str], None]) -> None:
+    """Write the files of a run that ran something (module docstring); ``say`` prints a
+    line (the cache line, a warning about the kept times)."""
+    write_stats(run, totals.stats, totals.remote, say)
+    write_profile(run, totals.spans, totals.origin_ns)
+    write_times(run, totals.spans, totals.alive, say)
+    write_compdb(run, totals.built, totals.scoped)
+
+
 def write_stats(
-    stats: Iterable[Mapping[str, object]], remote: Mapping[str, object], say: Callable[[str], None]
+    run: Run,
+    stats: Iterable[Mapping[str, object]],
+    remote: Mapping[str, object],
+    say: Callable[[str], None],
 ) -> None:
     """Add up the targets' cache statistics (and the remote counts), print their line
     with ``say``, write cache-stats.json."""
     path = Path(STATS_NAME)
     try:
-        config = current_run().config()
+        config = run.config()
         path = config.build_dir / STATS_NAME
         total = cache_mod.CacheStats()
         for item in stats:
@@ -74,32 +110,34 @@ def write_stats(
 
 
 def write_times(
-    spans: Iterable[Mapping[str, object]], alive: set[str], say: Callable[[str], None]
+    run: Run,
+    spans: Iterable[Mapping[str, object]],
+    alive: frozenset[str],
+    say: Callable[[str], None],
 ) -> None:
     """Merge the compile times of the run's ``spans`` into the kept ones (the next run's
     order); ``alive`` is every target of the tree (empty: a scoped run, which forgets none),
     ``say`` prints a line."""
 
-    run = RunCompiles.of(spans)
+    compiles = RunCompiles.of(spans)
     state = Path(STATE_DIR)
     try:
-        state = current_run().config().build_dir / STATE_DIR
+        state = run.config().build_dir / STATE_DIR
         old = kept.read_times(state)
         problems = kept.kept_problems(state)  # only an ordering: warned of, then rewritten
         for problem in problems:
             say(f"warning: {problem}\n")
         # A module another target compiled (or an earlier run did) costs the same here.
-        known = {**old.by_key(), **run.compiled}
+        known = {**old.by_key(), **compiles.compiled}
         seen: dict[str, set[str]] = {}
-        for target, module, _key in run.keyed:
+        for target, module, _key in compiles.keyed:
             seen.setdefault(target, set()).add(module)
-        compiles = [(t, m, k, known[k]) for t, m, k in run.keyed if k in known]
         merged = kept.merge_compiles(
             old,
-            compiles,
+            [(t, m, k, known[k]) for t, m, k in compiles.keyed if k in known],
             seen=seen,
-            alive=alive or None,
-            peaks=kept.peaks_of(old, run.keyed, run.measured, run.bounds),
+            alive=set(alive) or None,
+            peaks=kept.peaks_of(old, compiles.keyed, compiles.measured, compiles.bounds),
         )
         if merged != old or problems:
             kept.write_times(state, merged)
@@ -107,7 +145,7 @@ def write_times(
         warn_unwritten("the compile times", state, exc)
 
 
-def write_profile(spans_seen: Iterable[Mapping[str, object]], origin_ns: int) -> None:
+def write_profile(run: Run, spans_seen: Iterable[Mapping[str, object]], origin_ns: int) -> None:
     """Write every span of this run to profile.json, atomically (Chrome trace events),
     and add the run to the build history (:mod:`metrale_orch.steps.history`)."""
 
@@ -120,21 +158,20 @@ def write_profile(spans_seen: Iterable[Mapping[str, object]], origin_ns: int) ->
     doc = trace_document(spans, origin_ns=origin_ns, main_pid=os.getpid())
     path = Path(PROFILE_NAME)
     try:
-        config = current_run().config()
+        config = run.config()
         path = config.build_dir / PROFILE_NAME
         write_atomic(path, encode_profile(doc))
     except (MetraleError, OSError) as exc:  # the profile must never fail the run
         warn_unwritten("the build profile", path, exc)
     events = doc["traceEvents"]
-    _write_history(events if isinstance(events, list) else [])
+    _write_history(run, events if isinstance(events, list) else [])
 
 
-def _write_history(events: list[dict[str, object]]) -> None:
+def _write_history(run: Run, events: list[dict[str, object]]) -> None:
     """Add this run to the build history; a damaged one is replaced, and said."""
 
     path = Path(PROFILE_HISTORY_NAME)
     try:
-        run = current_run()
         build_dir = run.config().build_dir
         path = profile_history(build_dir)
         words = run.selection.words if run.selection is not None else ()
@@ -146,7 +183,7 @@ def _write_history(events: list[dict[str, object]]) -> None:
         warn_unwritten("the build history", path, exc)
 
 
-def write_compdb(built: Iterable[str], scoped: bool) -> None:
+def write_compdb(run: Run, built: Iterable[str], scoped: bool) -> None:
     """Merge the parts of every buildable target of the tree (selected or not, built
     now or before) into compile_commands.json (:mod:`metrale_orch.steps.compdb`). A
     run scoped to some targets (:mod:`~metrale_orch.graph.scope`) generated no other:
@@ -155,7 +192,7 @@ def write_compdb(built: Iterable[str], scoped: bool) -> None:
 
     path = Path(COMPDB_NAME)
     try:
-        config = current_run().config()
+        config = run.config()
         path = config.build_dir / COMPDB_NAME
         targets = [Target.parse(name) for name in built]
         if scoped:

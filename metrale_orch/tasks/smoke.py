@@ -1,6 +1,7 @@
 """The ``smoke:<hw>`` tasks: their dicts and their doit action.
 
-:func:`smoke_tasks` makes one task dict per hardware (pure), depending on every
+:func:`smoke_task_dicts` makes them from the build graph's specs, sharing the build's
+resolution: :func:`smoke_tasks`, one task dict per hardware (pure), depending on every
 ``build:<target>`` of that hardware and always running (it is a test);
 :func:`run_smoke_action` runs :func:`~metrale_orch.smoke.run.run_smoke`, writes
 ``<build_dir>/smoke-<hw>.xml`` and turns a failure into doit's ``TaskFailed``.
@@ -20,13 +21,17 @@ from typing import TYPE_CHECKING, TypedDict
 
 from doit.exceptions import TaskFailed
 
-from metrale_orch.paths import BUILD_TASK, root_relative
+from metrale_orch.config import Config, load_config
+from metrale_orch.errors import MetraleError
+from metrale_orch.graph.specs import BuildSpec
+from metrale_orch.paths import BUILD_TASK, SMOKE_TASK, TREE_TASK, root_relative
+from metrale_orch.tasks.dicts import TaskDict
+from metrale_orch.tasks.values import SummaryValues
 
 if TYPE_CHECKING:
-    from metrale_orch.config import Config
     from metrale_orch.tree import Layout, LayoutError, Target
 
-__all__ = ["SmokeTaskDict", "run_smoke_action", "smoke_tasks"]
+__all__ = ["SmokeTaskDict", "run_smoke_action", "smoke_task_dicts", "smoke_tasks"]
 
 #: Smoke's own logger name (the shared log shows it), wherever the code lives.
 log = logging.getLogger("metrale_orch.smoke")
@@ -60,13 +65,13 @@ def run_smoke_action(
     summary = report.summary_line()
     log.info("%s (report: %s)", summary, xml)
     if report.ok:
-        return {
-            "summary": summary,
-            "report": root_relative(xml, Path(root)),
-            "passed": report.count("passed"),
-            "skipped": report.count("skipped"),
-            "failed": 0,
-        }
+        return SummaryValues(
+            summary=summary,
+            report=root_relative(xml, Path(root)),
+            passed=report.count("passed"),
+            skipped=report.count("skipped"),
+            failed=0,
+        ).to_values()
     lines = [summary] + [
         f"  FAIL {r.target} {r.module}::{r.case}: {r.message}" for r in report.failures()
     ]
@@ -93,3 +98,46 @@ def smoke_tasks(
             "uptodate": [False],
             "verbosity": 2,
         }
+
+
+def smoke_task_dicts(
+    root: Path,
+    environ: Mapping[str, str],
+    specs: Sequence[BuildSpec],
+    config: Config | None = None,
+) -> list[TaskDict]:
+    """``smoke:<hw>`` task dicts from :mod:`metrale_orch.smoke`, sharing the build's resolution.
+
+    HOOK(smoke): the smoke package owns these tasks (``smoke_tasks(root, config,
+    layouts_by_hw)``); each depends on its hardware's ``build:<hw>/...`` tasks.
+    They are yielded by ``task_build`` with ``basename = "smoke"`` so the tree
+    is resolved once per doit invocation. Nothing when the configuration fails.
+    ``config``: the run's (None: loaded here).
+    """
+    from metrale_orch.tree import Target  # see the module docstring: only on a miss
+
+    if config is None:
+        try:
+            config = load_config(root, environ)
+        except MetraleError:
+            return []
+    by_hw: dict[str, list[tuple[Target, Layout | LayoutError]]] = {}
+    for spec in specs:
+        if spec.target == TREE_TASK:
+            continue
+        try:
+            target = Target.parse(spec.target)
+        except ValueError:  # a name given on the command line that is no target
+            continue
+        resolved = spec.resolved
+        by_hw.setdefault(target.hardware, []).append((target, resolved))  # type: ignore[arg-type]
+    out: list[TaskDict] = [
+        {
+            "basename": SMOKE_TASK,
+            "name": None,
+            "doc": "smoke-test the built kernels of each hardware",
+        }
+    ]
+    for task in smoke_tasks(root, config, by_hw):
+        out.append({**task, "basename": SMOKE_TASK})
+    return out if len(out) > 1 else []

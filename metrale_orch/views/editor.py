@@ -31,8 +31,8 @@ from metrale_orch.steps.compdb import (
 )
 from metrale_orch.steps.errors import ToolchainMissing
 from metrale_orch.steps.target import stage_target
-from metrale_orch.tasks import specs as generation
 from metrale_orch.tasks.runlock import BuildLock
+from metrale_orch.tasks.specs import cached_build_specs
 from metrale_orch.tree import Target
 from metrale_orch.views.status import choose_specs
 
@@ -78,7 +78,7 @@ def write_compdb(
     :class:`~metrale_orch.views.status.NoSuchTarget` when the pattern selects no target,
     OSError when the lock or the database cannot be written."""
     root = Path(root).resolve()
-    specs, _how = generation.cached_build_specs(root, environ, config=config)
+    specs, _how = cached_build_specs(root, environ, config=config)
     chosen = choose_specs(root, specs, pattern)
     lock = BuildLock(Path(config.build_dir))
     lock.acquire(say)

@@ -38,6 +38,9 @@ from typing import Literal
 
 from metrale_orch.config import Config, load_config
 from metrale_orch.errors import MetraleError, UsageError
+from metrale_orch.graph import generate as generation
+from metrale_orch.graph.cached import named_failures
+from metrale_orch.graph.check import UNPROBED
 from metrale_orch.graph.specs import BuildSpec
 from metrale_orch.paths import BUILD_TASK, DB_NAME, TREE_TASK, rel_posix
 from metrale_orch.steps.includes import Includes, module_closure, parse_includes
@@ -45,16 +48,7 @@ from metrale_orch.steps.keyrecord import Change, plan_record, record_changes
 from metrale_orch.steps.plan import plan_target
 from metrale_orch.steps.plan_values import TargetPlan
 from metrale_orch.steps.staging import plan_stage
-from metrale_orch.tasks import specs as generation
-from metrale_orch.tasks.check import UNPROBED
-from metrale_orch.tasks.checker import (
-    PLAN_RECORD_KEY,
-    SIGNATURE_KEY,
-    ContentChecker,
-    SignatureCheck,
-    TaskDataCodec,
-)
-from metrale_orch.tasks.creators import named_failures
+from metrale_orch.tasks.checker import ContentChecker, SignatureCheck, TaskDataCodec
 from metrale_orch.tasks.dicts import task_dict
 from metrale_orch.tasks.doit_api import (
     Dependency,
@@ -65,6 +59,8 @@ from metrale_orch.tasks.doit_api import (
     make_task,
     open_dependency,
 )
+from metrale_orch.tasks.specs import cached_build_specs
+from metrale_orch.tasks.values import BuildRecord
 from metrale_orch.toolchain.definitions import load_toolchains
 from metrale_orch.tree import Layout
 
@@ -228,7 +224,7 @@ def select_specs(
     generates them under ``config`` (None: the one ``environ`` gives), through its task
     cache (reads the tree; probes compilers when the task cache misses): the lookup
     ``status``, ``why`` and ``why-miss`` share. Raises :class:`NoSuchTarget`."""
-    specs, _how = generation.cached_build_specs(root, environ, config=config)
+    specs, _how = cached_build_specs(root, environ, config=config)
     return choose_specs(root, specs, pattern)
 
 
@@ -312,7 +308,7 @@ def _build_status(
             )
         return TargetStatus(target=spec.target, status="stale")
     reasons: Mapping[str, object] = result.reasons
-    saved = dep.get_values(task.name).get(SIGNATURE_KEY) or {}
+    saved = BuildRecord.from_values(dep.get_values(task.name)).signature or {}
     current: dict[str, str] = {}
     bad_outputs: tuple[str, ...] = ()
     changed_external: tuple[str, ...] = ()
@@ -405,7 +401,7 @@ def _saved_record(root: Path, target: str) -> Mapping[str, object] | None:
     before records were kept, or none)."""
     with _dependency(root) as dep:
         values = {} if dep is None else dep.get_values(f"{BUILD_TASK}:{target}")
-    text = values.get(PLAN_RECORD_KEY)
+    text = BuildRecord.from_values(values).plan
     try:
         record = json.loads(text) if isinstance(text, str) else None
     except ValueError:

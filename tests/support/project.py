@@ -34,6 +34,7 @@ __all__ = [
     "make_project",
     "orch",
     "project_env",
+    "python_code",
     "started_targets",
     "terminate_after",
     "use_fake_compiler",
@@ -204,11 +205,22 @@ def orch(
     return _python_module("metrale_orch", root, args, env, timeout)
 
 
+def python_code(
+    root: Path, code: str, args: Sequence[str], env: Mapping[str, str], *, timeout: float = 240
+) -> DoitRun:
+    """Run ``python -c CODE ARGS`` in ``root`` (a process that drives doit its own way)."""
+    return _python(["-c", code, *args], root, env, timeout)
+
+
 def _python_module(
     module: str, root: Path, args: Sequence[str], env: Mapping[str, str], timeout: float
 ) -> DoitRun:
+    return _python(["-m", module, *args], root, env, timeout)
+
+
+def _python(argv: Sequence[str], root: Path, env: Mapping[str, str], timeout: float) -> DoitRun:
     proc = subprocess.run(
-        [sys.executable, "-m", module, *args],
+        [sys.executable, *argv],
         cwd=root,
         env=dict(env),
         capture_output=True,

@@ -267,9 +267,9 @@ def test_a_module_another_target_compiled_is_shared_not_from_cache(
     assert {m.name: m.shared for m in second.modules} == {
         "vector_add": "compiled", "only": "", "scale": "compiled",
     }  # fmt: skip
-    values = summarise_result(second)
-    assert values == {"outcome": "built", "modules": {"compiled": 1, "shared": 2}}
-    assert format_modules(values["modules"]) == "3 modules: 2 shared, 1 compiled"
+    outcome, modules = summarise_result(second)
+    assert (outcome, modules) == ("built", {"compiled": 1, "shared": 2})
+    assert format_modules(modules) == "3 modules: 2 shared, 1 compiled"
     assert format_modules({"local": 2, "remote": 1}) == "3 modules: 2 local hits, 1 remote hit"
 
 

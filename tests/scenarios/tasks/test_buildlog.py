@@ -13,12 +13,10 @@ from pathlib import Path
 import pytest
 
 from metrale_orch.paths import LOG_NAME
-from metrale_orch.tasks.buildlog import (
-    PACKAGE,
-    _BuildLogHandler,
-    configure_build_log,
-    flush_build_log,
-)
+from metrale_orch.tasks.buildlog import PACKAGE, BuildLog, _BuildLogHandler
+
+#: The build log as one run of this process writes it.
+LOG = BuildLog()
 
 
 @pytest.fixture
@@ -43,7 +41,7 @@ def test_threads_configuring_at_once_write_each_line_once(build_dir: Path) -> No
 
     def work(n: int) -> None:
         start.wait()
-        log = configure_build_log(build_dir, max_bytes=0, backups=0)
+        log = LOG.open(build_dir, max_bytes=0, backups=0)
         for i in range(40):
             log.getChild("build").info("thread %d line %d", n, i)
 
@@ -52,7 +50,7 @@ def test_threads_configuring_at_once_write_each_line_once(build_dir: Path) -> No
         t.start()
     for t in threads:
         t.join()
-    flush_build_log()
+    LOG.flush()
     ours = [h for h in logging.getLogger(PACKAGE).handlers if isinstance(h, _BuildLogHandler)]
     assert len([h for h in ours if h.path.parent == build_dir.resolve()]) == 1
     lines = [line.split(": ", 1)[1] for line in _lines(build_dir)]
@@ -62,20 +60,20 @@ def test_threads_configuring_at_once_write_each_line_once(build_dir: Path) -> No
 def test_a_forked_worker_writes_its_own_lines(build_dir: Path) -> None:
     # doit's -P process workers are forked: the parent's handler comes along without its
     # listener thread; the child's records still reach the file, with the child's pid.
-    log = configure_build_log(build_dir, max_bytes=0, backups=0)
+    log = LOG.open(build_dir, max_bytes=0, backups=0)
     log.info("parent before")
-    flush_build_log()
+    LOG.flush()
     pid = os.fork()
     if pid == 0:  # pragma: no cover (the child)
         try:
-            child = configure_build_log(build_dir, max_bytes=0, backups=0)
+            child = LOG.open(build_dir, max_bytes=0, backups=0)
             child.info("child line")
-            flush_build_log()
+            LOG.flush()
         finally:
             os._exit(0)  # as multiprocessing's workers end: no atexit
     os.waitpid(pid, 0)
     log.info("parent after")
-    flush_build_log()
+    LOG.flush()
     lines = _lines(build_dir)
     assert [line.split(": ", 1)[1] for line in lines] == [
         "parent before",
@@ -88,8 +86,8 @@ def test_a_forked_worker_writes_its_own_lines(build_dir: Path) -> None:
 def test_lines_logged_just_before_exit_are_written(tmp_path: Path) -> None:
     code = (
         "import sys; from pathlib import Path\n"
-        "from metrale_orch.tasks.buildlog import configure_build_log\n"
-        "log = configure_build_log(Path(sys.argv[1]), max_bytes=0, backups=0)\n"
+        "from metrale_orch.tasks.buildlog import BuildLog\n"
+        "log = BuildLog().open(Path(sys.argv[1]), max_bytes=0, backups=0)\n"
         "for i in range(500): log.info('line %d', i)\n"
     )
     subprocess.run([sys.executable, "-c", code, str(tmp_path / "b")], check=True, timeout=60)
@@ -102,12 +100,12 @@ def test_a_second_build_directory_replaces_the_first(tmp_path: Path, build_dir: 
     # goes to the log of the project being built, and the first project's handler and its
     # listener thread are gone once the second is configured.
     first = tmp_path / "first" / "build"
-    log = configure_build_log(first, max_bytes=0, backups=0)
+    log = LOG.open(first, max_bytes=0, backups=0)
     log.info("for the first")
     listeners_before = threading.active_count()
-    log = configure_build_log(build_dir, max_bytes=0, backups=0)
+    log = LOG.open(build_dir, max_bytes=0, backups=0)
     log.info("for the second")
-    flush_build_log()
+    LOG.flush()
     ours = [h for h in logging.getLogger(PACKAGE).handlers if isinstance(h, _BuildLogHandler)]
     assert [h.path for h in ours] == [(build_dir / LOG_NAME).resolve()]
     assert threading.active_count() == listeners_before  # one listener stopped, one started

@@ -355,7 +355,7 @@ def test_sigterm_keeps_finished_targets(
 #: What a no-op never needs (task generation, the build step, the cache): none is imported.
 NOOP_UNNEEDED = (
     "metrale_orch.tree",
-    "metrale_orch.tasks.specs",
+    "metrale_orch.graph.generate",
     "metrale_orch.steps.target",
     "metrale_orch.steps.pipeline",
     "metrale_orch.steps.tree_reach",

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from metrale_orch.tasks.check import file_of
+from metrale_orch.graph.check import file_of
 from tests.support.project import (
     FILES,
     DoitRun,

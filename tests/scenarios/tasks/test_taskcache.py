@@ -20,18 +20,15 @@ import pytest
 
 from metrale_orch.config import load_config
 from metrale_orch.graph import taskcache
+from metrale_orch.graph.generate import GENERATION, resolve_build_specs
 from metrale_orch.graph.scope import in_scope
 from metrale_orch.graph.specs import BuildSpec
 from metrale_orch.graph.taskkey import generation_base, generation_key
 from metrale_orch.paths import TREE_TASK
 from metrale_orch.tasks.creators import cached_tasks
 from metrale_orch.tasks.doit_api import doit_version
-from metrale_orch.tasks.specs import (
-    GENERATION,
-    cached_build_specs,
-    resolve_build_specs,
-    smoke_task_dicts,
-)
+from metrale_orch.tasks.smoke import smoke_task_dicts
+from metrale_orch.tasks.specs import cached_build_specs
 from metrale_orch.toolchain import earlyruns
 from metrale_orch.toolchain.definitions import load_toolchains
 from tests.support.project import doit

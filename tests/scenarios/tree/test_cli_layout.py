@@ -33,6 +33,7 @@ def test_check_starts_without_doit_or_the_cache_tiers() -> None:
     probe = (
         "import sys, metrale_orch.cli\n"
         "heavy = ('doit', 'metrale_orch.views.status', 'metrale_orch.tasks.specs', "
+        "'metrale_orch.graph.generate', "
         "'metrale_orch.cache', 'metrale_orch.steps.target')\n"
         "print(sorted(m for m in heavy if m in sys.modules))\n"
     )

@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from metrale_orch.graph import taskcache
+from metrale_orch.graph.cached import _from_cached
 from metrale_orch.graph.specs import BuildSpec, signature_parts
 from metrale_orch.tasks import actions
 from metrale_orch.tasks.checker import SignatureCheck
-from metrale_orch.tasks.creators import _from_cached
 from metrale_orch.tasks.dicts import plan_build_task, task_dict
 
 ROOT = Path("/r")

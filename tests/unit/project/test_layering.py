@@ -63,8 +63,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     "matrix": frozenset({"steps", "toolchain", "tree"}),
     # The release gate (coverage): reads builds with the smoke readers and resources' ptxas.
     "gate": frozenset({"resources", "steps", "toolchain", "smoke", "tree", "config"}),
-    # The build graph without doit: a run's selection and scope, the task cache and its key.
-    "graph": frozenset({"steps", "toolchain", "config", "tree"}),
+    # The build graph without doit: generation, a run's selection and scope, the task
+    # cache and its key, readiness (the whole-tree check runs smoke's and the defaults'
+    # own validators).
+    "graph": frozenset({"steps", "toolchain", "config", "tree", "smoke", "defaults"}),
     # The doit adapter: turns the graph into doit's task dicts, runs and reports them.
     "tasks": frozenset(
         {
@@ -174,6 +176,8 @@ def test_the_graph_imports_neither_doit_nor_the_doit_adapter() -> None:
     imports included."""
     graph = [(m, p) for m, p in MODULES if _area(m) == "graph"]
     assert {m for m, _ in graph} >= {
+        "metrale_orch.graph.cached",
+        "metrale_orch.graph.generate",
         "metrale_orch.graph.scope",
         "metrale_orch.graph.selection",
         "metrale_orch.graph.taskcache",
@@ -367,9 +371,11 @@ def test_no_module_is_over_600_lines() -> None:
 #: ``metrale-orch --help`` never loads the build, the cache or the tree package.
 START_UP_PATHS: tuple[str, ...] = (
     "metrale_orch.dodo",
+    "metrale_orch.graph.cached",
     "metrale_orch.tasks.actions",
     "metrale_orch.tasks.creators",
     "metrale_orch.tasks.reporter",
+    "metrale_orch.tasks.run",
     "metrale_orch.tasks.smoke",
     "metrale_orch.cli._",
 )

@@ -14,6 +14,7 @@ import xxhash
 from doit.dependency import Dependency, SqliteDB
 
 from metrale_orch import fsutil
+from metrale_orch.graph.selection import explicit_targets
 from metrale_orch.graph.specs import signature_parts
 from metrale_orch.paths import rel_posix
 from metrale_orch.tasks.checker import (
@@ -22,7 +23,7 @@ from metrale_orch.tasks.checker import (
     TaskDataCodec,
     file_digest,
 )
-from metrale_orch.tasks.dicts import explicit_targets, plan_build_task
+from metrale_orch.tasks.dicts import plan_build_task
 from metrale_orch.tasks.doit_api import stored_state
 
 # ------------------------------------------------------------------------------ pure parts

@@ -20,6 +20,7 @@ from metrale_orch.errors import Interrupted, interrupt_exit_code, printable
 from metrale_orch.tasks.outcomes import BuildFailed
 from metrale_orch.tasks.report_lines import format_interrupted, format_summary
 from metrale_orch.tasks.run_end import exit_status
+from metrale_orch.tasks.values import BuildValues
 from tests.support.tasks import BAD_NAME
 
 
@@ -87,7 +88,7 @@ def test_exit_status_rules() -> None:
     assert exit_status([("build", TaskFailed("x")), ("other", UnmetDependency("b"))]) == 1
     assert exit_status([("error", TaskFailed("tree")), ("build", TaskFailed("x"))]) == 2
     assert exit_status([("build", TaskError("doit"))]) == 2
-    assert exit_status([("build", BuildFailed("x", {"exit_code": 2}))]) == 2
+    assert exit_status([("build", BuildFailed("x", BuildValues(exit_code=2)))]) == 2
 
 
 def test_the_summary_counts_ignored_targets_only_when_there_are_some() -> None:

@@ -57,3 +57,24 @@ def test_no_files_and_good_files_are_fine(tmp_path: Path, monkeypatch: pytest.Mo
     (tmp_path / "pyproject.toml").write_text("[tool.doit]\nverbosity = 2\n[tool.metrale-orch]\n")
     (tmp_path / "doit.cfg").write_text("[GLOBAL]\nverbosity = 2\n")
     read_doit_config()
+
+
+def test_the_process_gets_its_streams_back_after_doit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """doit's thread runner can leave a task's capture as ``sys.stdout`` (two targets
+    finishing at once restore each other's); a process that goes on must print again."""
+    import io
+    import sys
+
+    from metrale_orch.tasks import launch
+
+    def leaves_a_capture(self: object, args: list[str]) -> int:
+        sys.stdout, sys.stderr = io.StringIO(), io.StringIO()
+        return 0
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(launch._Main, "run", leaves_a_capture)
+    before = sys.stdout, sys.stderr
+    assert launch.run_doit(["build"]) == 0
+    assert (sys.stdout, sys.stderr) == before

@@ -15,7 +15,6 @@ import pytest
 from metrale_orch import fsutil
 from metrale_orch.fsutil import file_digest, file_hash
 from metrale_orch.tasks.checker import (
-    PROFILE_KEY,
     ContentChecker,
     TaskDataCodec,
     check_external,
@@ -121,7 +120,7 @@ def test_a_dict_result_is_kept_as_a_digest_that_changes_with_it(tmp_path: Path) 
     assert result_digest(result) == result_digest(dict(reversed(result.items())))
     assert result_digest({**result, "n": 2.5}) != result_digest(result)
     assert result_digest({**result, "outputs": [["a.ptx", 1, 3]]}) != result_digest(result)
-    assert result_digest({**result, PROFILE_KEY: [1]}) == result_digest(result)
+    assert result_digest({**result, "profile": [1]}) == result_digest(result)
 
 
 # ------------------------------------------------------------------------------ stat trust

@@ -16,6 +16,7 @@ import pytest
 import xxhash
 
 from metrale_orch.config import ConfigError, load_config
+from metrale_orch.graph.generate import resolve_build_specs
 from metrale_orch.steps.errors import BuildConfigError, ToolchainError
 from metrale_orch.steps.hip_mirror import (
     MIRROR_DIR,
@@ -28,7 +29,6 @@ from metrale_orch.steps.hip_mirror import (
     write_mirror,
 )
 from metrale_orch.steps.plan import plan_target
-from metrale_orch.tasks.specs import resolve_build_specs
 from metrale_orch.toolchain.argv import env_switches, hip_flags
 from metrale_orch.toolchain.definitions import builtin_toolchains, load_toolchains
 from metrale_orch.toolchain.locate import find_program, find_root

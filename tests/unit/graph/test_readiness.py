@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from metrale_orch.config import load_config
-from metrale_orch.tasks.check import check_tree, file_of
+from metrale_orch.graph.check import check_tree, file_of
 from metrale_orch.tasks.dicts import one_line, plan_error_task, plan_skip_task
 from tests.support.tasks import HOPPER_HW, NVIDIA, project
 

@@ -40,9 +40,10 @@ that file (sorted by it, then by message), each with the targets it breaks.
 :func:`report_lines` is the text both the ``check`` doit task and ``metrale-orch
 check`` show.
 
-Why here, in the doit integration: the check runs the build's and smoke's own
-validators, so it sits above ``build`` and ``smoke`` (not in ``tree``, which
-imports neither), beside the task that runs it; the CLI only prints its lines.
+Why here, in the build graph: the check runs the build's and smoke's own validators, so
+it sits above ``steps`` and ``smoke`` (not in ``tree``, which imports neither); it needs
+nothing of doit, and both the ``check`` task (:mod:`metrale_orch.tasks.actions`) and the
+CLI only print its lines.
 """
 
 from __future__ import annotations
