@@ -34,7 +34,7 @@ from metrale_orch.errors import MetraleError
 from metrale_orch.graph.scope import build_scope
 from metrale_orch.smoke import DeviceStatus, SmokeReport, probe_device, run_smoke
 from metrale_orch.tasks.creators import cached_tasks
-from metrale_orch.tasks.doit_api import current_run
+from metrale_orch.tasks.doit_api import current_run, plugins_looked_up_once
 from metrale_orch.tasks.launch import run_doit_again
 from metrale_orch.tasks.specs import GENERATION
 from metrale_orch.watch.changes import Changes, FileTable, watched_roots
@@ -184,7 +184,7 @@ def run_watch(
     ``root``. Raises ``ConfigError`` (a doit configuration file doit cannot read)."""
     loop = _Loop(root, config, options)
     bursts: queue.Queue[Burst] = queue.Queue()
-    with watching(root, loop.table.roots, bursts.put, options.timing):
+    with plugins_looked_up_once(), watching(root, loop.table.roots, bursts.put, options.timing):
         report = loop.cycle(Changes(), options.words, fresh=True)
         say(report)
         if options.once or report.stopped:
