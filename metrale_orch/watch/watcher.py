@@ -65,61 +65,71 @@ async def watch_tree(
 ) -> None:
     """Watch ``roots`` (root-relative files and directories) under ``root`` until ``stop``
     is set, handing each batch to ``put`` (called on the loop; see the module docstring)."""
-    root = Path(root)
+    watcher = _Watcher(root=Path(root), roots=roots, put=put, timing=timing)
     first = True
     while not stop.is_set():
         if not first:
             put(Burst(rescan=True))  # events may have been missed between two watches
         first = False
         try:
-            await _watch_round(root, roots, put, stop, timing)
+            await watcher.round(stop)
         except Exception:  # the watcher failed (an overflow, a directory gone): rescan
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.1)
 
 
-async def _watch_round(
-    root: Path,
-    roots: tuple[str, ...],
-    put: Callable[[Burst], None],
-    stop: asyncio.Event,
-    timing: WatchTiming,
-) -> None:
-    """One watch over the directories that exist now; returns when one appears or goes."""
-    ending = asyncio.Event()
-    dirs = [root / r for r in roots if (root / r).is_dir()]
-    top = {r.split("/", 1)[0] for r in roots}
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Watcher:
+    """What :func:`watch_tree` watches, and where its bursts go."""
 
-    def at_top(_change: watchfiles.Change, path: str) -> bool:
-        return Path(path).name in top
+    root: Path
+    roots: tuple[str, ...]
+    put: Callable[[Burst], None]
+    timing: WatchTiming
 
-    async def stream(paths: list[Path], recursive: bool, keep: Any) -> None:
+    async def round(self, stop: asyncio.Event) -> None:
+        """One watch over the directories that exist now, until ``stop`` or until one of
+        them appears or goes."""
+        ending = asyncio.Event()
+        dirs = [self.root / r for r in self.roots if (self.root / r).is_dir()]
+        top = frozenset(r.split("/", 1)[0] for r in self.roots)
+        tasks = [asyncio.ensure_future(self._stream([self.root], ending, top, dirs))]
+        if dirs:
+            tasks.append(asyncio.ensure_future(self._stream(dirs, ending, None, dirs)))
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait([*tasks, stopping], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ending.set()
+            stopping.cancel()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+
+    async def _stream(
+        self, paths: list[Path], ending: asyncio.Event, top: frozenset[str] | None, dirs: list[Path]
+    ) -> None:
+        """Hand over every batch of ``paths`` (recursively; ``top``: the root alone, only
+        the entries so named) until ``ending``, or a watched directory appears or goes."""
+
+        def at_top(_change: watchfiles.Change, path: str) -> bool:
+            return top is not None and Path(path).name in top
+
         async for changes in watchfiles.awatch(
             *paths,
-            watch_filter=keep,
-            debounce=timing.debounce_ms,
-            step=timing.step_ms,
+            watch_filter=None if top is None else at_top,
+            debounce=self.timing.debounce_ms,
+            step=self.timing.step_ms,
             stop_event=ending,
-            recursive=recursive,
+            recursive=top is None,
         ):
-            rels = _relative(root, changes)
-            put(Burst(paths=rels, rescan=len(rels) > MAX_PATHS))
-            if not recursive and any((root / r).is_dir() != (root / r in dirs) for r in rels):
+            rels = _relative(self.root, changes)
+            self.put(Burst(paths=rels, rescan=len(rels) > MAX_PATHS))
+            if top is not None and any(
+                (self.root / r).is_dir() != (self.root / r in dirs) for r in rels
+            ):
                 return  # a watched directory appeared or went: watch again
-
-    tasks = [asyncio.ensure_future(stream([root], False, at_top))]
-    if dirs:
-        tasks.append(asyncio.ensure_future(stream(dirs, True, None)))
-    stopping = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait([*tasks, stopping], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        ending.set()
-        stopping.cancel()
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-    for result in results:
-        if isinstance(result, Exception):
-            raise result
 
 
 class LoopThread:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,19 @@ def _started(root: Path, env: dict[str, str], tmp: Path) -> Watch:
     assert "build: " in first[0] and "hopper/qwen/w8 built" in first[0], first
     fake_compiles(tmp)
     return watch
+
+
+@pytest.fixture
+def watched(fake_project: tuple[Path, dict[str, str]], tmp_path: Path) -> Iterator[Watch]:
+    """``metrale-orch watch 'hopper/*'`` on the fake project, its first build done; at the
+    end it must stop on Ctrl-C with 130."""
+    root, env = fake_project
+    watch = _started(root, env, tmp_path)
+    try:
+        yield watch
+        assert watch.stop() == 130
+    finally:
+        watch.kill()
 
 
 def _atomic_save(path: Path, text: str) -> None:
@@ -99,43 +113,35 @@ def test_every_kind_of_change_ends_equal_to_a_clean_build(
 
 
 def test_a_branch_switch_rewriting_hundreds_of_files(
-    fake_project: tuple[Path, dict[str, str]], tmp_path: Path
+    fake_project: tuple[Path, dict[str, str]], tmp_path: Path, watched: Watch
 ) -> None:
     root, env = fake_project
-    watch = _started(root, env, tmp_path)
-    try:
-        common = root / "kernels/hopper/common"
-        for i in range(300):  # headers the sources do not include: files the tree holds
-            (common / f"gen{i:03}.cuh").write_text(f"#define GEN{i} {i}\n")
-        (root / MUL).write_text(_kernel("mul_k", "// switched\n"))
-        (root / "kernels/hopper/qwen/w4/scale.cu").write_text(_kernel("scale_k", "// sw\n"))
-        watch.cycle()
-        watch.quiet(1.5)
-        _same_as_clean(root, tmp_path, env)
-    finally:
-        assert watch.stop() == 130
+    common = root / "kernels/hopper/common"
+    for i in range(300):  # headers the sources do not include: files the tree holds
+        (common / f"gen{i:03}.cuh").write_text(f"#define GEN{i} {i}\n")
+    (root / MUL).write_text(_kernel("mul_k", "// switched\n"))
+    (root / "kernels/hopper/qwen/w4/scale.cu").write_text(_kernel("scale_k", "// sw\n"))
+    watched.cycle()
+    watched.quiet(1.5)
+    _same_as_clean(root, tmp_path, env)
 
 
 def test_a_compile_error_then_its_fix(
-    fake_project: tuple[Path, dict[str, str]], tmp_path: Path
+    fake_project: tuple[Path, dict[str, str]], tmp_path: Path, watched: Watch
 ) -> None:
     root, env = fake_project
-    watch = _started(root, env, tmp_path)
-    try:
-        mul = root / MUL
-        good = mul.read_text()
-        before = artefacts(root / "build")
-        mul.write_text(good + "#error broken\n")
-        lines = watch.cycle()
-        assert "hopper/qwen/w8 failed" in lines[0], lines
-        assert lines[1:] == ["    hopper/qwen/w8: mul.cu(1): error: forced failure"], lines
-        assert artefacts(root / "build") == before  # the last good build stays installed
-        mul.write_text(good + "// fixed\n")
-        assert "hopper/qwen/w8 built" in watch.cycle()[0]
-        _same_as_clean(root, tmp_path, env)
-        assert watch.proc.poll() is None  # watch went on
-    finally:
-        assert watch.stop() == 130
+    mul = root / MUL
+    good = mul.read_text()
+    before = artefacts(root / "build")
+    mul.write_text(good + "#error broken\n")
+    lines = watched.cycle()
+    assert "hopper/qwen/w8 failed" in lines[0], lines
+    assert lines[1:] == ["    hopper/qwen/w8: mul.cu(1): error: forced failure"], lines
+    assert artefacts(root / "build") == before  # the last good build stays installed
+    mul.write_text(good + "// fixed\n")
+    assert "hopper/qwen/w8 built" in watched.cycle()[0]
+    _same_as_clean(root, tmp_path, env)
+    assert watched.proc.poll() is None  # watch went on
 
 
 def test_doit_build_while_watch_waits(
