@@ -106,6 +106,7 @@ def read_report(text: str) -> tuple[TargetOutcome, ...]:
     for line in text.splitlines():
         if line.startswith(_FAILED):
             target, _, message = line[len(_FAILED) :].partition(": ")
+            message = message.removeprefix(f"{target}: ")  # a build error names it again
             current = errors.setdefault(target, [message.strip()])
             continue
         if line.startswith(_OTHER):

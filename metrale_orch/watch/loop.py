@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from metrale_orch.config import Config
-from metrale_orch.errors import MetraleError
+from metrale_orch.errors import MetraleError, UsageError
 from metrale_orch.graph.scope import build_scope
 from metrale_orch.smoke import DeviceStatus, SmokeReport, probe_device, run_smoke
 from metrale_orch.tasks.creators import cached_tasks
@@ -88,6 +88,8 @@ class _Loop:
         self.options = options
         self.table = FileTable(root, watched_roots(root, config.hip_compat_dir))
         self.deps: dict[str, frozenset[str]] = {}
+        #: How many targets the selection holds (any kind), as of the last whole cycle.
+        self.selected = 0
         self.number = 0
 
     def cycle(self, changes: Changes, words: Sequence[str], *, fresh: bool) -> CycleReport:
@@ -103,7 +105,7 @@ class _Loop:
         text = out.getvalue()
         whole = tuple(words) == self.options.words
         if whole:
-            self.deps = self._deps()
+            self._read_graph()
         targets = read_report(text)
         stopped = current_run().stop.signum
         return CycleReport(
@@ -117,7 +119,7 @@ class _Loop:
             stopped=_last_line(text, "interrupted") if stopped else "",
         )
 
-    def _deps(self) -> dict[str, frozenset[str]]:
+    def _read_graph(self) -> None:
         """Each target's file dependencies, from the task cache the cycle's run filled."""
         run = current_run()
         words = self.options.words
@@ -132,8 +134,10 @@ class _Loop:
                 run.config(),
             )
         except MetraleError:
-            return {}
-        return {s.target: frozenset(s.file_dep) for s in specs if s.kind == "build"}
+            self.deps, self.selected = {}, 0
+            return
+        self.deps = {s.target: frozenset(s.file_dep) for s in specs if s.kind == "build"}
+        self.selected = len(specs)
 
     def _smoke(self, targets: Sequence[TargetOutcome]) -> tuple[str, ...]:
         """The smoke checks of the targets built: a summary line per hardware, then each
@@ -181,11 +185,14 @@ def run_watch(
     until interrupted (or after the first cycle, ``options.once``); each cycle's report to
     ``say``. Returns the status to exit with: the first cycle's with ``once``, else that
     of the stopped run (130, 143). Runs doit in the working directory, which must be
-    ``root``. Raises ``ConfigError`` (a doit configuration file doit cannot read)."""
+    ``root``. Raises ``ConfigError`` (a doit configuration file doit cannot read) and
+    ``UsageError`` (the selection holds no target)."""
     loop = _Loop(root, config, options)
     bursts: queue.Queue[Burst] = queue.Queue()
     with plugins_looked_up_once(), watching(root, loop.table.roots, bursts.put, options.timing):
         report = loop.cycle(Changes(), options.words, fresh=True)
+        if not loop.selected and not report.targets and not report.stopped:
+            raise UsageError(f"no target of the tree matches {' '.join(options.words)}")
         say(report)
         if options.once or report.stopped:
             return report.status

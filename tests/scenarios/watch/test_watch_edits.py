@@ -181,3 +181,21 @@ def test_real_nvcc_edit_matches_a_clean_build(tmp_path: Path, target: str) -> No
         assert artefacts(root / "build") == artefacts(clean)
     finally:
         assert watch.stop() == 130
+
+
+def test_a_failed_smoke_check_is_reported_and_watch_goes_on(
+    fake_project: tuple[Path, dict[str, str]], watched: Watch
+) -> None:
+    root, _env = fake_project
+    (root / "kernels/hopper/qwen/w8/SMOKE.toml").write_text(
+        '[[case]]\nname = "absent"\nmodule = "mul"\nentry = "not_there_k"\n'
+        'grid = [1, 1, 1]\nblock = [32, 1, 1]\nreference = "none"\nargs = []\n'
+    )
+    watched.cycle()  # a graph change: the whole selection, nothing to rebuild
+    mul = root / MUL
+    for n in range(2):
+        mul.write_text(mul.read_text() + f"// {n}\n")
+        lines = watched.cycle()
+        assert "hopper/qwen/w8 built" in lines[0] and "smoke ok" not in lines[0], lines
+        assert any(ln.startswith("    FAIL hopper/qwen/w8 mul::") for ln in lines), lines
+    assert (root / "build/hopper/qwen/w8/mul.ptx").is_file()  # nothing installed undone
