@@ -9,13 +9,13 @@ compiler of the tests, made to take a known time (``FAKECC_DELAY``); a leaf sour
 saved with new bytes 12 times (the fake compiler compiles ``#error`` lines too: the
 sample tree guards some under ``#if``), and each save is timed from the write to the moment its
 artefact holds the new compile (the artefact file polled every millisecond). The compile
-alone is the very command of ``compile_commands.json``, run directly 5 times. The first
-line::
+alone is the very command of ``compile_commands.json``, run directly after each save's
+cycle; each save's added time is its latency less that compile. The first line::
 
     watch: p50 edit->artefact N ms for a C ms compile (+D ms), p90 +E ms; ...
 
-then the CPU watch spends on a save that changes no bytes (the process's own CPU time
-over the second after it, less that of an idle second), then the same for one module
+then the CPU watch spends per save that changes no bytes (its threads' CPU time over ten
+such saves, less that of as long a time idle), then the same for one module
 compiled by the real nvcc (the tests' small project, ``hopper/qwen/w8``), when nvcc is on
 ``PATH``. Say the machine's load (``uptime``) beside the numbers.
 """
@@ -23,7 +23,6 @@ compiled by the real nvcc (the tests' small project, ``hopper/qwen/w8``), when n
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -43,28 +42,31 @@ FAKE_DELAY_S = 0.1
 FAKE_LEAF = "kernels/hopper/qwen3-8b/bf16/qk_norm.cu"
 FAKE_SAVES = 12
 NVCC_LEAF = "kernels/hopper/qwen/w8/mul.cu"
-NVCC_SAVES = 5
+NVCC_SAVES = 8
 
 
 def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds process ``pid``'s threads have run so far (``schedstat``: nanoseconds;
+    ``stat`` counts clock ticks of 10 ms, coarser than what is measured)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    return total / 1e9
 
 
-def _compile_ms(tree: Path, leaf: str, reps: int, env: dict[str, str]) -> float:
-    """The median wall time of the leaf's compile command, run directly (ms)."""
+def _compile_ms(tree: Path, leaf: str, env: dict[str, str]) -> float:
+    """The wall time of the leaf's compile command, run directly once (ms)."""
     entries = json.loads((tree / "build/compile_commands.json").read_text())
     entry = next(e for e in entries if e["file"] == str(tree / leaf))
     argv = list(entry["arguments"])
     with tempfile.TemporaryDirectory() as scratch:
         argv[argv.index("-o") + 1] = str(Path(scratch) / Path(entry["output"]).name)
-        times = []
-        for _ in range(reps):
-            start = time.perf_counter()
-            subprocess.run(argv, cwd=entry["directory"], env=env, check=True, capture_output=True)
-            times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
+        start = time.perf_counter()
+        subprocess.run(argv, cwd=entry["directory"], env=env, check=True, capture_output=True)
+        return (time.perf_counter() - start) * 1000
 
 
 def _artefact(tree: Path, leaf: str) -> Path:
@@ -99,38 +101,50 @@ def _save_to_artefact_ms(watch: Watch, tree: Path, leaf: str, n: int) -> float:
     return took
 
 
-def _saves(watch: Watch, tree: Path, leaf: str, n: int) -> list[float]:
+def _saves(
+    watch: Watch, tree: Path, leaf: str, n: int, env: dict[str, str]
+) -> list[tuple[float, float]]:
+    """(edit->artefact, the compile alone) of ``n`` saves, each compile run right after
+    its save's cycle (under a changing load, the two are measured close together)."""
     found = []
     for i in range(n):
-        found.append(_save_to_artefact_ms(watch, tree, leaf, i))
-        time.sleep(0.3)
+        latency = _save_to_artefact_ms(watch, tree, leaf, i)
+        found.append((latency, _compile_ms(tree, leaf, env)))
+        time.sleep(0.2)
     return found
 
 
-def _same_bytes_cpu_ms(watch: Watch, tree: Path, leaf: str) -> float:
-    """watch's CPU for one save that changes no bytes, less an idle second's (ms)."""
+def _same_bytes_cpu_ms(watch: Watch, tree: Path, leaf: str, saves: int = 10) -> float:
+    """watch's CPU per save that changes no bytes, less an idle while's (ms): ``saves``
+    such saves 0.2 s apart, against as long without any."""
     pid = watch.proc.pid
     time.sleep(0.5)
-    idle0 = _cpu_s(pid)
-    time.sleep(1.0)
-    idle = _cpu_s(pid) - idle0
-    source = tree / leaf
     start = _cpu_s(pid)
-    source.write_bytes(source.read_bytes())
-    time.sleep(1.0)
+    time.sleep(0.2 * saves)
+    idle = _cpu_s(pid) - start
+    source = tree / leaf
+    data = source.read_bytes()
+    start = _cpu_s(pid)
+    for _ in range(saves):
+        source.write_bytes(data)
+        time.sleep(0.2)
     used = _cpu_s(pid) - start
     if watch.quiet(0.1):
         raise SystemExit(f"a same-bytes save made a cycle: {watch.seen[-3:]}")
-    return max(0.0, used - idle) * 1000
+    return max(0.0, used - idle) * 1000 / saves
 
 
-def _line(name: str, saves: list[float], compile_ms: float) -> str:
-    p50 = statistics.median(saves)
-    p90 = statistics.quantiles(saves, n=10)[-1] if len(saves) >= 5 else max(saves)
+def _line(name: str, pairs: list[tuple[float, float]]) -> str:
+    """The benchmark's line: the median save's latency and compile; the added time's
+    median and 90th percentile over the saves (each save less its own compile)."""
+    latency = statistics.median(p[0] for p in pairs)
+    compile_ms = statistics.median(p[1] for p in pairs)
+    added = [p[0] - p[1] for p in pairs]
+    p90 = statistics.quantiles(added, n=10)[-1]
     return (
-        f"{name}: p50 edit->artefact {p50:.0f} ms for a {compile_ms:.0f} ms compile "
-        f"(+{p50 - compile_ms:.0f} ms), p90 +{p90 - compile_ms:.0f} ms; "
-        f"{len(saves)} saves, min {min(saves):.0f} ms, max {max(saves):.0f} ms"
+        f"{name}: p50 edit->artefact {latency:.0f} ms for a {compile_ms:.0f} ms compile "
+        f"(+{statistics.median(added):.0f} ms), p90 +{p90:.0f} ms; {len(pairs)} saves, "
+        f"added min {min(added):.0f} ms, max {max(added):.0f} ms"
     )
 
 
@@ -155,32 +169,29 @@ def _fake_tree(out: Path) -> tuple[Path, dict[str, str]]:
 
 def _measure(
     tree: Path, env: dict[str, str], pattern: str, leaf: str, saves: int
-) -> tuple[list[float], float, float]:
+) -> tuple[list[tuple[float, float]], float]:
     watch = start_watch(tree, [pattern], env)
     try:
         watch.cycle(timeout=600)
-        compile_ms = _compile_ms(tree, leaf, 5 if saves > NVCC_SAVES else 3, env)
-        found = _saves(watch, tree, leaf, saves)
+        found = _saves(watch, tree, leaf, saves, env)
         cpu = _same_bytes_cpu_ms(watch, tree, leaf)
     finally:
         watch.stop()
-    return found, compile_ms, cpu
+    return found, cpu
 
 
 def main() -> None:
     out = Path(tempfile.mkdtemp(prefix="bench-watch-"))
     try:
         tree, env = _fake_tree(out)
-        found, compile_ms, cpu = _measure(tree, env, "hopper/*", FAKE_LEAF, FAKE_SAVES)
-        print(_line("watch", found, compile_ms) + f"; a save of the same bytes: {cpu:.1f} ms CPU")
+        found, cpu = _measure(tree, env, "hopper/*", FAKE_LEAF, FAKE_SAVES)
+        print(_line("watch", found) + f"; a save of the same bytes: {cpu:.1f} ms CPU")
         if shutil.which("nvcc") is None:
             print("watch (nvcc): skipped, nvcc is not on PATH")
             return
         real = make_project(out / "real")
-        found, compile_ms, cpu = _measure(
-            real, project_env(out), "hopper/qwen/w8", NVCC_LEAF, NVCC_SAVES
-        )
-        print(_line("watch (nvcc, one module)", found, compile_ms))
+        found, _cpu = _measure(real, project_env(out), "hopper/qwen/w8", NVCC_LEAF, NVCC_SAVES)
+        print(_line("watch (nvcc, one module)", found))
     finally:
         shutil.rmtree(out, ignore_errors=True)
 
