@@ -41,7 +41,7 @@ from metrale_orch.watch.changes import Changes, FileTable, watched_roots
 from metrale_orch.watch.cycle import TargetOutcome, cycle_words, needs_fresh_run, read_report
 from metrale_orch.watch.watcher import Burst, WatchTiming, watching
 
-__all__ = ["IDLE_RESCAN_S", "CycleReport", "WatchOptions", "run_watch"]
+__all__ = ["IDLE_RESCAN_S", "CycleReport", "WatchOptions", "next_changes", "run_watch"]
 
 #: Seconds without events after which the watched set is rescanned by content anyway.
 IDLE_RESCAN_S = 5.0
@@ -198,7 +198,7 @@ def run_watch(
             return report.status
         pending = loop.table.rescan()  # what changed while the first build ran
         while True:
-            changes = pending or _next_changes(loop.table, bursts)
+            changes = pending or next_changes(loop.table, bursts, IDLE_RESCAN_S)
             pending = Changes()
             words = cycle_words(changes, loop.deps, options.words)
             if not words:
@@ -209,11 +209,12 @@ def run_watch(
                 return report.status
 
 
-def _next_changes(table: FileTable, bursts: queue.Queue[Burst]) -> Changes:
-    """Wait for the next burst that changes some bytes, confirmed by content (I/O)."""
+def next_changes(table: FileTable, bursts: queue.Queue[Burst], idle_s: float) -> Changes:
+    """Wait for the next burst that changes some bytes, confirmed by content; after
+    ``idle_s`` seconds without one, rescan everything anyway (I/O)."""
     while True:
         try:
-            burst = bursts.get(timeout=IDLE_RESCAN_S)
+            burst = bursts.get(timeout=idle_s)
         except queue.Empty:
             burst = Burst(rescan=True)
         paths, rescan = set(burst.paths), burst.rescan
