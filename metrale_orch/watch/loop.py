@@ -20,9 +20,11 @@ After a cycle the static smoke checks of each target it built run (numbers too w
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 import queue
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -97,10 +99,19 @@ class _Loop:
         self.number += 1
         out = io.StringIO()
         start = time.perf_counter()
+        streams = sys.stdout, sys.stderr
         try:
             status = run_doit_again(list(words), out, fresh=fresh)
         except SystemExit as exc:  # the reporter ends an interrupted run so
             status = int(exc.code or 0)
+        finally:
+            # doit's actions capture their output by replacing sys.stdout and sys.stderr,
+            # and its target threads can put back another thread's capture: a process that
+            # runs doit again must start each run with its own streams.
+            sys.stdout, sys.stderr = streams
+            # The task loader freezes what it loaded for doit's one run (gc.freeze); in a
+            # process that runs doit again and again, what each run left would stay.
+            gc.unfreeze()
         seconds = time.perf_counter() - start
         text = out.getvalue()
         whole = tuple(words) == self.options.words

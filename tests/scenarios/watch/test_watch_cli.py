@@ -50,3 +50,13 @@ def test_a_remote_executor_is_left_out_unless_asked_for(
     run = orch(root, ["watch", "--once", "hopper/qwen/w8"], remote)
     assert run.returncode == 0, run.text
     assert fake_compiles(tmp_path) == ["sm_90a add.cu", "sm_90a mul.cu"]
+
+
+def test_settings_reach_the_build_as_for_every_command(
+    fake_project: tuple[Path, dict[str, str]],
+) -> None:
+    root, env = fake_project
+    run = orch(root, ["--set", "build_dir=out", "watch", "--once", "hopper/qwen/w8"], env)
+    assert run.returncode == 0, run.text
+    assert (root / "out/hopper/qwen/w8/mul.ptx").is_file()
+    assert not (root / "build/hopper").exists()

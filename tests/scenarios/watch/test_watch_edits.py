@@ -199,3 +199,21 @@ def test_a_failed_smoke_check_is_reported_and_watch_goes_on(
         assert "hopper/qwen/w8 built" in lines[0] and "smoke ok" not in lines[0], lines
         assert any(ln.startswith("    FAIL hopper/qwen/w8 mul::") for ln in lines), lines
     assert (root / "build/hopper/qwen/w8/mul.ptx").is_file()  # nothing installed undone
+
+
+def test_a_cycle_waits_for_a_build_holding_the_lock_and_says_so(
+    fake_project: tuple[Path, dict[str, str]], tmp_path: Path, watched: Watch
+) -> None:
+    from metrale_orch.tasks.runlock import BuildLock
+
+    root, env = fake_project
+    lock = BuildLock(root / "build")
+    lock.acquire(lambda _line: None)
+    try:
+        (root / MUL).write_text(_kernel("mul_k", "// while locked\n"))
+        said = watched.quiet(2.0)
+        assert any("waiting for the build lock" in line for line in said), said
+    finally:
+        lock.release()
+    assert "hopper/qwen/w8 built" in watched.cycle()[0]
+    _same_as_clean(root, tmp_path, env)
