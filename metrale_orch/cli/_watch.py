@@ -54,6 +54,8 @@ def _what(changes: Changes) -> str:
 def _targets(report: CycleReport) -> str:
     """What the cycle's targets did."""
     if not report.targets:
+        if report.stopped:
+            return "stopped"
         return "up to date" if report.status == 0 else f"failed (status {report.status})"
     if len(report.targets) <= _NAMED:
         return ", ".join(

@@ -47,6 +47,7 @@ def test_a_signal_during_a_compile_stops_it_cleanly(
     watch = start_watch(root, ["hopper/*"], {**env, "FAKECC_TIMES": str(times)})
     try:
         assert "hopper/qwen/w8 built" in watch.cycle()[0]
+        times.unlink()  # the first build's compiles are over
         before = artefacts(root / "build")
         mul = root / MUL
         mul.write_text(mul.read_text() + "// SLOW\n")
@@ -55,6 +56,10 @@ def test_a_signal_during_a_compile_stops_it_cleanly(
     finally:
         watch.kill()
     assert watch.proc.returncode == status, watch.seen
+    said = watch.quiet(0.1)
+    cycles = [line for line in said if line.startswith("[")]
+    assert len(cycles) == 1 and "mul.cu changed: stopped; " in cycles[0], said
+    assert said[-1] == "interrupted; 0 targets finished and kept", said
     assert not _alive(pid), "the compiler outlived watch"
     assert artefacts(root / "build") == before  # no partial artefact, nothing undone
     target_dir = root / "build/hopper/qwen/w8"
