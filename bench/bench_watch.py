@@ -9,8 +9,9 @@ compiler of the tests, made to take a known time (``FAKECC_DELAY``); a leaf sour
 saved with new bytes 12 times (the fake compiler compiles ``#error`` lines too: the
 sample tree guards some under ``#if``), and each save is timed from the write to the moment its
 artefact holds the new compile (the artefact file polled every millisecond). The compile
-alone is the very command of ``compile_commands.json``, run directly after each save's
-cycle; each save's added time is its latency less that compile. The first line::
+alone is the build's own command (``compile_commands.json``'s, with the dependency-list
+flags the build adds for nvcc), run directly after each save's cycle; each save's added
+time is its latency less that compile. The first line::
 
     watch: p50 edit->artefact N ms for a C ms compile (+D ms), p90 +E ms; ...
 
@@ -64,6 +65,8 @@ def _compile_ms(tree: Path, leaf: str, env: dict[str, str]) -> float:
     argv = list(entry["arguments"])
     with tempfile.TemporaryDirectory() as scratch:
         argv[argv.index("-o") + 1] = str(Path(scratch) / Path(entry["output"]).name)
+        if Path(argv[0]).name == "nvcc":  # the compiler's dependency list, as the build asks
+            argv.append(f"-Xcompiler=-MD,-MF,{scratch}/deps.d")
         start = time.perf_counter()
         subprocess.run(argv, cwd=entry["directory"], env=env, check=True, capture_output=True)
         return (time.perf_counter() - start) * 1000
