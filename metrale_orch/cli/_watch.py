@@ -17,7 +17,6 @@ loop wants latency, not a queue. Settings (``--root``, ``--set``, the environmen
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -99,13 +98,12 @@ def _run(args: argparse.Namespace, ctx: Context) -> int:
         for line in format_cycle(report, time.strftime("%H:%M:%S"), numeric=args.smoke):
             ctx.out.write(line + "\n")
         ctx.out.flush()
+        if report.number == 1 and not args.once and not report.stopped:
+            ctx.err.write("watching kernels/, toolchains/, pyproject.toml (Ctrl-C to stop)\n")
+            ctx.err.flush()
 
-    if not args.once:
-        ctx.err.write("watching kernels/, toolchains/, pyproject.toml (Ctrl-C to stop)\n")
     with applied(ctx.root, variables):
-        status = run_watch(ctx.root, ctx.config(), options, say)
-    sys.stdout.flush()
-    return status
+        return run_watch(ctx.root, ctx.config(), options, say)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
