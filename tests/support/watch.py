@@ -10,6 +10,7 @@ without the per-run ``outcome``) for a byte-for-byte comparison.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import queue
@@ -96,6 +97,18 @@ class Watch:
         self.seen.extend(got)
         return got
 
+    def settle(self, build_dir: Path, quiet_s: float = 0.7, timeout: float = 120) -> list[str]:
+        """Wait until watch is idle: nothing printed for ``quiet_s`` seconds and no cycle
+        holding the build lock; the lines printed meanwhile."""
+        got: list[str] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            lines = self.quiet(quiet_s)
+            got.extend(lines)
+            if not lines and _lock_free(build_dir):
+                return got
+        raise AssertionError(f"watch never settled; printed so far: {self.seen}")
+
     def _next(self, timeout: float) -> str:
         try:
             line = self.lines.get(timeout=max(0.01, timeout))
@@ -117,6 +130,21 @@ class Watch:
             self.proc.kill()
             self.proc.wait(10)
         self._reader.join(5)
+
+
+def _lock_free(build_dir: Path) -> bool:
+    """Whether no build holds ``build_dir``'s build lock (taken and let go at once)."""
+    try:
+        fd = os.open(build_dir / ".lock", os.O_RDWR)
+    except FileNotFoundError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # closing lets the lock go
+    return True
 
 
 def start_watch(root: Path, args: Sequence[str], env: Mapping[str, str]) -> Watch:

@@ -72,7 +72,7 @@ def test_every_kind_of_change_ends_equal_to_a_clean_build(
         _same_as_clean(root, tmp_path, env)
         # The same bytes again: no cycle, no compile.
         mul.write_text(mul.read_text())
-        assert watch.quiet(1.0) == []
+        assert watch.settle(root / "build") == []
         assert fake_compiles(tmp_path) == []
         # An editor's atomic save (a temporary file renamed over the source).
         _atomic_save(mul, mul.read_text() + "// atomic\n")
@@ -84,7 +84,7 @@ def test_every_kind_of_change_ends_equal_to_a_clean_build(
         scale = root / "kernels/hopper/qwen/w4/scale.cu"
         scale.write_text(scale.read_text() + "// burst\n")
         assert "changed" in watch.cycle()[0]
-        watch.quiet(1.0)
+        watch.settle(root / "build")
         _same_as_clean(root, tmp_path, env)
         # An added file, then its removal.
         added = root / "kernels/hopper/qwen/w8/div.cu"
@@ -100,7 +100,7 @@ def test_every_kind_of_change_ends_equal_to_a_clean_build(
         (root / "kernels/hopper/llama/w4/gate.cu").write_text(_kernel("gate_k"))
         (root / "kernels/hopper/llama/MODEL.toml").write_text("[model]\n")
         lines = watch.cycle()
-        watch.quiet(1.0)
+        watch.settle(root / "build")
         assert (root / "build/hopper/llama/w4/gate.ptx").is_file(), lines + watch.seen
         _same_as_clean(root, tmp_path, env)
     finally:
@@ -122,7 +122,7 @@ def test_a_branch_switch_rewriting_hundreds_of_files(
     (root / MUL).write_text(_kernel("mul_k", "// switched\n"))
     (root / "kernels/hopper/qwen/w4/scale.cu").write_text(_kernel("scale_k", "// sw\n"))
     watched.cycle()
-    watched.quiet(1.5)
+    watched.settle(root / "build")
     _same_as_clean(root, tmp_path, env)
 
 
@@ -155,7 +155,7 @@ def test_doit_build_while_watch_waits(
         run = doit(root, ["build"], env, timeout=60)
         assert run.returncode == 0, run.text
         assert "waiting for the build lock" not in run.text or watch.seen
-        watch.quiet(1.0)
+        watch.settle(root / "build")
         _same_as_clean(root, tmp_path, env)
         # And watch goes on.
         (root / MUL).write_text(_kernel("mul_k", "// after\n"))
