@@ -53,3 +53,9 @@ def test_a_rescan_finds_what_no_event_named(tmp_path: Path) -> None:
         changed=("kernels/hw/HARDWARE.toml",), added=("toolchains/nvcc.toml",)
     )
     assert not table.rescan()
+
+
+def test_the_watched_set_is_what_a_build_reads(tmp_path: Path) -> None:
+    assert watched_roots(tmp_path) == ("kernels", "pyproject.toml", "toolchains")
+    assert "hip/compat" in watched_roots(tmp_path, tmp_path / "hip/compat")
+    assert watched_roots(tmp_path, tmp_path.parent / "elsewhere") == watched_roots(tmp_path)
