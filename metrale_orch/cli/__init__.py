@@ -5,7 +5,7 @@ sub-command, turn any package error into one clear line and an exit code.
 Each group of sub-commands lives in a private module (``_layout``,
 ``_defaults``, ``_build``, ``_compdb``, ``_profile``, ``_cache``, ``_matrix``,
 ``_resources``, ``_coverage``, ``_sass``, ``_size``, ``_remote``, ``_whymiss``,
-``_doit``) exposing
+``_doit``, ``_watch``) exposing
 ``register(subparsers)``; a sub-command is a function
 ``(args, ctx) -> int``. This package and the doit reporter are the only
 places that print.
@@ -48,6 +48,7 @@ from metrale_orch.cli import (
     _resources,
     _sass,
     _size,
+    _watch,
     _whymiss,
 )
 from metrale_orch.config import Config, find_root, load_config
@@ -119,6 +120,7 @@ def _parser() -> argparse.ArgumentParser:
         _remote,
         _whymiss,
         _doit,
+        _watch,
     ):
         module.register(sub)
     return parser

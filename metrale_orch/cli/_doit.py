@@ -24,11 +24,11 @@ from metrale_orch.config import setting_variables
 if TYPE_CHECKING:
     from metrale_orch.cli import Context
 
-__all__ = ["register"]
+__all__ = ["applied", "register"]
 
 
 @contextlib.contextmanager
-def _applied(workdir: Path | None, variables: Mapping[str, str]) -> Iterator[None]:
+def applied(workdir: Path | None, variables: Mapping[str, str]) -> Iterator[None]:
     """Run the block in ``workdir`` (None: here) with ``variables`` set, then put both back
     (tests call the CLI in their own process)."""
     old_cwd = os.getcwd()
@@ -52,7 +52,7 @@ def _run(args: argparse.Namespace, ctx: Context) -> int:
 
     variables = setting_variables(ctx.overrides)  # ConfigError for a key no run can take
     rooted = args.root is not None or bool(ctx.environ.get("METRALE_ORCH_ROOT"))
-    with _applied(ctx.root if rooted else None, variables):
+    with applied(ctx.root if rooted else None, variables):
         return run_doit(args.doit_args)
 
 

@@ -22,14 +22,15 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
 from doit.doit_cmd import DoitMain
 
 from metrale_orch.config import ConfigError, read_pyproject
-from metrale_orch.tasks.doit_api import read_config_file
+from metrale_orch.tasks.doit_api import current_run, new_run, read_config_file
 from metrale_orch.tasks.loader import Loader
 
-__all__ = ["DOIT_FILES", "read_doit_config", "run_doit"]
+__all__ = ["DOIT_FILES", "read_doit_config", "run_doit", "run_doit_again"]
 
 #: The configuration files doit reads from its working directory, in its order.
 DOIT_FILES = ("pyproject.toml", "doit.cfg")
@@ -62,18 +63,33 @@ def read_doit_config() -> None:
             raise ConfigError(name, key, f"doit cannot read it ({what})") from None
 
 
-def run_doit(args: Sequence[str]) -> int:
+def run_doit(args: Sequence[str], outfile: TextIO | None = None) -> int:
     """``doit ARGS`` in the working directory, after :func:`read_doit_config`; returns
-    doit's exit status. Raises ``ConfigError``.
+    doit's exit status. ``outfile``: where the reporter writes (None: standard output, as
+    doit's own default). Raises ``ConfigError``.
 
     The process's ``sys.stdout`` and ``sys.stderr`` are its own again afterwards: doit's
     thread runner swaps them for a capture around each python-action, unlocked, so two
     targets finishing at once can leave one's capture in place, and what a process that
     goes on prints (doit run again, a watch loop's line) would vanish into it."""
     read_doit_config()
+    extra = None if outfile is None else {"run": {"outfile": outfile}}
     streams = sys.stdout, sys.stderr
     try:
-        status = _Main(task_loader=Loader()).run(list(args))
+        status = _Main(task_loader=Loader(), extra_config=extra).run(list(args))
     finally:
         sys.stdout, sys.stderr = streams
     return 0 if status is None else int(status)  # some commands (forget) return None
+
+
+def run_doit_again(args: Sequence[str], outfile: TextIO, *, fresh: bool) -> int:
+    """:func:`run_doit` once more in this process (the edit loop, ``metrale-orch watch``),
+    on the run the last one left: its configuration, toolchain probes, build sessions and
+    opened cache serve this one too (doit loads the tasks anew, through the task cache).
+    ``fresh``: begin a new run instead (what those were made from changed: the
+    configuration, a toolchain definition). Raises ``ConfigError``."""
+    if fresh:
+        new_run(Path.cwd(), os.environ)
+    else:
+        current_run().loading = False  # the next load takes this run, not a new one
+    return run_doit(args, outfile)

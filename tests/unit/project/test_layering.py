@@ -83,10 +83,14 @@ ALLOWED: dict[str, frozenset[str]] = {
         }
     ),
     "dodo": frozenset({"tasks", "graph"}),
+    # The edit loop (metrale-orch watch): doit's run in this process, cycle after cycle,
+    # on the graph, with the smoke checks of what each cycle built.
+    "watch": frozenset({"tasks", "graph", "smoke", "config"}),
     # Views of the build without a doit task (status, why, rdeps, compdb).
     "views": frozenset({"tasks", "graph", "steps", "toolchain", "config", "tree"}),
     "cli": frozenset(
         {
+            "watch",
             "views",
             "tasks",
             "graph",
@@ -110,7 +114,7 @@ ALLOWED: dict[str, frozenset[str]] = {
 }
 
 #: Areas that run without doit (STYLE: a build step is callable without doit).
-WITHOUT_DOIT = frozenset(ALLOWED) - {"tasks", "views", "dodo", "cli", "__main__"}
+WITHOUT_DOIT = frozenset(ALLOWED) - {"tasks", "views", "watch", "dodo", "cli", "__main__"}
 
 
 def _area(module: str) -> str:
