@@ -33,12 +33,12 @@ from pathlib import Path
 
 from metrale_orch.config import Config
 from metrale_orch.errors import MetraleError, UsageError
+from metrale_orch.graph.generate import GENERATION
 from metrale_orch.graph.scope import build_scope
 from metrale_orch.smoke import DeviceStatus, SmokeReport, probe_device, run_smoke
 from metrale_orch.tasks.creators import cached_tasks
 from metrale_orch.tasks.doit_api import current_run, plugins_looked_up_once
 from metrale_orch.tasks.launch import run_doit_again
-from metrale_orch.tasks.specs import GENERATION
 from metrale_orch.watch.changes import Changes, FileTable, watched_roots
 from metrale_orch.watch.cycle import TargetOutcome, cycle_words, needs_fresh_run, read_report
 from metrale_orch.watch.watcher import Burst, WatchTiming, watching
