@@ -111,6 +111,7 @@ class BuildSession:
         container_image: str = "",
         probes: ProbeMemo | None = None,
         run: str = "",
+        loop: ActionLoop | None = None,
     ) -> None:
         self.executor = executor
         #: The build run this session serves (a new one when not given): the cache entries
@@ -158,7 +159,8 @@ class BuildSession:
         # of one event loop, which waits for every slot, compiler and remote call in
         # flight; the cache lookups and stores on its small pool (issue 45: a thread per
         # pipeline cost 12-28 ms of CPU per action, rising with the actions in flight).
-        self._loop = ActionLoop(LOOP_WORKERS)
+        self._owns_loop = loop is None
+        self._loop = ActionLoop(LOOP_WORKERS) if loop is None else loop
 
     @classmethod
     def local(
@@ -172,6 +174,7 @@ class BuildSession:
         memory: int = 0,
         probes: ProbeMemo | None = None,
         run: str = "",
+        loop: ActionLoop | None = None,
     ) -> BuildSession:
         """A session running compiles on this machine, ``jobs`` at once across every process
         of the build (slot files under ``build_dir``), within ``memory`` bytes."""
@@ -182,6 +185,7 @@ class BuildSession:
             peaks=peaks,
             probes=probes,
             run=run,
+            loop=loop,
         )
 
     @contextlib.contextmanager
@@ -227,4 +231,6 @@ class BuildSession:
         self.executor.stop()
 
     def close(self) -> None:
-        self._loop.close()
+        """Close the session's loop, unless it was lent (a run's, a watch's)."""
+        if self._owns_loop:
+            self._loop.close()

@@ -167,6 +167,7 @@ def _local_session(run: Run, config: Config, build_dir: Path, times: CompileTime
         memory=config.memory,
         probes=run.probes,
         run=os.environ.get(RUN_ENV, ""),
+        loop=run.loop,
     )
 
 
@@ -189,6 +190,7 @@ def _remote_session(
         container_image=config.remote_container_image,
         probes=run.probes,
         run=os.environ.get(RUN_ENV, ""),
+        loop=run.loop,
     )
 
 

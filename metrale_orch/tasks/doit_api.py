@@ -45,6 +45,7 @@ from contextlib import contextmanager
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import doit
 from doit import Globals
@@ -57,6 +58,9 @@ from doit.task import Task, dict_to_task
 
 from metrale_orch.graph.selection import Selection
 from metrale_orch.tasks.run import Run
+
+if TYPE_CHECKING:
+    from metrale_orch.executor.loop import ActionLoop
 
 __all__ = [
     "CHECKER_RECORD",
@@ -202,12 +206,21 @@ def current_run() -> Run:
     return _CURRENT[0]
 
 
-def new_run(root: Path | None = None, environ: Mapping[str, str] | None = None) -> Run:
+def new_run(
+    root: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    loop: ActionLoop | None = None,
+) -> Run:
     """Begin a new run in this process, the last one's sessions closed (a warm process
-    running doit again, tests)."""
+    running doit again, tests); ``loop``: the event loop its sessions are lent (a watch's,
+    kept across its runs)."""
     if _CURRENT:
         _CURRENT.pop().close()
-    run = Run(Path.cwd() if root is None else root, os.environ if environ is None else environ)
+    run = Run(
+        Path.cwd() if root is None else root,
+        os.environ if environ is None else environ,
+        loop=loop,
+    )
     _CURRENT.append(run)
     return run
 

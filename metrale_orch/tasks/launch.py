@@ -22,13 +22,16 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from doit.doit_cmd import DoitMain
 
 from metrale_orch.config import ConfigError, read_pyproject
 from metrale_orch.tasks.doit_api import current_run, new_run, read_config_file
 from metrale_orch.tasks.loader import Loader
+
+if TYPE_CHECKING:
+    from metrale_orch.executor.loop import ActionLoop
 
 __all__ = ["DOIT_FILES", "read_doit_config", "run_doit", "run_doit_again"]
 
@@ -82,14 +85,17 @@ def run_doit(args: Sequence[str], outfile: TextIO | None = None) -> int:
     return 0 if status is None else int(status)  # some commands (forget) return None
 
 
-def run_doit_again(args: Sequence[str], outfile: TextIO, *, fresh: bool) -> int:
+def run_doit_again(
+    args: Sequence[str], outfile: TextIO, *, fresh: bool, loop: ActionLoop | None = None
+) -> int:
     """:func:`run_doit` once more in this process (the edit loop, ``metrale-orch watch``),
     on the run the last one left: its configuration, toolchain probes, build sessions and
     opened cache serve this one too (doit loads the tasks anew, through the task cache).
     ``fresh``: begin a new run instead (what those were made from changed: the
-    configuration, a toolchain definition). Raises ``ConfigError``."""
+    configuration, a toolchain definition); ``loop``: the event loop its sessions are lent
+    (the watch's own, which its watcher runs on too). Raises ``ConfigError``."""
     if fresh:
-        new_run(Path.cwd(), os.environ)
+        new_run(Path.cwd(), os.environ, loop)
     else:
         current_run().loading = False  # the next load takes this run, not a new one
     return run_doit(args, outfile)

@@ -50,6 +50,7 @@ from metrale_orch.toolchain.probe import ProbeMemo
 
 if TYPE_CHECKING:
     from metrale_orch.cache import Cache
+    from metrale_orch.executor.loop import ActionLoop
     from metrale_orch.steps.session import BuildSession
     from metrale_orch.tasks.run_files import RunTotals
 
@@ -82,7 +83,11 @@ class Run:
     """One doit run of this process (see the module docstring)."""
 
     def __init__(
-        self, root: Path, environ: Mapping[str, str], selection: Selection | None = None
+        self,
+        root: Path,
+        environ: Mapping[str, str],
+        selection: Selection | None = None,
+        loop: ActionLoop | None = None,
     ) -> None:
         self.root = Path(root)
         self.environ = environ
@@ -102,6 +107,10 @@ class Run:
         self._active = 0
         self._active_changed = threading.Condition()
         self._build_lock: BuildLock | None = None
+        #: The event loop the run's sessions share: lent (a watch keeps one across its
+        #: runs), or made with the first session and closed with the run.
+        self._loop, self._owns_loop = loop, loop is None
+        self._loop_lock = threading.Lock()
 
     # -- configuration --
 
@@ -148,14 +157,30 @@ class Run:
                 self._cache = (key, make())
             return self._cache[1]
 
+    @property
+    def loop(self) -> ActionLoop:
+        """The event loop the run's build sessions run their module pipelines on."""
+        with self._loop_lock:
+            if self._loop is None:
+                from metrale_orch.executor.loop import ActionLoop  # a build's, not a no-op's
+                from metrale_orch.steps.session import LOOP_WORKERS
+
+                self._loop = ActionLoop(LOOP_WORKERS)
+            return self._loop
+
     def close(self) -> None:
-        """Close the build sessions and the build log, and discard the early runs no probe
-        took (a process that starts a new run: doit run again, tests)."""
+        """Close the build sessions, the loop the run made and the build log, and discard
+        the early runs no probe took (a process that starts a new run: doit run again,
+        tests)."""
         with self._lock:
             sessions = list(self._sessions.values())
             self._sessions.clear()
         for session in sessions:
             session.close()
+        with self._loop_lock:
+            loop, self._loop = (self._loop, None) if self._owns_loop else (None, self._loop)
+        if loop is not None:
+            loop.close()
         self.probes.early.discard()
         self.log.close()
 

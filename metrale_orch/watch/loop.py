@@ -33,9 +33,11 @@ from pathlib import Path
 
 from metrale_orch.config import Config
 from metrale_orch.errors import MetraleError, UsageError
+from metrale_orch.executor.loop import ActionLoop
 from metrale_orch.graph.generate import GENERATION
 from metrale_orch.graph.scope import build_scope
 from metrale_orch.smoke import DeviceStatus, SmokeReport, probe_device, run_smoke
+from metrale_orch.steps.session import LOOP_WORKERS
 from metrale_orch.tasks.creators import cached_tasks
 from metrale_orch.tasks.doit_api import current_run, plugins_looked_up_once
 from metrale_orch.tasks.launch import run_doit_again
@@ -94,14 +96,16 @@ class _Loop:
         self.selected = 0
         self.number = 0
 
-    def cycle(self, changes: Changes, words: Sequence[str], *, fresh: bool) -> CycleReport:
+    def cycle(
+        self, changes: Changes, words: Sequence[str], *, fresh: bool, loop: ActionLoop
+    ) -> CycleReport:
         """One doit run of ``words`` in this process (I/O)."""
         self.number += 1
         out = io.StringIO()
         start = time.perf_counter()
         streams = sys.stdout, sys.stderr
         try:
-            status = run_doit_again(list(words), out, fresh=fresh)
+            status = run_doit_again(list(words), out, fresh=fresh, loop=loop)
         except SystemExit as exc:  # the reporter ends an interrupted run so
             status = int(exc.code or 0)
         finally:
@@ -200,24 +204,33 @@ def run_watch(
     ``UsageError`` (the selection holds no target)."""
     loop = _Loop(root, config, options)
     bursts: queue.Queue[Burst] = queue.Queue()
-    with plugins_looked_up_once(), watching(root, loop.table.roots, bursts.put, options.timing):
-        report = loop.cycle(Changes(), options.words, fresh=True)
-        if not loop.selected and not report.targets and not report.stopped:
-            raise UsageError(f"no target of the tree matches {' '.join(options.words)}")
-        say(report)
-        if options.once or report.stopped:
-            return report.status
-        pending = loop.table.rescan()  # what changed while the first build ran
-        while True:
-            changes = pending or next_changes(loop.table, bursts, IDLE_RESCAN_S)
-            pending = Changes()
-            words = cycle_words(changes, loop.deps, options.words)
-            if not words:
-                continue
-            report = loop.cycle(changes, words, fresh=needs_fresh_run(changes))
+    # One event loop for the watcher and every cycle's compiles (lent to each run).
+    actions = ActionLoop(LOOP_WORKERS)
+    try:
+        with (
+            plugins_looked_up_once(),
+            watching(root, loop.table.roots, bursts.put, options.timing, actions),
+        ):
+            report = loop.cycle(Changes(), options.words, fresh=True, loop=actions)
+            if not loop.selected and not report.targets and not report.stopped:
+                raise UsageError(f"no target of the tree matches {' '.join(options.words)}")
             say(report)
-            if report.stopped:
+            if options.once or report.stopped:
                 return report.status
+            pending = loop.table.rescan()  # what changed while the first build ran
+            while True:
+                changes = pending or next_changes(loop.table, bursts, IDLE_RESCAN_S)
+                pending = Changes()
+                words = cycle_words(changes, loop.deps, options.words)
+                if not words:
+                    continue
+                fresh = needs_fresh_run(changes)
+                report = loop.cycle(changes, words, fresh=fresh, loop=actions)
+                say(report)
+                if report.stopped:
+                    return report.status
+    finally:
+        actions.close()
 
 
 def next_changes(table: FileTable, bursts: queue.Queue[Burst], idle_s: float) -> Changes:

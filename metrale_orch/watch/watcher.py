@@ -8,24 +8,23 @@ watchfiles yields (once ``step`` ms pass with no new event, at most ``debounce``
 the first) becomes one :class:`Burst` of root-relative paths, whatever the events say
 happened to them: the loop confirms by content. A batch too large to be an edit (a branch
 switch), an error of the watcher, or a restart is a burst that asks for a rescan of
-everything. Until the build's own event loop hosts it, :class:`LoopThread` runs it on a
-loop of its own.
+everything. It runs on the build's own event loop
+(:class:`~metrale_orch.executor.loop.ActionLoop`), beside the compiles it starts.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
-import threading
-from collections.abc import Callable, Coroutine, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import watchfiles
 
-__all__ = ["Burst", "LoopThread", "WatchTiming", "watch_tree"]
+from metrale_orch.executor.loop import ActionLoop
+
+__all__ = ["Burst", "WatchTiming", "watch_tree", "watching"]
 
 #: A batch naming more paths than this is treated as a rescan (a branch switch).
 MAX_PATHS = 256
@@ -132,38 +131,21 @@ class _Watcher:
                 return  # a watched directory appeared or went: watch again
 
 
-class LoopThread:
-    """An event loop on a thread of its own, for a coroutine that needs one while the
-    calling thread drives the builds."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="watch", daemon=True)
-
-    def start(self, coro: Coroutine[Any, Any, None]) -> concurrent.futures.Future[None]:
-        """Run ``coro`` on the loop (started on first use)."""
-        if not self._thread.is_alive():
-            self._thread.start()
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def close(self, stop: asyncio.Event, running: concurrent.futures.Future[None]) -> None:
-        """Set ``stop`` on the loop, give ``running`` a moment to end, stop the loop."""
-        self.loop.call_soon_threadsafe(stop.set)
-        with contextlib.suppress(Exception):
-            running.result(timeout=6)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=2)
-
-
 @contextlib.contextmanager
 def watching(
-    root: Path, roots: tuple[str, ...], put: Callable[[Burst], None], timing: WatchTiming
+    root: Path,
+    roots: tuple[str, ...],
+    put: Callable[[Burst], None],
+    timing: WatchTiming,
+    loop: ActionLoop,
 ) -> Iterator[None]:
-    """Watch ``roots`` under ``root`` on a loop thread for the ``with`` block."""
-    thread = LoopThread()
+    """Watch ``roots`` under ``root`` on ``loop`` (the one the builds' compiles run on)
+    for the ``with`` block."""
     stop = asyncio.Event()
-    running = thread.start(watch_tree(root, roots, put, stop, timing))
+    running = loop.submit(watch_tree(root, roots, put, stop, timing))
     try:
         yield
     finally:
-        thread.close(stop, running)
+        loop.call(stop.set)
+        with contextlib.suppress(Exception):
+            running.result(timeout=6)

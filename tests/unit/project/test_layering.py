@@ -84,8 +84,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     ),
     "dodo": frozenset({"tasks", "graph"}),
     # The edit loop (metrale-orch watch): doit's run in this process, cycle after cycle,
-    # on the graph, with the smoke checks of what each cycle built.
-    "watch": frozenset({"tasks", "graph", "smoke", "config"}),
+    # on the graph, with the smoke checks of what each cycle built; its watcher on the
+    # event loop the compiles run on (executor's, sized by steps' session).
+    "watch": frozenset({"tasks", "graph", "smoke", "config", "executor", "steps"}),
     # Views of the build without a doit task (status, why, rdeps, compdb).
     "views": frozenset({"tasks", "graph", "steps", "toolchain", "config", "tree"}),
     "cli": frozenset(
