@@ -26,6 +26,7 @@ from pathlib import Path
 
 from metrale_orch.executor.action import Action, ActionStopped
 from metrale_orch.executor.memory import KILLED_FOR_MEMORY, available_memory, killed_for_memory
+from metrale_orch.executor.reaping import reap
 from metrale_orch.executor.slots import MachineSlots, PrioritySlots
 from metrale_orch.proc import (
     Completed,
@@ -33,7 +34,6 @@ from metrale_orch.proc import (
     ProcessError,
     decode_output,
     finished,
-    reap,
     start_process,
     timed_out,
 )
