@@ -24,6 +24,7 @@ would hide a broken farm).
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 from collections import Counter
@@ -35,6 +36,7 @@ from metrale_orch.errors import MetraleError
 from metrale_orch.executor.action import Action, ActionStopped, RemoteForm
 from metrale_orch.executor.local import LocalExecutor
 from metrale_orch.proc import Completed, ProcessError
+from metrale_orch.remote.loop import LoopThread
 
 __all__ = [
     "BREAKER_FAILURES",
@@ -82,12 +84,13 @@ class RemoteRun:
 class RemoteBackend(Protocol):
     """Runs one remote form on an engine and writes its outputs to their local paths.
     Raises :class:`RemoteUnavailable` for infrastructure trouble; a non-zero exit is a
-    :class:`RemoteRun`. ``cancel`` is set when the build stops."""
+    :class:`RemoteRun`. Cancelling the task that awaits :meth:`run` stops the action;
+    :meth:`close` may be called from any thread."""
 
     @property
     def endpoint(self) -> str: ...
 
-    def run(self, form: RemoteForm, *, timeout: float, cancel: threading.Event) -> RemoteRun: ...
+    async def run(self, form: RemoteForm, *, timeout: float) -> RemoteRun: ...
 
     def close(self) -> None: ...
 
@@ -191,6 +194,10 @@ class RemoteExecutor:
         self._lock = threading.Lock()
         self._in_flight = 0
         self._counts: dict[str, RemoteCounts] = {}
+        # bridge until the execution core runs on a loop: the backend's coroutines run on
+        # this executor's own loop thread, and stop() cancels those in flight.
+        self._bridge = LoopThread("metrale-remote-executor")
+        self._futures: set[concurrent.futures.Future[RemoteRun]] = set()
 
     @property
     def jobs(self) -> int:
@@ -213,10 +220,14 @@ class RemoteExecutor:
         with self._room:
             self._room.notify_all()
         self.local.stop()
+        with self._lock:  # bridge until the execution core runs on a loop
+            for future in self._futures:
+                future.cancel()
         self.backend.close()  # calls in flight fail at once: nothing waits for the engine
 
     def close(self) -> None:
         self.backend.close()
+        self._bridge.close()  # bridge until the execution core runs on a loop
 
     def counts(self, owner: str) -> RemoteCounts:
         """Where ``owner``'s actions ran so far, and forget them (the caller reports them)."""
@@ -269,7 +280,7 @@ class RemoteExecutor:
             self._in_flight += 1
         run: RemoteRun | None = None
         try:
-            run = self.backend.run(form, timeout=action.timeout, cancel=self._cancel)
+            run = self._bridged(form, action.timeout)
         except Exception:
             if self._cancel.is_set():  # the channel closed under it by stop(): whatever
                 # the call raised (grpc's "Channel closed!"), the action was stopped
@@ -288,6 +299,20 @@ class RemoteExecutor:
         if self._cancel.is_set():
             raise ActionStopped(f"{action.label or action.argv[0]}: stopped")
         return run
+
+    def _bridged(self, form: RemoteForm, timeout: float) -> RemoteRun:
+        """bridge until the execution core runs on a loop: ``backend.run`` on the bridge's
+        loop, waited for here (a stopped build cancels it: concurrent's CancelledError)."""
+        future = self._bridge.submit(self.backend.run(form, timeout=timeout))
+        with self._lock:
+            self._futures.add(future)
+        if self._cancel.is_set():  # stop() came between: it did not see this one
+            future.cancel()
+        try:
+            return future.result()
+        finally:
+            with self._lock:
+                self._futures.discard(future)
 
     def _unavailable(self, action: Action, reason: str) -> Completed:
         if self.strict:
