@@ -37,7 +37,7 @@ import xxhash
 from metrale_orch.executor.action import RemoteForm
 from metrale_orch.executor.offload import RemoteRun, RemoteUnavailable
 from metrale_orch.fsutil import write_atomic
-from metrale_orch.remote.digest import Digest
+from metrale_orch.remote.digest import ON_LOOP, Digest
 from metrale_orch.remote.errors import (
     BlobMissing,
     CorruptBlob,
@@ -296,13 +296,24 @@ class ReapiBackend:
         data = await self.client.download_many(
             [*files.values(), *(d for d in std if d is not None)]
         )
-        for local, digest in files.items():
-            write_atomic(local, data[digest])
+        written = {local: data[digest] for local, digest in files.items()}
+        # Small outputs are written on the loop (measured: a hop to the pool cost more
+        # CPU per action than it saved); big ones, whose writing takes long, by the pool.
+        if sum(d.size for d in files.values()) > ON_LOOP:
+            await asyncio.get_running_loop().run_in_executor(None, _write_outputs, written)
+        else:
+            _write_outputs(written)
         out, err = (
             bytes(raw) if digest is None else data[digest]
             for raw, digest in zip((result.stdout_raw, result.stderr_raw), std, strict=True)
         )
         return out, err
+
+
+def _write_outputs(outputs: Mapping[Path, bytes]) -> None:
+    """Write each output to its local path, atomically."""
+    for local, data in outputs.items():
+        write_atomic(local, data)
 
 
 def _digests(path: Path) -> tuple[Digest, str]:

@@ -35,10 +35,11 @@ from typing import BinaryIO, NamedTuple, TypeVar
 
 import grpc
 import grpc.aio
+from google.protobuf.message import Message
 
 from metrale_orch.remote._proto import bytestream_pb2 as bs_pb2
 from metrale_orch.remote._proto import remote_execution_pb2 as re_pb2
-from metrale_orch.remote.digest import EMPTY, Digest
+from metrale_orch.remote.digest import EMPTY, ON_LOOP, Digest
 from metrale_orch.remote.errors import (
     BlobChanged,
     BlobMissing,
@@ -47,7 +48,7 @@ from metrale_orch.remote.errors import (
     RemoteUnavailable,
 )
 from metrale_orch.remote.merkle import Blob
-from metrale_orch.remote.rpc import Rpc, code_of, status_error
+from metrale_orch.remote.rpc import Calls, Rpc, code_of, status_error
 from metrale_orch.remote.wire import digest_message, from_message
 
 __all__ = ["BLOB_OVERHEAD", "MIN_RATE", "REQUEST_OVERHEAD", "Cas", "UploadStats"]
@@ -60,11 +61,9 @@ REQUEST_OVERHEAD = 1024
 MIN_RATE = 1024 * 1024
 #: Digests per FindMissingBlobs request (~100 bytes each on the wire).
 FIND_MISSING_CHUNK = 4096
-#: Bytes up to which a batch is read, hashed or verified on the loop itself (above: the pool).
-ON_LOOP = 256 * 1024
 
 T = TypeVar("T")
-Req = TypeVar("Req")
+Req = TypeVar("Req", bound=Message)
 Resp = TypeVar("Resp")
 
 
@@ -98,8 +97,10 @@ class Cas:
             request = re_pb2.FindMissingBlobsRequest(
                 instance_name=self.rpc.instance, blob_digests=[digest_message(d) for d in chunk]
             )
-            method = self.rpc.calls().find_missing
-            answer = await self._unary(method, request, "FindMissingBlobs", self.timeout)
+            calls = self.rpc.calls()
+            answer = await self._unary(
+                calls, calls.find_missing, request, "FindMissingBlobs", self.timeout
+            )
             missing.update(from_message(d) for d in answer.missing_blob_digests)
         return missing
 
@@ -133,8 +134,8 @@ class Cas:
         files = any(not isinstance(blobs[d], bytes) for d in batch)
         request = await _off_loop(build) if files and size > ON_LOOP else build()
         timeout = self._transfer_timeout(size)
-        method = self.rpc.calls().batch_update
-        answer = await self._unary(method, request, "BatchUpdateBlobs", timeout)
+        calls = self.rpc.calls()
+        answer = await self._unary(calls, calls.batch_update, request, "BatchUpdateBlobs", timeout)
         answered = set()
         for response in answer.responses:
             digest = from_message(response.digest)
@@ -150,10 +151,12 @@ class Cas:
         outgoing = _Outgoing(name, digest, blob, self.chunk_size)
         timeout = self._transfer_timeout(digest.size)
         try:
-            call = self.rpc.calls().write(
-                outgoing.requests(), timeout=timeout, metadata=self.rpc.metadata
-            )
-            answer = await call
+            calls = self.rpc.calls()
+            with calls.streams.channel(stream=False) as index:
+                call = calls.write[index](
+                    outgoing.requests(), timeout=timeout, metadata=self.rpc.metadata
+                )
+                answer = await call
         except grpc.RpcError as exc:
             outgoing.raise_problem()
             raise self.rpc.error(exc, f"ByteStream.Write {digest}", timeout) from None
@@ -233,8 +236,8 @@ class Cas:
             instance_name=self.rpc.instance, digests=[digest_message(d) for d in batch]
         )
         timeout = self._transfer_timeout(sum(d.size for d in batch))
-        method = self.rpc.calls().batch_read
-        answer = await self._unary(method, request, "BatchReadBlobs", timeout)
+        calls = self.rpc.calls()
+        answer = await self._unary(calls, calls.batch_read, request, "BatchReadBlobs", timeout)
         got: dict[Digest, bytes] = {}
         for response in answer.responses:
             digest = from_message(response.digest)
@@ -254,34 +257,37 @@ class Cas:
         """ByteStream Read of ``digest``, cut off after ``size`` + one chunk."""
         name = f"{self.rpc.resource_prefix()}blobs/{digest.hash}/{digest.size}"
         timeout = self._transfer_timeout(digest.size)
-        call = self.rpc.calls().read(
-            bs_pb2.ReadRequest(resource_name=name), timeout=timeout, metadata=self.rpc.metadata
-        )
-        got = 0
-        try:
-            async for response in call:
-                got += len(response.data)
-                yield response.data
-                if got > digest.size:
-                    return  # the caller's verification reports it
-        except grpc.RpcError as exc:
-            if code_of(exc) is grpc.StatusCode.NOT_FOUND:
-                raise BlobMissing(self.rpc.url, str(digest)) from None
-            raise self.rpc.error(exc, f"ByteStream.Read {digest}", timeout) from None
-        finally:
-            call.cancel()
+        calls = self.rpc.calls()
+        with calls.streams.channel(stream=False) as index:
+            call = calls.read[index](
+                bs_pb2.ReadRequest(resource_name=name), timeout=timeout, metadata=self.rpc.metadata
+            )
+            got = 0
+            try:
+                async for response in call:
+                    got += len(response.data)
+                    yield response.data
+                    if got > digest.size:
+                        return  # the caller's verification reports it
+            except grpc.RpcError as exc:
+                if code_of(exc) is grpc.StatusCode.NOT_FOUND:
+                    raise BlobMissing(self.rpc.url, str(digest)) from None
+                raise self.rpc.error(exc, f"ByteStream.Read {digest}", timeout) from None
+            finally:
+                call.cancel()
 
     # -- helpers ---------------------------------------------------------------------------
 
     async def _unary(
         self,
-        method: grpc.aio.UnaryUnaryMultiCallable[Req, Resp],
+        calls: Calls,
+        method: list[grpc.aio.UnaryUnaryMultiCallable[Req, Resp]],
         request: Req,
         call: str,
         timeout: float,
     ) -> Resp:
         try:
-            return await method(request, timeout=timeout, metadata=self.rpc.metadata)
+            return await calls.unary(method, request, timeout=timeout, metadata=self.rpc.metadata)
         except grpc.RpcError as exc:
             raise self.rpc.error(exc, call, timeout) from None
 

@@ -17,7 +17,7 @@ import grpc.aio
 
 __all__ = ["MAX_CHANNELS", "STREAMS_PER_CHANNEL", "ChannelPool", "channels_for"]
 
-#: Streams a channel is given before another connection is opened.
+#: Streams (Execute's, and the calls beside them) a channel is sized for.
 STREAMS_PER_CHANNEL = 80
 #: The most channels one client opens.
 MAX_CHANNELS = 32
@@ -30,7 +30,7 @@ def channels_for(streams: int) -> int:
 
 class ChannelPool:
     """``size`` channels made by ``make(index)`` (gRPC connects lazily: an unused channel
-    costs no connection); the first also carries the unary calls."""
+    costs no connection). Every call goes to the one with the fewest in flight."""
 
     def __init__(self, make: Callable[[int], grpc.aio.Channel], size: int) -> None:
         self.channels = [make(i) for i in range(size)]
@@ -39,11 +39,12 @@ class ChannelPool:
         self.carried = [0] * size
 
     @contextlib.contextmanager
-    def channel(self) -> Iterator[int]:
-        """The index of the channel with the fewest streams in flight, held for the block."""
+    def channel(self, *, stream: bool = True) -> Iterator[int]:
+        """The index of the channel with the fewest calls in flight, held for the block
+        (``carried`` counts the Execute streams, ``stream``, alone)."""
         index = min(range(len(self.channels)), key=self.in_flight.__getitem__)
         self.in_flight[index] += 1
-        self.carried[index] += 1
+        self.carried[index] += stream
         try:
             yield index
         finally:

@@ -165,7 +165,9 @@ class AsyncRemoteClient:
     async def _read_capabilities(self) -> Capabilities:
         rpc = self._rpc
         try:
-            answer = await rpc.calls().get_capabilities(
+            calls = rpc.calls()
+            answer = await calls.unary(
+                calls.get_capabilities,
                 re_pb2.GetCapabilitiesRequest(instance_name=self.instance),
                 timeout=self.timeout,
                 metadata=rpc.metadata,
@@ -267,8 +269,9 @@ class AsyncRemoteClient:
         )
         rpc = self._rpc
         try:
-            return await rpc.calls().get_action_result(
-                request, timeout=self.timeout, metadata=rpc.metadata
+            calls = rpc.calls()
+            return await calls.unary(
+                calls.get_action_result, request, timeout=self.timeout, metadata=rpc.metadata
             )
         except grpc.RpcError as exc:
             if code_of(exc) is grpc.StatusCode.NOT_FOUND:
@@ -301,8 +304,9 @@ class AsyncRemoteClient:
         )
         rpc = self._rpc
         try:
-            return await rpc.calls().update_action_result(
-                request, timeout=self.timeout, metadata=rpc.metadata
+            calls = rpc.calls()
+            return await calls.unary(
+                calls.update_action_result, request, timeout=self.timeout, metadata=rpc.metadata
             )
         except grpc.RpcError as exc:
             raise rpc.error(exc, "UpdateActionResult", self.timeout) from None

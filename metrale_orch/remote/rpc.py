@@ -244,75 +244,110 @@ class Rpc:
 
 
 class Calls:
-    """One event loop's channels (:class:`ChannelPool`, the first also for unary calls)
-    and the typed calls on them."""
+    """One event loop's channels (:class:`ChannelPool`) and the typed calls on each: one
+    connection carries ~100 streams, unary calls are streams too, so every call goes to
+    the channel with the fewest in flight."""
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, make: Callable[[int], grpc.aio.Channel], size: int
     ) -> None:
         self.loop = loop
-        #: The Execute streams' channels: the first also carries every other call.
         self.streams = ChannelPool(make, size)
         self._closing: set[asyncio.Future[None]] = set()
-        ch, re_file, bs_file = self.streams.channels[0], re_pb2.DESCRIPTOR, bs_pb2.DESCRIPTOR
+        channels, re_file, bs_file = self.streams.channels, re_pb2.DESCRIPTOR, bs_pb2.DESCRIPTOR
         cas, ac = "ContentAddressableStorage", "ActionCache"
-        self.get_capabilities = _unary(
-            ch,
-            (re_file, "Capabilities", "GetCapabilities"),
-            re_pb2.GetCapabilitiesRequest,
-            re_pb2.ServerCapabilities,
-        )
-        self.find_missing = _unary(
-            ch,
-            (re_file, cas, "FindMissingBlobs"),
-            re_pb2.FindMissingBlobsRequest,
-            re_pb2.FindMissingBlobsResponse,
-        )
-        self.batch_update = _unary(
-            ch,
-            (re_file, cas, "BatchUpdateBlobs"),
-            re_pb2.BatchUpdateBlobsRequest,
-            re_pb2.BatchUpdateBlobsResponse,
-        )
-        self.batch_read = _unary(
-            ch,
-            (re_file, cas, "BatchReadBlobs"),
-            re_pb2.BatchReadBlobsRequest,
-            re_pb2.BatchReadBlobsResponse,
-        )
-        self.get_action_result = _unary(
-            ch,
-            (re_file, ac, "GetActionResult"),
-            re_pb2.GetActionResultRequest,
-            re_pb2.ActionResult,
-        )
-        self.update_action_result = _unary(
-            ch,
-            (re_file, ac, "UpdateActionResult"),
-            re_pb2.UpdateActionResultRequest,
-            re_pb2.ActionResult,
-        )
-        #: Execute and WaitExecution on each stream channel.
+        # Each call on every channel: a call goes to the one with the fewest in flight.
+        self.get_capabilities = [
+            _unary(
+                c,
+                (re_file, "Capabilities", "GetCapabilities"),
+                re_pb2.GetCapabilitiesRequest,
+                re_pb2.ServerCapabilities,
+            )
+            for c in channels
+        ]
+        self.find_missing = [
+            _unary(
+                c,
+                (re_file, cas, "FindMissingBlobs"),
+                re_pb2.FindMissingBlobsRequest,
+                re_pb2.FindMissingBlobsResponse,
+            )
+            for c in channels
+        ]
+        self.batch_update = [
+            _unary(
+                c,
+                (re_file, cas, "BatchUpdateBlobs"),
+                re_pb2.BatchUpdateBlobsRequest,
+                re_pb2.BatchUpdateBlobsResponse,
+            )
+            for c in channels
+        ]
+        self.batch_read = [
+            _unary(
+                c,
+                (re_file, cas, "BatchReadBlobs"),
+                re_pb2.BatchReadBlobsRequest,
+                re_pb2.BatchReadBlobsResponse,
+            )
+            for c in channels
+        ]
+        self.get_action_result = [
+            _unary(
+                c,
+                (re_file, ac, "GetActionResult"),
+                re_pb2.GetActionResultRequest,
+                re_pb2.ActionResult,
+            )
+            for c in channels
+        ]
+        self.update_action_result = [
+            _unary(
+                c,
+                (re_file, ac, "UpdateActionResult"),
+                re_pb2.UpdateActionResultRequest,
+                re_pb2.ActionResult,
+            )
+            for c in channels
+        ]
         self.execute = [
             _stream(c, (re_file, "Execution", "Execute"), re_pb2.ExecuteRequest, _OPERATION)
-            for c in self.streams.channels
+            for c in channels
         ]
         self.wait_execution = [
             _stream(
                 c, (re_file, "Execution", "WaitExecution"), re_pb2.WaitExecutionRequest, _OPERATION
             )
-            for c in self.streams.channels
+            for c in channels
         ]
-        self.read = _stream(
-            ch, (bs_file, "ByteStream", "Read"), bs_pb2.ReadRequest, bs_pb2.ReadResponse
-        )
-        self.write: grpc.aio.StreamUnaryMultiCallable[bs_pb2.WriteRequest, bs_pb2.WriteResponse] = (
-            ch.stream_unary(
+        self.read = [
+            _stream(c, (bs_file, "ByteStream", "Read"), bs_pb2.ReadRequest, bs_pb2.ReadResponse)
+            for c in channels
+        ]
+        self.write: list[
+            grpc.aio.StreamUnaryMultiCallable[bs_pb2.WriteRequest, bs_pb2.WriteResponse]
+        ] = [
+            c.stream_unary(
                 _path((bs_file, "ByteStream", "Write")),
                 request_serializer=_serialize,
                 response_deserializer=bs_pb2.WriteResponse.FromString,
             )
-        )
+            for c in channels
+        ]
+
+    async def unary(
+        self,
+        method: list[grpc.aio.UnaryUnaryMultiCallable[Req, Resp]],
+        request: Req,
+        *,
+        timeout: float,
+        metadata: tuple[tuple[str, str | bytes], ...],
+    ) -> Resp:
+        """One unary call (``method``: its callables, one per channel) on the connection
+        with the fewest calls in flight."""
+        with self.streams.channel(stream=False) as index:
+            return await method[index](request, timeout=timeout, metadata=metadata)
 
     def close(self) -> None:
         """Close the channels from any thread: on their loop's thread a task closes them
