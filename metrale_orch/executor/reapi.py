@@ -120,6 +120,13 @@ class ReapiBackend:
         task cancels the calls in flight)."""
         try:
             return await self._run(form, timeout, time.perf_counter())
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():  # this task was cancelled: go on up
+                raise
+            # grpc.aio cancels the calls of a channel closed under them (close() from the
+            # build's stop path): for this action that is the remote gone, not a cancel.
+            raise RemoteUnavailable(f"the connection to {self.endpoint} was closed") from None
         except RemoteAuthError as exc:
             raise RemoteUnavailable(str(exc)) from None
         except ClientUnavailable as exc:

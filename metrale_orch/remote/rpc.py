@@ -151,6 +151,7 @@ class Rpc:
             raise RemoteConfigError("CA file", f"{ca_file} is set for a plaintext grpc:// URL")
         self.size = channels_for(streams)
         self._bound: Calls | None = None
+        self._closed = False
         self._lock = threading.Lock()
 
     def calls(self) -> Calls:
@@ -161,6 +162,8 @@ class Rpc:
         bound = self._bound
         if bound is not None and bound.loop is loop:
             return bound
+        if self._closed:
+            raise RemoteUnavailable(self.url, "the client was closed (the build stopped)")
         with self._lock:
             old, self._bound = self._bound, Calls(loop, self._open_channel, self.size)
             if old is not None:
@@ -189,6 +192,7 @@ class Rpc:
     async def aclose(self) -> None:
         """Close the running loop's channels and wait until they are closed."""
         with self._lock:
+            self._closed = True
             bound = self._bound
             if bound is None or bound.loop is not asyncio.get_running_loop():
                 bound = None
@@ -198,8 +202,10 @@ class Rpc:
             await bound.streams.close()
 
     def close(self) -> None:
-        """Close the channels (from any thread): calls in flight fail at once."""
+        """Close the channels (from any thread): calls in flight fail at once, later ones
+        raise :class:`RemoteUnavailable`."""
         with self._lock:
+            self._closed = True
             bound, self._bound = self._bound, None
         if bound is not None:
             bound.close()

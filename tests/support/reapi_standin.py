@@ -72,6 +72,8 @@ class StandIn:
     executed: int = 0
     running: int = 0
     peak: int = 0
+    #: Execute streams the client cancelled while the engine served them.
+    cancelled: int = 0
     _ids: Iterator[int] = field(default_factory=itertools.count)
     #: Made on the engine's loop (an asyncio semaphore belongs to one loop).
     _slots: asyncio.Semaphore | None = None
@@ -93,7 +95,17 @@ class StandIn:
     async def execute(
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
-        """The Execute script (see the module docstring)."""
+        """The Execute script (see the module docstring); counts a cancelled stream."""
+        try:
+            async for op in self._execute(request, context):
+                yield op
+        except asyncio.CancelledError:  # the client cancelled the call
+            self.cancelled += 1
+            raise
+
+    async def _execute(
+        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
         self.fake.record("Execute", context)  # type: ignore[arg-type]
         action = re_pb2.Action.FromString(await self._blob(request.action_digest, context))
         command = re_pb2.Command.FromString(await self._blob(action.command_digest, context))
