@@ -19,12 +19,17 @@ from metrale_orch.executor.offload import RemoteBackend, RemoteRun
 
 __all__ = ["run_all", "stage_forms"]
 
+#: A header's body besides its define (~1 KiB, as a small real header): a stage's headers
+#: are then more than the client sends without asking FindMissingBlobs first.
+PADDING = "// " + "x" * 1000 + "\n"
+
 
 def stage_forms(
     top: Path, actions: int, *, per_target: int = 8, headers: int = 20
 ) -> list[RemoteForm]:
     """``actions`` forms in targets of ``per_target`` modules, each target's stage holding
-    ``headers`` shared headers and one source per module (written under ``top``)."""
+    ``headers`` shared headers (~1 KiB each, the same in every target) and one source per
+    module (written under ``top``)."""
     forms: list[RemoteForm] = []
     for target in range(-(-actions // per_target)):
         stage = top / f"t{target}"
@@ -32,7 +37,7 @@ def stage_forms(
         (stage / "out").mkdir()
         files: dict[str, str] = {}
         for i in range(headers):
-            data = f"#define H{i} {i}  // shared by every target\n".encode()
+            data = f"#define H{i} {i}  // shared by every target\n{PADDING}".encode()
             (stage / f"include/h{i}.h").write_bytes(data)
             files[f"include/h{i}.h"] = xxhash.xxh3_128(data).hexdigest()
         modules = range(min(per_target, actions - len(forms)))
