@@ -144,9 +144,11 @@ class Window:
     """How many actions the engine is given at once: REAPI reports no worker count, so
     the window starts at ``ceiling`` (``remote_jobs``) and follows the engine's queue:
     an action that waited at least :data:`QUEUE_LONG` seconds, and at least half its run,
-    for a worker shrinks it by a quarter (at most once per window of actions ending);
-    one that hardly waited grows it by one, up to ``ceiling``. An action with no stage
-    times (a cache hit, an engine that reports none) changes nothing."""
+    for a worker shrinks it by a quarter, one the engine refused for a while as
+    overloaded (RESOURCE_EXHAUSTED: its ``throttled`` stage) halves it, either at most
+    once per window of actions ending; one that hardly waited grows it by one, up to
+    ``ceiling``. An action with no stage times (a cache hit, an engine that reports none)
+    changes nothing."""
 
     def __init__(self, ceiling: int) -> None:
         self.ceiling = ceiling
@@ -157,16 +159,23 @@ class Window:
     def ended(self, stages: Mapping[str, tuple[float, float]]) -> None:
         """Adjust to one action's stage times (see the class docstring; under the lock)."""
         queued, ran = stages.get("queued"), stages.get("executing")
+        if "throttled" in stages:
+            self._hold = max(0, self._hold - 1)
+            self._shrink(self.limit // 2)
+            return
         if queued is None:
             return
         waited = queued[1] - queued[0]
         self._hold = max(0, self._hold - 1)
         if waited >= QUEUE_LONG and (ran is None or waited >= (ran[1] - ran[0]) / 2):
-            if not self._hold:
-                self.limit = max(1, self.limit * 3 // 4)
-                self._hold = self.limit
+            self._shrink(self.limit * 3 // 4)
         elif waited < QUEUE_LONG / 2:
             self.limit = min(self.ceiling, self.limit + 1)
+
+    def _shrink(self, to: int) -> None:
+        if not self._hold:
+            self.limit = max(1, to)
+            self._hold = self.limit
 
 
 class RemoteExecutor:

@@ -23,9 +23,11 @@ Cancelling the task that awaits :meth:`ReapiBackend.run` cancels its calls in fl
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import os
 import posixpath
+import random
 import threading
 import time
 from collections.abc import Mapping
@@ -43,6 +45,7 @@ from metrale_orch.remote.errors import (
     CorruptBlob,
     RemoteAuthError,
     RemoteError,
+    RemoteOverloaded,
     RemoteRejected,
 )
 from metrale_orch.remote.errors import RemoteUnavailable as ClientUnavailable
@@ -60,6 +63,10 @@ ROOTS_KEPT = 64
 
 #: Bytes of unknown blobs up to which they are sent without asking FindMissingBlobs first.
 ASK_ABOVE = 16 * 1024
+
+#: Seconds before asking an overloaded engine again (doubling up to the second).
+THROTTLE_PAUSE = 0.1
+THROTTLE_PAUSE_MAX = 2.0
 
 #: Seconds each unary call (capabilities, FindMissingBlobs, a batch) may take.
 CALL_TIMEOUT = 60.0
@@ -119,7 +126,7 @@ class ReapiBackend:
         :class:`RemoteUnavailable` for infrastructure trouble (cancelling the awaiting
         task cancels the calls in flight)."""
         try:
-            return await self._run(form, timeout, time.perf_counter())
+            return await self._patient(form, timeout, time.perf_counter())
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is None or task.cancelling():  # this task was cancelled: go on up
@@ -139,6 +146,29 @@ class ReapiBackend:
             raise RemoteUnavailable(str(exc)) from None
         except OSError as exc:
             raise RemoteUnavailable(f"cannot read an input or write an output: {exc}") from None
+
+    async def _patient(self, form: RemoteForm, timeout: float, start: float) -> RemoteRun:
+        """:meth:`_run`, asked again after a pause (doubling, jittered) while the engine
+        refuses it as overloaded, for at most ``queue_timeout`` seconds in all (as long
+        as it may wait in the engine's own queue); the time so spent comes back as the
+        run's ``throttled`` stage, which makes the executor's window send fewer at once."""
+        since, pause = 0.0, THROTTLE_PAUSE
+        give_up = time.monotonic() + self.queue_timeout
+        while True:
+            try:
+                run = await self._run(form, timeout, start)
+            except RemoteOverloaded:
+                if time.monotonic() + pause > give_up:
+                    raise
+                since = since or time.time()
+                await asyncio.sleep(pause * random.uniform(0.5, 1.0))
+                pause = min(2 * pause, THROTTLE_PAUSE_MAX)
+                continue
+            if not since:
+                return run
+            return dataclasses.replace(
+                run, stages={**run.stages, "throttled": (since, time.time())}
+            )
 
     async def _run(self, form: RemoteForm, timeout: float, start: float) -> RemoteRun:
         from metrale_orch.remote.action import encode_action

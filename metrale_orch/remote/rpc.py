@@ -38,6 +38,7 @@ from metrale_orch.remote.errors import (
     RemoteAuthError,
     RemoteConfigError,
     RemoteError,
+    RemoteOverloaded,
     RemoteRejected,
     RemoteUnavailable,
 )
@@ -225,6 +226,8 @@ class Rpc:
     ) -> RemoteError:
         if code in AUTH_CODES:
             return RemoteAuthError(self.url, code.name, detail, self.header_names)
+        if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+            return RemoteOverloaded(self.url, self._reason(code, detail, call, timeout))
         if code in INFRA_CODES:
             return RemoteUnavailable(self.url, self._reason(code, detail, call, timeout))
         return RemoteRejected(self.url, call, code.name, detail)

@@ -74,6 +74,12 @@ class StandIn:
     peak: int = 0
     #: Execute streams the client cancelled while the engine served them.
     cancelled: int = 0
+    #: Execute streams served at once before more are refused as RESOURCE_EXHAUSTED (0:
+    #: no limit), as an engine whose thread pool caps its calls does (BuildGrid), and
+    #: how many were refused.
+    capacity: int = 0
+    refused: int = 0
+    streams: int = 0
     _ids: Iterator[int] = field(default_factory=itertools.count)
     #: Made on the engine's loop (an asyncio semaphore belongs to one loop).
     _slots: asyncio.Semaphore | None = None
@@ -95,13 +101,20 @@ class StandIn:
     async def execute(
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
-        """The Execute script (see the module docstring); counts a cancelled stream."""
+        """The Execute script (see the module docstring); counts a cancelled stream, and
+        refuses one beyond ``capacity``."""
+        if self.capacity and self.streams >= self.capacity:
+            self.refused += 1
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "thread pool exhausted")
+        self.streams += 1
         try:
             async for op in self._execute(request, context):
                 yield op
         except asyncio.CancelledError:  # the client cancelled the call
             self.cancelled += 1
             raise
+        finally:
+            self.streams -= 1
 
     async def _execute(
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
@@ -233,10 +246,11 @@ async def _start(engine: StandIn) -> grpc.aio.Server:
 
 
 @contextlib.contextmanager
-def standin_engine(workers: int, seconds: float) -> Iterator[StandIn]:
-    """Serve a stand-in engine of ``workers`` slots sleeping ``seconds`` per action, on an
-    event loop of its own thread, for the ``with`` block."""
-    engine = StandIn(FakeRemote(), workers, seconds)
+def standin_engine(workers: int, seconds: float, *, capacity: int = 0) -> Iterator[StandIn]:
+    """Serve a stand-in engine of ``workers`` slots sleeping ``seconds`` per action (and
+    at most ``capacity`` Execute streams at once, 0: any number), on an event loop of its
+    own thread, for the ``with`` block."""
+    engine = StandIn(FakeRemote(), workers, seconds, capacity=capacity)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="standin-engine", daemon=True)
     thread.start()
