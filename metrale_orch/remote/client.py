@@ -65,6 +65,22 @@ DEFAULT_BATCH_LIMIT = 4 * 1024 * 1024
 T = TypeVar("T")
 
 
+class Inline(TypedDict, total=False):
+    """What :meth:`AsyncRemoteClient.get_action_result` may ask to be inlined."""
+
+    inline_stdout: bool
+    inline_stderr: bool
+    inline_output_files: Iterable[str]
+
+
+class How(TypedDict, total=False):
+    """How :meth:`AsyncRemoteClient.execute` runs an action, besides its timeout."""
+
+    skip_cache_lookup: bool
+    platform: Mapping[str, str] | Iterable[tuple[str, str]] | None
+    queue_timeout: float | None
+
+
 class Settings(TypedDict, total=False):
     """A client's settings besides its URL (see :class:`AsyncRemoteClient`)."""
 
@@ -403,22 +419,10 @@ class RemoteClient:
         return self._run(self.aio.std_outputs(result))
 
     def get_action_result(
-        self,
-        action: Digest,
-        *,
-        inline_stdout: bool = False,
-        inline_stderr: bool = False,
-        inline_output_files: Iterable[str] = (),
+        self, action: Digest, **inline: Unpack[Inline]
     ) -> re_pb2.ActionResult | None:
         """See :meth:`AsyncRemoteClient.get_action_result`."""
-        return self._run(
-            self.aio.get_action_result(
-                action,
-                inline_stdout=inline_stdout,
-                inline_stderr=inline_stderr,
-                inline_output_files=inline_output_files,
-            )
-        )
+        return self._run(self.aio.get_action_result(action, **inline))
 
     def update_action_result(
         self,
@@ -430,25 +434,9 @@ class RemoteClient:
         """See :meth:`AsyncRemoteClient.update_action_result`."""
         return self._run(self.aio.update_action_result(action, result, blobs=blobs))
 
-    def execute(
-        self,
-        action: Digest,
-        *,
-        skip_cache_lookup: bool = False,
-        timeout: float,
-        platform: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
-        queue_timeout: float | None = None,
-    ) -> ExecuteResult:
+    def execute(self, action: Digest, *, timeout: float, **how: Unpack[How]) -> ExecuteResult:
         """See :meth:`AsyncRemoteClient.execute`."""
-        return self._run(
-            self.aio.execute(
-                action,
-                skip_cache_lookup=skip_cache_lookup,
-                timeout=timeout,
-                platform=platform,
-                queue_timeout=queue_timeout,
-            )
-        )
+        return self._run(self.aio.execute(action, timeout=timeout, **how))
 
     @property
     def channels(self) -> ChannelPool:

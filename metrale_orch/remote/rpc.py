@@ -68,6 +68,7 @@ _HEADER_NAME = re.compile(r"[0-9a-z][0-9a-z_.-]*")
 _REQUEST_METADATA = "build.bazel.remote.execution.v2.requestmetadata-bin"
 
 _OPERATION = operations_pb2.Operation
+_RESULT = re_pb2.ActionResult
 Req = TypeVar("Req", bound=Message)
 Resp = TypeVar("Resp")
 Resp_co = TypeVar("Resp_co", covariant=True)
@@ -264,76 +265,47 @@ class Calls:
         self.streams = ChannelPool(make, size)
         self._closing: set[asyncio.Future[None]] = set()
         channels, re_file, bs_file = self.streams.channels, re_pb2.DESCRIPTOR, bs_pb2.DESCRIPTOR
-        cas, ac = "ContentAddressableStorage", "ActionCache"
+        cas, ac, ex = "ContentAddressableStorage", "ActionCache", "Execution"
         # Each call on every channel: a call goes to the one with the fewest in flight.
-        self.get_capabilities = [
-            _unary(
-                c,
-                (re_file, "Capabilities", "GetCapabilities"),
-                re_pb2.GetCapabilitiesRequest,
-                re_pb2.ServerCapabilities,
-            )
-            for c in channels
-        ]
-        self.find_missing = [
-            _unary(
-                c,
-                (re_file, cas, "FindMissingBlobs"),
-                re_pb2.FindMissingBlobsRequest,
-                re_pb2.FindMissingBlobsResponse,
-            )
-            for c in channels
-        ]
-        self.batch_update = [
-            _unary(
-                c,
-                (re_file, cas, "BatchUpdateBlobs"),
-                re_pb2.BatchUpdateBlobsRequest,
-                re_pb2.BatchUpdateBlobsResponse,
-            )
-            for c in channels
-        ]
-        self.batch_read = [
-            _unary(
-                c,
-                (re_file, cas, "BatchReadBlobs"),
-                re_pb2.BatchReadBlobsRequest,
-                re_pb2.BatchReadBlobsResponse,
-            )
-            for c in channels
-        ]
-        self.get_action_result = [
-            _unary(
-                c,
-                (re_file, ac, "GetActionResult"),
-                re_pb2.GetActionResultRequest,
-                re_pb2.ActionResult,
-            )
-            for c in channels
-        ]
-        self.update_action_result = [
-            _unary(
-                c,
-                (re_file, ac, "UpdateActionResult"),
-                re_pb2.UpdateActionResultRequest,
-                re_pb2.ActionResult,
-            )
-            for c in channels
-        ]
-        self.execute = [
-            _stream(c, (re_file, "Execution", "Execute"), re_pb2.ExecuteRequest, _OPERATION)
-            for c in channels
-        ]
-        self.wait_execution = [
-            _stream(
-                c, (re_file, "Execution", "WaitExecution"), re_pb2.WaitExecutionRequest, _OPERATION
-            )
-            for c in channels
-        ]
-        self.read = [
-            _stream(c, (bs_file, "ByteStream", "Read"), bs_pb2.ReadRequest, bs_pb2.ReadResponse)
-            for c in channels
-        ]
+        self.get_capabilities = _unary(
+            channels,
+            (re_file, "Capabilities", "GetCapabilities"),
+            re_pb2.GetCapabilitiesRequest,
+            re_pb2.ServerCapabilities,
+        )
+        self.find_missing = _unary(
+            channels,
+            (re_file, cas, "FindMissingBlobs"),
+            re_pb2.FindMissingBlobsRequest,
+            re_pb2.FindMissingBlobsResponse,
+        )
+        self.batch_update = _unary(
+            channels,
+            (re_file, cas, "BatchUpdateBlobs"),
+            re_pb2.BatchUpdateBlobsRequest,
+            re_pb2.BatchUpdateBlobsResponse,
+        )
+        self.batch_read = _unary(
+            channels,
+            (re_file, cas, "BatchReadBlobs"),
+            re_pb2.BatchReadBlobsRequest,
+            re_pb2.BatchReadBlobsResponse,
+        )
+        self.get_action_result = _unary(
+            channels, (re_file, ac, "GetActionResult"), re_pb2.GetActionResultRequest, _RESULT
+        )
+        self.update_action_result = _unary(
+            channels, (re_file, ac, "UpdateActionResult"), re_pb2.UpdateActionResultRequest, _RESULT
+        )
+        self.execute = _stream(
+            channels, (re_file, ex, "Execute"), re_pb2.ExecuteRequest, _OPERATION
+        )
+        self.wait_execution = _stream(
+            channels, (re_file, ex, "WaitExecution"), re_pb2.WaitExecutionRequest, _OPERATION
+        )
+        self.read = _stream(
+            channels, (bs_file, "ByteStream", "Read"), bs_pb2.ReadRequest, bs_pb2.ReadResponse
+        )
         self.write: list[
             grpc.aio.StreamUnaryMultiCallable[bs_pb2.WriteRequest, bs_pb2.WriteResponse]
         ] = [
@@ -411,21 +383,36 @@ class _FromString(Protocol[Resp_co]):
 
 
 def _unary(
-    channel: grpc.aio.Channel, method: _Method, request: type[Req], response: _FromString[Resp]
-) -> grpc.aio.UnaryUnaryMultiCallable[Req, Resp]:
-    """A typed unary call (``request`` only types it: every message serializes alike)."""
-    return channel.unary_unary(
-        _path(method), request_serializer=_serialize, response_deserializer=response.FromString
-    )
+    channels: list[grpc.aio.Channel],
+    method: _Method,
+    request: type[Req],
+    response: _FromString[Resp],
+) -> list[grpc.aio.UnaryUnaryMultiCallable[Req, Resp]]:
+    """A typed unary call on each channel (``request`` only types it: every message
+    serializes alike)."""
+    path = _path(method)
+    return [
+        c.unary_unary(
+            path, request_serializer=_serialize, response_deserializer=response.FromString
+        )
+        for c in channels
+    ]
 
 
 def _stream(
-    channel: grpc.aio.Channel, method: _Method, request: type[Req], response: _FromString[Resp]
-) -> grpc.aio.UnaryStreamMultiCallable[Req, Resp]:
-    """A typed server-streaming call."""
-    return channel.unary_stream(
-        _path(method), request_serializer=_serialize, response_deserializer=response.FromString
-    )
+    channels: list[grpc.aio.Channel],
+    method: _Method,
+    request: type[Req],
+    response: _FromString[Resp],
+) -> list[grpc.aio.UnaryStreamMultiCallable[Req, Resp]]:
+    """A typed server-streaming call on each channel."""
+    path = _path(method)
+    return [
+        c.unary_stream(
+            path, request_serializer=_serialize, response_deserializer=response.FromString
+        )
+        for c in channels
+    ]
 
 
 def _read_ca(ca_file: Path | None) -> bytes | None:
