@@ -5,13 +5,15 @@ synchronous caller (``metrale-orch remote check``, the REAPI cache tier, ``why-m
 hands its coroutines to a :class:`LoopThread`, which runs them on its loop and waits.
 The loop and its thread start on first use and end with :meth:`LoopThread.close`; the
 loop's default executor (where hashing and file work leave the loop) is a small fixed
-pool. A loop thread belongs to the process that started it (it does not survive a fork).
+pool. A loop thread belongs to the process that started it: in a fork (doit's ``-P process``
+workers) the first use starts one of the child's own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -34,11 +36,15 @@ class LoopThread:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
-        """The running loop, started now if it is not yet."""
+        """The running loop, started now if it is not yet (or if this process is a fork of
+        the one that started it: the thread did not come along)."""
         with self._lock:
+            if self._pid != os.getpid():
+                self._loop, self._thread, self._pid = None, None, os.getpid()
             if self._loop is None:
                 loop = asyncio.new_event_loop()
                 loop.set_default_executor(
