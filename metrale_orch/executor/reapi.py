@@ -30,7 +30,7 @@ import posixpath
 import random
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -111,6 +111,8 @@ class ReapiBackend:
         #: Whether to look an action up in the action cache before uploading its inputs
         #: (False once the server says it has none).
         self._ac = True
+        #: Input root -> whether its target's first lookup was a hit (see _worth_asking).
+        self._probes: dict[Digest, asyncio.Future[bool]] = {}
         #: Stage directory -> (its file mapping, the input root built from it), newest last.
         self._roots: dict[Path, tuple[Mapping[str, str], asyncio.Future[InputRoot]]] = {}
 
@@ -178,9 +180,9 @@ class ReapiBackend:
         action = encode_action(form.argv, form.env, form.cwd, outputs, root, form.platform, timeout)
         # Inputs to send: ask the action cache first (a hit sends nothing). Once the root
         # is there, only the module's own Command and Action: Execute's lookup costs no call.
-        asked = self._ac and root.digest not in self._present
+        asked = await self._worth_asking(root.digest)
         if asked:
-            hit = await self._cached(action.digest, outputs, start)
+            hit = await self._probe(root.digest, self._cached(action.digest, outputs, start))
             if hit is not None:  # nothing uploaded, nothing executed
                 return hit
         await self._send_root(root)
@@ -211,6 +213,33 @@ class ReapiBackend:
             stages=_stages(done, sent - start),
             worker=done.timings.worker,
         )
+
+    async def _worth_asking(self, root: Digest) -> bool:
+        """Whether to ask the action cache before sending ``root``: not once the root is
+        in the CAS; the first module of a target asks (its answer is the target's probe);
+        the others wait for that answer and ask only after a hit. After a miss the root is
+        sent anyway and Execute's own lookup serves them, one call fewer each."""
+        if not self._ac or root in self._present:
+            return False
+        probe = self._probes.get(root)
+        if probe is None:
+            self._probes[root] = asyncio.get_running_loop().create_future()
+            return True
+        return await asyncio.shield(probe)
+
+    async def _probe(
+        self, root: Digest, lookup: Coroutine[None, None, RemoteRun | None]
+    ) -> RemoteRun | None:
+        """``lookup``'s answer; the first for ``root`` also answers the target's probe (a
+        hit or not; not, when it failed)."""
+        hit: RemoteRun | None = None
+        try:
+            hit = await lookup
+        finally:
+            probe = self._probes.get(root)
+            if probe is not None and not probe.done():
+                probe.set_result(hit is not None)
+        return hit
 
     async def _cached(
         self, action: Digest, outputs: Mapping[str, Path], start: float

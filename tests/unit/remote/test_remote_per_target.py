@@ -1,6 +1,8 @@
 """The input root is a target's, not a module's (issue 45, item 3): the modules of a target
 share one input root, whose blobs are asked about (FindMissingBlobs) and sent once, by the
-first module; the others wait for that and send only their own Command and Action."""
+first module; the others wait for that and send only their own Command and Action. The
+first module's action cache lookup answers for the target: after a miss the others do not
+ask."""
 
 from __future__ import annotations
 
@@ -36,3 +38,6 @@ def test_a_targets_input_root_is_asked_about_and_sent_once(tmp_path: Path) -> No
     assert 1 <= methods.count("FindMissingBlobs") <= TARGETS, methods
     # At most one batch per target for its root, one per module for its Command and Action.
     assert methods.count("BatchUpdateBlobs") <= TARGETS + TARGETS * MODULES, methods
+    # The action cache is asked once per target: the first module's miss answers for the
+    # others, which Execute's own lookup then serves.
+    assert methods.count("GetActionResult") == TARGETS, methods
