@@ -10,8 +10,8 @@ it took, and what is wrong when it fails.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,6 +22,9 @@ from metrale_orch.paths import STATE_DIR
 
 if TYPE_CHECKING:
     from metrale_orch.cli import Context
+    from metrale_orch.executor.action import RemoteForm
+    from metrale_orch.executor.offload import RemoteRun
+    from metrale_orch.executor.reapi import ReapiBackend
     from metrale_orch.toolchain.probe import FoundToolchain
 
 _HW_HELP = "hardware tree under kernels/ (default: the first by name)"
@@ -89,6 +92,14 @@ def _platform(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
+async def _check_once(backend: ReapiBackend, form: RemoteForm) -> RemoteRun:
+    """The check's one action on a loop of its own, its channels closed after it."""
+    try:
+        return await backend.run(form, timeout=120.0)
+    finally:
+        await backend.client.aclose()
+
+
 def _check(args: argparse.Namespace, ctx: Context) -> int:
     from metrale_orch.executor.offload import RemoteUnavailable
     from metrale_orch.executor.reapi import open_backend
@@ -123,12 +134,10 @@ def _check(args: argparse.Namespace, ctx: Context) -> int:
         backend = open_backend(config)
         start = time.perf_counter()
         try:
-            run = backend.run(form, timeout=120.0, cancel=threading.Event())
+            run = asyncio.run(_check_once(backend, form))
         except RemoteUnavailable as exc:
             print(f"remote check: {config.remote_executor}: FAILED: {exc.reason}", file=ctx.err)
             return 1
-        finally:
-            backend.close()
         wall = time.perf_counter() - start
         if run.returncode != 0 or not local.is_file():
             print(

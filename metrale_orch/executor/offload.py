@@ -31,7 +31,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -147,9 +146,11 @@ class Window:
     """How many actions the engine is given at once: REAPI reports no worker count, so
     the window starts at ``ceiling`` (``remote_jobs``) and follows the engine's queue:
     an action that waited at least :data:`QUEUE_LONG` seconds, and at least half its run,
-    for a worker shrinks it by a quarter (at most once per window of actions ending);
-    one that hardly waited grows it by one, up to ``ceiling``. An action with no stage
-    times (a cache hit, an engine that reports none) changes nothing."""
+    for a worker shrinks it by a quarter, one the engine refused for a while as
+    overloaded (RESOURCE_EXHAUSTED: its ``throttled`` stage) halves it, either at most
+    once per window of actions ending; one that hardly waited grows it by one, up to
+    ``ceiling``. An action with no stage times (a cache hit, an engine that reports none)
+    changes nothing."""
 
     def __init__(self, ceiling: int) -> None:
         self.ceiling = ceiling
@@ -160,16 +161,23 @@ class Window:
     def ended(self, stages: Mapping[str, tuple[float, float]]) -> None:
         """Adjust to one action's stage times (see the class docstring; under the lock)."""
         queued, ran = stages.get("queued"), stages.get("executing")
+        if "throttled" in stages:
+            self._hold = max(0, self._hold - 1)
+            self._shrink(self.limit // 2)
+            return
         if queued is None:
             return
         waited = queued[1] - queued[0]
         self._hold = max(0, self._hold - 1)
         if waited >= QUEUE_LONG and (ran is None or waited >= (ran[1] - ran[0]) / 2):
-            if not self._hold:
-                self.limit = max(1, self.limit * 3 // 4)
-                self._hold = self.limit
+            self._shrink(self.limit * 3 // 4)
         elif waited < QUEUE_LONG / 2:
             self.limit = min(self.ceiling, self.limit + 1)
+
+    def _shrink(self, to: int) -> None:
+        if not self._hold:
+            self.limit = max(1, to)
+            self._hold = self.limit
 
 
 class RemoteExecutor:
@@ -200,7 +208,6 @@ class RemoteExecutor:
         self._breaker = _Breaker()
         self._lock = threading.Lock()
         self._counts: dict[str, RemoteCounts] = {}
-        self._bridge_pool = ThreadPoolExecutor(max(1, remote_jobs))
 
     @property
     def jobs(self) -> int:
@@ -290,7 +297,7 @@ class RemoteExecutor:
             raise ActionStopped(f"{action.label or action.argv[0]}: not started: stopped")
         self._sent += 1
         run: RemoteRun | None = None
-        call = asyncio.ensure_future(self._bridge(form, action.timeout))
+        call = asyncio.ensure_future(self.backend.run(form, timeout=action.timeout))
         self._calls.add(call)
         try:
             run = await call
@@ -310,17 +317,6 @@ class RemoteExecutor:
         if self._cancel.is_set():
             raise ActionStopped(f"{action.label or action.argv[0]}: stopped")
         return run
-
-    async def _bridge(self, form: RemoteForm, timeout: float) -> RemoteRun:
-        # bridge until the backend runs on the loop (s3-aio): a thread per call
-        run = self.backend.run
-        if asyncio.iscoroutinefunction(run):
-            return await run(form, timeout=timeout)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._bridge_pool,
-            lambda: run(form, timeout=timeout, cancel=self._cancel),  # type: ignore[call-arg,arg-type,return-value]
-        )
 
     def _wake(self, places: int) -> None:
         while places > 0 and self._room:

@@ -10,7 +10,8 @@ Modules, bottom up: :mod:`~.errors` and :mod:`~.digest` (pure, no protobuf),
 :mod:`~._proto` (generated stubs; :mod:`~.regen` writes them), :mod:`~.wire`,
 :mod:`~.merkle` (input roots), :mod:`~.action` (Command and Action), :mod:`~.rpc`
 (the channel and error mapping), :mod:`~.cas` and :mod:`~.execution` (the calls),
-:mod:`~.client` (:class:`RemoteClient`).
+:mod:`~.client` (:class:`AsyncRemoteClient` on ``grpc.aio``, and :class:`RemoteClient`,
+the same for synchronous callers on a private loop thread, :mod:`~.loop`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from metrale_orch.remote.errors import (
 if TYPE_CHECKING:
     from metrale_orch.remote.action import ActionBlobs, encode_action
     from metrale_orch.remote.cas import UploadStats
-    from metrale_orch.remote.client import Capabilities, RemoteClient
+    from metrale_orch.remote.client import AsyncRemoteClient, Capabilities, RemoteClient
     from metrale_orch.remote.execution import ExecuteResult, Timings
     from metrale_orch.remote.merkle import InputFile, InputRoot, MerkleMemo, build_input_root
 
@@ -45,6 +46,7 @@ __all__ = [
     "EMPTY",
     "ActionBlobs",
     "ActionSpecError",
+    "AsyncRemoteClient",
     "BlobChanged",
     "BlobMissing",
     "Capabilities",
@@ -77,6 +79,7 @@ _LAZY = {
     "ActionBlobs": "action",
     "encode_action": "action",
     "UploadStats": "cas",
+    "AsyncRemoteClient": "client",
     "Capabilities": "client",
     "RemoteClient": "client",
     "ExecuteResult": "execution",

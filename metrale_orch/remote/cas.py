@@ -16,23 +16,30 @@ Invariants:
   into place; a stream is read to at most the digest's size plus one chunk. A
   corrupt blob is a :class:`CorruptBlob`, never returned, never left on disk.
 - Transfers run under ``timeout + size / MIN_RATE`` seconds.
+- Every call is a coroutine on the client's event loop; reading files to send and
+  hashing what came back, where there is more than a little of it, run on the loop's
+  default executor (a small pool) so the loop keeps serving the other actions.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import hashlib
 import os
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO, NamedTuple, TypeVar
 
 import grpc
+import grpc.aio
+from google.protobuf.message import Message
 
 from metrale_orch.remote._proto import bytestream_pb2 as bs_pb2
 from metrale_orch.remote._proto import remote_execution_pb2 as re_pb2
-from metrale_orch.remote.digest import EMPTY, Digest
+from metrale_orch.remote.digest import EMPTY, ON_LOOP, Digest
 from metrale_orch.remote.errors import (
     BlobChanged,
     BlobMissing,
@@ -41,7 +48,7 @@ from metrale_orch.remote.errors import (
     RemoteUnavailable,
 )
 from metrale_orch.remote.merkle import Blob
-from metrale_orch.remote.rpc import Rpc, code_of, status_error
+from metrale_orch.remote.rpc import Calls, Rpc, code_of, status_error
 from metrale_orch.remote.wire import digest_message, from_message
 
 __all__ = ["BLOB_OVERHEAD", "MIN_RATE", "REQUEST_OVERHEAD", "Cas", "UploadStats"]
@@ -55,7 +62,8 @@ MIN_RATE = 1024 * 1024
 #: Digests per FindMissingBlobs request (~100 bytes each on the wire).
 FIND_MISSING_CHUNK = 4096
 
-Req = TypeVar("Req")
+T = TypeVar("T")
+Req = TypeVar("Req", bound=Message)
 Resp = TypeVar("Resp")
 
 
@@ -71,7 +79,7 @@ class Cas:
     """The CAS calls of one client; ``limit`` gives the batch limit (capabilities, cached)."""
 
     def __init__(
-        self, rpc: Rpc, *, timeout: float, chunk_size: int, limit: Callable[[], int]
+        self, rpc: Rpc, *, timeout: float, chunk_size: int, limit: Callable[[], Awaitable[int]]
     ) -> None:
         self.rpc = rpc
         self.timeout = timeout
@@ -80,7 +88,7 @@ class Cas:
 
     # -- queries and uploads -------------------------------------------------------------
 
-    def find_missing(self, digests: Iterable[Digest]) -> set[Digest]:
+    async def find_missing(self, digests: Iterable[Digest]) -> set[Digest]:
         """The digests the CAS lacks (the empty blob never is)."""
         wanted = sorted(set(digests) - {EMPTY})
         missing: set[Digest] = set()
@@ -89,36 +97,45 @@ class Cas:
             request = re_pb2.FindMissingBlobsRequest(
                 instance_name=self.rpc.instance, blob_digests=[digest_message(d) for d in chunk]
             )
-            answer = self._unary(self.rpc.find_missing, request, "FindMissingBlobs", self.timeout)
+            calls = self.rpc.calls()
+            answer = await self._unary(
+                calls, calls.find_missing, request, "FindMissingBlobs", self.timeout
+            )
             missing.update(from_message(d) for d in answer.missing_blob_digests)
         return missing
 
-    def upload(self, blobs: Mapping[Digest, Blob], *, ask: bool = True) -> UploadStats:
+    async def upload(self, blobs: Mapping[Digest, Blob], *, ask: bool = True) -> UploadStats:
         """Send every blob of ``blobs`` the CAS lacks (without ``ask``: every one, unasked);
         raises a :class:`RemoteError`."""
-        missing = sorted(self.find_missing(blobs) if ask else set(blobs) - {EMPTY})
-        limit = self._limit()
+        missing = sorted(await self.find_missing(blobs) if ask else set(blobs) - {EMPTY})
+        limit = await self._limit()
         small = [d for d in missing if fits(d.size, limit)]
         for batch in plan_batches(small, limit):
-            self._batch_update(batch, blobs)
+            await self._batch_update(batch, blobs)
         for digest in missing:
             if not fits(digest.size, limit):
-                self._write(digest, blobs[digest])
+                await self._write(digest, blobs[digest])
         wanted = len(set(blobs) - {EMPTY})
         return UploadStats(len(missing), sum(d.size for d in missing), wanted - len(missing))
 
-    def _batch_update(self, batch: list[Digest], blobs: Mapping[Digest, Blob]) -> None:
-        request = re_pb2.BatchUpdateBlobsRequest(
-            instance_name=self.rpc.instance,
-            requests=[
-                re_pb2.BatchUpdateBlobsRequest.Request(
-                    digest=digest_message(d), data=_read_whole(d, blobs[d])
-                )
-                for d in batch
-            ],
-        )
-        timeout = self._transfer_timeout(sum(d.size for d in batch))
-        answer = self._unary(self.rpc.batch_update, request, "BatchUpdateBlobs", timeout)
+    async def _batch_update(self, batch: list[Digest], blobs: Mapping[Digest, Blob]) -> None:
+        def build() -> re_pb2.BatchUpdateBlobsRequest:
+            return re_pb2.BatchUpdateBlobsRequest(
+                instance_name=self.rpc.instance,
+                requests=[
+                    re_pb2.BatchUpdateBlobsRequest.Request(
+                        digest=digest_message(d), data=_read_whole(d, blobs[d])
+                    )
+                    for d in batch
+                ],
+            )
+
+        size = sum(d.size for d in batch)
+        files = any(not isinstance(blobs[d], bytes) for d in batch)
+        request = await _off_loop(build) if files and size > ON_LOOP else build()
+        timeout = self._transfer_timeout(size)
+        calls = self.rpc.calls()
+        answer = await self._unary(calls, calls.batch_update, request, "BatchUpdateBlobs", timeout)
         answered = set()
         for response in answer.responses:
             digest = from_message(response.digest)
@@ -128,13 +145,18 @@ class Cas:
         if not answered >= set(batch):
             raise self._bad_answer("BatchUpdateBlobs left blobs without a status")
 
-    def _write(self, digest: Digest, blob: Blob) -> None:
+    async def _write(self, digest: Digest, blob: Blob) -> None:
         blob_name = f"blobs/{digest.hash}/{digest.size}"
         name = f"{self.rpc.resource_prefix()}uploads/{uuid.uuid4()}/{blob_name}"
         outgoing = _Outgoing(name, digest, blob, self.chunk_size)
         timeout = self._transfer_timeout(digest.size)
         try:
-            answer = self.rpc.write(iter(outgoing), timeout=timeout, metadata=self.rpc.metadata)
+            calls = self.rpc.calls()
+            with calls.streams.channel(stream=False) as index:
+                call = calls.write[index](
+                    outgoing.requests(), timeout=timeout, metadata=self.rpc.metadata
+                )
+                answer = await call
         except grpc.RpcError as exc:
             outgoing.raise_problem()
             raise self.rpc.error(exc, f"ByteStream.Write {digest}", timeout) from None
@@ -146,65 +168,76 @@ class Cas:
 
     # -- downloads -------------------------------------------------------------------------
 
-    def download(self, digest: Digest) -> bytes:
+    async def download(self, digest: Digest) -> bytes:
         """The verified content of ``digest``; raises :class:`BlobMissing`,
         :class:`CorruptBlob` or another :class:`RemoteError`."""
-        return self.download_many([digest])[digest]
+        return (await self.download_many([digest]))[digest]
 
-    def download_many(self, digests: Iterable[Digest]) -> dict[Digest, bytes]:
+    async def download_many(self, digests: Iterable[Digest]) -> dict[Digest, bytes]:
         """The verified content of each of ``digests``: those that fit the batch limit in
         as few BatchReadBlobs calls as hold them, the others streamed. Raises as
         :meth:`download` does."""
         wanted = sorted(set(digests))
-        limit = self._limit()
+        limit = await self._limit()
         got: dict[Digest, bytes] = {d: b"" for d in wanted if d == EMPTY}
         for batch in plan_batches([d for d in wanted if d != EMPTY and fits(d.size, limit)], limit):
-            got.update(self._batch_read(batch))
+            got.update(await self._batch_read(batch))
         for digest in wanted:
             if digest not in got:
-                got[digest] = b"".join(self._read(digest))
+                got[digest] = b"".join([chunk async for chunk in self._read(digest)])
+        if sum(d.size for d in got) > ON_LOOP:
+            await _off_loop(lambda: self._verify(got))
+        else:
+            self._verify(got)
+        return got
+
+    def _verify(self, got: Mapping[Digest, bytes]) -> None:
         for digest, data in got.items():
             found = Digest(hashlib.sha256(data).hexdigest(), len(data))
             if found != digest:
                 raise CorruptBlob(self.rpc.url, str(digest), str(found))
-        return got
 
-    def download_to(self, digest: Digest, path: Path) -> None:
+    async def download_to(self, digest: Digest, path: Path) -> None:
         """Write the verified content of ``digest`` to ``path`` (atomically: a temporary
-        file beside it, renamed once verified). Raises as :meth:`download` does, and
-        ``OSError`` when ``path`` cannot be written."""
+        file beside it, renamed once verified; a big one streamed, written by the pool).
+        Raises as :meth:`download` does, and ``OSError`` when ``path`` cannot be written."""
         path = Path(path)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.part")
         try:
             with open(tmp, "wb") as f:
                 if digest == EMPTY:
                     pass
-                elif fits(digest.size, self._limit()):
-                    f.write(self.download(digest))
+                elif fits(digest.size, await self._limit()):
+                    f.write(await self.download(digest))
                 else:
-                    self._stream_to(digest, f)
+                    await self._stream_to(digest, f)
             os.replace(tmp, path)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
 
-    def _stream_to(self, digest: Digest, f: BinaryIO) -> None:
+    async def _stream_to(self, digest: Digest, f: BinaryIO) -> None:
         hasher = hashlib.sha256()
         size = 0
-        for chunk in self._read(digest):
+
+        def take(chunk: bytes) -> None:
             hasher.update(chunk)
-            size += len(chunk)
             f.write(chunk)
+
+        async for chunk in self._read(digest):
+            size += len(chunk)
+            await _off_loop(functools.partial(take, chunk))
         got = Digest(hasher.hexdigest(), size)
         if got != digest:
             raise CorruptBlob(self.rpc.url, str(digest), str(got))
 
-    def _batch_read(self, batch: list[Digest]) -> dict[Digest, bytes]:
+    async def _batch_read(self, batch: list[Digest]) -> dict[Digest, bytes]:
         request = re_pb2.BatchReadBlobsRequest(
             instance_name=self.rpc.instance, digests=[digest_message(d) for d in batch]
         )
         timeout = self._transfer_timeout(sum(d.size for d in batch))
-        answer = self._unary(self.rpc.batch_read, request, "BatchReadBlobs", timeout)
+        calls = self.rpc.calls()
+        answer = await self._unary(calls, calls.batch_read, request, "BatchReadBlobs", timeout)
         got: dict[Digest, bytes] = {}
         for response in answer.responses:
             digest = from_message(response.digest)
@@ -220,38 +253,41 @@ class Cas:
                 raise self._bad_answer(f"BatchReadBlobs did not answer for {digest}")
         return got
 
-    def _read(self, digest: Digest) -> Iterator[bytes]:
+    async def _read(self, digest: Digest) -> AsyncIterator[bytes]:
         """ByteStream Read of ``digest``, cut off after ``size`` + one chunk."""
         name = f"{self.rpc.resource_prefix()}blobs/{digest.hash}/{digest.size}"
         timeout = self._transfer_timeout(digest.size)
-        call = self.rpc.read(
-            bs_pb2.ReadRequest(resource_name=name), timeout=timeout, metadata=self.rpc.metadata
-        )
-        got = 0
-        try:
-            for response in call:
-                got += len(response.data)
-                yield response.data
-                if got > digest.size:
-                    return  # the caller's verification reports it
-        except grpc.RpcError as exc:
-            if code_of(exc) is grpc.StatusCode.NOT_FOUND:
-                raise BlobMissing(self.rpc.url, str(digest)) from None
-            raise self.rpc.error(exc, f"ByteStream.Read {digest}", timeout) from None
-        finally:
-            call.cancel()
+        calls = self.rpc.calls()
+        with calls.streams.channel(stream=False) as index:
+            call = calls.read[index](
+                bs_pb2.ReadRequest(resource_name=name), timeout=timeout, metadata=self.rpc.metadata
+            )
+            got = 0
+            try:
+                async for response in call:
+                    got += len(response.data)
+                    yield response.data
+                    if got > digest.size:
+                        return  # the caller's verification reports it
+            except grpc.RpcError as exc:
+                if code_of(exc) is grpc.StatusCode.NOT_FOUND:
+                    raise BlobMissing(self.rpc.url, str(digest)) from None
+                raise self.rpc.error(exc, f"ByteStream.Read {digest}", timeout) from None
+            finally:
+                call.cancel()
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _unary(
+    async def _unary(
         self,
-        method: grpc.UnaryUnaryMultiCallable[Req, Resp],
+        calls: Calls,
+        method: list[grpc.aio.UnaryUnaryMultiCallable[Req, Resp]],
         request: Req,
         call: str,
         timeout: float,
     ) -> Resp:
         try:
-            return method(request, timeout=timeout, metadata=self.rpc.metadata)
+            return await calls.unary(method, request, timeout=timeout, metadata=self.rpc.metadata)
         except grpc.RpcError as exc:
             raise self.rpc.error(exc, call, timeout) from None
 
@@ -260,6 +296,11 @@ class Cas:
 
     def _bad_answer(self, what: str) -> RemoteError:
         return RemoteUnavailable(self.rpc.url, f"bad answer: {what}")
+
+
+async def _off_loop(fn: Callable[[], T]) -> T:
+    """``fn()`` on the running loop's default executor (the build's small pool)."""
+    return await asyncio.get_running_loop().run_in_executor(None, fn)
 
 
 def fits(size: int, limit: int) -> bool:
@@ -301,9 +342,10 @@ def _read_whole(digest: Digest, blob: Blob) -> bytes:
 class _Outgoing:
     """The WriteRequests of one ByteStream upload; remembers why it stopped short.
 
-    gRPC consumes the iterator on its own thread, where an exception would only be
+    gRPC consumes the requests in a task of its own, where an exception would only be
     logged: a problem is recorded instead, the stream ends without ``finish_write``
     (so nothing is committed), and :meth:`raise_problem` raises it on the caller's side.
+    The file is read and hashed on the loop's default executor, a chunk at a time.
     """
 
     def __init__(self, name: str, digest: Digest, blob: Blob, chunk_size: int) -> None:
@@ -313,9 +355,11 @@ class _Outgoing:
         self.chunk_size = chunk_size
         self.problem: RemoteError | None = None
 
-    def __iter__(self) -> Iterator[bs_pb2.WriteRequest]:
+    async def requests(self) -> AsyncIterator[bs_pb2.WriteRequest]:
         offset = 0
-        for data, last in self._chunks():
+        chunks = self._chunks()
+        while (item := await _off_loop(lambda: next(chunks, None))) is not None:
+            data, last = item
             yield bs_pb2.WriteRequest(
                 resource_name=self.name if offset == 0 else "",
                 write_offset=offset,

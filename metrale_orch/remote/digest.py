@@ -13,10 +13,13 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
-__all__ = ["CHUNK", "EMPTY", "Digest", "digest_bytes", "digest_file", "parse_digest"]
+__all__ = ["CHUNK", "EMPTY", "ON_LOOP", "Digest", "digest_bytes", "digest_file", "parse_digest"]
 
 #: Bytes read at a time when hashing or streaming a file.
 CHUNK = 1024 * 1024
+#: Bytes up to which data is read, hashed, verified or written on the event loop itself;
+#: more goes to the loop's default executor (a small pool), so the loop keeps serving.
+ON_LOOP = 256 * 1024
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 

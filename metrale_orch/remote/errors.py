@@ -1,8 +1,8 @@
 """The REAPI client's errors: what the caller may fall back from, and what it must fix.
 
 - :class:`RemoteUnavailable`: infrastructure trouble (unreachable, no answer within
-  the deadline, overloaded, the connection lost, no worker took the action, the
-  server's own UNAVAILABLE). The caller may run the action locally instead; the
+  the deadline, overloaded (:class:`RemoteOverloaded`), the connection lost, no worker
+  took the action, the server's own UNAVAILABLE). The caller may run the action locally instead; the
   ``reason`` is short and human ("unreachable: grpc://127.0.0.1:9 (connection refused)").
 - :class:`RemoteAuthError`: the server refused the credentials (UNAUTHENTICATED,
   PERMISSION_DENIED); the message names the header setting to fix.
@@ -35,6 +35,7 @@ __all__ = [
     "RemoteAuthError",
     "RemoteConfigError",
     "RemoteError",
+    "RemoteOverloaded",
     "RemoteRejected",
     "RemoteUnavailable",
 ]
@@ -53,6 +54,11 @@ class RemoteUnavailable(RemoteError):
     reason: str
 
     template = "remote execution {url}: {reason}"
+
+
+class RemoteOverloaded(RemoteUnavailable):
+    """The server refused a call as overloaded (RESOURCE_EXHAUSTED): asking again later,
+    and sending fewer at once, serves."""
 
 
 class RemoteAuthError(RemoteError):

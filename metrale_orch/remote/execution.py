@@ -5,6 +5,9 @@
   that name, at most :data:`STREAM_RETRIES` times with a short pause; a name the server
   forgot (NOT_FOUND) starts Execute afresh (the action digest makes that idempotent).
   A failure before any operation arrived is not retried: a dead remote costs one call.
+- Each stream is a ``grpc.aio`` call awaited on the client's loop: cancelling the task
+  that awaits :func:`execute` cancels the stream (the server sees the cancel) and the
+  ``CancelledError`` goes on up.
 - Everything runs under one deadline. When it passes, the error says where the action
   was: still queued ("no worker for platform ... took the action"), executing, or never
   answered.
@@ -16,11 +19,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import grpc
+import grpc.aio
 from google.longrunning import operations_pb2
 from google.protobuf import timestamp_pb2
 
@@ -47,6 +53,9 @@ _BREAKS = frozenset(
     }
 )
 _STAGE = re_pb2.ExecutionStage
+_Req = TypeVar("_Req")
+#: An operation stream (Execute or WaitExecution).
+_Stream = grpc.aio.UnaryStreamCall[_Req, operations_pb2.Operation]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,7 +125,7 @@ class _Watch:
             self.stages.setdefault(meta.stage, time.monotonic())
 
 
-def execute(
+async def execute(
     rpc: Rpc,
     action: Digest,
     *,
@@ -151,7 +160,7 @@ def execute(
         if remaining <= 0:
             raise _deadline_error(rpc, watch, limit - start, platform)
         try:
-            op, why = _follow(rpc, request, watch, remaining, (limit - start, platform))
+            op, why = await _follow(rpc, request, watch, remaining, (limit - start, platform))
         except RemoteUnavailable:
             if not waiting or watch.stage != _STAGE.EXECUTING or time.monotonic() >= deadline:
                 raise
@@ -163,10 +172,10 @@ def execute(
             raise RemoteUnavailable(
                 rpc.url, f"the Execute stream broke {breaks} times (last: {why})"
             )
-        time.sleep(max(0.0, min(PAUSE * breaks, deadline - time.monotonic())))
+        await asyncio.sleep(max(0.0, min(PAUSE * breaks, deadline - time.monotonic())))
 
 
-def _follow(
+async def _follow(
     rpc: Rpc,
     request: re_pb2.ExecuteRequest,
     watch: _Watch,
@@ -175,19 +184,21 @@ def _follow(
 ) -> tuple[operations_pb2.Operation | None, str]:
     """One Execute or WaitExecution stream: (the finished operation, "") or (None, why it
     broke). Raises for a failure that is not a break."""
-    with rpc.streams.channel() as index:  # the connection with the fewest streams
+    calls = rpc.calls()
+    with calls.streams.channel() as index:  # the connection with the fewest streams
+        call: _Stream[re_pb2.WaitExecutionRequest] | _Stream[re_pb2.ExecuteRequest]
         if watch.name:
             call_name = "WaitExecution"
-            call = rpc.wait_execution[index](
+            call = calls.wait_execution[index](
                 re_pb2.WaitExecutionRequest(name=watch.name),
                 timeout=remaining,
                 metadata=rpc.metadata,
             )
         else:
             call_name = "Execute"
-            call = rpc.execute[index](request, timeout=remaining, metadata=rpc.metadata)
+            call = calls.execute[index](request, timeout=remaining, metadata=rpc.metadata)
         try:
-            for op in call:
+            async for op in call:
                 watch.see(op)
                 if op.done:
                     return op, ""

@@ -7,21 +7,25 @@ sends the same metadata with every call (the caller's headers and REAPI's
 ``RequestMetadata``), and turns every gRPC failure
 into one of :mod:`~metrale_orch.remote.errors` (:meth:`Rpc.error`). Its call objects
 are typed multicallables built from the generated descriptors' service and method
-names, so no method path is spelled by hand. A channel and its calls are
-thread-safe: one :class:`Rpc` serves every thread of a build.
+names, so no method path is spelled by hand. The channels are ``grpc.aio`` ones, bound to
+the event loop that opened them (:class:`Calls`, one per loop): every call of a build is a
+coroutine on that loop, and nothing holds a thread while it waits for the server.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import re
+import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import grpc
+import grpc.aio
 from google.longrunning import operations_pb2
 from google.protobuf.descriptor import FileDescriptor
 from google.protobuf.message import Message
@@ -34,11 +38,12 @@ from metrale_orch.remote.errors import (
     RemoteAuthError,
     RemoteConfigError,
     RemoteError,
+    RemoteOverloaded,
     RemoteRejected,
     RemoteUnavailable,
 )
 
-__all__ = ["Rpc", "code_of", "describe", "header_metadata", "parse_url", "status_error"]
+__all__ = ["Calls", "Rpc", "code_of", "describe", "header_metadata", "parse_url", "status_error"]
 
 #: Largest message the channel accepts or sends (batch calls stay well below).
 MAX_MESSAGE = 64 * 1024 * 1024
@@ -63,6 +68,7 @@ _HEADER_NAME = re.compile(r"[0-9a-z][0-9a-z_.-]*")
 _REQUEST_METADATA = "build.bazel.remote.execution.v2.requestmetadata-bin"
 
 _OPERATION = operations_pb2.Operation
+_RESULT = re_pb2.ActionResult
 Req = TypeVar("Req", bound=Message)
 Resp = TypeVar("Resp")
 Resp_co = TypeVar("Resp_co", covariant=True)
@@ -120,7 +126,8 @@ def describe(text: str | None, limit: int = 160) -> str:
 
 
 class Rpc:
-    """One channel and its typed calls (see the module docstring)."""
+    """The settings of one endpoint and its channels on an event loop (see the module
+    docstring): :meth:`calls` opens them on the running loop the first time."""
 
     def __init__(
         self,
@@ -131,7 +138,7 @@ class Rpc:
         ca_file: Path | None,
         streams: int = 100,
     ) -> None:
-        target, tls = parse_url(url)
+        self.target, tls = parse_url(url)
         self.url = url
         self.instance = instance
         self.header_names = tuple(name for name, _ in header_metadata(headers))
@@ -139,94 +146,71 @@ class Rpc:
             *header_metadata(headers),
             (_REQUEST_METADATA, _request_metadata()),
         )
+        self.creds: grpc.ChannelCredentials | None = None
+        if tls:
+            self.creds = grpc.ssl_channel_credentials(root_certificates=_read_ca(ca_file))
+        elif ca_file is not None:
+            raise RemoteConfigError("CA file", f"{ca_file} is set for a plaintext grpc:// URL")
+        self.size = channels_for(streams)
+        self._bound: Calls | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def calls(self) -> Calls:
+        """The typed calls on the running loop's channels, opened on first use. A call from
+        another loop (an earlier one ended) opens fresh channels there: a ``grpc.aio``
+        channel serves only the loop it was opened on."""
+        loop = asyncio.get_running_loop()
+        bound = self._bound
+        if bound is not None and bound.loop is loop:
+            return bound
+        if self._closed:
+            raise RemoteUnavailable(self.url, "the client was closed (the build stopped)")
+        with self._lock:
+            old, self._bound = self._bound, Calls(loop, self._open_channel, self.size)
+            if old is not None:
+                old.close()
+            return self._bound
+
+    def _open_channel(self, index: int) -> grpc.aio.Channel:
+        # A distinct argument and a subchannel pool of its own: gRPC would otherwise
+        # share one connection among channels to the same target.
         options: list[tuple[str, object]] = [
             ("grpc.max_receive_message_length", MAX_MESSAGE),
             ("grpc.max_send_message_length", MAX_MESSAGE),
             ("grpc.primary_user_agent", "metrale-orch"),
         ]
-        creds: grpc.ChannelCredentials | None = None
-        if tls:
-            creds = grpc.ssl_channel_credentials(root_certificates=_read_ca(ca_file))
-        elif ca_file is not None:
-            raise RemoteConfigError("CA file", f"{ca_file} is set for a plaintext grpc:// URL")
+        if index:
+            options += [("grpc.channel_pool_index", index), ("grpc.use_local_subchannel_pool", 1)]
+        if self.creds is None:
+            return grpc.aio.insecure_channel(self.target, options=options)
+        return grpc.aio.secure_channel(self.target, self.creds, options=options)
 
-        def open_channel(index: int) -> grpc.Channel:
-            # A distinct argument and a subchannel pool of its own: gRPC would otherwise
-            # share one connection among channels to the same target.
-            more: list[tuple[str, object]] = [
-                ("grpc.channel_pool_index", index),
-                ("grpc.use_local_subchannel_pool", 1),
-            ]
-            opts = options + more if index else options
-            if creds is None:
-                return grpc.insecure_channel(target, options=opts)
-            return grpc.secure_channel(target, creds, options=opts)
+    @property
+    def bound(self) -> Calls | None:
+        """The calls on the loop that last used this endpoint (None before any call)."""
+        return self._bound
 
-        self.channel = open_channel(0)
-        #: The Execute streams' channels: this one first, more for more streams.
-        self.streams = ChannelPool(self.channel, open_channel, channels_for(streams))
-        ch, re_file, bs_file = self.channel, re_pb2.DESCRIPTOR, bs_pb2.DESCRIPTOR
-        cas, ac = "ContentAddressableStorage", "ActionCache"
-        self.get_capabilities = _unary(
-            ch,
-            (re_file, "Capabilities", "GetCapabilities"),
-            re_pb2.GetCapabilitiesRequest,
-            re_pb2.ServerCapabilities,
-        )
-        self.find_missing = _unary(
-            ch,
-            (re_file, cas, "FindMissingBlobs"),
-            re_pb2.FindMissingBlobsRequest,
-            re_pb2.FindMissingBlobsResponse,
-        )
-        self.batch_update = _unary(
-            ch,
-            (re_file, cas, "BatchUpdateBlobs"),
-            re_pb2.BatchUpdateBlobsRequest,
-            re_pb2.BatchUpdateBlobsResponse,
-        )
-        self.batch_read = _unary(
-            ch,
-            (re_file, cas, "BatchReadBlobs"),
-            re_pb2.BatchReadBlobsRequest,
-            re_pb2.BatchReadBlobsResponse,
-        )
-        self.get_action_result = _unary(
-            ch,
-            (re_file, ac, "GetActionResult"),
-            re_pb2.GetActionResultRequest,
-            re_pb2.ActionResult,
-        )
-        self.update_action_result = _unary(
-            ch,
-            (re_file, ac, "UpdateActionResult"),
-            re_pb2.UpdateActionResultRequest,
-            re_pb2.ActionResult,
-        )
-        #: Execute and WaitExecution on each stream channel.
-        self.execute = [
-            _stream(c, (re_file, "Execution", "Execute"), re_pb2.ExecuteRequest, _OPERATION)
-            for c in self.streams.channels
-        ]
-        self.wait_execution = [
-            _stream(
-                c, (re_file, "Execution", "WaitExecution"), re_pb2.WaitExecutionRequest, _OPERATION
-            )
-            for c in self.streams.channels
-        ]
-        self.read = _stream(
-            ch, (bs_file, "ByteStream", "Read"), bs_pb2.ReadRequest, bs_pb2.ReadResponse
-        )
-        self.write: grpc.StreamUnaryMultiCallable[bs_pb2.WriteRequest, bs_pb2.WriteResponse] = (
-            ch.stream_unary(
-                _path((bs_file, "ByteStream", "Write")),
-                request_serializer=_serialize,
-                response_deserializer=bs_pb2.WriteResponse.FromString,
-            )
-        )
+    async def aclose(self) -> None:
+        """Close the running loop's channels and wait until they are closed."""
+        with self._lock:
+            self._closed = True
+            bound = self._bound
+            if bound is None or bound.loop is not asyncio.get_running_loop():
+                bound = None
+            else:
+                self._bound = None
+        if bound is not None:
+            await bound.streams.close()
 
     def close(self) -> None:
-        self.streams.close()
+        """Close the channels (from any thread): calls in flight fail at once, later ones
+        raise :class:`RemoteUnavailable`."""
+        with self._lock:
+            self._closed = True
+            bound, self._bound = self._bound, None
+        if bound is not None:
+            bound.close()
 
     def resource_prefix(self) -> str:
         """``{instance}/`` (nothing for the default instance), for ByteStream names."""
@@ -243,6 +227,8 @@ class Rpc:
     ) -> RemoteError:
         if code in AUTH_CODES:
             return RemoteAuthError(self.url, code.name, detail, self.header_names)
+        if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+            return RemoteOverloaded(self.url, self._reason(code, detail, call, timeout))
         if code in INFRA_CODES:
             return RemoteUnavailable(self.url, self._reason(code, detail, call, timeout))
         return RemoteRejected(self.url, call, code.name, detail)
@@ -265,6 +251,102 @@ class Rpc:
         if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
             return f"{call}: the server is overloaded ({detail})"
         return f"{call} failed ({code.name}: {detail})"
+
+
+class Calls:
+    """One event loop's channels (:class:`ChannelPool`) and the typed calls on each: one
+    connection carries ~100 streams, unary calls are streams too, so every call goes to
+    the channel with the fewest in flight."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, make: Callable[[int], grpc.aio.Channel], size: int
+    ) -> None:
+        self.loop = loop
+        self.streams = ChannelPool(make, size)
+        self._closing: set[asyncio.Future[None]] = set()
+        channels, re_file, bs_file = self.streams.channels, re_pb2.DESCRIPTOR, bs_pb2.DESCRIPTOR
+        cas, ac, ex = "ContentAddressableStorage", "ActionCache", "Execution"
+        # Each call on every channel: a call goes to the one with the fewest in flight.
+        self.get_capabilities = _unary(
+            channels,
+            (re_file, "Capabilities", "GetCapabilities"),
+            re_pb2.GetCapabilitiesRequest,
+            re_pb2.ServerCapabilities,
+        )
+        self.find_missing = _unary(
+            channels,
+            (re_file, cas, "FindMissingBlobs"),
+            re_pb2.FindMissingBlobsRequest,
+            re_pb2.FindMissingBlobsResponse,
+        )
+        self.batch_update = _unary(
+            channels,
+            (re_file, cas, "BatchUpdateBlobs"),
+            re_pb2.BatchUpdateBlobsRequest,
+            re_pb2.BatchUpdateBlobsResponse,
+        )
+        self.batch_read = _unary(
+            channels,
+            (re_file, cas, "BatchReadBlobs"),
+            re_pb2.BatchReadBlobsRequest,
+            re_pb2.BatchReadBlobsResponse,
+        )
+        self.get_action_result = _unary(
+            channels, (re_file, ac, "GetActionResult"), re_pb2.GetActionResultRequest, _RESULT
+        )
+        self.update_action_result = _unary(
+            channels, (re_file, ac, "UpdateActionResult"), re_pb2.UpdateActionResultRequest, _RESULT
+        )
+        self.execute = _stream(
+            channels, (re_file, ex, "Execute"), re_pb2.ExecuteRequest, _OPERATION
+        )
+        self.wait_execution = _stream(
+            channels, (re_file, ex, "WaitExecution"), re_pb2.WaitExecutionRequest, _OPERATION
+        )
+        self.read = _stream(
+            channels, (bs_file, "ByteStream", "Read"), bs_pb2.ReadRequest, bs_pb2.ReadResponse
+        )
+        self.write: list[
+            grpc.aio.StreamUnaryMultiCallable[bs_pb2.WriteRequest, bs_pb2.WriteResponse]
+        ] = [
+            c.stream_unary(
+                _path((bs_file, "ByteStream", "Write")),
+                request_serializer=_serialize,
+                response_deserializer=bs_pb2.WriteResponse.FromString,
+            )
+            for c in channels
+        ]
+
+    async def unary(
+        self,
+        method: list[grpc.aio.UnaryUnaryMultiCallable[Req, Resp]],
+        request: Req,
+        *,
+        timeout: float,
+        metadata: tuple[tuple[str, str | bytes], ...],
+    ) -> Resp:
+        """One unary call (``method``: its callables, one per channel) on the connection
+        with the fewest calls in flight."""
+        with self.streams.channel(stream=False) as index:
+            return await method[index](request, timeout=timeout, metadata=metadata)
+
+    def close(self) -> None:
+        """Close the channels from any thread: on their loop's thread a task closes them
+        at its next turn, from another thread the close is handed to their loop, and the
+        channels of a loop that no longer runs are dropped (nothing can be in flight)."""
+        loop = self.loop
+        if loop.is_closed() or not loop.is_running():
+            return
+        try:
+            here = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            here = False
+        if here:
+            task = loop.create_task(self.streams.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+        else:
+            asyncio.run_coroutine_threadsafe(self.streams.close(), loop)
 
 
 def status_error(rpc: Rpc, status: status_pb2.Status, call: str, timeout: float) -> RemoteError:
@@ -301,21 +383,36 @@ class _FromString(Protocol[Resp_co]):
 
 
 def _unary(
-    channel: grpc.Channel, method: _Method, request: type[Req], response: _FromString[Resp]
-) -> grpc.UnaryUnaryMultiCallable[Req, Resp]:
-    """A typed unary call (``request`` only types it: every message serializes alike)."""
-    return channel.unary_unary(
-        _path(method), request_serializer=_serialize, response_deserializer=response.FromString
-    )
+    channels: list[grpc.aio.Channel],
+    method: _Method,
+    request: type[Req],
+    response: _FromString[Resp],
+) -> list[grpc.aio.UnaryUnaryMultiCallable[Req, Resp]]:
+    """A typed unary call on each channel (``request`` only types it: every message
+    serializes alike)."""
+    path = _path(method)
+    return [
+        c.unary_unary(
+            path, request_serializer=_serialize, response_deserializer=response.FromString
+        )
+        for c in channels
+    ]
 
 
 def _stream(
-    channel: grpc.Channel, method: _Method, request: type[Req], response: _FromString[Resp]
-) -> grpc.UnaryStreamMultiCallable[Req, Resp]:
-    """A typed server-streaming call."""
-    return channel.unary_stream(
-        _path(method), request_serializer=_serialize, response_deserializer=response.FromString
-    )
+    channels: list[grpc.aio.Channel],
+    method: _Method,
+    request: type[Req],
+    response: _FromString[Resp],
+) -> list[grpc.aio.UnaryStreamMultiCallable[Req, Resp]]:
+    """A typed server-streaming call on each channel."""
+    path = _path(method)
+    return [
+        c.unary_stream(
+            path, request_serializer=_serialize, response_deserializer=response.FromString
+        )
+        for c in channels
+    ]
 
 
 def _read_ca(ca_file: Path | None) -> bytes | None:

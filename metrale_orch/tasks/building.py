@@ -176,7 +176,7 @@ def _remote_session(
 ) -> BuildSession:
     """A session whose compiles go to ``config.remote_executor`` through ``backend``."""
     executor = RemoteExecutor(
-        backend,  # type: ignore[arg-type]  # bridge until the backend runs on the loop
+        backend,
         local_executor(config.jobs, build_dir, config.memory),
         remote_jobs=config.remote_jobs,
         strict=config.remote_strict,

@@ -15,6 +15,7 @@ Every call's method and metadata are recorded::
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
@@ -25,6 +26,9 @@ from typing import Any
 import grpc
 from google.longrunning import operations_pb2
 
+from metrale_orch.executor.action import RemoteForm
+from metrale_orch.executor.offload import RemoteRun
+from metrale_orch.executor.reapi import ReapiBackend
 from metrale_orch.remote._proto import (
     bytestream_pb2,
     bytestream_pb2_grpc,
@@ -33,7 +37,7 @@ from metrale_orch.remote._proto import (
 )
 from metrale_orch.remote.digest import Digest
 
-__all__ = ["FakeRemote", "fake_remote", "operation"]
+__all__ = ["FakeRemote", "fake_remote", "operation", "run_once"]
 
 re_pb2 = remote_execution_pb2
 
@@ -219,3 +223,16 @@ def fake_remote(threads: int = 16) -> Iterator[FakeRemote]:
         yield fake
     finally:
         server.stop(grace=None).wait()
+
+
+def run_once(backend: ReapiBackend, form: RemoteForm, timeout: float = 30.0) -> RemoteRun:
+    """``backend.run(form)`` on a loop of its own, as ``remote check`` runs it: the
+    backend's channels are closed after it (the loop ends with the call)."""
+
+    async def once() -> RemoteRun:
+        try:
+            return await backend.run(form, timeout=timeout)
+        finally:
+            await backend.client.aclose()
+
+    return asyncio.run(once())

@@ -19,6 +19,9 @@ ran::
     engine.fake.methods()             # every call, in order
 
 Its CPU is the calling process's (``getrusage(RUSAGE_SELF)``), never a ``doit`` child's.
+:func:`standin_process` serves it from a process of its own instead, so that the caller's
+CPU and threads are the client's alone (``python -m tests.support.reapi_standin WORKERS
+SECONDS`` prints its URL, serves until its stdin closes, then prints its counts as JSON).
 """
 
 from __future__ import annotations
@@ -26,9 +29,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
+import resource
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -44,7 +52,7 @@ from tests.support.reapi_fake import _ByteStream as _SyncByteStream
 from tests.support.reapi_fake import _Capabilities as _SyncCapabilities
 from tests.support.reapi_fake import _Cas as _SyncCas
 
-__all__ = ["StandIn", "output_text", "standin_engine"]
+__all__ = ["EngineProcess", "StandIn", "output_text", "standin_engine", "standin_process"]
 
 _STAGE = re_pb2.ExecutionStage
 
@@ -64,6 +72,14 @@ class StandIn:
     executed: int = 0
     running: int = 0
     peak: int = 0
+    #: Execute streams the client cancelled while the engine served them.
+    cancelled: int = 0
+    #: Execute streams served at once before more are refused as RESOURCE_EXHAUSTED (0:
+    #: no limit), as an engine whose thread pool caps its calls does (BuildGrid), and
+    #: how many were refused.
+    capacity: int = 0
+    refused: int = 0
+    streams: int = 0
     _ids: Iterator[int] = field(default_factory=itertools.count)
     #: Made on the engine's loop (an asyncio semaphore belongs to one loop).
     _slots: asyncio.Semaphore | None = None
@@ -85,7 +101,24 @@ class StandIn:
     async def execute(
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
-        """The Execute script (see the module docstring)."""
+        """The Execute script (see the module docstring); counts a cancelled stream, and
+        refuses one beyond ``capacity``."""
+        if self.capacity and self.streams >= self.capacity:
+            self.refused += 1
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "thread pool exhausted")
+        self.streams += 1
+        try:
+            async for op in self._execute(request, context):
+                yield op
+        except asyncio.CancelledError:  # the client cancelled the call
+            self.cancelled += 1
+            raise
+        finally:
+            self.streams -= 1
+
+    async def _execute(
+        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
         self.fake.record("Execute", context)  # type: ignore[arg-type]
         action = re_pb2.Action.FromString(await self._blob(request.action_digest, context))
         command = re_pb2.Command.FromString(await self._blob(action.command_digest, context))
@@ -190,7 +223,16 @@ class _Execution(re_grpc.ExecutionServicer):
 
 
 async def _start(engine: StandIn) -> grpc.aio.Server:
-    server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 1 << 20)])
+    # gRPC's server cancels calls beyond 1,000 waiting for the application (its pending
+    # requests' soft limit): thousands of actions in flight arrive faster than one loop
+    # takes them, and a refused call would be the engine's doing, not the client's.
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_concurrent_streams", 1 << 20),
+            ("grpc.server.max_pending_requests", 1 << 20),
+            ("grpc.server.max_pending_requests_hard_limit", 1 << 20),
+        ]
+    )
     fake = engine.fake
     re_grpc.add_CapabilitiesServicer_to_server(_Capabilities(fake), server)  # type: ignore[no-untyped-call]
     re_grpc.add_ContentAddressableStorageServicer_to_server(_Cas(fake), server)  # type: ignore[no-untyped-call]
@@ -204,10 +246,11 @@ async def _start(engine: StandIn) -> grpc.aio.Server:
 
 
 @contextlib.contextmanager
-def standin_engine(workers: int, seconds: float) -> Iterator[StandIn]:
-    """Serve a stand-in engine of ``workers`` slots sleeping ``seconds`` per action, on an
-    event loop of its own thread, for the ``with`` block."""
-    engine = StandIn(FakeRemote(), workers, seconds)
+def standin_engine(workers: int, seconds: float, *, capacity: int = 0) -> Iterator[StandIn]:
+    """Serve a stand-in engine of ``workers`` slots sleeping ``seconds`` per action (and
+    at most ``capacity`` Execute streams at once, 0: any number), on an event loop of its
+    own thread, for the ``with`` block."""
+    engine = StandIn(FakeRemote(), workers, seconds, capacity=capacity)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="standin-engine", daemon=True)
     thread.start()
@@ -221,3 +264,51 @@ def standin_engine(workers: int, seconds: float) -> Iterator[StandIn]:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(30)
         loop.close()
+
+
+@dataclass
+class EngineProcess:
+    """A stand-in in a process of its own: its URL, and once it ended, its counts."""
+
+    url: str
+    #: CPU seconds (user + system) the engine's process spent, calls it answered, actions
+    #: it ran, and the most it ran at once.
+    cpu: float = 0.0
+    calls: int = 0
+    executed: int = 0
+    peak: int = 0
+
+
+@contextlib.contextmanager
+def standin_process(workers: int, seconds: float) -> Iterator[EngineProcess]:
+    """Serve a stand-in engine from a process of its own for the ``with`` block; its
+    counts are filled in when the block ends."""
+    argv = [sys.executable, "-m", "tests.support.reapi_standin", str(workers), str(seconds)]
+    repo = Path(__file__).resolve().parents[2]
+    with subprocess.Popen(
+        argv, cwd=repo, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        engine = EngineProcess(proc.stdout.readline().strip())
+        try:
+            yield engine
+        finally:
+            proc.stdin.close()
+            counts = json.loads(proc.stdout.read() or "{}")
+        for name in ("cpu", "calls", "executed", "peak"):
+            setattr(engine, name, counts.get(name, 0))
+
+
+def main() -> None:
+    """Serve until stdin closes (see the module docstring)."""
+    with standin_engine(workers=int(sys.argv[1]), seconds=float(sys.argv[2])) as engine:
+        print(engine.url, flush=True)
+        sys.stdin.read()
+        calls = len(engine.fake.methods())
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    counts = {"cpu": use.ru_utime + use.ru_stime, "calls": calls}
+    print(json.dumps(counts | {"executed": engine.executed, "peak": engine.peak}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

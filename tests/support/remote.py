@@ -4,6 +4,7 @@ the ones that start processes (``tests/scenarios/remote/``) alike.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -134,15 +135,13 @@ class FakeBackend:
         self._now = 0
         self._lock = threading.Lock()
 
-    def run(self, form: RemoteForm, *, timeout: float, cancel: threading.Event) -> RemoteRun:
+    async def run(self, form: RemoteForm, *, timeout: float) -> RemoteRun:
         with self._lock:
             self.forms.append(form)
             self._now += 1
             self.peak = max(self.peak, self._now)
         try:
-            end = time.monotonic() + self.delay
-            while time.monotonic() < end and not cancel.is_set():
-                time.sleep(0.01)
+            await asyncio.sleep(self.delay)  # cancelled when the build stops
             answer = self.answer
             if isinstance(answer, BaseException):
                 raise answer

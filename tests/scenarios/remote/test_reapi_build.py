@@ -30,11 +30,12 @@ import xxhash
 
 from metrale_orch.executor import RemoteForm
 from metrale_orch.executor.reapi import ReapiBackend
-from metrale_orch.remote.client import RemoteClient
+from metrale_orch.remote.client import AsyncRemoteClient
 from metrale_orch.steps.remote_form import platform_properties
 from metrale_orch.toolchain.definitions import builtin_toolchains
 from metrale_orch.toolchain.probe import find_toolchain
 from tests.support.reapi import ReapiStack, ReapiWorker
+from tests.support.reapi_fake import run_once
 from tests.support.remote import checkout
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
@@ -274,13 +275,10 @@ def test_an_action_past_its_timeout_is_a_compile_error(
     farm: tuple[ReapiStack, list[ReapiWorker]], tmp_path: Path
 ) -> None:
     stack, _ = farm
-    backend = ReapiBackend(RemoteClient(stack.url, instance=stack.instance, timeout=30))
+    backend = ReapiBackend(AsyncRemoteClient(stack.url, instance=stack.instance, timeout=30))
     form = script_form(tmp_path, "slow.sh", "sleep 30\n")
     start = time.monotonic()
-    try:
-        run = backend.run(form, timeout=1.0, cancel=threading.Event())
-    finally:
-        backend.close()
+    run = run_once(backend, form, timeout=1.0)
     assert run.returncode != 0 and "timeout" in run.stderr
     assert time.monotonic() - start < 20
 
@@ -342,7 +340,7 @@ def test_stop_ends_remote_actions_in_flight_at_once(
 
     stack, workers = farm
     form = script_form(tmp_path, "slow.sh", "sleep 30\n")
-    backend = ReapiBackend(RemoteClient(stack.url, instance=stack.instance, timeout=30))
+    backend = ReapiBackend(AsyncRemoteClient(stack.url, instance=stack.instance, timeout=30))
     ex = RemoteExecutor(backend, LocalExecutor(1))
     here = tmp_path / "ran-here"
     action = Action(argv=("/bin/sh", "-c", f"touch {here}"), cwd=tmp_path, remote=form, timeout=600)
@@ -371,9 +369,6 @@ def test_a_file_changed_since_staging_is_never_sent(
 
     stack, _ = farm
     form = script_form(tmp_path, "k.sh", "# edited after staging\n", staged="# as staged\n")
-    backend = ReapiBackend(RemoteClient(stack.url, instance=stack.instance, timeout=30))
-    try:
-        with pytest.raises(RemoteUnavailable, match="changed since it was staged"):
-            backend.run(form, timeout=10, cancel=threading.Event())
-    finally:
-        backend.close()
+    backend = ReapiBackend(AsyncRemoteClient(stack.url, instance=stack.instance, timeout=30))
+    with pytest.raises(RemoteUnavailable, match="changed since it was staged"):
+        run_once(backend, form, timeout=10)

@@ -18,10 +18,10 @@ from google.longrunning import operations_pb2
 
 from metrale_orch.executor import RemoteForm
 from metrale_orch.executor.reapi import ReapiBackend
-from metrale_orch.remote import Digest, RemoteClient, digest_bytes
+from metrale_orch.remote import AsyncRemoteClient, Digest, RemoteClient, digest_bytes
 from metrale_orch.remote._proto import remote_execution_pb2 as re_pb2
 from metrale_orch.remote.wire import digest_message
-from tests.support.reapi_fake import fake_remote, operation
+from tests.support.reapi_fake import fake_remote, operation, run_once
 
 STAGE = re_pb2.ExecutionStage
 
@@ -84,16 +84,14 @@ def test_an_action_cache_hit_uploads_and_executes_nothing(tmp_path: Path) -> Non
 
     with fake_remote() as fake:
         fake.execute = script
-        first = ReapiBackend(RemoteClient(fake.url))
-        ran = first.run(form, timeout=30, cancel=threading.Event())
+        first = ReapiBackend(AsyncRemoteClient(fake.url))
+        ran = run_once(first, form)
         assert not ran.cached and "Execute" in fake.methods()
-        first.close()
         (out / "a.ptx").unlink()
         with fake.lock:
             fake.calls.clear()
-        second = ReapiBackend(RemoteClient(fake.url))  # nothing known present: a new run
-        got = second.run(form, timeout=30, cancel=threading.Event())
-        second.close()
+        second = ReapiBackend(AsyncRemoteClient(fake.url))  # nothing known present: a new run
+        got = run_once(second, form)
         methods = fake.methods()
     assert got.cached and got.returncode == 0
     assert (out / "a.ptx").read_bytes() == ptx
@@ -128,9 +126,8 @@ def test_outputs_and_std_streams_come_back_in_one_batch_read(tmp_path: Path) -> 
 
     with fake_remote() as fake:
         fake.execute = script
-        backend = ReapiBackend(RemoteClient(fake.url))
-        got = backend.run(form, timeout=30, cancel=threading.Event())
-        backend.close()
+        backend = ReapiBackend(AsyncRemoteClient(fake.url))
+        got = run_once(backend, form)
         methods = fake.methods()
     assert got.returncode == 0 and got.stderr == "stderr bytes\n"
     assert (out / "a.ptx").read_bytes() == blobs["a.ptx"]

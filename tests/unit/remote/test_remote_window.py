@@ -4,8 +4,7 @@ actions wait long for a worker."""
 
 from __future__ import annotations
 
-import queue
-import threading
+import asyncio
 import time
 from pathlib import Path
 
@@ -22,43 +21,33 @@ class Engine:
     endpoint = "grpc://engine:1"
 
     def __init__(self, workers: int, seconds: float) -> None:
+        self.workers = workers
         self.seconds = seconds
         self.held = 0
         self.peaks: list[int] = []
-        self._lock = threading.Lock()
-        self._queue: queue.Queue[tuple[threading.Event, list[float]] | None] = queue.Queue()
-        self._workers = [threading.Thread(target=self._work) for _ in range(workers)]
-        for worker in self._workers:
-            worker.start()
+        #: Made on the loop that runs the actions (an asyncio semaphore belongs to one).
+        self._slots: asyncio.Semaphore | None = None
 
-    def _work(self) -> None:
-        while (job := self._queue.get()) is not None:
-            done, times = job
-            times.append(time.time())
-            time.sleep(self.seconds)
-            times.append(time.time())
-            done.set()
-
-    def run(self, form: RemoteForm, *, timeout: float, cancel: threading.Event) -> RemoteRun:
-        with self._lock:
-            self.held += 1
-            self.peaks.append(self.held)
+    async def run(self, form: RemoteForm, *, timeout: float) -> RemoteRun:
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.workers)
+        self.held += 1
+        self.peaks.append(self.held)
         try:
-            done, times = threading.Event(), [time.time()]
-            self._queue.put((done, times))
-            done.wait()
-            queued, start, end = times
+            queued = time.time()
+            async with self._slots:  # first come, first served
+                start = time.time()
+                await asyncio.sleep(self.seconds)
+                end = time.time()
             stages = {"queued": (queued, start), "executing": (start, end)}
             return RemoteRun(
                 returncode=0, stdout="", stderr="", seconds=end - queued, stages=stages
             )
         finally:
-            with self._lock:
-                self.held -= 1
+            self.held -= 1
 
     def close(self) -> None:
-        for _ in self._workers:
-            self._queue.put(None)
+        pass
 
 
 def _action(tmp_path: Path) -> Action:
