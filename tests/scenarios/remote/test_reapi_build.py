@@ -334,9 +334,9 @@ def test_stop_ends_remote_actions_in_flight_at_once(
 ) -> None:
     """Ctrl-C with remote compiles in flight: the channel closes, every action ends as
     stopped at once (not after its timeout), and nothing is run here instead."""
-    from metrale_orch.executor import Action, ActionStopped, LocalExecutor
-    from metrale_orch.executor.loop import ActionLoop
+    from metrale_orch.executor import Action, LocalExecutor
     from metrale_orch.executor.offload import RemoteExecutor
+    from tests.support.executor import stop_in_flight
 
     stack, workers = farm
     form = script_form(tmp_path, "slow.sh", "sleep 30\n")
@@ -345,18 +345,8 @@ def test_stop_ends_remote_actions_in_flight_at_once(
     here = tmp_path / "ran-here"
     action = Action(argv=("/bin/sh", "-c", f"touch {here}"), cwd=tmp_path, remote=form, timeout=600)
     before = executed(workers)
-    loop = ActionLoop(2)
-    futures = [loop.submit(ex.run(action)) for _ in range(2)]
-    deadline = time.monotonic() + 60
-    while executed(workers) - before < 1 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    start = time.monotonic()
-    ex.stop()
-    for fut in futures:
-        with pytest.raises(ActionStopped):
-            fut.result(timeout=10)
-    loop.close()
-    assert time.monotonic() - start < 5
+    took = stop_in_flight(ex, [action, action], lambda: executed(workers) - before >= 1)
+    assert took < 5
     assert not here.exists()
 
 

@@ -16,7 +16,11 @@ import pytest
 from metrale_orch.executor import PrioritySlots
 
 
-def test_the_longest_expected_action_starts_first() -> None:
+def _turns(waiting: list[tuple[str, float]], cancel: str = "") -> list[str]:
+    """The order in which ``waiting`` (name, expected seconds) get the one slot of a
+    :class:`PrioritySlots`, all in line behind a first holder; ``cancel``: the one
+    cancelled while in line."""
+
     async def main() -> list[str]:
         slots = PrioritySlots(1)
         order: list[str] = []
@@ -30,43 +34,25 @@ def test_the_longest_expected_action_starts_first() -> None:
 
         first = asyncio.create_task(take("first", 0))
         await asyncio.sleep(0)
-        waiters = [
-            asyncio.create_task(take(name, exp))
-            for name, exp in (("short", 0.1), ("long", 9.0), ("unknown", 0.0), ("mid", 2.0))
-        ]
+        tasks = {name: asyncio.create_task(take(name, exp)) for name, exp in waiting}
         await asyncio.sleep(0)
+        if cancel:
+            tasks.pop(cancel).cancel()
         gate.set()
-        await asyncio.wait_for(asyncio.gather(first, *waiters), 5)
+        await asyncio.wait_for(asyncio.gather(first, *tasks.values()), 5)
         return order
 
-    assert asyncio.run(main()) == ["first", "long", "mid", "short", "unknown"]
+    return asyncio.run(main())
+
+
+def test_the_longest_expected_action_starts_first() -> None:
+    waiting = [("short", 0.1), ("long", 9.0), ("unknown", 0.0), ("mid", 2.0)]
+    assert _turns(waiting) == ["first", "long", "mid", "short", "unknown"]
 
 
 def test_a_waiter_cancelled_in_line_takes_no_slot() -> None:
     """A pipeline cancelled while it waits leaves the line, and the slot goes on."""
-
-    async def main() -> list[str]:
-        slots = PrioritySlots(1)
-        order: list[str] = []
-        gate = asyncio.Event()
-
-        async def take(name: str, expected: float) -> None:
-            async with slots.slot(expected):
-                order.append(name)
-                if name == "first":
-                    await gate.wait()
-
-        first = asyncio.create_task(take("first", 0))
-        await asyncio.sleep(0)
-        gone = asyncio.create_task(take("gone", 9.0))
-        kept = asyncio.create_task(take("kept", 1.0))
-        await asyncio.sleep(0)
-        gone.cancel()
-        gate.set()
-        await asyncio.wait_for(asyncio.gather(first, kept), 5)
-        return order
-
-    assert asyncio.run(main()) == ["first", "kept"]
+    assert _turns([("gone", 9.0), ("kept", 1.0)], cancel="gone") == ["first", "kept"]
 
 
 def test_actions_of_one_process_try_no_slot_they_hold(

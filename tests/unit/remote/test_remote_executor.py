@@ -14,14 +14,13 @@ from pathlib import Path
 import pytest
 
 from metrale_orch.executor import ActionStopped, LocalExecutor
-from metrale_orch.executor.loop import ActionLoop
 from metrale_orch.executor.offload import (
     RemoteExecutor,
     RemoteRun,
     RemoteUnavailable,
 )
 from metrale_orch.proc import ProcessError
-from tests.support.executor import run_action, run_actions
+from tests.support.executor import run_action, run_actions, stop_in_flight
 from tests.support.remote import FakeBackend, action, ran_here
 
 
@@ -66,15 +65,8 @@ def test_remote_jobs_caps_actions_in_flight_independently_of_jobs(tmp_path: Path
 def test_stop_ends_actions_in_flight_and_refuses_the_rest(tmp_path: Path) -> None:
     backend = FakeBackend(delay=30)
     ex = RemoteExecutor(backend, LocalExecutor(1), remote_jobs=1)
-    loop = ActionLoop(2)
-    futures = [loop.submit(ex.run(action(tmp_path))) for _ in range(3)]
-    time.sleep(0.3)
-    start = time.monotonic()
-    ex.stop()
-    for fut in futures:
-        with pytest.raises(ActionStopped):
-            fut.result(timeout=5)
-    loop.close()
-    assert time.monotonic() - start < 2
+    begun = time.monotonic()
+    took = stop_in_flight(ex, [action(tmp_path) for _ in range(3)], lambda: ex.running == 1)
+    assert took < 2 and time.monotonic() - begun < 10
     with pytest.raises(ActionStopped):
         run_action(ex, action(tmp_path))
