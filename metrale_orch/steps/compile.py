@@ -55,6 +55,7 @@ from metrale_orch.toolchain.argv import (
 if TYPE_CHECKING:
     from metrale_orch.steps.session import BuildSession
 from metrale_orch.executor import Action, RemoteForm
+from metrale_orch.executor.loop import offload
 from metrale_orch.proc import ProcessError, format_argv
 
 __all__ = ["BuildContext", "run_compile", "step_argv", "sweep_tmp"]
@@ -180,36 +181,71 @@ async def run_compile(
     Raises :class:`CompileError`, or :class:`StageError` when the temporary
     directory or the mirror cannot be written.
     """
-    tmp = _temporary_dir(ctx, module)
+    # The file work around the compile (a temporary directory made and removed, the
+    # artefact and the dependency list read, the inputs hashed) goes to the loop's pool:
+    # on the loop each of those system calls would wait for the one before it.
+    tmp, steps, remote = await offload(_prepared, ctx, module)
     try:
-        steps = _render_steps(ctx, module, tmp)
-        remote = _remote_form(ctx, module, steps) if ctx.session.remote else None
         seconds, text, returncode, ran = await _run_steps(ctx, module, steps, expected, remote)
-        data, read = _results(ctx, module, steps, returncode, text)
-        where = ran.where
-        escape = _read_outside(ctx, steps, read) if where.startswith("remote") else ""
-        if remote is not None and escape:
+        done = await offload(_outcome, ctx, module, steps, returncode, text, ran.where)
+        if remote is not None and done.escape:
             # A remote worker read a file we cannot vouch for: compile here instead.
-            ctx.log.info("%s: %s: compiled again here: %s", ctx.plan.target, module.name, escape)
-            remote = replace(remote, local_reason=escape)
+            ctx.log.info(
+                "%s: %s: compiled again here: %s", ctx.plan.target, module.name, done.escape
+            )
+            remote = replace(remote, local_reason=done.escape)
             for stale in (steps.output, steps.depfile):  # the remote result's files
                 with contextlib.suppress(FileNotFoundError):
                     stale.unlink()
             seconds, text, returncode, ran = await _run_steps(ctx, module, steps, expected, remote)
-            data, read = _results(ctx, module, steps, returncode, text)
-        recorded = record_inputs(
-            read,
-            stage_dir=os.path.abspath(ctx.staged.dir),
-            cwd=os.path.abspath(steps.cwd),
-            module_cwd=module.cwd,
-            staged=ctx.staged.hashes,
-            roots=ctx.roots,
-            hasher=ctx.session.hasher,
-            system_dirs=ctx.system_dirs,
-        )
-        return data, seconds, tuple(Input(k, p, h) for k, p, h in recorded), ran
+            done = await offload(_outcome, ctx, module, steps, returncode, text, "")
+        return done.data, seconds, done.inputs, ran
     finally:
+        await offload(shutil.rmtree, tmp, True)
+
+
+def _prepared(ctx: BuildContext, module: ModulePlan) -> tuple[Path, _Steps, RemoteForm | None]:
+    """A compile's temporary directory, its steps rendered into it, and its remote form
+    where the session can send it (raises :class:`StageError`)."""
+    tmp = _temporary_dir(ctx, module)
+    try:
+        steps = _render_steps(ctx, module, tmp)
+        return tmp, steps, _remote_form(ctx, module, steps) if ctx.session.remote else None
+    except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    """What a compile that exited 0 produced: the artefact, the inputs it read, and what a
+    remote run of it read that this machine cannot vouch for ("" when nothing)."""
+
+    data: bytes
+    inputs: tuple[Input, ...]
+    escape: str
+
+
+def _outcome(
+    ctx: BuildContext, module: ModulePlan, steps: _Steps, returncode: int, text: str, where: str
+) -> _Outcome:
+    """The :class:`_Outcome` of a compile that ran ``where`` (raises CompileError)."""
+    data, read = _results(ctx, module, steps, returncode, text)
+    if where.startswith("remote"):
+        escape = _read_outside(ctx, steps, read)
+        if escape:
+            return _Outcome(data, (), escape)
+    recorded = record_inputs(
+        read,
+        stage_dir=os.path.abspath(ctx.staged.dir),
+        cwd=os.path.abspath(steps.cwd),
+        module_cwd=module.cwd,
+        staged=ctx.staged.hashes,
+        roots=ctx.roots,
+        hasher=ctx.session.hasher,
+        system_dirs=ctx.system_dirs,
+    )
+    return _Outcome(data, tuple(Input(k, p, h) for k, p, h in recorded), "")
 
 
 def _results(
