@@ -38,7 +38,7 @@ __all__ = ["SLOTS_DIR", "BuildSession", "Progress", "local_executor"]
 T = TypeVar("T")
 
 #: Threads of the session loop's pool: cache lookups and stores (file and network I/O).
-LOOP_WORKERS = 16
+LOOP_WORKERS = 8
 #: The machine-wide compile slots (``<build_dir>/.state/jobs/slot-N``).
 SLOTS_DIR = "jobs"
 
