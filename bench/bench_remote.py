@@ -1,6 +1,6 @@
 """X1-X3: remote execution and the REAPI tier (issue 20), against peers in the same run.
 
-    python bench/bench_remote.py x1 [OUT] [--remote-jobs 8]
+    python bench/bench_remote.py x1 [OUT] [--remote-jobs N]
     python bench/bench_remote.py x2 [OUT] [--workers 1,4,16] [--scale 0.1] [--action-seconds 0.2]
     python bench/bench_remote.py x2 [OUT] --simulated --workers 16,64,256 [--action-seconds 0.2]
         [--scale 1.0] [--before DIR] [--profile]
@@ -174,9 +174,9 @@ def x1(args: argparse.Namespace) -> None:
     )
     with postgres_cluster() as pg, engine(pg, 2, offering(REPO)) as stack:
         root = checkout(out, "sample-remote")
-        # BuildGrid here serves 64 calls at once (its thread pool): the default remote_jobs
-        # (100 Execute streams) starves the workers' own calls, and nothing runs remotely
-        # (--remote-jobs 0 measures that default).
+        # BuildGrid here serves 64 calls at once (its thread pool): the remote window starts
+        # at 16 Execute streams and grows only while workers take actions at once, so the
+        # default remote_jobs (unset) leaves the workers' own calls room (issue 45).
         jobs = {"METRALE_ORCH_REMOTE_JOBS": str(args.remote_jobs)} if args.remote_jobs else {}
         env = remote_env(out, stack, **jobs)
         remote = timed([PY, "-m", "doit", "build"], root, env)
@@ -363,7 +363,7 @@ def main() -> None:
         p = sub.add_parser(name)
         p.add_argument("out", type=Path, nargs="?", default=HERE / "out" / f"remote-{name}")
     sub.choices["x1"].add_argument(
-        "--remote-jobs", type=int, default=8, help="remote_jobs (0: the default, unset)"
+        "--remote-jobs", type=int, default=0, help="remote_jobs (0: the default, unset)"
     )
     x2_args = sub.choices["x2"]
     x2_args.add_argument("--workers", default="1,4,16")

@@ -139,9 +139,9 @@ def key_line_problem(line: str) -> str:
 _BOOLS = {"true": True, "1": True, "yes": True, "on": True,
           "false": False, "0": False, "no": False, "off": False}  # fmt: skip
 
-#: The most ``jobs`` (and ``remote_jobs``) a setting may ask for: each slot is a thread of
-#: doit's (``num_process``) or of the executor, and a jobserver slot file; past a few
-#: thousand threads a process cannot start more.
+#: The most ``jobs`` (and ``remote_jobs``) a setting may ask for: each local slot is a
+#: thread of doit's (``num_process``) and a jobserver slot file; each remote one an Execute
+#: stream (the actions in flight hold no thread: issue 45).
 MAX_JOBS = 1024
 #: The largest ``count`` (``log_max_bytes``, ``log_backups``): what a C ``long`` holds.
 _MAX_COUNT = 2**63 - 1

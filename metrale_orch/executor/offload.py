@@ -30,7 +30,7 @@ import contextlib
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -53,6 +53,8 @@ __all__ = [
 BREAKER_FAILURES = 3
 #: Seconds of waiting for a worker that count as a queue building up (see :class:`Window`).
 QUEUE_LONG = 0.25
+#: Actions the remote window starts with (see :class:`Window`).
+START = 16
 
 
 class RemoteUnavailable(MetraleError):
@@ -90,8 +92,15 @@ class RemoteBackend(Protocol):
     @property
     def endpoint(self) -> str: ...
 
-    async def run(self, form: RemoteForm, *, timeout: float) -> RemoteRun:
-        """On the build's event loop; cancelled (its calls with it) when the build stops."""
+    async def run(
+        self,
+        form: RemoteForm,
+        *,
+        timeout: float,
+        started: Callable[[float], None] | None = None,
+    ) -> RemoteRun:
+        """On the build's event loop; cancelled (its calls with it) when the build stops.
+        ``started`` is told the seconds the action waited for a worker, when one takes it."""
         ...
 
     def close(self) -> None: ...
@@ -143,29 +152,39 @@ class _Breaker:
 
 
 class Window:
-    """How many actions the engine is given at once: REAPI reports no worker count, so
-    the window starts at ``ceiling`` (``remote_jobs``) and follows the engine's queue:
-    an action that waited at least :data:`QUEUE_LONG` seconds, and at least half its run,
-    for a worker shrinks it by a quarter, one the engine refused for a while as
+    """How many actions the engine is given at once. REAPI reports no worker count, and an
+    engine that serves each call on a thread of a small pool (BuildGrid: 64) refuses its
+    own workers' calls once the Execute streams hold them all, so the window starts at
+    :data:`START` (``ceiling``, ``remote_jobs``, when smaller) and grows as the engine
+    shows room: by one for each action a worker takes within ``QUEUE_LONG / 2`` of its
+    sending (:meth:`started`: the window doubles per round trip while workers are free),
+    and by one for each that ends having hardly waited, or with no stage times (a cache
+    hit, an engine that reports none); up to ``ceiling``. It follows the engine's queue
+    down: an action that waited at least :data:`QUEUE_LONG` seconds, and at least half its
+    run, for a worker shrinks it by a quarter, one the engine refused for a while as
     overloaded (RESOURCE_EXHAUSTED: its ``throttled`` stage) halves it, either at most
-    once per window of actions ending; one that hardly waited grows it by one, up to
-    ``ceiling``. An action with no stage times (a cache hit, an engine that reports none)
-    changes nothing."""
+    once per window of actions ending."""
 
     def __init__(self, ceiling: int) -> None:
         self.ceiling = ceiling
-        self.limit = ceiling
+        self.limit = min(ceiling, START)
         #: Actions to end before the window may shrink again.
         self._hold = 0
 
+    def started(self, waited: float) -> None:
+        """A worker took an action ``waited`` seconds after it was sent."""
+        if waited < QUEUE_LONG / 2:
+            self.limit = min(self.ceiling, self.limit + 1)
+
     def ended(self, stages: Mapping[str, tuple[float, float]]) -> None:
-        """Adjust to one action's stage times (see the class docstring; under the lock)."""
+        """Adjust to one action's stage times (see the class docstring)."""
         queued, ran = stages.get("queued"), stages.get("executing")
         if "throttled" in stages:
             self._hold = max(0, self._hold - 1)
             self._shrink(self.limit // 2)
             return
         if queued is None:
+            self.limit = min(self.ceiling, self.limit + 1)
             return
         waited = queued[1] - queued[0]
         self._hold = max(0, self._hold - 1)
@@ -297,7 +316,9 @@ class RemoteExecutor:
             raise ActionStopped(f"{action.label or action.argv[0]}: not started: stopped")
         self._sent += 1
         run: RemoteRun | None = None
-        call = asyncio.ensure_future(self.backend.run(form, timeout=action.timeout))
+        call = asyncio.ensure_future(
+            self.backend.run(form, timeout=action.timeout, started=self._started)
+        )
         self._calls.add(call)
         try:
             run = await call
@@ -317,6 +338,12 @@ class RemoteExecutor:
         if self._cancel.is_set():
             raise ActionStopped(f"{action.label or action.argv[0]}: stopped")
         return run
+
+    def _started(self, waited: float) -> None:
+        """A worker took one of the actions sent (on the loop): the window may grow."""
+        was = self.window.limit
+        self.window.started(waited)
+        self._wake(self.window.limit - was)
 
     def _wake(self, places: int) -> None:
         while places > 0 and self._room:

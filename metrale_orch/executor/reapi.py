@@ -30,7 +30,7 @@ import posixpath
 import random
 import threading
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -123,12 +123,19 @@ class ReapiBackend:
     def close(self) -> None:
         self.client.close()
 
-    async def run(self, form: RemoteForm, *, timeout: float) -> RemoteRun:
+    async def run(
+        self,
+        form: RemoteForm,
+        *,
+        timeout: float,
+        started: Callable[[float], None] | None = None,
+    ) -> RemoteRun:
         """Run ``form`` on the engine and write its outputs; raises
         :class:`RemoteUnavailable` for infrastructure trouble (cancelling the awaiting
-        task cancels the calls in flight)."""
+        task cancels the calls in flight). ``started`` is told the seconds the action
+        waited for a worker, when one takes it."""
         try:
-            return await self._patient(form, timeout, time.perf_counter())
+            return await self._patient(form, timeout, time.perf_counter(), started)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is None or task.cancelling():  # this task was cancelled: go on up
@@ -149,7 +156,13 @@ class ReapiBackend:
         except OSError as exc:
             raise RemoteUnavailable(f"cannot read an input or write an output: {exc}") from None
 
-    async def _patient(self, form: RemoteForm, timeout: float, start: float) -> RemoteRun:
+    async def _patient(
+        self,
+        form: RemoteForm,
+        timeout: float,
+        start: float,
+        started: Callable[[float], None] | None,
+    ) -> RemoteRun:
         """:meth:`_run`, asked again after a pause (doubling, jittered) while the engine
         refuses it as overloaded, for at most ``queue_timeout`` seconds in all (as long
         as it may wait in the engine's own queue); the time so spent comes back as the
@@ -158,7 +171,7 @@ class ReapiBackend:
         give_up = time.monotonic() + self.queue_timeout
         while True:
             try:
-                run = await self._run(form, timeout, start)
+                run = await self._run(form, timeout, start, started)
             except RemoteOverloaded:
                 if time.monotonic() + pause > give_up:
                     raise
@@ -172,7 +185,13 @@ class ReapiBackend:
                 run, stages={**run.stages, "throttled": (since, time.time())}
             )
 
-    async def _run(self, form: RemoteForm, timeout: float, start: float) -> RemoteRun:
+    async def _run(
+        self,
+        form: RemoteForm,
+        timeout: float,
+        start: float,
+        started: Callable[[float], None] | None,
+    ) -> RemoteRun:
         from metrale_orch.remote.action import encode_action
 
         root = await self._input_root(form)
@@ -194,6 +213,7 @@ class ReapiBackend:
             timeout=timeout + self.queue_timeout,
             platform=form.platform,
             queue_timeout=self.queue_timeout,
+            on_executing=started,
         )
         if done.timed_out:
             return RemoteRun(

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -337,10 +337,12 @@ class AsyncRemoteClient:
         timeout: float,
         platform: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
         queue_timeout: float | None = None,
+        on_executing: Callable[[float], None] | None = None,
     ) -> ExecuteResult:
         """Run ``action`` (its blobs uploaded) and wait, ``timeout`` seconds in all; the
         result carries the exit code, whatever it is, and the stage timings. ``platform``
-        only words the error when no worker takes the action. Raises
+        only words the error when no worker takes the action; ``on_executing`` is told
+        the seconds it waited for a worker, when one takes it. Raises
         :class:`CapabilityError` when the server does not execute, and
         :class:`RemoteUnavailable`, :class:`RemoteAuthError` or :class:`RemoteRejected`.
         Cancelling the awaiting task cancels the Execute stream."""
@@ -353,6 +355,7 @@ class AsyncRemoteClient:
             timeout=timeout,
             platform=platform,
             queue_timeout=queue_timeout,
+            on_executing=on_executing,
         )
 
     @property

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -110,11 +110,14 @@ class ExecuteResult:
 
 @dataclass(slots=True)
 class _Watch:
-    """What the client has seen of one operation."""
+    """What the client has seen of one operation; ``on_executing`` is told, once, the
+    seconds from the call to a worker taking the action."""
 
     name: str = ""
     stage: int = _STAGE.UNKNOWN
     stages: dict[int, float] = field(default_factory=dict)
+    start: float = 0.0
+    on_executing: Callable[[float], None] | None = None
 
     def see(self, op: operations_pb2.Operation) -> None:
         if op.name:
@@ -122,7 +125,11 @@ class _Watch:
         meta = re_pb2.ExecuteOperationMetadata()
         if op.HasField("metadata") and op.metadata.Unpack(meta) and meta.stage != self.stage:
             self.stage = meta.stage
-            self.stages.setdefault(meta.stage, time.monotonic())
+            now = time.monotonic()
+            first = meta.stage not in self.stages
+            self.stages.setdefault(meta.stage, now)
+            if first and meta.stage == _STAGE.EXECUTING and self.on_executing is not None:
+                self.on_executing(now - self.start)
 
 
 async def execute(
@@ -133,10 +140,13 @@ async def execute(
     timeout: float,
     platform: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
     queue_timeout: float | None = None,
+    on_executing: Callable[[float], None] | None = None,
 ) -> ExecuteResult:
     """Run ``action`` remotely and wait for it, under ``timeout`` seconds in all, and at
     most ``queue_timeout`` seconds before a worker takes it (None: no bound but
     ``timeout``; no worker for the platform is then said after ``queue_timeout``).
+    ``on_executing`` is called with the seconds it waited when the server says a worker
+    took it.
 
     ``platform`` only words the error when no worker takes the action. Raises
     :class:`RemoteUnavailable` (the caller may fall back), :class:`RemoteAuthError`
@@ -149,7 +159,7 @@ async def execute(
         action_digest=digest_message(action),
         skip_cache_lookup=skip_cache_lookup,
     )
-    watch = _Watch()
+    watch = _Watch(start=start, on_executing=on_executing)
     breaks = 0
     queue_deadline = deadline if queue_timeout is None else min(deadline, start + queue_timeout)
     while True:

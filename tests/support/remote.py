@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,7 +135,13 @@ class FakeBackend:
         self._now = 0
         self._lock = threading.Lock()
 
-    async def run(self, form: RemoteForm, *, timeout: float) -> RemoteRun:
+    async def run(
+        self,
+        form: RemoteForm,
+        *,
+        timeout: float,
+        started: Callable[[float], None] | None = None,
+    ) -> RemoteRun:
         with self._lock:
             self.forms.append(form)
             self._now += 1

@@ -36,6 +36,7 @@ def test_an_overloaded_engine_is_asked_again_and_the_window_shrinks(tmp_path: Pa
 
 def test_a_throttled_action_halves_the_window() -> None:
     window = Window(100)
+    window.limit = 100  # grown to remote_jobs
     window.ended({"throttled": (0.0, 1.0), "queued": (1.0, 1.01)})
     assert window.limit == 50
     window.ended({"throttled": (0.0, 1.0)})  # within one window of the last back-off: held

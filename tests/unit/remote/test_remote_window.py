@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from metrale_orch.executor import Action, LocalExecutor, RemoteForm
-from metrale_orch.executor.offload import QUEUE_LONG, RemoteExecutor, RemoteRun, Window
+from metrale_orch.executor.offload import QUEUE_LONG, START, RemoteExecutor, RemoteRun, Window
 from tests.support.executor import run_actions
 
 
@@ -28,7 +29,13 @@ class Engine:
         #: Made on the loop that runs the actions (an asyncio semaphore belongs to one).
         self._slots: asyncio.Semaphore | None = None
 
-    async def run(self, form: RemoteForm, *, timeout: float) -> RemoteRun:
+    async def run(
+        self,
+        form: RemoteForm,
+        *,
+        timeout: float,
+        started: Callable[[float], None] | None = None,
+    ) -> RemoteRun:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.workers)
         self.held += 1
@@ -37,6 +44,8 @@ class Engine:
             queued = time.time()
             async with self._slots:  # first come, first served
                 start = time.time()
+                if started is not None:
+                    started(start - queued)
                 await asyncio.sleep(self.seconds)
                 end = time.time()
             stages = {"queued": (queued, start), "executing": (start, end)}
@@ -68,7 +77,7 @@ def test_the_window_backs_off_while_actions_queue_at_the_engine(tmp_path: Path) 
     ex = RemoteExecutor(engine, LocalExecutor(1), remote_jobs=12)
     run_actions(ex, [_action(tmp_path) for _ in range(60)])
     engine.close()
-    assert max(engine.peaks[:12]) == 12  # remote_jobs at first: no worker count is known
+    assert max(engine.peaks[:12]) == 12  # remote_jobs (below START) at first
     late = engine.peaks[40:]
     assert max(late) <= 8, engine.peaks  # backed off: fewer waiting at the engine
     assert ex.window.limit < 12
@@ -84,5 +93,25 @@ def test_the_window_grows_back_while_actions_hardly_wait() -> None:
     for _ in range(5):
         window.ended({"queued": (0.0, 0.01), "executing": (0.01, 1.0)})
     assert window.limit == 10  # up to remote_jobs, never past it
-    window.ended({})  # no stage times (a cache hit): no signal
+    window.ended({})  # no stage times (a cache hit): room, never past remote_jobs
     assert window.limit == 10
+
+
+def test_the_window_starts_small_and_doubles_while_workers_take_actions_at_once() -> None:
+    """An engine serving each call on a thread of a small pool (BuildGrid: 64) is not
+    flooded with Execute streams before it shows room; a free farm gets them fast."""
+    window = Window(1024)
+    assert window.limit == START
+    for _ in range(START):
+        window.started(0.01)  # taken at once: room for one more each
+    assert window.limit == 2 * START
+    window.started(QUEUE_LONG)  # taken after a wait: no more room
+    assert window.limit == 2 * START
+
+
+def test_a_free_engine_gets_remote_jobs_in_flight_soon(tmp_path: Path) -> None:
+    engine = Engine(workers=200, seconds=0.3)
+    ex = RemoteExecutor(engine, LocalExecutor(1), remote_jobs=200)
+    run_actions(ex, [_action(tmp_path) for _ in range(600)])
+    assert max(engine.peaks[:START]) <= START  # it started small
+    assert max(engine.peaks) == 200, max(engine.peaks)  # and reached remote_jobs
