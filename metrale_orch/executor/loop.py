@@ -93,10 +93,6 @@ class ActionLoop:
         if loop is not None:
             loop.call_soon_threadsafe(fn)
 
-    def on_loop(self) -> bool:
-        """Whether the calling thread is the loop's."""
-        return self._thread is not None and threading.current_thread() is self._thread
-
     def close(self) -> None:
         """Stop the loop after what is queued on it, and its pool; later submits fail."""
         with self._lock:

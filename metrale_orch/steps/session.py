@@ -142,8 +142,6 @@ class BuildSession:
         self.peaks: Mapping[tuple[str, str], int] = MappingProxyType(dict(peaks or {}))
         self._swept: set[str] = set()
         self._lock = threading.Lock()
-        #: The first pipeline of each key in flight (see ``submit_pipeline``).
-        self._in_flight: dict[str, Future[Any]] = {}
         # Planning and staging a target is Python and file work: as many at once as this
         # process has CPUs. All of doit's target threads preparing together made each
         # take as long as all of them, and the first compile waited for the first to end
