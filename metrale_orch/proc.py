@@ -63,6 +63,9 @@ class Completed:
     memory: int = 0
     #: Where its peak was not known, what it was at most (:attr:`Measured.bound`; 0: none).
     memory_bound: int = 0
+    #: Output files an executor brought back in memory instead of writing them (a remote
+    #: run's), by the local path the action names for each; the others are on disk.
+    outputs: Mapping[Path, bytes] = field(default_factory=dict)
 
 
 class ProcessError(MetraleError):

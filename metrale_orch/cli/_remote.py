@@ -139,7 +139,7 @@ def _check(args: argparse.Namespace, ctx: Context) -> int:
             print(f"remote check: {config.remote_executor}: FAILED: {exc.reason}", file=ctx.err)
             return 1
         wall = time.perf_counter() - start
-        if run.returncode != 0 or not local.is_file():
+        if run.returncode != 0 or not run.outputs.get(local):
             print(
                 f"remote check: {config.remote_executor}: the compile failed there "
                 f"(exit {run.returncode}): {(run.stderr or run.stdout).strip()[:400]}",

@@ -65,6 +65,11 @@ class Action:
     remote: RemoteForm | None = None
     #: Who asked (the target), for the counts of where actions ran.
     owner: str = ""
+    #: The directory the action writes its outputs into, made (with its parents) by an
+    #: executor that runs it here where it is not yet a directory (never through a link).
+    #: A remote run brings its outputs back in memory instead
+    #: (:attr:`~metrale_orch.proc.Completed.outputs`).
+    scratch: Path | None = None
 
 
 class ActionStopped(MetraleError):

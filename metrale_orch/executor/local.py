@@ -146,6 +146,8 @@ class LocalExecutor:
 
     async def _spawn(self, action: Action) -> Completed:
         start = time.perf_counter()
+        if action.scratch is not None:
+            _make_scratch(action)
         args, proc = start_process(action.argv, cwd=action.cwd, env=action.env, new_session=True)
         reaped = threading.Event()
         with self._lock:
@@ -173,6 +175,25 @@ class LocalExecutor:
             raise _KilledForMemory(args, proc.returncode, output=output, reason=KILLED_FOR_MEMORY)
         seconds = time.perf_counter() - start
         return finished(args, proc.returncode, out, err, seconds, proc.peak, proc.bound)
+
+
+def _make_scratch(action: Action) -> None:
+    """Make the action's new output directory, or raise :class:`ProcessError` saying why
+    not. A second step of the same compile finds it made by the first."""
+    assert action.scratch is not None
+    try:
+        os.makedirs(action.scratch.parent, exist_ok=True)
+        os.mkdir(action.scratch)
+    except FileExistsError:
+        if not action.scratch.is_dir() or action.scratch.is_symlink():
+            raise ProcessError(
+                action.argv,
+                None,
+                reason=f"{action.scratch} exists and is a link or not a directory",
+            ) from None
+    except OSError as exc:
+        reason = f"cannot create the directory {action.scratch}: {exc.strerror or exc}"
+        raise ProcessError(action.argv, None, reason=reason) from None
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop | None) -> bool:

@@ -32,6 +32,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from metrale_orch.errors import MetraleError
@@ -68,7 +69,7 @@ class RemoteUnavailable(MetraleError):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RemoteRun:
-    """What a remote action came back with (its outputs already written locally)."""
+    """What a remote action came back with (its outputs in memory, written nowhere)."""
 
     returncode: int
     stdout: str
@@ -82,10 +83,13 @@ class RemoteRun:
     stages: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     #: The worker that ran it, where known.
     worker: str = ""
+    #: A run that exited 0: each declared output's bytes, by its local path
+    #: (:attr:`RemoteForm.outputs`); the caller uses them where it would read the file.
+    outputs: Mapping[Path, bytes] = field(default_factory=dict)
 
 
 class RemoteBackend(Protocol):
-    """Runs one remote form on an engine and writes its outputs to their local paths.
+    """Runs one remote form on an engine and brings its outputs back in memory.
     Raises :class:`RemoteUnavailable` for infrastructure trouble; a non-zero exit is a
     :class:`RemoteRun`. ``close`` may be called from any thread: calls in flight fail."""
 
@@ -302,6 +306,7 @@ class RemoteExecutor:
             seconds=run.seconds,
             where=where,
             stages=run.stages,
+            outputs=run.outputs,
         )
 
     async def _send(self, action: Action, form: RemoteForm) -> RemoteRun:

@@ -1,4 +1,4 @@
-"""The REAPI glue of the remote executor: one remote form in, its outputs written here.
+"""The REAPI glue of the remote executor: one remote form in, its outputs' bytes out.
 
 :class:`ReapiBackend` is the :class:`~metrale_orch.executor.offload.RemoteBackend` on an
 :class:`~metrale_orch.remote.client.AsyncRemoteClient`: :meth:`ReapiBackend.run` is a
@@ -12,9 +12,10 @@ cache when its input root is not yet known present (a hit uploads and executes n
 otherwise Execute's own lookup serves, at no extra call), uploads what the CAS lacks
 (the input root's blobs once per target, FindMissingBlobs first, while the target's other
 modules wait for that upload; a module's own Command and Action without asking; digests
-already known present this run are not sent again), executes, and writes each declared
-output to its local path, verified against its SHA-256 (the outputs, stdout and stderr
-in one batch read where they fit). Errors map onto the executor's two kinds:
+already known present this run are not sent again), executes, and brings each declared
+output back in memory, verified against its SHA-256 (the outputs, stdout and stderr in one
+batch read where they fit): the compile takes the bytes where it would read its files, so a
+remote action writes, reads and removes no file here. Errors map onto the executor's two kinds:
 infrastructure (:class:`~metrale_orch.executor.offload.RemoteUnavailable`, run here
 instead) and a compile that ran and failed (a :class:`RemoteRun` with its exit code).
 Cancelling the task that awaits :meth:`ReapiBackend.run` cancels its calls in flight.
@@ -38,8 +39,7 @@ import xxhash
 
 from metrale_orch.executor.action import RemoteForm
 from metrale_orch.executor.offload import RemoteRun, RemoteUnavailable
-from metrale_orch.fsutil import write_atomic
-from metrale_orch.remote.digest import ON_LOOP, Digest
+from metrale_orch.remote.digest import Digest
 from metrale_orch.remote.errors import (
     BlobMissing,
     CorruptBlob,
@@ -130,7 +130,7 @@ class ReapiBackend:
         timeout: float,
         started: Callable[[float], None] | None = None,
     ) -> RemoteRun:
-        """Run ``form`` on the engine and write its outputs; raises
+        """Run ``form`` on the engine and bring its outputs back; raises
         :class:`RemoteUnavailable` for infrastructure trouble (cancelling the awaiting
         task cancels the calls in flight). ``started`` is told the seconds the action
         waited for a worker, when one takes it."""
@@ -195,7 +195,7 @@ class ReapiBackend:
         from metrale_orch.remote.action import encode_action
 
         root = await self._input_root(form)
-        outputs = {posixpath.relpath(rel, form.cwd): local for rel, local in form.outputs.items()}
+        outputs = {_from_cwd(rel, form.cwd): local for rel, local in form.outputs.items()}
         action = encode_action(form.argv, form.env, form.cwd, outputs, root, form.platform, timeout)
         # Inputs to send: ask the action cache first (a hit sends nothing). Once the root
         # is there, only the module's own Command and Action: Execute's lookup costs no call.
@@ -223,7 +223,9 @@ class ReapiBackend:
                 seconds=time.perf_counter() - start,
                 worker=done.timings.worker,
             )
-        stdout, stderr = await self._fetch(done.result, outputs if done.exit_code == 0 else {})
+        stdout, stderr, data = await self._fetch(
+            done.result, outputs if done.exit_code == 0 else {}
+        )
         return RemoteRun(
             returncode=done.exit_code,
             stdout=stdout.decode("utf-8", "replace"),
@@ -232,6 +234,7 @@ class ReapiBackend:
             cached=done.cached,
             stages=_stages(done, sent - start),
             worker=done.timings.worker,
+            outputs=data,
         )
 
     async def _worth_asking(self, root: Digest) -> bool:
@@ -264,7 +267,7 @@ class ReapiBackend:
     async def _cached(
         self, action: Digest, outputs: Mapping[str, Path], start: float
     ) -> RemoteRun | None:
-        """The action cache's successful result of ``action`` with its outputs written, or
+        """The action cache's successful result of ``action`` with its outputs, or
         None (a miss, a failed or incomplete result, a blob gone from the CAS, or a server
         without an action cache: then it is not asked again)."""
         try:
@@ -275,7 +278,7 @@ class ReapiBackend:
         if result is None or result.exit_code != 0:
             return None
         try:
-            stdout, stderr = await self._fetch(result, outputs)
+            stdout, stderr, data = await self._fetch(result, outputs)
         except (BlobMissing, CorruptBlob, RemoteUnavailable):  # evicted, bad, or no output
             return None
         return RemoteRun(
@@ -285,6 +288,7 @@ class ReapiBackend:
             seconds=time.perf_counter() - start,
             cached=True,
             worker=result.execution_metadata.worker,
+            outputs=data,
         )
 
     async def _input_root(self, form: RemoteForm) -> InputRoot:
@@ -360,8 +364,8 @@ class ReapiBackend:
 
     async def _fetch(
         self, result: ActionResult, outputs: Mapping[str, Path]
-    ) -> tuple[bytes, bytes]:
-        """The result's stdout and stderr, and each of ``outputs`` written to its local
+    ) -> tuple[bytes, bytes, dict[Path, bytes]]:
+        """The result's stdout and stderr, and the bytes of each of ``outputs`` by its local
         path: every blob they need read in one batch where they fit (verified)."""
         from metrale_orch.remote.wire import from_message
 
@@ -382,24 +386,21 @@ class ReapiBackend:
         data = await self.client.download_many(
             [*files.values(), *(d for d in std if d is not None)]
         )
-        written = {local: data[digest] for local, digest in files.items()}
-        # Small outputs are written on the loop (measured: a hop to the pool cost more
-        # CPU per action than it saved); big ones, whose writing takes long, by the pool.
-        if sum(d.size for d in files.values()) > ON_LOOP:
-            await asyncio.get_running_loop().run_in_executor(None, _write_outputs, written)
-        else:
-            _write_outputs(written)
         out, err = (
             bytes(raw) if digest is None else data[digest]
             for raw, digest in zip((result.stdout_raw, result.stderr_raw), std, strict=True)
         )
-        return out, err
+        return out, err, {local: data[digest] for local, digest in files.items()}
 
 
-def _write_outputs(outputs: Mapping[Path, bytes]) -> None:
-    """Write each output to its local path, atomically."""
-    for local, data in outputs.items():
-        write_atomic(local, data)
+def _from_cwd(rel: str, cwd: str) -> str:
+    """``posixpath.relpath(rel, cwd)`` of two root-relative paths (pure): by string work
+    where ``rel`` lies under ``cwd``, as an output does (relpath reads the working directory
+    twice)."""
+    prefix = "" if cwd == "." else f"{cwd}/"
+    if rel.startswith(prefix) and posixpath.normpath(rel) == rel and ".." not in rel:
+        return rel[len(prefix) :]
+    return posixpath.relpath(rel, cwd)
 
 
 def _digests(path: Path) -> tuple[Digest, str]:

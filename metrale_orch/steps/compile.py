@@ -16,8 +16,8 @@ import contextlib
 import logging
 import os
 import posixpath
+import secrets
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -42,6 +42,7 @@ from metrale_orch.steps.includes import (
     resolve_closure,
     scan_includes,
 )
+from metrale_orch.steps.keys import stage_relpath
 from metrale_orch.steps.plan_values import ModulePlan, TargetPlan
 from metrale_orch.steps.remote_form import OUT_DIR, remote_form
 from metrale_orch.steps.staging import StagedTarget
@@ -96,6 +97,17 @@ class BuildContext:
     #: Held while a module writes the stage's HIP mirror (the target's modules compile
     #: in parallel; the mirror and its record are one directory).
     mirror_lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Directory -> its real path, as far as this target's modules asked (:meth:`real`).
+    realpaths: dict[str, str] = field(default_factory=dict)
+
+    def real(self, directory: Path) -> str:
+        """``os.path.realpath(directory)``, remembered for this target's build: its
+        modules render their steps in the same few directories."""
+        key = os.fspath(directory)
+        found = self.realpaths.get(key)
+        if found is None:
+            found = self.realpaths[key] = os.path.realpath(key)
+        return found
 
 
 def sweep_tmp(tmp_root: Path, log: logging.Logger) -> None:
@@ -181,39 +193,34 @@ async def run_compile(
     Raises :class:`CompileError`, or :class:`StageError` when the temporary
     directory or the mirror cannot be written.
     """
-    # The file work around the compile (a temporary directory made and removed, the
-    # artefact and the dependency list read, the inputs hashed) goes to the loop's pool:
-    # on the loop each of those system calls would wait for the one before it.
-    tmp, steps, remote = await offload(_prepared, ctx, module)
+    # The file work around the compile (the artefact and the dependency list read, the
+    # inputs hashed, the temporary directory removed) goes to the loop's pool: on the loop
+    # each of those system calls would wait for the one before it. The temporary directory
+    # is made by the executor that runs the compile here: a remote run brings its outputs
+    # back in memory, and no file of it is written, read or removed.
+    steps, remote = await offload(_prepared, ctx, module)
     try:
-        seconds, text, returncode, ran = await _run_steps(ctx, module, steps, expected, remote)
-        done = await offload(_outcome, ctx, module, steps, returncode, text, ran.where)
+        ran_at = await _run_steps(ctx, module, steps, expected, remote)
+        done = await offload(_outcome, ctx, module, steps, ran_at)
         if remote is not None and done.escape:
             # A remote worker read a file we cannot vouch for: compile here instead.
             ctx.log.info(
                 "%s: %s: compiled again here: %s", ctx.plan.target, module.name, done.escape
             )
             remote = replace(remote, local_reason=done.escape)
-            for stale in (steps.output, steps.depfile):  # the remote result's files
-                with contextlib.suppress(FileNotFoundError):
-                    stale.unlink()
-            seconds, text, returncode, ran = await _run_steps(ctx, module, steps, expected, remote)
-            done = await offload(_outcome, ctx, module, steps, returncode, text, "")
-        return done.data, seconds, done.inputs, ran
+            ran_at = await _run_steps(ctx, module, steps, expected, remote)
+            done = await offload(_outcome, ctx, module, steps, ran_at)
+        return done.data, ran_at.seconds, done.inputs, ran_at.ran
     finally:
-        await offload(shutil.rmtree, tmp, True)
+        if os.path.lexists(steps.tmp):  # a run here made it
+            await offload(shutil.rmtree, steps.tmp, True)
 
 
-def _prepared(ctx: BuildContext, module: ModulePlan) -> tuple[Path, _Steps, RemoteForm | None]:
-    """A compile's temporary directory, its steps rendered into it, and its remote form
-    where the session can send it (raises :class:`StageError`)."""
-    tmp = _temporary_dir(ctx, module)
-    try:
-        steps = _render_steps(ctx, module, tmp)
-        return tmp, steps, _remote_form(ctx, module, steps) if ctx.session.remote else None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+def _prepared(ctx: BuildContext, module: ModulePlan) -> tuple[_Steps, RemoteForm | None]:
+    """A compile's steps, rendered into a temporary directory still to be made, and its
+    remote form where the session can send it (raises :class:`StageError`)."""
+    steps = _render_steps(ctx, module, _temporary_dir(ctx, module))
+    return steps, _remote_form(ctx, module, steps) if ctx.session.remote else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,12 +233,10 @@ class _Outcome:
     escape: str
 
 
-def _outcome(
-    ctx: BuildContext, module: ModulePlan, steps: _Steps, returncode: int, text: str, where: str
-) -> _Outcome:
-    """The :class:`_Outcome` of a compile that ran ``where`` (raises CompileError)."""
-    data, read = _results(ctx, module, steps, returncode, text)
-    if where.startswith("remote"):
+def _outcome(ctx: BuildContext, module: ModulePlan, steps: _Steps, ran: _Ran) -> _Outcome:
+    """The :class:`_Outcome` of a compile that ran as ``ran`` says (raises CompileError)."""
+    data, read = _results(ctx, module, steps, ran)
+    if ran.ran.where.startswith("remote"):
         escape = _read_outside(ctx, steps, read)
         if escape:
             return _Outcome(data, (), escape)
@@ -249,17 +254,26 @@ def _outcome(
 
 
 def _results(
-    ctx: BuildContext, module: ModulePlan, steps: _Steps, returncode: int, text: str
+    ctx: BuildContext, module: ModulePlan, steps: _Steps, ran: _Ran
 ) -> tuple[bytes, list[str]]:
     """The artefact's bytes and what the compile read (raises :class:`CompileError`)."""
-    fail = _failure(ctx, module, returncode, text)
-    try:
-        data = steps.output.read_bytes()
-    except OSError:
-        data = b""
+    fail = _failure(ctx, module, ran.returncode, ran.text)
+    data = _produced(steps.output, ran.outputs)
     if not data:
         raise fail(steps.argvs[-1], f"exited 0 but wrote no {module.artefact}")
-    return data, _files_read(ctx, module, steps, fail)
+    return data, _files_read(ctx, module, steps, fail, ran.outputs)
+
+
+def _produced(path: Path, outputs: Mapping[Path, bytes]) -> bytes:
+    """The bytes of an output file of the compile: those its executor brought back in
+    memory, else the file's (b"" when it is missing)."""
+    data = outputs.get(path)
+    if data is not None:
+        return data
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
 
 
 def _remote_form(ctx: BuildContext, module: ModulePlan, steps: _Steps) -> RemoteForm:
@@ -319,21 +333,33 @@ class _Steps:
 
     argvs: tuple[tuple[str, ...], ...]
     cwd: Path
+    #: The compile's temporary directory (made by an executor that runs it here).
+    tmp: Path
     output: Path
     depfile: Path
     #: The first step's intermediate file (two-step toolchains), else None.
     intermediate: Path | None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Ran:
+    """What the executor's runs of a compile's steps came back with."""
+
+    seconds: float
+    #: The compiler's output, every step's.
+    text: str
+    #: The last step's exit code.
+    returncode: int
+    ran: Ran
+    #: The outputs an executor brought back in memory (:attr:`Completed.outputs`).
+    outputs: Mapping[Path, bytes]
+
+
 def _temporary_dir(ctx: BuildContext, module: ModulePlan) -> Path:
-    """A fresh directory under the build's ``.tmp`` for one compile (raises StageError)."""
-    try:
-        ctx.tmp_root.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f"{module.name}.{os.getpid()}.", dir=ctx.tmp_root))
-    except OSError as exc:
-        raise StageError(
-            str(ctx.plan.target), str(ctx.tmp_root), f"cannot create a temporary directory: {exc}"
-        ) from None
+    """A new name under the build's ``.tmp`` for one compile's directory, ``<module>.<pid>.
+    <random>`` (what :func:`sweep_tmp` knows); the executor that runs the compile here
+    makes it, and fails when it exists."""
+    return ctx.tmp_root / f"{module.name}.{os.getpid()}.{secrets.token_hex(6)}"
 
 
 def step_argv(
@@ -377,7 +403,13 @@ def _render_steps(ctx: BuildContext, module: ModulePlan, tmp: Path) -> _Steps:
     (writes the HIP mirror first for a ``hip`` toolchain; raises StageError)."""
     plan, staged, tc = ctx.plan, ctx.staged, ctx.plan.toolchain
     cwd = staged.dir / module.cwd
-    here = os.path.realpath(cwd)
+    here = ctx.real(cwd)
+    # ``tmp`` is not made yet, and is no link when it is: its parent's real path will do.
+    real_tmp = os.path.join(ctx.real(tmp.parent), tmp.name)
+
+    def in_tmp(name: str) -> str:
+        return os.path.relpath(os.path.join(real_tmp, name), here)
+
     out = tmp / module.artefact
     depfile = tmp / "deps.d"
     compat = plan.hip_compat
@@ -399,12 +431,12 @@ def _render_steps(ctx: BuildContext, module: ModulePlan, tmp: Path) -> _Steps:
         program=str(ctx.program),
         here=here,
         source=source,
-        output=_relative(out, here),
-        intermediate="" if intermediate is None else _relative(intermediate, here),
+        output=in_tmp(out.name),
+        intermediate="" if intermediate is None else in_tmp(intermediate.name),
         layer_include=ctx.layer_includes.get(module.staged, ""),
     )
     if tc.depfile_args:
-        rel = _relative(depfile, here)
+        rel = in_tmp(depfile.name)
         argv = (*argv, *(a.format_map({"depfile": rel}) for a in tc.depfile_args))
     argvs = [tuple(argv)]
     if intermediate is not None:
@@ -414,13 +446,18 @@ def _render_steps(ctx: BuildContext, module: ModulePlan, tmp: Path) -> _Steps:
                     tc,
                     program=str(ctx.program),
                     arch=plan.arch,
-                    intermediate=_relative(intermediate, here),
-                    output=_relative(out, here),
+                    intermediate=in_tmp(intermediate.name),
+                    output=in_tmp(out.name),
                 )
             )
         )
     return _Steps(
-        argvs=tuple(argvs), cwd=cwd, output=out, depfile=depfile, intermediate=intermediate
+        argvs=tuple(argvs),
+        cwd=cwd,
+        tmp=tmp,
+        output=out,
+        depfile=depfile,
+        intermediate=intermediate,
     )
 
 
@@ -450,15 +487,15 @@ async def _run_steps(
     steps: _Steps,
     expected: float,
     remote: RemoteForm | None = None,
-) -> tuple[float, str, int, Ran]:
-    """Run each step through the session's executor: (seconds, the compiler's output,
-    the last exit code, where it ran). ``remote`` is the single step's remote form.
-    Raises :class:`CompileError`."""
+) -> _Ran:
+    """Run each step through the session's executor. ``remote`` is the single step's
+    remote form. Raises :class:`CompileError`."""
     target = str(ctx.plan.target)
     seconds = 0.0
     texts: list[str] = []
     returncode = 0
     ran = Ran()
+    outputs: dict[Path, bytes] = {}
     waited = 0.0
     # The toolchain's env_set is part of the command (HIP_PLATFORM=amd hipcc ...).
     assigned = set_environment_line(ctx.plan.toolchain)
@@ -481,6 +518,7 @@ async def _run_steps(
             label=f"{target} {module.name}",
             remote=remote if len(steps.argvs) == 1 else None,
             owner=target,
+            scratch=steps.tmp,
         )
         asked = time.perf_counter()
         try:
@@ -493,6 +531,7 @@ async def _run_steps(
         returncode = done.returncode
         memory, bound = max(ran.memory, done.memory), max(ran.bound, done.memory_bound)
         ran = Ran(where=done.where, stages=done.stages, waited=waited, memory=memory, bound=bound)
+        outputs.update(done.outputs)
         texts.append((done.stdout + done.stderr).strip())
         first = step is steps.argvs[0]
         if steps.intermediate is not None and first and not steps.intermediate.is_file():
@@ -501,7 +540,7 @@ async def _run_steps(
     text = "\n".join(t for t in texts if t)
     if text:
         ctx.log.info("%s: %s: compiler output:\n%s", target, module.name, text)
-    return seconds, text, returncode, ran
+    return _Ran(seconds=seconds, text=text, returncode=returncode, ran=ran, outputs=outputs)
 
 
 def _files_read(
@@ -509,6 +548,7 @@ def _files_read(
     module: ModulePlan,
     steps: _Steps,
     fail: Callable[[Sequence[str], str], CompileError],
+    outputs: Mapping[Path, bytes],
 ) -> list[str]:
     """What the compile read, as the compiler spelled it: its dependency list (mirrored
     files named as the staged files they were made from), else the scanned closure,
@@ -516,11 +556,8 @@ def _files_read(
     plan, staged = ctx.plan, ctx.staged
     tc = plan.toolchain
     if tc.depfile_args:
-        try:
-            text = steps.depfile.read_text(encoding="utf-8", errors="surrogateescape")
-            read = parse_depfile(text)
-        except OSError:
-            read = []
+        text = _produced(steps.depfile, outputs).decode("utf-8", "surrogateescape")
+        read = parse_depfile(text)
         if not read:
             reason = "exited 0 but wrote no dependency list (toolchain depfile_args)"
             raise fail(steps.argvs[0], reason)
@@ -536,7 +573,7 @@ def _files_read(
             includes_of=ctx.includes or scan_includes(staged),
             dirs=include_dirs(module.cwd, *words),
         )
-        read = [posixpath.relpath(p, module.cwd) for p in closure]
+        read = [stage_relpath(p, module.cwd) for p in closure]
     switches = env_switches(tc, plan.env)
     before, after = ctx.words.get(module.cwd, (plan.flags, switches.extra))
     files = [

@@ -26,7 +26,7 @@ from metrale_orch.steps.plan import PLAN_SCHEMA
 from metrale_orch.steps.plan_values import ModulePlan, TargetPlan
 from metrale_orch.steps.staging import StagedTarget
 
-__all__ = ["checkout_of", "embeds_paths", "module_key_parts", "module_parts"]
+__all__ = ["checkout_of", "embeds_paths", "module_key_parts", "module_parts", "stage_relpath"]
 
 
 #: Flags that embed absolute source paths in the artefact (line info, debug info).
@@ -60,7 +60,8 @@ def _within(path: str, start: str) -> str:
     return posixpath.relpath(path, start)
 
 
-def _relative(path: str, start: str) -> str:
+def stage_relpath(path: str, start: str) -> str:
+    """``posixpath.relpath(path, start)``, remembered for two clean stage-relative paths."""
     if path.startswith("/") or start.startswith("/") or ".." in f"/{path}/{start}/":
         return posixpath.relpath(path, start)  # the answer may depend on the directory
     return _within(path, start)
@@ -89,7 +90,7 @@ def module_key_parts(
         "argv": list(module.argv),
         "env": dict(plan.env),
         "module": {"entry": module.entry, "artefact": module.artefact},
-        "inputs": sorted([_relative(p, module.cwd), hashes[p]] for p in closure),
+        "inputs": sorted([stage_relpath(p, module.cwd), hashes[p]] for p in closure),
     }
     if flag_inputs:
         parts["flag_inputs"] = sorted([str(p), str(h)] for p, h in flag_inputs)

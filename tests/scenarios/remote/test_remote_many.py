@@ -55,7 +55,10 @@ async def run_sampled(url: str, forms: list[RemoteForm]) -> tuple[int, int]:
         await sampler
         await backend.client.aclose()
     assert all(r.returncode == 0 for r in runs)
-    assert all(f.outputs and all(p.is_file() for p in f.outputs.values()) for f in forms)
+    assert all(
+        f.outputs and set(r.outputs) == set(f.outputs.values())
+        for f, r in zip(forms, runs, strict=True)
+    )
     return peak
 
 

@@ -31,13 +31,16 @@ TARGET = "b300/qwen3-8b/bf16"
 
 class MaterialisingWorker:
     """Runs an action's remote form as a REAPI worker would: the input root's files copied
-    into a fresh directory, the form's environment only, outputs copied back. Actions
+    into a fresh directory, the form's environment only, outputs brought back in memory
+    (as :class:`~metrale_orch.executor.reapi.ReapiBackend` brings them). Actions
     without a form, or whose form says why not, run locally (recorded)."""
 
     def __init__(self) -> None:
         self.local = LocalExecutor(2)
         self.remote: list[Action] = []
         self.ran_here: list[str] = []
+        #: Per remote action, what its compile's temporary directory's parent held then.
+        self.scratch_seen: list[list[str]] = []
 
     @property
     def jobs(self) -> int:
@@ -56,6 +59,9 @@ class MaterialisingWorker:
             self.ran_here.append(form.local_reason if form else "no form")
             return await self.local.run(action)
         self.remote.append(action)
+        if action.scratch is not None:
+            parent = action.scratch.parent
+            self.scratch_seen.append(sorted(os.listdir(parent)) if parent.is_dir() else [])
         with tempfile.TemporaryDirectory() as tmp:
             top = Path(tmp)
             for rel in form.files:
@@ -68,9 +74,11 @@ class MaterialisingWorker:
             proc = subprocess.run(
                 form.argv, cwd=top / form.cwd, env=dict(form.env), capture_output=True, text=True
             )
-            for rel, local in form.outputs.items():
-                if (top / rel).is_file():
-                    shutil.copyfile(top / rel, local)
+            outputs = {
+                local: (top / rel).read_bytes()
+                for rel, local in form.outputs.items()
+                if (top / rel).is_file()
+            }
         return Completed(
             argv=form.argv,
             returncode=proc.returncode,
@@ -78,6 +86,7 @@ class MaterialisingWorker:
             stderr=proc.stderr,
             seconds=time.perf_counter() - start,
             where="remote",
+            outputs=outputs,
         )
 
 
@@ -119,6 +128,8 @@ def test_remote_forms_compile_to_the_same_bytes(tmp_path: Path) -> None:
     built = _artefacts(tmp_path / "remote")
     assert len(built) == len(result.modules) and built == _artefacts(tmp_path / "local")
     assert [m.key for m in result.modules] == [m.key for m in local.modules]
+    # A remote compile's outputs come back in memory: no temporary directory was made.
+    assert worker.scratch_seen == [[]] * len(worker.remote)
 
 
 @pytest.mark.nvcc

@@ -87,14 +87,14 @@ def test_an_action_cache_hit_uploads_and_executes_nothing(tmp_path: Path) -> Non
         first = ReapiBackend(AsyncRemoteClient(fake.url))
         ran = run_once(first, form)
         assert not ran.cached and "Execute" in fake.methods()
-        (out / "a.ptx").unlink()
         with fake.lock:
             fake.calls.clear()
         second = ReapiBackend(AsyncRemoteClient(fake.url))  # nothing known present: a new run
         got = run_once(second, form)
         methods = fake.methods()
     assert got.cached and got.returncode == 0
-    assert (out / "a.ptx").read_bytes() == ptx
+    assert got.outputs == {out / "a.ptx": ptx} == ran.outputs
+    assert not (out / "a.ptx").exists()  # brought back in memory, written nowhere
     assert methods == ["GetCapabilities", "GetActionResult", "BatchReadBlobs"], methods
 
 
@@ -130,6 +130,6 @@ def test_outputs_and_std_streams_come_back_in_one_batch_read(tmp_path: Path) -> 
         got = run_once(backend, form)
         methods = fake.methods()
     assert got.returncode == 0 and got.stderr == "stderr bytes\n"
-    assert (out / "a.ptx").read_bytes() == blobs["a.ptx"]
-    assert (out / "a.d").read_bytes() == blobs["a.d"]
+    assert got.outputs == {out / "a.ptx": blobs["a.ptx"], out / "a.d": blobs["a.d"]}
+    assert not any(out.iterdir())  # brought back in memory, written nowhere
     assert methods.count("BatchReadBlobs") == 1, methods

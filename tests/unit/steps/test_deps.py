@@ -17,7 +17,7 @@ from metrale_orch.steps.deps import (
     record_inputs,
 )
 from metrale_orch.steps.includes import include_dirs, parse_includes, pre_includes
-from metrale_orch.steps.keys import _relative, embeds_paths
+from metrale_orch.steps.keys import embeds_paths, stage_relpath
 
 
 def test_parse_depfile_nvcc_and_gcc_forms() -> None:
@@ -211,4 +211,4 @@ def test_key_paths_are_relpath(
     for cwd in (tmp_path, tmp_path / "deep" / "er"):
         cwd.mkdir(parents=True, exist_ok=True)
         monkeypatch.chdir(cwd)
-        assert _relative(path, start) == posixpath.relpath(path, start)
+        assert stage_relpath(path, start) == posixpath.relpath(path, start)
