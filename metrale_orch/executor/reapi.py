@@ -39,6 +39,7 @@ import xxhash
 
 from metrale_orch.executor.action import RemoteForm
 from metrale_orch.executor.offload import RemoteRun, RemoteUnavailable
+from metrale_orch.remote.coalesce import Coalesced
 from metrale_orch.remote.digest import Digest
 from metrale_orch.remote.errors import (
     BlobMissing,
@@ -115,6 +116,8 @@ class ReapiBackend:
         self._probes: dict[Digest, asyncio.Future[bool]] = {}
         #: Stage directory -> (its file mapping, the input root built from it), newest last.
         self._roots: dict[Path, tuple[Mapping[str, str], asyncio.Future[InputRoot]]] = {}
+        #: Small blobs sent unasked, many actions' in one call (see _upload).
+        self._unasked: Coalesced[Digest, Blob] = Coalesced(self._send_unasked)
 
     @property
     def endpoint(self) -> str:
@@ -358,9 +361,16 @@ class ReapiBackend:
         if not unknown:
             return
         # A module's own blobs (its Command and Action, a few hundred bytes) cost less to
-        # send than to ask about: one call, not two.
-        await self.client.upload(unknown, ask=sum(d.size for d in unknown) > ASK_ABOVE)
+        # send than to ask about: one call, not two; and those of the modules that come
+        # while that call is under way go together in the next.
+        if sum(d.size for d in unknown) > ASK_ABOVE:
+            await self.client.upload(unknown, ask=True)
+        else:
+            await self._unasked(unknown)
         self._present.update(unknown)
+
+    async def _send_unasked(self, blobs: dict[Digest, Blob]) -> None:
+        await self.client.upload(blobs, ask=False)
 
     async def _fetch(
         self, result: ActionResult, outputs: Mapping[str, Path]
