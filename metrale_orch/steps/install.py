@@ -20,7 +20,7 @@ from pathlib import Path
 
 from metrale_orch.canonical import readable_json
 from metrale_orch.defaults import render_defaults_header, render_defaults_json
-from metrale_orch.fsutil import FileState, bytes_digest, file_state, write_if_changed
+from metrale_orch.fsutil import FileState, SameBytes, bytes_digest, file_state, write_if_changed
 from metrale_orch.manifest import Manifest, ManifestShadow
 from metrale_orch.paths import MANIFEST_NAME, root_relative, target_dir
 from metrale_orch.steps.dropped import Drop
@@ -68,9 +68,11 @@ def install(
     *,
     build_dir: Path,
     dropped: Sequence[Drop],
+    same: SameBytes | None = None,
 ) -> tuple[str, dict[Path, FileState]]:
     """Install artefacts, defaults and the manifest of a build whose every module was
-    obtained; remove stale files.
+    obtained; remove stale files. Artefacts are written through ``same`` when given (a
+    link to the run's earlier file of the same bytes: a module shared by many targets).
 
     Returns the root-relative manifest path and, per installed file,
     ``[mtime_ns, size, xxh3-64]`` of what was installed.
@@ -95,7 +97,7 @@ def install(
             manifest_path: new_manifest,  # last: it vouches for the others
         }
         for path, data in files.items():
-            write_if_changed(path, data)
+            write_if_changed(path, data, None if path == manifest_path else same)
         keep = {*outputs, DEFAULTS_JSON, DEFAULTS_HEADER, MANIFEST_NAME}
         for child in dest.iterdir():
             if child.name not in keep and (child.is_file() or child.is_symlink()):

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from metrale_orch.config import default_jobs
 from metrale_orch.executor import Executor, LocalExecutor
 from metrale_orch.executor.loop import ActionLoop
+from metrale_orch.fsutil import SameBytes
 from metrale_orch.paths import STATE_DIR
 from metrale_orch.steps.deps import FileHasher
 from metrale_orch.steps.includes import Includes
@@ -128,6 +129,8 @@ class BuildSession:
         self.warnings: tuple[str, ...] = ()
         self.memo = ArtefactMemo()
         self.hasher = FileHasher()
+        #: The files this run staged and installed, by their bytes (links, not copies).
+        self.same_bytes = SameBytes()
         #: Content digest -> the include lines of a file with that content (every
         #: target stages the same shared files: each content is parsed once a run).
         self.includes_memo: dict[str, Includes] = {}

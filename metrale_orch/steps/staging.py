@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 
-from metrale_orch.fsutil import bytes_digest, bytes_hash, write_atomic
+from metrale_orch.fsutil import SameBytes, bytes_digest, bytes_hash, write_atomic
 from metrale_orch.paths import COMMON_DIR, root_relative
 from metrale_orch.steps.errors import ContainmentError, StageError
 from metrale_orch.tree import Layout, Role, redirect_manifest
@@ -272,10 +272,12 @@ def stage(
     stage_dir: Path,
     extra: Mapping[str, Path] | None = None,
     dirs: Iterable[str] = (),
+    same: SameBytes | None = None,
 ) -> StagedTarget:
     """Make ``stage_dir`` hold exactly :func:`plan_stage`'s files with their current bytes,
     and the (possibly empty) directories ``dirs`` (stage-relative): a compile's ``-I``
-    directory must exist for ``..`` to be walked through it.
+    directory must exist for ``..`` to be walked through it. A file is written through
+    ``same`` when given (a link to the run's earlier file of the same bytes).
 
     Raises :class:`StageError` when a source cannot be read or the stage
     cannot be written.
@@ -308,7 +310,10 @@ def stage(
         try:
             if _same_bytes(dest, data):
                 continue
-            write_atomic(dest, data)
+            if same is None:
+                write_atomic(dest, data)
+            else:
+                same.write(dest, data, hashes[rel])
         except OSError as exc:
             raise StageError(target, rel, f"cannot write {dest}: {exc}") from None
         written.append(rel)

@@ -290,6 +290,7 @@ def _build(
                     outputs,
                     build_dir=Path(config.build_dir),
                     dropped=prep.drops,
+                    same=session.same_bytes,
                 )
             install_args["bytes"] = sum(len(d) for d in outputs.values())
         counts = {"compiled": 0, "local": 0, "remote": 0, "memo": 0, "run": 0, "failed": 0}
@@ -377,6 +378,7 @@ def _prepare(
             stage_dir(build_dir, *_parts(layout.target)),
             beyond.files,
             dirs=[f"{TREE_DIR}/{d}" for d in layer_dirs_of(root, layout)] if beyond.files else (),
+            same=session.same_bytes,
         )
         # SPEC 3.3.2: what leaf forks drop from their common namesakes, read from the stage
         # with each root's own -I directories (a leaf module's are its compile's).
