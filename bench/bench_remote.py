@@ -50,7 +50,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 from bench_noop import FAKECC, TOOLCHAIN  # noqa: E402
-from bench_parallel import env_for  # noqa: E402  (cache off, a local cache of the run's own)
+from bench_parallel import TRASH, clean, empty_trash, env_for  # noqa: E402  (cache off, ...)
 
 from metrale_orch.steps.remote_form import platform_properties  # noqa: E402
 from metrale_orch.toolchain.definitions import builtin_toolchains, load_toolchains  # noqa: E402
@@ -202,8 +202,10 @@ def real_tree(args: argparse.Namespace) -> Path:
     sends ``FAKECC_SLEEP``, the action seconds, with every action)."""
     out: Path = args.out
     root = out / "real"
-    if root.exists():
-        shutil.rmtree(root)
+    if root.exists():  # moved away, not deleted: see fresh()
+        clean(root)
+        (out / TRASH).mkdir(exist_ok=True)
+        root.rename(out / TRASH / f"real-{time.time_ns()}")
     subprocess.run(
         [PY, str(HERE / "gen_tree.py"), str(root), "--profile", "real", "--scale", str(args.scale)],
         check=True,
@@ -222,8 +224,11 @@ def real_tree(args: argparse.Namespace) -> Path:
 
 
 def fresh(root: Path) -> None:
-    """No build and no doit state: every compile runs again."""
-    shutil.rmtree(root / "build", ignore_errors=True)
+    """No build and no doit state: every compile runs again. The last build is moved away
+    (:func:`bench_parallel.clean`), deleted when the bench ends: deleted here, its inodes
+    would make the next build's every file creation slower (ext4 without a journal skips
+    inodes freed in the last minutes), in this process's system time."""
+    clean(root)
     for db in root.glob(".doit.db*"):
         db.unlink()
 
@@ -380,7 +385,10 @@ def main() -> None:
     args = ap.parse_args()
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
-    {"x1": x1, "x2": x2, "x3": x3}[args.bench](args)
+    try:
+        {"x1": x1, "x2": x2, "x3": x3}[args.bench](args)
+    finally:
+        empty_trash(args.out)
 
 
 if __name__ == "__main__":
