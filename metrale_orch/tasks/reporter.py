@@ -123,7 +123,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         self._skipped: dict[str, list[str]] = {}
         self._ignored: list[str] = []
         self._stats: list[dict[str, int | float]] = []
-        self._spans: list[dict[str, object]] = []
+        self._spans: list[Mapping[str, object]] = []
         self._warnings: list[str] = []
         self._failed_names: list[str] = []
         self._any_build = False
@@ -409,7 +409,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         for warning in values.warnings or ():
             if warning not in self._warnings:
                 self._warnings.append(warning)
-        self._spans.extend(dict(span) for span in values.profile or ())
+        self._spans.extend(values.profile or ())  # read, never changed: no copy
 
 
 def _failed_values(fail: BaseException) -> BuildValues:
