@@ -447,10 +447,8 @@ class RemoteClient:
         return self.aio.channels
 
     def close(self) -> None:
-        """Close the channels and the loop thread; calls in flight fail."""
-        if self._loop.started:
-            self._run(self.aio.aclose())
-        self._loop.close()
+        """Close the channels on the loop, then the loop thread; calls in flight fail."""
+        self._loop.close(self.aio.aclose)
 
     def __enter__(self) -> RemoteClient:
         return self

@@ -15,10 +15,12 @@ coroutine on that loop, and nothing holds a thread while it waits for the server
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.metadata
 import re
 import threading
 import uuid
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -159,13 +161,14 @@ class Rpc:
     def calls(self) -> Calls:
         """The typed calls on the running loop's channels, opened on first use. A call from
         another loop (an earlier one ended) opens fresh channels there: a ``grpc.aio``
-        channel serves only the loop it was opened on."""
+        channel serves only the loop it was opened on. Raises :class:`RemoteUnavailable`
+        once closed."""
+        if self._closed:
+            raise RemoteUnavailable(self.url, "the client was closed (the build stopped)")
         loop = asyncio.get_running_loop()
         bound = self._bound
         if bound is not None and bound.loop is loop:
             return bound
-        if self._closed:
-            raise RemoteUnavailable(self.url, "the client was closed (the build stopped)")
         with self._lock:
             old, self._bound = self._bound, Calls(loop, self._open_channel, self.size)
             if old is not None:
@@ -192,23 +195,20 @@ class Rpc:
         return self._bound
 
     async def aclose(self) -> None:
-        """Close the running loop's channels and wait until they are closed."""
+        """Close the running loop's channels and wait until they are closed (also when
+        :meth:`close` began it from another thread)."""
         with self._lock:
             self._closed = True
             bound = self._bound
-            if bound is None or bound.loop is not asyncio.get_running_loop():
-                bound = None
-            else:
-                self._bound = None
-        if bound is not None:
-            await bound.streams.close()
+        if bound is not None and bound.loop is asyncio.get_running_loop():
+            await bound.aclose()
 
     def close(self) -> None:
-        """Close the channels (from any thread): calls in flight fail at once, later ones
-        raise :class:`RemoteUnavailable`."""
+        """Close the channels (from any thread, without waiting): calls in flight fail at
+        once, later ones raise :class:`RemoteUnavailable`."""
         with self._lock:
             self._closed = True
-            bound, self._bound = self._bound, None
+            bound = self._bound
         if bound is not None:
             bound.close()
 
@@ -263,7 +263,7 @@ class Calls:
     ) -> None:
         self.loop = loop
         self.streams = ChannelPool(make, size)
-        self._closing: set[asyncio.Future[None]] = set()
+        self._closing: asyncio.Task[None] | None = None
         channels, re_file, bs_file = self.streams.channels, re_pb2.DESCRIPTOR, bs_pb2.DESCRIPTOR
         cas, ac, ex = "ContentAddressableStorage", "ActionCache", "Execution"
         # Each call on every channel: a call goes to the one with the fewest in flight.
@@ -331,9 +331,11 @@ class Calls:
             return await method[index](request, timeout=timeout, metadata=metadata)
 
     def close(self) -> None:
-        """Close the channels from any thread: on their loop's thread a task closes them
-        at its next turn, from another thread the close is handed to their loop, and the
-        channels of a loop that no longer runs are dropped (nothing can be in flight)."""
+        """Close the channels from any thread, without waiting: on their loop's thread a
+        task closes them at its next turn; another thread hands the loop a callback that
+        starts that task (no coroutine crosses threads: one handed to a loop that stops
+        first would be dropped unawaited); the channels of a loop that no longer runs are
+        dropped (nothing can be in flight)."""
         loop = self.loop
         if loop.is_closed() or not loop.is_running():
             return
@@ -342,11 +344,24 @@ class Calls:
         except RuntimeError:
             here = False
         if here:
-            task = loop.create_task(self.streams.close())
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
+            self._start_close()
         else:
-            asyncio.run_coroutine_threadsafe(self.streams.close(), loop)
+            with contextlib.suppress(RuntimeError):  # the loop closed since
+                loop.call_soon_threadsafe(self._start_close)
+
+    async def aclose(self) -> None:
+        """Close the channels and wait until they are closed (on their loop)."""
+        await self._start_close()
+
+    def _start_close(self) -> asyncio.Task[None]:
+        """The task that closes the channels, started once (on their loop)."""
+        if self._closing is None:
+            close = self.streams.close()
+            self._closing = self.loop.create_task(close)
+            # A loop whose owner stops it in this very turn and closes it without another
+            # drops the task unrun: its coroutine is closed then, not left unawaited.
+            weakref.finalize(self._closing, close.close).atexit = False
+        return self._closing
 
 
 def status_error(rpc: Rpc, status: status_pb2.Status, call: str, timeout: float) -> RemoteError:

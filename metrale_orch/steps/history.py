@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from metrale_orch.canonical import canonical_json
+from metrale_orch.canonical import canonical_lines
 from metrale_orch.fsutil import write_atomic
 from metrale_orch.ownership import read_regular
 from metrale_orch.steps.errors import HistoryError
@@ -133,7 +133,7 @@ def last_compiling(history: Sequence[BuildRecord]) -> BuildRecord | None:
 
 def encode_history(history: Sequence[BuildRecord]) -> bytes:
     """The bytes of the history file: sorted keys, one build a line, oldest first (pure)."""
-    lines = ",\n".join(canonical_json(r.to_dict()) for r in history)
+    lines = ",\n".join(canonical_lines(r.to_dict() for r in history))
     return f'{{"schema":{SCHEMA},"builds":[\n{lines}\n]}}\n'.encode()
 
 

@@ -32,11 +32,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 from types import MappingProxyType
 from typing import Literal, TypeVar, get_args
 
-from metrale_orch.canonical import canonical_json
+from metrale_orch.canonical import canonical_json, canonical_lines
 from metrale_orch.steps.errors import ProfileError, ProfileMissing
 
 __all__ = [
@@ -64,6 +65,8 @@ SpanArgs = dict[str, ArgValue]
 
 T = TypeVar("T")
 _STEPS: frozenset[str] = frozenset(get_args(Step))
+#: The types of an arg value (:data:`ArgValue`), as ``isinstance`` checks them fastest.
+_ARGS = (str, int, float)
 #: A ``lookup`` span's ``source`` when another target of the run obtained the artefact.
 _SHARED_SOURCES = ("memo", "run")
 #: ``otherData.version`` of the file; bumped when the events' meaning changes.
@@ -122,9 +125,7 @@ class Span:
             end_ns=_int(doc, "end_ns"),
             pid=_int(doc, "pid"),
             tid=_int(doc, "tid"),
-            args=MappingProxyType(
-                {str(k): v for k, v in args.items() if isinstance(v, str | int | float)}
-            ),
+            args=MappingProxyType({str(k): v for k, v in args.items() if isinstance(v, _ARGS)}),
         )
 
     def to_event(self, origin_ns: int) -> dict[str, object]:
@@ -135,6 +136,10 @@ class Span:
         """
         ts = max(0, self.start_ns - origin_ns) // 1000
         end = max(0, self.end_ns - origin_ns) // 1000
+        args: dict[str, object] = {"target": self.target}
+        if self.module:
+            args["module"] = self.module
+        args.update(self.args)  # unsorted: the file's encoding sorts every key
         return {
             "name": self.name,
             "cat": self.step,
@@ -143,11 +148,7 @@ class Span:
             "dur": max(0, end - ts),
             "pid": self.pid,
             "tid": self.tid,
-            "args": {
-                "target": self.target,
-                **({"module": self.module} if self.module else {}),
-                **dict(sorted(self.args.items())),
-            },
+            "args": args,
         }
 
 
@@ -213,17 +214,19 @@ def trace_document(spans: Iterable[Span], *, origin_ns: int, main_pid: int) -> d
     ``worker 2``, … in the order they started work). Threads are ``main`` (the
     process's first thread) or ``thread 1``, ``thread 2``, … likewise.
     """
-    events = sorted((s.to_event(origin_ns) for s in spans), key=_event_order)
+    events = [s.to_event(origin_ns) for s in spans]
+    # By start, pid, tid, name, the longer first (an enclosing span before its first
+    # step): sorted by the last key first, as a stable sort keeps what it does not order.
+    events.sort(key=itemgetter("dur"), reverse=True)
+    events.sort(key=itemgetter("ts", "pid", "tid", "name"))
     processes: dict[int, str] = {}
     threads: dict[tuple[int, int], str] = {}
-    for event in events:
-        pid, tid = _num(event["pid"]), _num(event["tid"])
+    for pid, tid in dict.fromkeys(map(itemgetter("pid", "tid"), events)):  # as first seen
         if pid not in processes:
             workers = sum(1 for p in processes if p != main_pid)
             processes[pid] = "doit" if pid == main_pid else f"worker {workers + 1}"
-        if (pid, tid) not in threads:
-            others = sum(1 for p, t in threads if p == pid and t != p)
-            threads[pid, tid] = "main" if tid == pid else f"thread {others + 1}"
+        others = sum(1 for p, t in threads if p == pid and t != p)
+        threads[pid, tid] = "main" if tid == pid else f"thread {others + 1}"
     meta: list[dict[str, object]] = [
         {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": name}}
         for pid, name in sorted(processes.items())
@@ -279,8 +282,7 @@ def encode_profile(doc: Mapping[str, object]) -> bytes:
     """``doc`` as the bytes of ``profile.json``: sorted keys, one event per line (pure)."""
     events = doc.get("traceEvents", [])
     head = {k: v for k, v in sorted(doc.items()) if k != "traceEvents"}
-    lines = [canonical_json(e) for e in _list(events)]
-    body = ",\n".join(lines)
+    body = ",\n".join(canonical_lines(_list(events)))
     start = canonical_json(head)[:-1]
     sep = "," if head else ""
     return f'{start}{sep}"traceEvents":[\n{body}\n]}}\n'.encode()
@@ -469,17 +471,6 @@ def summarize_profile(events: Sequence[Mapping[str, object]], *, top: int = 10) 
     )
 
 
-def _event_order(event: Mapping[str, object]) -> tuple[int, int, int, str, int]:
-    """Start, pid, tid, name; the longer first (an enclosing span before its first step)."""
-    return (
-        _num(event["ts"]),
-        _num(event["pid"]),
-        _num(event["tid"]),
-        str(event["name"]),
-        -_num(event["dur"]),
-    )
-
-
 def _str(doc: Mapping[str, object], key: str) -> str:
     value = doc.get(key, "")
     if not isinstance(value, str):
@@ -489,7 +480,7 @@ def _str(doc: Mapping[str, object], key: str) -> str:
 
 def _int(doc: Mapping[str, object], key: str) -> int:
     value = doc.get(key)
-    if not isinstance(value, int) or isinstance(value, bool):
+    if type(value) is not int and (not isinstance(value, int) or isinstance(value, bool)):
         raise ValueError(f"{key}: expected an integer, got {_shown(value)}")
     return value
 

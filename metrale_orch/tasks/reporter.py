@@ -20,13 +20,12 @@ The words of each line are :mod:`~metrale_orch.tasks.report_lines`; how the run 
 Each build task returns a small value (:class:`~metrale_orch.tasks.values.BuildValues`:
 its outcome, module outcomes, this task's cache statistics, cache warnings, its profile
 spans); the reporter adds the statistics up, prints each distinct cache warning once,
-and hands what it gathered to the run, which writes ``<build_dir>/cache-stats.json``,
-``<build_dir>/profile.json`` (every target's spans, on the worker that ran them, as Chrome
-trace events: :mod:`metrale_orch.steps.profile`) and ``compile_commands.json`` (the parts
-every target's build wrote: :mod:`metrale_orch.steps.compdb`)
-(:meth:`~metrale_orch.tasks.run.Run.write_files`); the reporter only reports. A run that
-built nothing (a no-op) leaves the files of the last build that did in place, and costs
-nothing for them.
+and hands what it gathered to :mod:`~metrale_orch.tasks.run_files`, which writes
+``<build_dir>/cache-stats.json``, ``<build_dir>/profile.json`` (every target's spans, on
+the worker that ran them, as Chrome trace events: :mod:`metrale_orch.steps.profile`) and
+``compile_commands.json`` (the parts every target's build wrote:
+:mod:`metrale_orch.steps.compdb`); the reporter only reports. A run that built nothing (a
+no-op) leaves the files of the last build that did in place, and costs nothing for them.
 Other tasks (``check``, ``smoke:…``, ``coverage``) are reported as doit's console reporter
 does; a passing smoke or coverage task's ``summary`` value is printed last.
 
@@ -59,7 +58,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, TextIO
+from typing import TextIO
 
 from doit.exceptions import UnmetDependency
 from doit.reporter import ConsoleReporter
@@ -93,9 +92,6 @@ from metrale_orch.tasks.report_lines import (
 from metrale_orch.tasks.run_end import end_interrupted
 from metrale_orch.tasks.values import BuildValues, SummaryValues
 
-if TYPE_CHECKING:
-    from metrale_orch.tasks.run_files import RunTotals
-
 __all__ = ["BuildReporter"]
 
 _BASE = BUILD_TASK + ":"
@@ -127,7 +123,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         self._skipped: dict[str, list[str]] = {}
         self._ignored: list[str] = []
         self._stats: list[dict[str, int | float]] = []
-        self._spans: list[dict[str, object]] = []
+        self._spans: list[Mapping[str, object]] = []
         self._warnings: list[str] = []
         self._failed_names: list[str] = []
         self._any_build = False
@@ -373,15 +369,17 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         if self._remote:
             self.write(format_remote(self._remote) + "\n")
         if self._ran:  # a no-op run leaves the last build's report files in place
-            current_run().write_files(self._totals(), self.write)
+            self._write_files()
 
     # -- helpers ----------------------------------------------------------------------------------
 
-    def _totals(self) -> RunTotals:
-        """What the run's files are written from (:meth:`Run.write_files`)."""
-        from metrale_orch.tasks.run_files import RunTotals  # as the run: after a build only
+    def _write_files(self) -> None:
+        """Hand what the reporter gathered to :mod:`~metrale_orch.tasks.run_files`, which
+        writes the run's files (``self.write`` prints its lines). Imported here: a no-op
+        run (which writes none of them) never loads them."""
+        from metrale_orch.tasks.run_files import RunTotals, write_run_files
 
-        return RunTotals(
+        totals = RunTotals(
             stats=tuple(self._stats),
             remote=self._remote,
             spans=tuple(self._spans),
@@ -390,6 +388,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             built=tuple(self._built_targets()),
             scoped=self._scoped,
         )
+        write_run_files(current_run(), totals, self.write)
 
     def _built_targets(self) -> list[str]:
         """The targets of the run's build tasks (a plan that failed is no target)."""
@@ -410,7 +409,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         for warning in values.warnings or ():
             if warning not in self._warnings:
                 self._warnings.append(warning)
-        self._spans.extend(dict(span) for span in values.profile or ())
+        self._spans.extend(values.profile or ())  # read, never changed: no copy
 
 
 def _failed_values(fail: BaseException) -> BuildValues:

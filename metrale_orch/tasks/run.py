@@ -14,11 +14,11 @@ and the actions. It holds:
   obtained) and the opened cache, which every target this process builds shares;
 - the build actions in flight and the stop state (Ctrl-C, SIGTERM);
 - the build log's handle (:class:`~metrale_orch.tasks.buildlog.BuildLog`);
-- doit's loop: the project's build lock from its start to its end, the files the run
-  leaves, and the run's exit status (:meth:`Run.begin`, :meth:`Run.end`,
-  :meth:`Run.write_files`, :meth:`Run.exit_status`). doit's runner calls nothing of a
-  project's but its reporter, so the reporter hands both ends here, and what it gathered
-  from the targets' values; it only reports.
+- doit's loop: the project's build lock from its start to its end, and the run's exit
+  status (:meth:`Run.begin`, :meth:`Run.end`, :meth:`Run.exit_status`). doit's runner
+  calls nothing of a project's but its reporter, so the reporter hands both ends here,
+  and what it gathered to :mod:`~metrale_orch.tasks.run_files`, which writes the files a
+  run leaves; it only reports.
 
 Nothing of a run is kept at module level but the adapter's reference to the current one,
 so a process that runs doit again (``metrale-orch doit`` in process, a watch loop) starts
@@ -52,7 +52,6 @@ if TYPE_CHECKING:
     from metrale_orch.cache import Cache
     from metrale_orch.executor.loop import ActionLoop
     from metrale_orch.steps.session import BuildSession
-    from metrale_orch.tasks.run_files import RunTotals
 
 __all__ = ["RUN_ENV", "Run", "Stop"]
 
@@ -255,16 +254,6 @@ class Run:
             self._build_lock.release()
             self._build_lock = None
         self.log.flush()  # the run's lines are in the file when it ends
-
-    def write_files(self, totals: RunTotals, say: Callable[[str], None]) -> None:
-        """Write the files a run that ran something leaves (its cache statistics, profile,
-        build history, kept compile times, compilation database:
-        :mod:`~metrale_orch.tasks.run_files`) from what its reporter gathered; ``say``
-        prints a line. Never raises for a file it cannot write (one warning line)."""
-        # Imported here: a no-op run (which writes none of them) never loads them.
-        from metrale_orch.tasks.run_files import write_run_files
-
-        write_run_files(self, totals, say)
 
     @staticmethod
     def exit_status(

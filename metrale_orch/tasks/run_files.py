@@ -5,8 +5,8 @@ run's order and ETA), ``profile.json`` and the build history
 (:mod:`metrale_orch.steps.profile`, :mod:`metrale_orch.steps.history`), and
 ``compile_commands.json`` (:mod:`metrale_orch.steps.compdb`).
 
-The run writes them (:meth:`~metrale_orch.tasks.run.Run.write_files`: what its reporter
-gathered, as one :class:`RunTotals`); the reporter only reports. A file that cannot be
+:func:`write_run_files` writes them for a run from what its reporter gathered (one
+:class:`RunTotals`); the reporter only hands them over. A file that cannot be
 written is one warning line naming it and why, and never fails the run.
 """
 
@@ -39,7 +39,7 @@ from metrale_orch.steps.profile import Span, encode_profile, trace_document
 from metrale_orch.tasks.report_lines import remote_totals
 from metrale_orch.tree import LayoutError, Target, walk
 
-if TYPE_CHECKING:  # the run imports this module when it writes its files
+if TYPE_CHECKING:
     from metrale_orch.tasks.run import Run
 
 __all__ = [

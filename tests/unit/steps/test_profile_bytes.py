@@ -1,0 +1,41 @@
+"""profile.json and the build history keep their bytes (issue 45: the end-of-run writes
+were made cheaper, and no file of a run may change for it).
+
+``tests/cases/profile/spans.json`` holds a run's spans as its reporter gathers them
+(``Span.to_dict()`` each): doit's process and two workers, several threads, spans tied on
+start, pid, tid and name (the longer first, equal ones as given), an arg named like the
+span's target, non-ASCII text, compiles with a peak memory. ``profile.json`` and
+``profile-history.json`` beside it are the bytes the package wrote for them before that
+change (a history of this one build, ended at the case's ``finished_ns``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from metrale_orch.steps.history import encode_history, new_record
+from metrale_orch.steps.profile import Span, encode_profile, trace_document
+from tests.support import REPO
+
+CASE = REPO / "tests" / "cases" / "profile"
+
+
+def case_document() -> tuple[dict[str, Any], dict[str, object]]:
+    """The case and its trace document, made as the run's profile writer makes it."""
+    case: dict[str, Any] = json.loads((CASE / "spans.json").read_text(encoding="utf-8"))
+    spans = [Span.from_dict(s) for s in case["spans"]]
+    return case, trace_document(spans, origin_ns=case["origin_ns"], main_pid=case["main_pid"])
+
+
+def test_profile_json_keeps_its_bytes() -> None:
+    _, doc = case_document()
+    assert encode_profile(doc) == (CASE / "profile.json").read_bytes()
+
+
+def test_the_build_history_keeps_its_bytes() -> None:
+    case, doc = case_document()
+    events = doc["traceEvents"]
+    assert isinstance(events, list)
+    record = new_record((), events, finished_ns=case["finished_ns"], words=case["words"])
+    assert encode_history((record,)) == (CASE / "profile-history.json").read_bytes()
