@@ -50,6 +50,7 @@ __all__ = [
     "flag_files",
     "flag_values",
     "hashed_state",
+    "inputs_hold",
     "inputs_match",
     "parse_depfile",
     "record_inputs",
@@ -309,7 +310,27 @@ def inputs_match(
             isinstance(item, list) and len(item) == 3 and all(isinstance(x, str) for x in item)
         ):
             return False
-        kind, path, digest = item
+    return inputs_hold(
+        [Input(*item) for item in recorded],
+        module_cwd=module_cwd,
+        staged=staged,
+        roots=roots,
+        hasher=hasher,
+    )
+
+
+def inputs_hold(
+    inputs: Sequence[Input],
+    *,
+    module_cwd: str,
+    staged: Mapping[str, str],
+    roots: Sequence[str],
+    hasher: FileHasher,
+) -> bool:
+    """:func:`inputs_match` of inputs this run recorded itself (typed: no shape to check)."""
+    if not inputs:
+        return False
+    for kind, path, digest in inputs:
         if not digest:
             return False
         now = _current(

@@ -22,7 +22,7 @@ from metrale_orch.executor.loop import offload
 from metrale_orch.fsutil import bytes_hash
 from metrale_orch.manifest import ModuleOutcome
 from metrale_orch.steps.compile import BuildContext, run_compile
-from metrale_orch.steps.deps import Input, inputs_match
+from metrale_orch.steps.deps import Input, inputs_hold, inputs_match
 from metrale_orch.steps.errors import (
     CompileError,
     MissRefused,
@@ -194,7 +194,13 @@ def memo_hit(
     when every file its compile read still has the content it had (else None); records
     the lookup in ``args`` and counts it as shared in the run."""
     got = ctx.session.memo.get(key, module.artefact)
-    if got is None or not _still_valid(ctx, module, [list(i) for i in got.inputs]):
+    if got is None or not inputs_hold(
+        got.inputs,
+        module_cwd=module.cwd,
+        staged=ctx.staged.hashes,
+        roots=ctx.roots,
+        hasher=ctx.session.hasher,
+    ):
         return None
     args.update(outcome="local", source="memo", bytes=len(got.data))
     if ctx.cache is not None:

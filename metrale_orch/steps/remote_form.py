@@ -14,6 +14,7 @@ be honoured remotely: its form says why (``local_reason``) and it runs here.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform as platform_mod
 import posixpath
@@ -75,12 +76,14 @@ def _paths_in(word: str) -> list[str]:
     return out
 
 
-def _words(value: str) -> list[str]:
-    """A variable's or flag's words as the compiler driver splits them (shell-like)."""
+@functools.lru_cache(maxsize=1024)
+def _words(value: str) -> tuple[str, ...]:
+    """A variable's or flag's words as the compiler driver splits them (shell-like; pure,
+    remembered: every module of a target has the same environment)."""
     try:
-        return shlex.split(value)
+        return tuple(shlex.split(value))
     except ValueError:
-        return value.split()
+        return tuple(value.split())
 
 
 def outside_input_root(
