@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from json.encoder import encode_basestring_ascii as _quoted
 
 __all__ = [
+    "canonical_encoder",
     "canonical_json",
     "canonical_lines",
     "canonical_list",
@@ -26,18 +27,18 @@ __all__ = [
 
 def canonical_json(value: object) -> str:
     """``value`` as canonical JSON text (pure)."""
-    return _encoder().encode(value)
+    return canonical_encoder().encode(value)
 
 
 def canonical_lines(values: Iterable[object]) -> list[str]:
     """:func:`canonical_json` of each of ``values`` (pure), through one encoder: setting
     one up costs more than encoding a small object (a big build's profile has ~34,000
     events)."""
-    encode = _encoder().encode
+    encode = canonical_encoder().encode
     return [encode(value) for value in values]
 
 
-def _encoder() -> json.JSONEncoder:
+def canonical_encoder() -> json.JSONEncoder:
     """The canonical encoding: sorted keys, no spaces, ASCII, ``str`` for the rest."""
     return json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=True)
 

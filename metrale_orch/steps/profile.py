@@ -4,8 +4,8 @@
 step of a target (``build`` around ``plan``, ``stage``, then per module
 ``key``, ``lookup``, ``compile``, ``store``, and ``install``) through a
 :class:`SpanRecorder`; the spans travel with the doit task's values to the
-reporter, which writes them all, with :func:`trace_document` and
-:func:`encode_profile`, to ``<build_dir>/profile.json``: the trace-event format
+reporter, which writes them all (:mod:`metrale_orch.steps.trace`) to
+``<build_dir>/profile.json``: the trace-event format
 Perfetto and ``chrome://tracing`` open (complete events ``"ph": "X"``, times in
 microseconds, plus ``"M"`` events naming each worker process and thread). A
 ``compile`` span holds the module's wait for an executor slot before its compiler
@@ -30,14 +30,12 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
 from pathlib import Path
 from types import MappingProxyType
 from typing import Literal, TypeVar, get_args
 
-from metrale_orch.canonical import canonical_json, canonical_lines
 from metrale_orch.steps.errors import ProfileError, ProfileMissing
 
 __all__ = [
@@ -49,11 +47,9 @@ __all__ = [
     "SpanRecorder",
     "Step",
     "compile_seconds",
-    "encode_profile",
     "read_at",
     "read_profile",
     "summarize_profile",
-    "trace_document",
 ]
 
 #: A step of a target's build: the whole target (``build``) and what it is made of.
@@ -204,88 +200,6 @@ class SpanRecorder:
 
 
 # ------------------------------------------------------------------------------ the file
-
-
-def trace_document(spans: Iterable[Span], *, origin_ns: int, main_pid: int) -> dict[str, object]:
-    """The trace-event JSON object of a run's spans (pure).
-
-    ``origin_ns``: the run's start (``time.time_ns()``), time 0 of the trace;
-    ``main_pid``: doit's own process (named ``doit``; the others are ``worker 1``,
-    ``worker 2``, … in the order they started work). Threads are ``main`` (the
-    process's first thread) or ``thread 1``, ``thread 2``, … likewise.
-    """
-    events = [s.to_event(origin_ns) for s in spans]
-    # By start, pid, tid, name, the longer first (an enclosing span before its first
-    # step): sorted by the last key first, as a stable sort keeps what it does not order.
-    events.sort(key=itemgetter("dur"), reverse=True)
-    events.sort(key=itemgetter("ts", "pid", "tid", "name"))
-    processes: dict[int, str] = {}
-    threads: dict[tuple[int, int], str] = {}
-    for pid, tid in dict.fromkeys(map(itemgetter("pid", "tid"), events)):  # as first seen
-        if pid not in processes:
-            workers = sum(1 for p in processes if p != main_pid)
-            processes[pid] = "doit" if pid == main_pid else f"worker {workers + 1}"
-        others = sum(1 for p, t in threads if p == pid and t != p)
-        threads[pid, tid] = "main" if tid == pid else f"thread {others + 1}"
-    meta: list[dict[str, object]] = [
-        {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": name}}
-        for pid, name in sorted(processes.items())
-    ]
-    meta += [
-        {"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}}
-        for (pid, tid), name in sorted(threads.items())
-    ]
-    return {
-        "traceEvents": [*meta, *events, *_memory_track(events, main_pid)],
-        "displayTimeUnit": "ms",
-        "otherData": {"producer": "metrale-orch", "version": PROFILE_VERSION},
-    }
-
-
-#: The counter track of the compiles' peak memory, and its unit.
-_MEMORY_TRACK = "memory in use"
-_MIB = 1024 * 1024
-
-
-def _memory_track(events: Sequence[Mapping[str, object]], pid: int) -> list[dict[str, object]]:
-    """Counter events (MiB) of the peak memory of the compilers running at each moment:
-    each ``compile`` event with a ``memory`` arg counts over its compiler's own time
-    (the end of the span less its ``seconds``), sorted by time (pure)."""
-    changes: dict[int, int] = {}
-    for event in events:
-        args = event.get("args")
-        if event.get("cat") != "compile" or not isinstance(args, Mapping):
-            continue
-        memory = _num(args.get("memory", 0))
-        if memory > 0:
-            end = _num(event["ts"]) + _num(event["dur"])
-            start = max(_num(event["ts"]), end - round(compile_seconds(event) * 1e6))
-            changes[start] = changes.get(start, 0) + memory
-            changes[end] = changes.get(end, 0) - memory
-    track, total = [], 0
-    for ts, change in sorted(changes.items()):
-        total += change
-        track.append(
-            {
-                "name": _MEMORY_TRACK,
-                "ph": "C",
-                "ts": ts,
-                "pid": pid,
-                "tid": 0,
-                "args": {"MiB": round(total / _MIB, 1)},
-            }
-        )
-    return track
-
-
-def encode_profile(doc: Mapping[str, object]) -> bytes:
-    """``doc`` as the bytes of ``profile.json``: sorted keys, one event per line (pure)."""
-    events = doc.get("traceEvents", [])
-    head = {k: v for k, v in sorted(doc.items()) if k != "traceEvents"}
-    body = ",\n".join(canonical_lines(_list(events)))
-    start = canonical_json(head)[:-1]
-    sep = "," if head else ""
-    return f'{start}{sep}"traceEvents":[\n{body}\n]}}\n'.encode()
 
 
 def read_profile(path: Path) -> list[dict[str, object]]:

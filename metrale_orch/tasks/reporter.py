@@ -58,7 +58,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from doit.exceptions import UnmetDependency
 from doit.reporter import ConsoleReporter
@@ -92,6 +92,9 @@ from metrale_orch.tasks.report_lines import (
 from metrale_orch.tasks.run_end import end_interrupted
 from metrale_orch.tasks.values import BuildValues, SummaryValues
 
+if TYPE_CHECKING:
+    from metrale_orch.steps.trace import TraceEvents
+
 __all__ = ["BuildReporter"]
 
 _BASE = BUILD_TASK + ":"
@@ -124,6 +127,8 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         self._ignored: list[str] = []
         self._stats: list[dict[str, int | float]] = []
         self._spans: list[Mapping[str, object]] = []
+        #: The profile's events, made as each target's spans arrive (the build still runs).
+        self._trace: TraceEvents | None = None
         self._warnings: list[str] = []
         self._failed_names: list[str] = []
         self._any_build = False
@@ -383,7 +388,7 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
             stats=tuple(self._stats),
             remote=self._remote,
             spans=tuple(self._spans),
-            origin_ns=self._origin_ns,
+            trace=self._trace_events(),
             alive=frozenset(self._alive),
             built=tuple(self._built_targets()),
             scoped=self._scoped,
@@ -409,7 +414,17 @@ class BuildReporter(ConsoleReporter):  # type: ignore[misc]
         for warning in values.warnings or ():
             if warning not in self._warnings:
                 self._warnings.append(warning)
-        self._spans.extend(values.profile or ())  # read, never changed: no copy
+        if values.profile:
+            self._spans.extend(values.profile)  # read, never changed: no copy
+            self._trace_events().add(values.profile)
+
+    def _trace_events(self) -> TraceEvents:
+        """The run's :class:`TraceEvents` (imported on first use: a no-op run needs none)."""
+        if self._trace is None:
+            from metrale_orch.steps.trace import TraceEvents
+
+            self._trace = TraceEvents(self._origin_ns)
+        return self._trace
 
 
 def _failed_values(fail: BaseException) -> BuildValues:

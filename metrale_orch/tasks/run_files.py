@@ -35,7 +35,7 @@ from metrale_orch.paths import (
 from metrale_orch.steps import times as kept
 from metrale_orch.steps.compdb import stored_targets, write_database_from_parts
 from metrale_orch.steps.history import record_build
-from metrale_orch.steps.profile import Span, encode_profile, trace_document
+from metrale_orch.steps.trace import TraceEvents
 from metrale_orch.tasks.report_lines import remote_totals
 from metrale_orch.tree import LayoutError, Target, walk
 
@@ -63,9 +63,9 @@ class RunTotals:
     stats: tuple[Mapping[str, object], ...]
     #: Where the compile actions ran, added up (remote execution).
     remote: Mapping[str, object]
-    #: Every target's profile spans, and the wall-clock time 0 of the profile.
+    #: Every target's profile spans, and their trace events (made as they arrived).
     spans: tuple[Mapping[str, object], ...]
-    origin_ns: int
+    trace: TraceEvents
     #: Every target of the tree (empty: a scoped run, which forgets no kept time).
     alive: frozenset[str]
     #: The targets of the run's build tasks, and whether the run was scoped to some.
@@ -77,7 +77,7 @@ def write_run_files(run: Run, totals: RunTotals, say: Callable[[str], None]) -> 
     """Write the files of a run that ran something (module docstring); ``say`` prints a
     line (the cache line, a warning about the kept times)."""
     write_stats(run, totals.stats, totals.remote, say)
-    write_profile(run, totals.spans, totals.origin_ns)
+    write_profile(run, totals.trace)
     write_times(run, totals.spans, totals.alive, say)
     write_compdb(run, totals.built, totals.scoped)
 
@@ -145,22 +145,16 @@ def write_times(
         warn_unwritten("the compile times", state, exc)
 
 
-def write_profile(run: Run, spans_seen: Iterable[Mapping[str, object]], origin_ns: int) -> None:
+def write_profile(run: Run, trace: TraceEvents) -> None:
     """Write every span of this run to profile.json, atomically (Chrome trace events),
     and add the run to the build history (:mod:`metrale_orch.steps.history`)."""
 
-    spans = []
-    for item in spans_seen:
-        try:
-            spans.append(Span.from_dict(item))
-        except ValueError:  # not from this package's actions: leave it out
-            continue
-    doc = trace_document(spans, origin_ns=origin_ns, main_pid=os.getpid())
+    doc, data = trace.document(main_pid=os.getpid())
     path = Path(PROFILE_NAME)
     try:
         config = run.config()
         path = config.build_dir / PROFILE_NAME
-        write_atomic(path, encode_profile(doc))
+        write_atomic(path, data)
     except (MetraleError, OSError) as exc:  # the profile must never fail the run
         warn_unwritten("the build profile", path, exc)
     events = doc["traceEvents"]

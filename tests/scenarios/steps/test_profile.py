@@ -22,11 +22,10 @@ import pytest
 from metrale_orch.cli import main
 from metrale_orch.config import default_jobs
 from metrale_orch.steps.profile import (
-    encode_profile,
     summarize_profile,
-    trace_document,
 )
 from metrale_orch.steps.target import build_target
+from metrale_orch.steps.trace import encode_profile, trace_document
 from metrale_orch.tree import Target
 from tests.support import REPO
 from tests.support.build import make_cache, make_config

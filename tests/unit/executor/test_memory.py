@@ -18,8 +18,9 @@ from metrale_orch.config import ConfigError, load_config
 from metrale_orch.executor import PrioritySlots
 from metrale_orch.executor.memory import MemoryBudget, available_memory
 from metrale_orch.proc import peak_is_the_child_s
-from metrale_orch.steps.profile import Span, trace_document
+from metrale_orch.steps.profile import Span
 from metrale_orch.steps.times import TIMES, CompileTimes, merge_compiles, read_times, write_times
+from metrale_orch.steps.trace import trace_document
 from metrale_orch.tasks.progress import progress_text
 from tests.support.executor import MIB
 

@@ -19,11 +19,10 @@ from metrale_orch.steps.errors import ProfileError, ProfileMissing
 from metrale_orch.steps.profile import (
     Span,
     SpanRecorder,
-    encode_profile,
     read_profile,
     summarize_profile,
-    trace_document,
 )
+from metrale_orch.steps.trace import encode_profile, trace_document
 from metrale_orch.tasks.checker import TaskDataCodec
 
 MODULE_STEPS = ("key", "lookup", "compile", "store")

@@ -15,7 +15,8 @@ import json
 from typing import Any
 
 from metrale_orch.steps.history import encode_history, new_record
-from metrale_orch.steps.profile import Span, encode_profile, trace_document
+from metrale_orch.steps.profile import Span
+from metrale_orch.steps.trace import TraceEvents, encode_profile, trace_document
 from tests.support import REPO
 
 CASE = REPO / "tests" / "cases" / "profile"
@@ -31,6 +32,17 @@ def case_document() -> tuple[dict[str, Any], dict[str, object]]:
 def test_profile_json_keeps_its_bytes() -> None:
     _, doc = case_document()
     assert encode_profile(doc) == (CASE / "profile.json").read_bytes()
+
+
+def test_the_events_made_as_spans_arrive_give_the_same_bytes() -> None:
+    case: dict[str, Any] = json.loads((CASE / "spans.json").read_text(encoding="utf-8"))
+    trace = TraceEvents(case["origin_ns"])
+    spans = case["spans"]
+    for part in (spans[: len(spans) // 3], spans[len(spans) // 3 :], [{"step": "other"}]):
+        trace.add(part)  # as targets end; a span of someone else's is left out
+    doc, data = trace.document(main_pid=case["main_pid"])
+    assert data == (CASE / "profile.json").read_bytes()
+    assert doc == case_document()[1]
 
 
 def test_the_build_history_keeps_its_bytes() -> None:
