@@ -281,7 +281,7 @@ def x2_simulated(args: argparse.Namespace, root: Path, counts: list[int]) -> Non
                 env = env_for(
                     out,
                     METRALE_ORCH_REMOTE_EXECUTOR=eng.url,
-                    METRALE_ORCH_REMOTE_JOBS=str(args.remote_jobs or min(1024, max(4, 2 * workers))),
+                    METRALE_ORCH_REMOTE_JOBS=str(args.remote_jobs or min(1024, 2 * workers)),
                     METRALE_ORCH_REMOTE_STRICT="1",
                     PYTHONPATH=pythonpath,
                 )
