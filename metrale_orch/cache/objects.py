@@ -113,6 +113,8 @@ def _canon(value: object, where: _Where) -> object:
         items.sort(key=lambda kv: kv[0])
         return ["m", items]
     if isinstance(value, list | tuple):
+        if all(type(v) is str for v in value):  # argv, an input's [path, hash]: no descent
+            return ["l", [["s", v] for v in value]]
         return ["l", [_canon(v, (where, i)) for i, v in enumerate(value)]]
     if value is None:
         return "n"

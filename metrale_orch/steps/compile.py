@@ -48,7 +48,6 @@ from metrale_orch.steps.remote_form import OUT_DIR, remote_form
 from metrale_orch.steps.staging import StagedTarget
 from metrale_orch.toolchain.argv import (
     compile_argv,
-    env_switches,
     link_argv,
     set_environment_line,
 )
@@ -197,8 +196,14 @@ async def run_compile(
     # inputs hashed, the temporary directory removed) goes to the loop's pool: on the loop
     # each of those system calls would wait for the one before it. The temporary directory
     # is made by the executor that runs the compile here: a remote run brings its outputs
-    # back in memory, and no file of it is written, read or removed.
-    steps, remote = await offload(_prepared, ctx, module)
+    # back in memory, and no file of it is written, read or removed. Rendering the steps
+    # touches no file but HIP's mirror: on the loop, it never waits in the pool's queue
+    # behind every other module's (measured: with 64 jobs, compiles waited for the pool
+    # while targets were being planned, and a fifth of the jobs ran).
+    if ctx.plan.hip_compat is not None:
+        steps, remote = await offload(_prepared, ctx, module)
+    else:
+        steps, remote = _prepared(ctx, module)
     try:
         ran_at = await _run_steps(ctx, module, steps, expected, remote)
         done = await offload(_outcome, ctx, module, steps, ran_at)
@@ -390,7 +395,7 @@ def step_argv(
         source=source,
         output=output,
         intermediate=intermediate,
-        switches=env_switches(tc, plan.env),
+        switches=plan.switches,
         compat_include="" if compat_dir is None else _relative(compat_dir, here),
     )
     if layer_include:  # SPEC 3.3.1: the module's layer directory, mirrored under .tree/
@@ -574,7 +579,7 @@ def _files_read(
             dirs=include_dirs(module.cwd, *words),
         )
         read = [stage_relpath(p, module.cwd) for p in closure]
-    switches = env_switches(tc, plan.env)
+    switches = plan.switches
     before, after = ctx.words.get(module.cwd, (plan.flags, switches.extra))
     files = [
         os.path.join(p, "gcc") if os.path.isdir(os.path.join(steps.cwd, p)) else p

@@ -27,7 +27,9 @@ from metrale_orch.defaults.levers import JsonValue
 from metrale_orch.paths import root_relative
 from metrale_orch.steps.hip_mirror import HipCompat
 from metrale_orch.toolchain.argv import (
+    Switches,
     compile_argv,
+    env_switches,
     keyed_environment,
 )
 from metrale_orch.toolchain.definitions import Toolchain
@@ -88,6 +90,11 @@ class TargetPlan:
     #: parts of ``signature``, made from pieces the plans of one memo share: the same
     #: text as encoding the part (``modules``: each module's piece is encoded once).
     signature_json: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    #: ``env_switches(toolchain, env)``, worked out once: every module's argv asks for it.
+    switches: Switches = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "switches", env_switches(self.toolchain, self.env))
 
     @property
     def toolchain_name(self) -> str:

@@ -84,7 +84,7 @@ from metrale_orch.steps.tree_reach import (
     reach_beyond,
     reaching_tree,
 )
-from metrale_orch.toolchain.argv import env_switches, overridden_environment, toolchain_environ
+from metrale_orch.toolchain.argv import overridden_environment, toolchain_environ
 from metrale_orch.toolchain.definitions import Toolchain, load_toolchains, select_toolchain
 from metrale_orch.toolchain.probe import find_toolchain
 from metrale_orch.tree import Layout, Target, discover, read_manifest_warnings
@@ -415,7 +415,7 @@ def _prepare(
                 cwd: effective_flags(
                     plan,
                     os.path.abspath(staged.dir / cwd),
-                    env_switches(plan.toolchain, plan.env).extra,
+                    plan.switches.extra,
                 )
                 for cwd in {m.cwd for m in plan.modules}
             },

@@ -35,7 +35,6 @@ from metrale_orch.steps.staging import (
     role_dir,
     uncontained,
 )
-from metrale_orch.toolchain.argv import env_switches
 from metrale_orch.tree import Layout
 from metrale_orch.tree.beyond import TREE_DIR, Beyond, layer_include
 
@@ -95,7 +94,7 @@ def reaching_tree(
         if not inc:
             continue
         dirs = (
-            *include_dirs(module.cwd, plan.flags, env_switches(plan.toolchain, plan.env).extra),
+            *include_dirs(module.cwd, plan.flags, plan.switches.extra),
             posixpath.normpath(posixpath.join(module.cwd, inc)),
         )
         closure = resolve_closure(
