@@ -25,8 +25,9 @@ def _sleeper(tmp_path: Path, seconds: float, label: str) -> Action:
 
 
 def test_hundreds_of_actions_in_flight_hold_no_thread_each(tmp_path: Path) -> None:
-    """400 actions at once, 200 running: the process gains the loop's thread and no other
-    (a module pipeline held a thread of its own before issue 45)."""
+    """400 actions at once, 200 running: the process gains the loop's thread and its fixed
+    pool (which starts the compilers), no thread per action (a module pipeline held a
+    thread of its own before issue 45)."""
     executor = LocalExecutor(200)
     loop = ActionLoop(2)
     before = threading.active_count()
@@ -37,7 +38,7 @@ def test_hundreds_of_actions_in_flight_hold_no_thread_each(tmp_path: Path) -> No
         time.sleep(0.01)
     assert all(f.result().returncode == 0 for f in futures)
     assert executor.peak == 200
-    assert most <= before + 1, f"{most} threads with 400 actions in flight (before: {before})"
+    assert most <= before + 1 + 2, f"{most} threads with 400 actions in flight (before: {before})"
     loop.close()
 
 
@@ -87,3 +88,28 @@ def test_a_cancelled_pipeline_leaves_no_compiler_running(tmp_path: Path) -> None
         time.sleep(0.02)
     assert not os.path.exists(f"/proc/{pid}"), "the compiler (or its zombie) is still there"
     loop.close()
+
+
+def test_a_compiler_started_after_its_action_was_cancelled_is_killed_and_reaped(
+    tmp_path: Path,
+) -> None:
+    """The pool starts a compiler while its action is cancelled: the start is let finish,
+    and what it started is killed and reaped (no compiler left, no zombie)."""
+    from metrale_orch.executor.local import _kill_started, _start
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        spawning = loop.run_in_executor(None, _start, _sleeper(tmp_path, 60, "late"))
+        await asyncio.wait([spawning])
+        _kill_started(spawning)
+        proc = spawning.result()[1]
+        for _ in range(200):
+            if proc.returncode is not None:
+                break
+            await asyncio.sleep(0.02)
+        return proc.pid if proc.returncode is not None else -1
+
+    pid = asyncio.run(main())
+    assert pid > 0  # reaped
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
