@@ -1,10 +1,13 @@
 """Many actions' small requests in few calls, with no timer.
 
 Every remote action sends its own Command and Action (a few hundred bytes) before its
-Execute call. One call each costs a round trip on a busy connection and a call's CPU at both
-ends; :class:`Coalesced` sends the first request at once and puts those asked for while
-its calls are in flight into the next call, so the calls per action fall as the actions in
-flight grow, and a lone action waits for nothing.
+Execute call. One call each costs a round trip and a call's CPU at both ends;
+:class:`Coalesced` sends the requests made in one turn of the event loop together, at the
+next turn: under load many actions are let go in one turn (a worker's result wakes several
+senders), so the calls per action fall as the actions in flight grow, and a lone action
+waits one turn of the loop. No request waits for another call to return (measured: on
+BuildGrid, whose calls take tens of milliseconds, waiting for the call in flight made each
+action of X1 30-60 ms slower).
 """
 
 from __future__ import annotations
@@ -20,16 +23,12 @@ V = TypeVar("V")
 
 
 class Coalesced(Generic[K, V]):
-    """``send(items)`` for every request, at most ``parallel`` calls at a time: requests made
-    while that many are in flight are merged (a later value of a key wins) and go together
-    when one returns. A call's exception is each of its requests' exception. For one event
-    loop at a time (a request on another loop starts afresh)."""
+    """``send(items)`` once per turn of the loop for every request made in that turn
+    (merged: a later value of a key wins). A call's exception is each of its requests'.
+    For one event loop at a time (a request on another loop starts afresh)."""
 
-    def __init__(
-        self, send: Callable[[dict[K, V]], Awaitable[object]], *, parallel: int = 1
-    ) -> None:
+    def __init__(self, send: Callable[[dict[K, V]], Awaitable[object]]) -> None:
         self._send = send
-        self._parallel = parallel
         self._loop: asyncio.AbstractEventLoop | None = None
         self._flying: set[asyncio.Future[object]] = set()
         self._pending: dict[K, V] = {}
@@ -44,18 +43,16 @@ class Coalesced(Generic[K, V]):
         if self._joined is None:
             self._joined = loop.create_future()
             self._joined.add_done_callback(_retrieved)
-        joined = self._joined
-        if len(self._flying) < self._parallel:
-            self._go()
+            loop.call_soon(self._go)
         # Shielded: one action cancelled leaves the call to the others that joined it.
-        await asyncio.shield(joined)
+        await asyncio.shield(self._joined)
 
     def _go(self) -> None:
         batch, joined = self._pending, self._joined
         assert joined is not None
         self._pending, self._joined = {}, None
         call = asyncio.ensure_future(self._send(batch))
-        self._flying.add(call)
+        self._flying.add(call)  # the loop keeps only a weak reference to a task
         call.add_done_callback(lambda done: self._returned(done, joined))
 
     def _returned(self, call: asyncio.Future[object], joined: asyncio.Future[None]) -> None:
@@ -66,8 +63,6 @@ class Coalesced(Generic[K, V]):
             joined.set_exception(exc)
         else:
             joined.set_result(None)
-        if self._pending and len(self._flying) < self._parallel:
-            self._go()
 
 
 def _retrieved(future: asyncio.Future[None]) -> None:

@@ -1,5 +1,6 @@
-"""Many actions' small requests go in few calls: the first at once, those made while it
-is in flight together in the next; a call's failure is each of its requests'."""
+"""Many actions' small requests go in few calls: those made in one turn of the loop
+together at the next, none waiting for a call in flight; a call's failure is each of its
+requests'."""
 
 from __future__ import annotations
 
@@ -29,21 +30,21 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-def test_requests_made_during_a_call_go_together_in_the_next() -> None:
+def test_requests_of_one_turn_go_together_and_none_waits_for_a_call_in_flight() -> None:
     async def main() -> list[dict[str, int]]:
         rec = Recorder()
         send = Coalesced(rec.send)
-        first = asyncio.ensure_future(send({"a": 1}))
+        first = [asyncio.ensure_future(send({k: 1})) for k in "ab"]  # one turn
         await settle()
-        assert rec.calls == [{"a": 1}]  # sent at once: no timer
-        later = [asyncio.ensure_future(send({k: 2})) for k in "bcd"]
+        assert rec.calls == [{"a": 1, "b": 1}]  # sent at the next turn: no timer
+        later = asyncio.ensure_future(send({"c": 2}))
         await settle()
-        assert len(rec.calls) == 1  # they wait for the call in flight
+        assert len(rec.calls) == 2  # not held back by the call in flight
         rec.gate.set()
-        await asyncio.gather(first, *later)
+        await asyncio.gather(*first, later)
         return rec.calls
 
-    assert asyncio.run(main()) == [{"a": 1}, {"b": 2, "c": 2, "d": 2}]
+    assert asyncio.run(main()) == [{"a": 1, "b": 1}, {"c": 2}]
 
 
 def test_a_failed_call_fails_each_of_its_requests_and_not_the_next() -> None:
