@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import threading
 from collections.abc import Callable, Coroutine
@@ -23,6 +24,9 @@ from typing import Any, TypeVar
 __all__ = ["ActionLoop", "offload"]
 
 T = TypeVar("T")
+
+#: Seconds the tasks still on a closing loop get to end, and again once cancelled.
+CLOSE_GRACE = 1.0
 
 
 class ActionLoop:
@@ -94,20 +98,38 @@ class ActionLoop:
             loop.call_soon_threadsafe(fn)
 
     def close(self) -> None:
-        """Stop the loop after what is queued on it, and its pool; later submits fail."""
+        """Stop the loop once what is on it ended: the tasks still there get
+        :data:`CLOSE_GRACE` seconds (a channel's close handed over just before), then are
+        cancelled and awaited, so none is destroyed pending; then its pool. Later submits
+        fail."""
         with self._lock:
             self._closed = True
             loop, thread, pool = self._loop, self._thread, self._pool
             self._loop = None
         if loop is None or thread is None:
             return
-        loop.call_soon_threadsafe(loop.stop)
+        with contextlib.suppress(RuntimeError):  # closed meanwhile
+            loop.call_soon_threadsafe(lambda: loop.create_task(_wind_down(loop)))
         if threading.current_thread() is not thread:
-            thread.join(timeout=5)
+            thread.join(timeout=CLOSE_GRACE + 5)
             if not thread.is_alive():
                 loop.close()
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+
+
+async def _wind_down(loop: asyncio.AbstractEventLoop) -> None:
+    """End the loop's other tasks (see :meth:`ActionLoop.close`), then stop it."""
+    try:
+        others = asyncio.all_tasks(loop) - {asyncio.current_task()}
+        if others:
+            _done, pending = await asyncio.wait(others, timeout=CLOSE_GRACE)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=CLOSE_GRACE)
+    finally:
+        loop.stop()
 
 
 async def offload(fn: Callable[..., T], *args: object) -> T:

@@ -113,3 +113,30 @@ def test_a_compiler_started_after_its_action_was_cancelled_is_killed_and_reaped(
     assert pid > 0  # reaped
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_closing_the_loop_ends_what_is_left_on_it_and_destroys_no_task_pending(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A task still on the loop when it closes: one that ends soon ends, one that would
+    wait forever is cancelled (its cleanup runs); asyncio logs no task destroyed pending."""
+    loop = ActionLoop(2)
+    ended: list[str] = []
+
+    async def soon() -> None:
+        await asyncio.sleep(0.05)
+        ended.append("soon")
+
+    async def forever() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            ended.append("forever")
+
+    loop.submit(soon())
+    loop.submit(forever())
+    time.sleep(0.01)
+    with caplog.at_level("ERROR", logger="asyncio"):
+        loop.close()
+    assert sorted(ended) == ["forever", "soon"]
+    assert "destroyed but it is pending" not in caplog.text
