@@ -15,6 +15,7 @@ I/O: :func:`scan_includes` (reads the stage), :func:`effective_flags` (reads opt
 
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
 import re
@@ -98,8 +99,14 @@ def include_dirs(cwd: str, flags: Sequence[str], after: Sequence[str] = ()) -> t
     role directory on the command line), the role directory itself (``-I.``), the ``-I``
     ones of ``after`` (flags placed after it), then ``-isystem`` and ``-idirafter`` ones.
     Absolute directories lie outside the stage and are skipped (files read there are
-    recorded and verified by content).
+    recorded and verified by content). Remembered: every module of a target in the same
+    directory asks with the same flags (a tenth of a target's preparation before).
     """
+    return _include_dirs(cwd, tuple(flags), tuple(after))
+
+
+@functools.lru_cache(maxsize=4096)
+def _include_dirs(cwd: str, flags: tuple[str, ...], after: tuple[str, ...]) -> tuple[str, ...]:
     both = [*flags, *after]
 
     def rel(words: Sequence[str], names: tuple[str, ...]) -> list[str]:
