@@ -265,12 +265,19 @@ def _resolved(
     ):
         if name.startswith("/"):
             continue
-        for base in search:
-            cand = posixpath.normpath(posixpath.join(base, name))
-            if _inside(cand) and cand in staged:
+        for cand in _candidates(search, name):
+            if cand in staged:
                 out.append(cand)
                 break
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _candidates(search: tuple[str, ...], name: str) -> tuple[str, ...]:
+    """Where ``name`` may be in the stage, in search order (pure, remembered: every
+    target's modules resolve the same includes from the same directories)."""
+    joined = (posixpath.normpath(posixpath.join(base, name)) for base in search)
+    return tuple(cand for cand in joined if _inside(cand))
 
 
 def scan_includes(
