@@ -185,7 +185,13 @@ def _expand_words(
 def read_files_of(words: Sequence[str]) -> tuple[str, ...]:
     """Files the compiler reads because of ``words`` (pure; as written): options files,
     ``-include``/``-imacros`` files, ``@response`` files, and the host compiler a
-    ``-ccbin`` names."""
+    ``-ccbin`` names. Remembered, as :func:`include_dirs` is: a target's modules ask with
+    the same words."""
+    return _read_files_of(tuple(words))
+
+
+@functools.lru_cache(maxsize=4096)
+def _read_files_of(words: tuple[str, ...]) -> tuple[str, ...]:
     out = list(flag_files(words))
     it = iter(words)
     for word in it:
