@@ -8,7 +8,9 @@ package, so every layer may use it.
 
 from __future__ import annotations
 
+import functools
 import os
+import posixpath
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -34,6 +36,7 @@ __all__ = [
     "rel_posix",
     "root_relative",
     "stage_dir",
+    "stage_relpath",
     "target_dir",
     "user_cache_home",
 ]
@@ -142,3 +145,23 @@ def rel_posix(path: Path | str, root: Path | str) -> str:
         base = base.replace(os.sep, "/")
     prefix = base.rstrip("/") + "/"
     return text[len(prefix) :] if text.startswith(prefix) else text
+
+
+def stage_relpath(path: str, start: str) -> str:
+    """``posixpath.relpath(path, start)`` of two stage-relative POSIX paths, without the two
+    reads of the working directory relpath makes for relative ones: by string work when
+    ``path`` lies under ``start`` (an output under its compile's directory), remembered
+    otherwise (a key names every file of a module's closure, and the same headers recur
+    in every module of every target). Pure."""
+    if path.startswith("/") or start.startswith("/") or ".." in f"/{path}/{start}/":
+        return posixpath.relpath(path, start)  # the answer may depend on the directory
+    # A clean path under ``start`` (a clean path cannot begin with an unclean one + "/").
+    prefix = "" if start == "." else f"{start}/"
+    if start and path.startswith(prefix) and posixpath.normpath(path) == path:
+        return path[len(prefix) :]
+    return _within(path, start)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _within(path: str, start: str) -> str:
+    return posixpath.relpath(path, start)

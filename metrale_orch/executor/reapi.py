@@ -27,7 +27,6 @@ import asyncio
 import dataclasses
 import hashlib
 import os
-import posixpath
 import random
 import threading
 import time
@@ -39,6 +38,7 @@ import xxhash
 
 from metrale_orch.executor.action import RemoteForm
 from metrale_orch.executor.offload import RemoteRun, RemoteUnavailable
+from metrale_orch.paths import stage_relpath
 from metrale_orch.remote.coalesce import Coalesced
 from metrale_orch.remote.digest import Digest
 from metrale_orch.remote.errors import (
@@ -198,7 +198,7 @@ class ReapiBackend:
         from metrale_orch.remote.action import encode_action
 
         root = await self._input_root(form)
-        outputs = {_from_cwd(rel, form.cwd): local for rel, local in form.outputs.items()}
+        outputs = {stage_relpath(rel, form.cwd): local for rel, local in form.outputs.items()}
         action = encode_action(form.argv, form.env, form.cwd, outputs, root, form.platform, timeout)
         # Inputs to send: ask the action cache first (a hit sends nothing). Once the root
         # is there, only the module's own Command and Action: Execute's lookup costs no call.
@@ -401,16 +401,6 @@ class ReapiBackend:
             for raw, digest in zip((result.stdout_raw, result.stderr_raw), std, strict=True)
         )
         return out, err, {local: data[digest] for local, digest in files.items()}
-
-
-def _from_cwd(rel: str, cwd: str) -> str:
-    """``posixpath.relpath(rel, cwd)`` of two root-relative paths (pure): by string work
-    where ``rel`` lies under ``cwd``, as an output does (relpath reads the working directory
-    twice)."""
-    prefix = "" if cwd == "." else f"{cwd}/"
-    if rel.startswith(prefix) and posixpath.normpath(rel) == rel and ".." not in rel:
-        return rel[len(prefix) :]
-    return posixpath.relpath(rel, cwd)
 
 
 def _digests(path: Path) -> tuple[Digest, str]:

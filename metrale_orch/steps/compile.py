@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from metrale_orch.cache import Cache
+from metrale_orch.paths import stage_relpath
 from metrale_orch.steps.deps import Input, classify, parse_depfile, record_inputs
 from metrale_orch.steps.errors import CompileError, StageError
 from metrale_orch.steps.hip_mirror import (
@@ -42,7 +43,6 @@ from metrale_orch.steps.includes import (
     resolve_closure,
     scan_includes,
 )
-from metrale_orch.steps.keys import stage_relpath
 from metrale_orch.steps.plan_values import ModulePlan, TargetPlan
 from metrale_orch.steps.remote_form import OUT_DIR, remote_form
 from metrale_orch.steps.staging import StagedTarget

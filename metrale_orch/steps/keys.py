@@ -15,18 +15,17 @@ a change here is a cache-wide miss.
 
 from __future__ import annotations
 
-import functools
 import os
-import posixpath
 from collections.abc import Mapping, Sequence
 
+from metrale_orch.paths import stage_relpath
 from metrale_orch.steps.deps import FileHasher
 from metrale_orch.steps.includes import EdgeMemo, Includes, effective_flags, module_closure
 from metrale_orch.steps.plan import PLAN_SCHEMA
 from metrale_orch.steps.plan_values import ModulePlan, TargetPlan
 from metrale_orch.steps.staging import StagedTarget
 
-__all__ = ["checkout_of", "embeds_paths", "module_key_parts", "module_parts", "stage_relpath"]
+__all__ = ["checkout_of", "embeds_paths", "module_key_parts", "module_parts"]
 
 
 #: Flags that embed absolute source paths in the artefact (line info, debug info).
@@ -50,21 +49,6 @@ def _embeds_paths(plan: TargetPlan, staged: StagedTarget) -> bool:
         before, after = effective_flags(plan, os.path.abspath(staged.dir / cwd))
         words.extend((*before, *after))
     return embeds_paths(words)
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _within(path: str, start: str) -> str:
-    """``posixpath.relpath(path, start)`` of two stage-relative paths (pure, remembered:
-    relpath reads the working directory twice, and a key names every file of the
-    module's closure; the same headers recur in every module of every target)."""
-    return posixpath.relpath(path, start)
-
-
-def stage_relpath(path: str, start: str) -> str:
-    """``posixpath.relpath(path, start)``, remembered for two clean stage-relative paths."""
-    if path.startswith("/") or start.startswith("/") or ".." in f"/{path}/{start}/":
-        return posixpath.relpath(path, start)  # the answer may depend on the directory
-    return _within(path, start)
 
 
 def module_key_parts(

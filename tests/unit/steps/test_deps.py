@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from metrale_orch.paths import stage_relpath
 from metrale_orch.steps.deps import (
     FileHasher,
     classify,
@@ -17,7 +18,7 @@ from metrale_orch.steps.deps import (
     record_inputs,
 )
 from metrale_orch.steps.includes import include_dirs, parse_includes, pre_includes
-from metrale_orch.steps.keys import embeds_paths, stage_relpath
+from metrale_orch.steps.keys import embeds_paths
 
 
 def test_parse_depfile_nvcc_and_gcc_forms() -> None:
@@ -193,6 +194,11 @@ def test_embeds_paths(flags: list[str], embeds: bool) -> None:
         ("common/add.cu", "models/x"),
         ("a/b/c.h", "a/b/d/e"),
         ("a.h", "."),
+        (".", "."),
+        ("a/b/.metrale-out/m/m.ptx", "a/b"),
+        ("a/b", "a/b"),
+        ("a/bc/x.h", "a/b"),
+        ("a/b/x.h", "a/./b"),
         ("./a/./b.h", "a"),
         ("a//b.h", "a"),
         ("../up.h", "common"),
