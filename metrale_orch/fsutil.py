@@ -225,12 +225,11 @@ def write_atomic(path: Path, data: bytes, *, private: bool = False) -> None:
     # Called for every staged and installed file: the directory is created only when the
     # first open says it is missing, and a finished write removes nothing.
     name = os.fspath(path)
-    head, tail = os.path.split(name)
-    tmp = os.path.join(head, f".{tail}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp = _temporary_name(name)
     try:
         fh = _open_new(tmp, private)
     except FileNotFoundError:
-        os.makedirs(head or ".", exist_ok=True)
+        os.makedirs(os.path.dirname(name) or ".", exist_ok=True)
         fh = _open_new(tmp, private)
     try:
         with fh:
@@ -240,6 +239,13 @@ def write_atomic(path: Path, data: bytes, *, private: bool = False) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _temporary_name(name: str) -> str:
+    """Where a new ``name`` is made before it is renamed into place: beside it, unique per
+    process and thread."""
+    head, tail = os.path.split(name)
+    return os.path.join(head, f".{tail}.{os.getpid()}.{threading.get_ident()}.tmp")
 
 
 def _open_new(tmp: str, private: bool) -> BinaryIO:
@@ -293,14 +299,13 @@ def _link_atomic(source: str, identity: tuple[int, int, int], name: str) -> bool
         st = os.lstat(source)
         if not stat.S_ISREG(st.st_mode) or _identity(st) != identity:
             return False
-        head, tail = os.path.split(name)
         try:
             os.link(source, name)
         except FileNotFoundError:  # its directory is new (the source was just there)
-            os.makedirs(head or ".", exist_ok=True)
+            os.makedirs(os.path.dirname(name) or ".", exist_ok=True)
             os.link(source, name)
         except FileExistsError:
-            tmp = os.path.join(head, f".{tail}.{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp = _temporary_name(name)
             os.link(source, tmp)
             try:
                 os.replace(tmp, name)
