@@ -311,7 +311,7 @@ def inputs_match(
         ):
             return False
     return inputs_hold(
-        [Input(*item) for item in recorded],
+        recorded,  # checked: [kind, path, digest] each
         module_cwd=module_cwd,
         staged=staged,
         roots=roots,
@@ -320,14 +320,15 @@ def inputs_match(
 
 
 def inputs_hold(
-    inputs: Sequence[Input],
+    inputs: Sequence[Sequence[str]],
     *,
     module_cwd: str,
     staged: Mapping[str, str],
     roots: Sequence[str],
     hasher: FileHasher,
 ) -> bool:
-    """:func:`inputs_match` of inputs this run recorded itself (typed: no shape to check)."""
+    """:func:`inputs_match` of inputs whose shape is known (:class:`Input` s this run
+    recorded, or a record's lists already checked)."""
     if not inputs:
         return False
     for kind, path, digest in inputs:

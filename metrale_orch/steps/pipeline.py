@@ -194,13 +194,7 @@ def memo_hit(
     when every file its compile read still has the content it had (else None); records
     the lookup in ``args`` and counts it as shared in the run."""
     got = ctx.session.memo.get(key, module.artefact)
-    if got is None or not inputs_hold(
-        got.inputs,
-        module_cwd=module.cwd,
-        staged=ctx.staged.hashes,
-        roots=ctx.roots,
-        hasher=ctx.session.hasher,
-    ):
+    if got is None or not _still_valid(ctx, module, got.inputs, inputs_hold):
         return None
     args.update(outcome="local", source="memo", bytes=len(got.data))
     if ctx.cache is not None:
@@ -208,9 +202,16 @@ def memo_hit(
     return got.data, "memo", got.inputs, got.origin
 
 
-def _still_valid(ctx: BuildContext, module: ModulePlan, inputs: object) -> bool:
-    """Whether every file in a recorded ``inputs`` list still has its recorded content."""
-    return inputs_match(
+def _still_valid(
+    ctx: BuildContext,
+    module: ModulePlan,
+    inputs: object,
+    check: Callable[..., bool] = inputs_match,
+) -> bool:
+    """Whether every file in a recorded ``inputs`` list still has its recorded content
+    (``check``: :func:`inputs_match` for a record read back, :func:`inputs_hold` for the
+    inputs this run recorded)."""
+    return check(
         inputs,
         module_cwd=module.cwd,
         staged=ctx.staged.hashes,
