@@ -22,7 +22,7 @@ its outcome, module outcomes, this task's cache statistics, cache warnings, its 
 spans); the reporter adds the statistics up, prints each distinct cache warning once,
 and hands what it gathered to :mod:`~metrale_orch.tasks.run_files`, which writes
 ``<build_dir>/cache-stats.json``, ``<build_dir>/profile.json`` (every target's spans, on
-the worker that ran them, as Chrome trace events: :mod:`metrale_orch.steps.profile`) and
+the worker that ran them, as Chrome trace events: :mod:`metrale_orch.steps.trace`) and
 ``compile_commands.json`` (the parts every target's build wrote:
 :mod:`metrale_orch.steps.compdb`); the reporter only reports. A run that built nothing (a
 no-op) leaves the files of the last build that did in place, and costs nothing for them.

@@ -2,7 +2,7 @@
 (only after a run that ran something: a no-op leaves the last build's in place and costs
 nothing for them): the kept compile times (:mod:`metrale_orch.steps.times`, the next
 run's order and ETA), ``profile.json`` and the build history
-(:mod:`metrale_orch.steps.profile`, :mod:`metrale_orch.steps.history`), and
+(:mod:`metrale_orch.steps.trace`, :mod:`metrale_orch.steps.history`), and
 ``compile_commands.json`` (:mod:`metrale_orch.steps.compdb`).
 
 :func:`write_run_files` writes them for a run from what its reporter gathered (one
