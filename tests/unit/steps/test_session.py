@@ -78,3 +78,29 @@ def test_an_owners_failure_is_not_the_waiters(session: BuildSession) -> None:
     with pytest.raises(RuntimeError):
         first.result(5)
     assert second.result(5) == "compiled itself"
+
+
+def test_targets_are_prepared_one_at_a_time(session: BuildSession) -> None:
+    """Preparation is Python work: a second target's waits for the first's to end, so the
+    loop's thread contends with one preparer for the interpreter, not with one per CPU."""
+    inside = threading.Event()
+    leave = threading.Event()
+    entered: list[str] = []
+
+    def prepare(name: str) -> None:
+        with session.preparing():
+            entered.append(name)
+            inside.set()
+            leave.wait(5)
+
+    first = threading.Thread(target=prepare, args=("first",))
+    first.start()
+    assert inside.wait(5)
+    second = threading.Thread(target=prepare, args=("second",))
+    second.start()
+    second.join(0.2)
+    assert entered == ["first"]  # the second waits for the slot
+    leave.set()
+    first.join(5)
+    second.join(5)
+    assert entered == ["first", "second"]
