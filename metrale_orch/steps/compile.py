@@ -206,7 +206,7 @@ async def run_compile(
         steps, remote = _prepared(ctx, module)
     try:
         ran_at = await _run_steps(ctx, module, steps, expected, remote)
-        done = await offload(_outcome, ctx, module, steps, ran_at)
+        done = await offload(_outcome_removed, ctx, module, steps, ran_at)
         if remote is not None and done.escape:
             # A remote worker read a file we cannot vouch for: compile here instead.
             ctx.log.info(
@@ -214,11 +214,12 @@ async def run_compile(
             )
             remote = replace(remote, local_reason=done.escape)
             ran_at = await _run_steps(ctx, module, steps, expected, remote)
-            done = await offload(_outcome, ctx, module, steps, ran_at)
+            done = await offload(_outcome_removed, ctx, module, steps, ran_at)
         return done.data, ran_at.seconds, done.inputs, ran_at.ran
-    finally:
-        if os.path.lexists(steps.tmp):  # a run here made it
+    except BaseException:
+        if os.path.lexists(steps.tmp):  # a run here made it, and no outcome removed it
             await offload(shutil.rmtree, steps.tmp, True)
+        raise
 
 
 def _prepared(ctx: BuildContext, module: ModulePlan) -> tuple[_Steps, RemoteForm | None]:
@@ -236,6 +237,16 @@ class _Outcome:
     data: bytes
     inputs: tuple[Input, ...]
     escape: str
+
+
+def _outcome_removed(ctx: BuildContext, module: ModulePlan, steps: _Steps, ran: _Ran) -> _Outcome:
+    """:func:`_outcome`, then the temporary directory a run here made removed: one trip to
+    the pool for both (each trip hands the interpreter between two threads twice)."""
+    try:
+        return _outcome(ctx, module, steps, ran)
+    finally:
+        if not ran.ran.where.startswith("remote"):  # a run here: it made the directory
+            shutil.rmtree(steps.tmp, ignore_errors=True)
 
 
 def _outcome(ctx: BuildContext, module: ModulePlan, steps: _Steps, ran: _Ran) -> _Outcome:

@@ -174,6 +174,7 @@ def test_compiler_failure_is_reported_and_others_continue(
     assert {"manifest.json", "leaf.ptx", "vector_add.ptx"} <= set(before)
     assert result.to_dict()["failures"][0]["exit_code"] == 1
     assert len(compiles(log)) == 4
+    assert not list((root / "build/.tmp").iterdir())  # the failed compile's removed too
 
 
 def test_compiler_writing_nothing_is_a_failure(
@@ -185,6 +186,7 @@ def test_compiler_writing_nothing_is_a_failure(
     (failure,) = result.failures
     assert failure.module == "scale_q1"
     assert "wrote no scale_q1.ptx" in str(failure)
+    assert not list((root / "build/.tmp").iterdir())
 
 
 def test_stale_artefacts_removed_and_no_temporaries_left(
