@@ -200,6 +200,7 @@ async def run_compile(
     # touches no file but HIP's mirror: on the loop, it never waits in the pool's queue
     # behind every other module's (measured: with 64 jobs, compiles waited for the pool
     # while targets were being planned, and a fifth of the jobs ran).
+    ctx.session.compiled = True  # targets are prepared one at a time from now on
     if ctx.plan.hip_compat is not None:
         steps, remote = await offload(_prepared, ctx, module)
     else:

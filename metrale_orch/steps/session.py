@@ -24,6 +24,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+from metrale_orch.config import default_jobs
 from metrale_orch.executor import Executor, LocalExecutor
 from metrale_orch.executor.loop import ActionLoop
 from metrale_orch.fsutil import SameBytes
@@ -39,8 +40,6 @@ T = TypeVar("T")
 
 #: Threads of the session loop's pool: cache lookups and stores (file and network I/O).
 LOOP_WORKERS = 8
-#: Targets planned, staged and keyed at once (see :meth:`BuildSession.preparing`).
-PREPARING = 1
 #: The machine-wide compile slots (``<build_dir>/.state/jobs/slot-N``).
 SLOTS_DIR = "jobs"
 
@@ -146,15 +145,20 @@ class BuildSession:
         self.peaks: Mapping[tuple[str, str], int] = MappingProxyType(dict(peaks or {}))
         self._swept: set[str] = set()
         self._lock = threading.Lock()
-        # Planning, staging and keying a target is Python work: one target at a time.
+        # Planning, staging and keying a target is Python and file work: as many at once
+        # as this process has CPUs until the first compile starts, then one at a time.
         # All of doit's target threads preparing together made each take as long as all
         # of them, and the first compile waited for the first to end (E3 in
-        # bench/HISTORY.md). Two at once (one per CPU here) prepared no faster, as the
-        # interpreter runs one thread at a time, and starved the event loop: each time
-        # it gave the interpreter up for a system call, it waited for it behind both
-        # (E3 at 64 jobs: 0.77-0.81x with two, 0.84-0.87x with one; a compiler's exit
-        # seen 36-77 ms late while targets were prepared, 19-26 ms with one).
-        self._preparing = threading.BoundedSemaphore(PREPARING)
+        # bench/HISTORY.md). With compiles running, two at once prepared no faster (the
+        # interpreter runs one thread at a time) and starved the event loop that watches
+        # them: each time it gave the interpreter up for a system call, it waited for it
+        # behind both (E3 at 64 jobs: 0.77-0.81x with two, 0.84-0.87x with one). Before
+        # any compile (a build of cache hits), two overlap their file work (X3's warm
+        # rebuild: 0.91-1.01 s with two, 1.11 s with one).
+        self._preparing = threading.BoundedSemaphore(default_jobs())
+        self._preparing_alone = threading.Lock()
+        #: Whether a compile of this session started (here or remotely).
+        self.compiled = False
         # Verifying a target's artefacts obtained earlier in the run and installing it
         # feed no compile: one target at a time, so the interpreter stays with the targets
         # being prepared and keyed, whose misses keep the compile slots full (E3: with
@@ -196,9 +200,14 @@ class BuildSession:
 
     @contextlib.contextmanager
     def preparing(self) -> Iterator[None]:
-        """Hold the session's preparation slot (planning, staging and keying a target)."""
+        """Hold one of the session's preparation slots (planning, staging and keying a
+        target): one per CPU until a compile started, then one in all."""
         with self._preparing:
-            yield
+            if not self.compiled:
+                yield
+                return
+            with self._preparing_alone:
+                yield
 
     @contextlib.contextmanager
     def finishing(self) -> Iterator[None]:

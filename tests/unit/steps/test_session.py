@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 
 from metrale_orch.executor import LocalExecutor
+from metrale_orch.steps import session as session_module
 from metrale_orch.steps.session import BuildSession
 
 
@@ -80,27 +83,43 @@ def test_an_owners_failure_is_not_the_waiters(session: BuildSession) -> None:
     assert second.result(5) == "compiled itself"
 
 
-def test_targets_are_prepared_one_at_a_time(session: BuildSession) -> None:
-    """Preparation is Python work: a second target's waits for the first's to end, so the
-    loop's thread contends with one preparer for the interpreter, not with one per CPU."""
-    inside = threading.Event()
-    leave = threading.Event()
-    entered: list[str] = []
+def _inside_at_once(session: BuildSession) -> int:
+    """How many of two threads preparing a target are inside the slot at once."""
+    inside, most = [0], [0]
+    lock, both, leave = threading.Lock(), threading.Barrier(2, timeout=0.5), threading.Event()
 
-    def prepare(name: str) -> None:
+    def prepare() -> None:
         with session.preparing():
-            entered.append(name)
-            inside.set()
+            with lock:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+            with contextlib.suppress(threading.BrokenBarrierError):
+                both.wait()  # the two meet here only when both hold a slot
             leave.wait(5)
+            with lock:
+                inside[0] -= 1
 
-    first = threading.Thread(target=prepare, args=("first",))
-    first.start()
-    assert inside.wait(5)
-    second = threading.Thread(target=prepare, args=("second",))
-    second.start()
-    second.join(0.2)
-    assert entered == ["first"]  # the second waits for the slot
+    threads = [threading.Thread(target=prepare) for _ in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.7)
     leave.set()
-    first.join(5)
-    second.join(5)
-    assert entered == ["first", "second"]
+    for t in threads:
+        t.join(5)
+    return most[0]
+
+
+def test_targets_are_prepared_side_by_side_until_a_compile_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One per CPU before any compile (a build of cache hits overlaps their file work);
+    one at a time once compiles run: the loop's thread that watches them then contends
+    with one preparer for the interpreter, not with one per CPU."""
+    monkeypatch.setattr(session_module, "default_jobs", lambda: 2)
+    made = BuildSession(LocalExecutor(2))
+    try:
+        assert _inside_at_once(made) == 2
+        made.compiled = True
+        assert _inside_at_once(made) == 1
+    finally:
+        made.close()
