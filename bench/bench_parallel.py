@@ -128,8 +128,17 @@ def clean(root: Path) -> None:
             path.rename(trash / f"{root.name}-{name}-{time.time_ns()}")
 
 
-def empty_trash(out: Path) -> None:
-    shutil.rmtree(out / TRASH, ignore_errors=True)
+#: ``--keep-trash``: why a user would leave the last builds in ``OUT/trash``.
+KEEP_TRASH_HELP = (
+    "leave the builds moved away in OUT/trash: deleted, their inodes slow the next few "
+    "minutes' file creations (ext4 without a journal), so the next bench would pay for them"
+)
+
+
+def empty_trash(out: Path, keep: bool = False) -> None:
+    """Delete the builds :func:`clean` moved away, unless ``keep`` (``--keep-trash``)."""
+    if not keep:
+        shutil.rmtree(out / TRASH, ignore_errors=True)
 
 
 def e1(args: argparse.Namespace) -> None:
@@ -256,6 +265,7 @@ def main() -> None:
         p.add_argument(
             "--no-bytecode", action="store_true", help="leave PYTHONDONTWRITEBYTECODE as it is"
         )
+        p.add_argument("--keep-trash", action="store_true", help=KEEP_TRASH_HELP)
     sub.choices["e1"].add_argument("--target", default="hopper/qwen3-8b/bf16")
     sub.choices["e1"].add_argument("--jobs", type=int, default=0)
     sub.choices["e3"].add_argument("--jobs", default="1,8,32,64")
@@ -268,7 +278,7 @@ def main() -> None:
     try:
         {"e1": e1, "e2": e2, "e3": e3}[args.bench](args)
     finally:
-        empty_trash(args.out)
+        empty_trash(args.out, args.keep_trash)
 
 
 if __name__ == "__main__":

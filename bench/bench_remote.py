@@ -50,7 +50,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 from bench_noop import FAKECC, TOOLCHAIN  # noqa: E402
-from bench_parallel import TRASH, clean, empty_trash, env_for  # noqa: E402  (cache off, ...)
+from bench_parallel import KEEP_TRASH_HELP, TRASH, clean, empty_trash, env_for  # noqa: E402  (cache off, ...)
 
 from metrale_orch.steps.remote_form import platform_properties  # noqa: E402
 from metrale_orch.toolchain.definitions import builtin_toolchains, load_toolchains  # noqa: E402
@@ -378,6 +378,7 @@ def main() -> None:
     for name in ("x1", "x2", "x3"):
         p = sub.add_parser(name)
         p.add_argument("out", type=Path, nargs="?", default=HERE / "out" / f"remote-{name}")
+        p.add_argument("--keep-trash", action="store_true", help=KEEP_TRASH_HELP)
     sub.choices["x1"].add_argument(
         "--remote-jobs", type=int, default=0, help="remote_jobs (0: the default, unset)"
     )
@@ -399,7 +400,7 @@ def main() -> None:
     try:
         {"x1": x1, "x2": x2, "x3": x3}[args.bench](args)
     finally:
-        empty_trash(args.out)
+        empty_trash(args.out, args.keep_trash)
 
 
 if __name__ == "__main__":
