@@ -456,3 +456,32 @@ def test_what_a_build_leaves_is_frozen_when_the_process_exits(
         if line.startswith("frozen ")
     }
     assert counts["frozen at exit"] >= counts["frozen after the run"] + 100_000
+
+
+_RUN_AGAIN_AND_AGAIN = (
+    "import gc, io, pathlib\n"
+    "from metrale_orch.tasks.launch import run_doit, run_doit_again\n"
+    "run_doit(['build'], io.StringIO())\n"
+    "leaf = sorted(pathlib.Path('kernels').rglob('*.cu'))[0]\n"
+    "for i in range(4):\n"
+    "    leaf.write_text(leaf.read_text() + f'// edit {i}\\n')\n"
+    "    run_doit_again(['build'], io.StringIO(), fresh=False)\n"
+    "    print('frozen', gc.get_freeze_count(), flush=True)\n"
+)
+
+
+def test_a_process_that_builds_again_freezes_only_its_first_tasks(
+    fake_project: tuple[Path, dict[str, str]],
+) -> None:
+    """The edit loop's process generates the tasks on every cycle: frozen each time, each
+    cycle's garbage cycles were kept for good (the count grew ~700 objects a cycle)."""
+    root, env = fake_project
+    proc = subprocess.run(
+        [sys.executable, "-c", _RUN_AGAIN_AND_AGAIN],
+        cwd=root, env=env, capture_output=True, text=True, check=False, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    frozen = [int(line.split()[1]) for line in lines if line.startswith("frozen")]
+    assert len(frozen) == 4
+    assert len(set(frozen)) == 1, frozen
