@@ -162,7 +162,7 @@ class Measured(subprocess.Popen[bytes]):
             return (self.pid, 0)
         if pid == self.pid:
             peak = usage.ru_maxrss * _MAXRSS_UNIT
-            known = peak_is_the_child_s(peak, _own_high_water())
+            known = _peak_is_the_child_s(peak)
             self.peak, self.bound = (peak, 0) if known else (0, peak)
         return (pid, status)
 
@@ -195,6 +195,22 @@ def peak_is_the_child_s(peak: int, own_high_water: int) -> bool:
     """Whether a child's reported peak ``peak`` is its own, not what it inherited from
     this process (whose peak is ``own_high_water``) (pure)."""
     return peak > own_high_water + max(_INHERITED_SLACK, own_high_water // 8)
+
+
+#: This process's high-water mark when :func:`_peak_is_the_child_s` last read it.
+_HIGH_WATER = [0]
+
+
+def _peak_is_the_child_s(peak: int) -> bool:
+    """:func:`peak_is_the_child_s` against this process's high-water mark, read only when
+    the one last read does not settle it: the mark only grows, and the bar with it, so a
+    peak at or under the last bar is not the child's (most compilers of a build whose
+    children are small: their peak is what they inherited). Reading it is three system
+    calls on the event loop that reaps the child."""
+    if not peak_is_the_child_s(peak, _HIGH_WATER[0]):
+        return False
+    _HIGH_WATER[0] = _own_high_water()
+    return peak_is_the_child_s(peak, _HIGH_WATER[0])
 
 
 def _own_high_water() -> int:

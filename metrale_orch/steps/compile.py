@@ -13,6 +13,7 @@ are swept once per process.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import posixpath
@@ -372,11 +373,18 @@ class _Ran:
     outputs: Mapping[Path, bytes]
 
 
+#: A compile directory's name past its pid: a random part drawn once per process, then a
+#: count (a name an earlier process of the same pid left is refused by the executor's
+#: mkdir). ``secrets.token_hex`` per compile was a ``getrandom`` call on the event loop.
+_TMP_SALT = secrets.token_hex(4)
+_TMP_COUNT = itertools.count()
+
+
 def _temporary_dir(ctx: BuildContext, module: ModulePlan) -> Path:
     """A new name under the build's ``.tmp`` for one compile's directory, ``<module>.<pid>.
     <random>`` (what :func:`sweep_tmp` knows); the executor that runs the compile here
     makes it, and fails when it exists."""
-    return ctx.tmp_root / f"{module.name}.{os.getpid()}.{secrets.token_hex(6)}"
+    return ctx.tmp_root / f"{module.name}.{os.getpid()}.{_TMP_SALT}{next(_TMP_COUNT):x}"
 
 
 def step_argv(

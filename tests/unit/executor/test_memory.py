@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from metrale_orch import proc
 from metrale_orch.config import ConfigError, load_config
 from metrale_orch.executor import PrioritySlots
 from metrale_orch.executor.memory import MemoryBudget, available_memory
@@ -177,3 +178,26 @@ def test_a_child_peak_just_above_the_parent_s_is_what_it_inherited() -> None:
     assert not peak_is_the_child_s(322 * MIB, own)  # the CI worker's reading
     assert peak_is_the_child_s(400 * MIB, own)
     assert peak_is_the_child_s(60 * MIB, 20 * MIB)  # a small parent: 32 MiB of slack
+
+
+def test_the_parent_s_mark_is_read_only_when_the_last_one_read_does_not_settle_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The high-water mark only grows: a peak under the bar of the mark last read is not
+    the child's, without reading the mark again (three system calls on the event loop)."""
+    marks = iter([300 * MIB, 500 * MIB])
+    reads: list[int] = []
+
+    def own_high_water() -> int:
+        reads.append(1)
+        return next(marks)
+
+    monkeypatch.setattr(proc, "_own_high_water", own_high_water)
+    monkeypatch.setattr(proc, "_HIGH_WATER", [0])
+    assert not proc._peak_is_the_child_s(300 * MIB)  # read: 300 MiB, not the child's
+    assert not proc._peak_is_the_child_s(320 * MIB)  # under the last bar: not read again
+    assert len(reads) == 1
+    assert not proc._peak_is_the_child_s(400 * MIB)  # above it: read again, 500 MiB now
+    assert len(reads) == 2
+    assert not proc._peak_is_the_child_s(450 * MIB)
+    assert len(reads) == 2
