@@ -12,12 +12,9 @@ are swept once per process.
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import logging
 import os
 import posixpath
-import secrets
 import shutil
 import threading
 import time
@@ -46,6 +43,7 @@ from metrale_orch.steps.includes import (
 )
 from metrale_orch.steps.plan_values import ModulePlan, TargetPlan
 from metrale_orch.steps.remote_form import OUT_DIR, remote_form
+from metrale_orch.steps.scratch import scratch_name
 from metrale_orch.steps.staging import StagedTarget
 from metrale_orch.toolchain.argv import (
     compile_argv,
@@ -59,7 +57,7 @@ from metrale_orch.executor import Action, RemoteForm
 from metrale_orch.executor.loop import offload
 from metrale_orch.proc import ProcessError, format_argv
 
-__all__ = ["BuildContext", "run_compile", "step_argv", "sweep_tmp"]
+__all__ = ["BuildContext", "run_compile", "step_argv"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,45 +106,6 @@ class BuildContext:
         if found is None:
             found = self.realpaths[key] = os.path.realpath(key)
         return found
-
-
-def sweep_tmp(tmp_root: Path, log: logging.Logger) -> None:
-    """Remove leftovers of killed compiles under ``tmp_root`` (once per session: the
-    caller asks :meth:`BuildSession.first_sweep`).
-
-    A compile's directory is ``<module>.<pid>.<random>``; it is a leftover when
-    that process no longer runs, or when it is older than a day.
-    """
-    try:
-        entries = list(os.scandir(tmp_root))
-    except OSError:
-        return
-    now = time.time()
-    for entry in entries:
-        parts = entry.name.rsplit(".", 2)
-        pid = int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else 0
-        try:
-            age = now - entry.stat(follow_symlinks=False).st_mtime
-        except OSError:
-            continue
-        if pid == os.getpid() or (pid and _alive(pid) and age < 86400):
-            continue
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path, ignore_errors=True)
-        else:
-            with contextlib.suppress(OSError):
-                os.unlink(entry.path)
-        log.info("removed the leftover %s of an interrupted compile", entry.path)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 def _relative(path: Path, cwd: str) -> str:
@@ -373,18 +332,11 @@ class _Ran:
     outputs: Mapping[Path, bytes]
 
 
-#: A compile directory's name past its pid: a random part drawn once per process, then a
-#: count (a name an earlier process of the same pid left is refused by the executor's
-#: mkdir). ``secrets.token_hex`` per compile was a ``getrandom`` call on the event loop.
-_TMP_SALT = secrets.token_hex(4)
-_TMP_COUNT = itertools.count()
-
-
 def _temporary_dir(ctx: BuildContext, module: ModulePlan) -> Path:
-    """A new name under the build's ``.tmp`` for one compile's directory, ``<module>.<pid>.
-    <random>`` (what :func:`sweep_tmp` knows); the executor that runs the compile here
-    makes it, and fails when it exists."""
-    return ctx.tmp_root / f"{module.name}.{os.getpid()}.{_TMP_SALT}{next(_TMP_COUNT):x}"
+    """A new name under the build's ``.tmp`` for one compile's directory (:func:`~metrale_orch.
+    steps.scratch.scratch_name`); the executor that runs the compile here makes it, and
+    fails when it exists."""
+    return ctx.tmp_root / scratch_name(module.name)
 
 
 def step_argv(

@@ -40,7 +40,7 @@ from metrale_orch.steps.compdb import (
     target_commands,
     write_part,
 )
-from metrale_orch.steps.compile import BuildContext, sweep_tmp
+from metrale_orch.steps.compile import BuildContext
 from metrale_orch.steps.deps import (
     external_stamps,
 )
@@ -71,6 +71,7 @@ from metrale_orch.steps.plan import config_docs, plan_target
 from metrale_orch.steps.plan_values import ModulePlan, PlanMemo, TargetPlan
 from metrale_orch.steps.profile import SpanRecorder
 from metrale_orch.steps.results import KeyedModule, KeyedTarget, TargetResult
+from metrale_orch.steps.scratch import sweep_tmp
 from metrale_orch.steps.session import BuildSession
 from metrale_orch.steps.staging import (
     check_contained,

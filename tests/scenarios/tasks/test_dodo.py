@@ -444,18 +444,22 @@ def test_what_a_build_leaves_is_frozen_when_the_process_exits(
     """The interpreter's last collections pass over what the build made (frozen at exit,
     not walked: a big build's process ended 0.4-0.55 s after doit returned); before the
     exit nothing more is frozen, so a process that goes on collects its garbage."""
-    root, env = fake_project
+    counts = {
+        line.rsplit(" ", 1)[0]: int(line.rsplit(" ", 1)[1])
+        for line in _frozen_lines(fake_project, _RUN_THEN_EXIT)
+    }
+    assert counts["frozen at exit"] >= counts["frozen after the run"] + 100_000
+
+
+def _frozen_lines(project: tuple[Path, dict[str, str]], code: str) -> list[str]:
+    """The ``frozen ...`` lines ``python -c code`` printed in the project (it must exit 0)."""
+    root, env = project
     proc = subprocess.run(
-        [sys.executable, "-c", _RUN_THEN_EXIT],
+        [sys.executable, "-c", code],
         cwd=root, env=env, capture_output=True, text=True, check=False, timeout=240,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    counts = {
-        line.rsplit(" ", 1)[0]: int(line.rsplit(" ", 1)[1])
-        for line in proc.stdout.splitlines()
-        if line.startswith("frozen ")
-    }
-    assert counts["frozen at exit"] >= counts["frozen after the run"] + 100_000
+    return [line for line in proc.stdout.splitlines() if line.startswith("frozen ")]
 
 
 _RUN_AGAIN_AND_AGAIN = (
@@ -475,13 +479,6 @@ def test_a_process_that_builds_again_freezes_only_its_first_tasks(
 ) -> None:
     """The edit loop's process generates the tasks on every cycle: frozen each time, each
     cycle's garbage cycles were kept for good (the count grew ~700 objects a cycle)."""
-    root, env = fake_project
-    proc = subprocess.run(
-        [sys.executable, "-c", _RUN_AGAIN_AND_AGAIN],
-        cwd=root, env=env, capture_output=True, text=True, check=False, timeout=240,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = proc.stdout.splitlines()
-    frozen = [int(line.split()[1]) for line in lines if line.startswith("frozen")]
+    frozen = [int(line.split()[1]) for line in _frozen_lines(fake_project, _RUN_AGAIN_AND_AGAIN)]
     assert len(frozen) == 4
     assert len(set(frozen)) == 1, frozen
