@@ -1,15 +1,15 @@
 """The build profile's file: a run's spans as the trace-event document of ``profile.json``.
 
-:func:`trace_document` makes the document of a run's :class:`~metrale_orch.steps.profile.
-Span` s and :func:`encode_profile` its bytes (sorted keys, one event per line).
-:class:`TraceEvents` does both as the spans arrive: the reporter gives it each target's
-spans as the target ends, while the build still runs, so the end of a big build (tens of
-thousands of spans) only sorts and joins lines already made; the bytes are
-``encode_profile(trace_document(...))``'s for the same spans.
+:class:`TraceEvents` makes the document of a run's :class:`~metrale_orch.steps.profile.Span`
+s and its bytes (sorted keys, one event per line) as the spans arrive: the reporter gives
+it each target's spans as the target ends, while the build still runs, so the end of a
+big build (tens of thousands of spans) only sorts and joins lines already made.
 
 The events' order: metadata by pid and tid, then spans by start, pid, tid, name, the longer
 first (an enclosing span before its first step), then the memory counter track by time;
-so equal spans give equal bytes.
+so equal spans give equal bytes. Process and thread names: doit's own process is ``doit``,
+the others ``worker 1``, ``worker 2``, … in the order they started work; a process's first
+thread is ``main``, the others ``thread 1``, ``thread 2``, … likewise.
 """
 
 from __future__ import annotations
@@ -20,33 +20,13 @@ from typing import cast
 from metrale_orch.canonical import canonical_encoder, canonical_json, canonical_lines
 from metrale_orch.steps.profile import PROFILE_VERSION, Span, compile_seconds
 
-__all__ = ["TraceEvents", "encode_profile", "trace_document"]
+__all__ = ["TraceEvents"]
 
 #: The counter track of the compiles' peak memory, and its unit.
 _MEMORY_TRACK = "memory in use"
 _MIB = 1024 * 1024
 
 Event = dict[str, object]
-
-
-def trace_document(spans: Iterable[Span], *, origin_ns: int, main_pid: int) -> dict[str, object]:
-    """The trace-event JSON object of a run's spans (pure).
-
-    ``origin_ns``: the run's start (``time.time_ns()``), time 0 of the trace;
-    ``main_pid``: doit's own process (named ``doit``; the others are ``worker 1``,
-    ``worker 2``, … in the order they started work). Threads are ``main`` (the
-    process's first thread) or ``thread 1``, ``thread 2``, … likewise.
-    """
-    events = [s.to_event(origin_ns) for s in spans]
-    events = [events[i] for i in _order(events)]
-    meta, memory = _names(events, main_pid), _memory_track(events, main_pid)
-    return _document([*meta, *events, *memory])
-
-
-def encode_profile(doc: Mapping[str, object]) -> bytes:
-    """``doc`` as the bytes of ``profile.json``: sorted keys, one event per line (pure)."""
-    events = doc.get("traceEvents", [])
-    return _encode(doc, canonical_lines(events if isinstance(events, list) else []))
 
 
 class TraceEvents:
@@ -70,7 +50,8 @@ class TraceEvents:
             self._lines.append(self._encode(event))
 
     def document(self, main_pid: int) -> tuple[dict[str, object], bytes]:
-        """:func:`trace_document` of the spans added, and :func:`encode_profile` of it."""
+        """The trace-event document of the spans added, and its bytes; ``main_pid`` is
+        doit's own process (see the module docstring)."""
         order = _order(self._events)
         events = [self._events[i] for i in order]
         meta, memory = _names(events, main_pid), _memory_track(events, main_pid)

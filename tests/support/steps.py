@@ -4,15 +4,28 @@ the ones that start processes (``tests/scenarios/steps/``) alike.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from metrale_orch.steps.profile import Span
 from metrale_orch.steps.results import TargetResult
 from metrale_orch.steps.target import build_target
+from metrale_orch.steps.trace import TraceEvents
 from metrale_orch.tree import Target
 from tests.support.build import make_cache, make_config, small_tree
 
 T = Target(hardware="hw1", model="m1", quant="q1")
+
+
+def trace_of(
+    spans: Iterable[Span], *, origin_ns: int, main_pid: int
+) -> tuple[dict[str, object], bytes]:
+    """The profile document of ``spans`` and its bytes, as the reporter makes them (the
+    spans handed over as they travel)."""
+    trace = TraceEvents(origin_ns)
+    trace.add(s.to_dict() for s in spans)
+    return trace.document(main_pid)
 
 
 def _build(

@@ -25,11 +25,11 @@ from metrale_orch.steps.profile import (
     summarize_profile,
 )
 from metrale_orch.steps.target import build_target
-from metrale_orch.steps.trace import encode_profile, trace_document
 from metrale_orch.tree import Target
 from tests.support import REPO
 from tests.support.build import make_cache, make_config
 from tests.support.project import doit, fake_compiles, make_project, project_env, use_fake_compiler
+from tests.support.steps import trace_of
 
 NVIDIA = ("gb10/qwen/w4", "gb10/qwen/w8", "hopper/qwen/w4", "hopper/qwen/w8")
 
@@ -264,7 +264,7 @@ def test_real_nvcc_build_has_a_span_per_module(tmp_path: Path) -> None:
         assert steps["compile", module.name] == (module.outcome == "compiled")
     assert steps["build", ""] == steps["plan", ""] == steps["stage", ""] == 1
     assert steps["install", ""] == 1
-    doc = trace_document(result.spans, origin_ns=min(s.start_ns for s in result.spans), main_pid=0)
-    events = complete_events(json.loads(encode_profile(doc)))
+    _, data = trace_of(result.spans, origin_ns=min(s.start_ns for s in result.spans), main_pid=0)
+    events = complete_events(json.loads(data))
     compiled = [e for e in events if e["cat"] == "compile"]
     assert compiled and all(e["dur"] > 0 and e["args"]["bytes"] > 0 for e in compiled)

@@ -21,9 +21,9 @@ from metrale_orch.executor.memory import MemoryBudget, available_memory
 from metrale_orch.proc import peak_is_the_child_s
 from metrale_orch.steps.profile import Span
 from metrale_orch.steps.times import TIMES, CompileTimes, merge_compiles, read_times, write_times
-from metrale_orch.steps.trace import trace_document
 from metrale_orch.tasks.progress import progress_text
 from tests.support.executor import MIB
+from tests.support.steps import trace_of
 
 # -- the rule, alone ------------------------------------------------------------------------
 
@@ -162,7 +162,7 @@ def test_the_live_line_and_the_profile_show_memory_in_use() -> None:
             ("b", 0, 3_000_000, 3, {"seconds": 0.001, "memory": 50 * MIB}),
         )
     ]
-    events = trace_document(spans, origin_ns=0, main_pid=1)["traceEvents"]
+    events = trace_of(spans, origin_ns=0, main_pid=1)[0]["traceEvents"]
     assert isinstance(events, list)
     track = [(e["ts"], e["args"]["MiB"]) for e in events if e["ph"] == "C"]
     # a's compiler ran 1-4 ms, b's 2-3 ms (each span's end less its seconds).

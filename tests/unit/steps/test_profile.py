@@ -22,8 +22,8 @@ from metrale_orch.steps.profile import (
     read_profile,
     summarize_profile,
 )
-from metrale_orch.steps.trace import encode_profile, trace_document
 from metrale_orch.tasks.checker import TaskDataCodec
+from tests.support.steps import trace_of
 
 MODULE_STEPS = ("key", "lookup", "compile", "store")
 
@@ -79,7 +79,7 @@ def test_recorder_stamps_this_process_and_thread() -> None:
     assert only.end_ns > only.start_ns and dict(only.args) == {"key": "k"}
 
 
-def test_trace_document_is_sorted_and_names_workers() -> None:
+def test_the_trace_document_is_sorted_and_names_workers() -> None:
     spans = [
         span("compile", 3_000, 9_000, pid=7, tid=7, module="b"),
         span("build", 1_000, 10_000, pid=7, tid=7),
@@ -87,10 +87,10 @@ def test_trace_document_is_sorted_and_names_workers() -> None:
         span("build", 2_000, 4_000, pid=1, tid=3),
         span("key", 1_000, 2_000, pid=7, tid=7, module="b"),
     ]
-    doc = trace_document(reversed(spans), origin_ns=0, main_pid=1)
-    again = trace_document(spans, origin_ns=0, main_pid=1)
-    assert encode_profile(doc) == encode_profile(again)
-    assert json.loads(encode_profile(doc)) == doc
+    doc, data = trace_of(reversed(spans), origin_ns=0, main_pid=1)
+    _, again = trace_of(spans, origin_ns=0, main_pid=1)
+    assert data == again
+    assert json.loads(data) == doc
     events = doc["traceEvents"]
     assert isinstance(events, list)
     meta = {(e["name"], e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M"}
@@ -119,7 +119,7 @@ def test_summary_lists_the_slowest_compiles_and_the_totals() -> None:
         span("lookup", 0, 1_000, target="b/m/q", module="v", outcome="local", bytes=1),
         span("lookup", 0, 1_000, target="b/m/q", module="y", outcome="miss"),
     ]
-    doc = trace_document(spans, origin_ns=0, main_pid=1)
+    doc, _ = trace_of(spans, origin_ns=0, main_pid=1)
     events = doc["traceEvents"]
     assert isinstance(events, list)
     got = summarize_profile(events, top=2)
@@ -143,7 +143,7 @@ def test_summary_counts_the_compiler_s_time_apart_from_the_wait_for_a_slot() -> 
         span("lookup", 0, 1_000, module="v", outcome="local", source="run", bytes=3),
         span("lookup", 0, 1_000, module="w", outcome="local", source="cache", bytes=2),
     ]
-    events = trace_document(spans, origin_ns=0, main_pid=1)["traceEvents"]
+    events = trace_of(spans, origin_ns=0, main_pid=1)[0]["traceEvents"]
     assert isinstance(events, list)
     got = summarize_profile(events)
     assert [(c.module, c.seconds, c.wait) for c in got.slowest] == [

@@ -16,22 +16,26 @@ from typing import Any
 
 from metrale_orch.steps.history import encode_history, new_record
 from metrale_orch.steps.profile import Span
-from metrale_orch.steps.trace import TraceEvents, encode_profile, trace_document
+from metrale_orch.steps.trace import TraceEvents
 from tests.support import REPO
+from tests.support.steps import trace_of
 
 CASE = REPO / "tests" / "cases" / "profile"
 
 
-def case_document() -> tuple[dict[str, Any], dict[str, object]]:
-    """The case and its trace document, made as the run's profile writer makes it."""
+def case_document() -> tuple[dict[str, Any], dict[str, object], bytes]:
+    """The case, its trace document and the document's bytes, as the run's profile writer
+    makes them."""
     case: dict[str, Any] = json.loads((CASE / "spans.json").read_text(encoding="utf-8"))
     spans = [Span.from_dict(s) for s in case["spans"]]
-    return case, trace_document(spans, origin_ns=case["origin_ns"], main_pid=case["main_pid"])
+    doc, data = trace_of(spans, origin_ns=case["origin_ns"], main_pid=case["main_pid"])
+    return case, doc, data
 
 
 def test_profile_json_keeps_its_bytes() -> None:
-    _, doc = case_document()
-    assert encode_profile(doc) == (CASE / "profile.json").read_bytes()
+    _, doc, data = case_document()
+    assert data == (CASE / "profile.json").read_bytes()
+    assert json.loads(data) == doc
 
 
 def test_the_events_made_as_spans_arrive_give_the_same_bytes() -> None:
@@ -42,11 +46,11 @@ def test_the_events_made_as_spans_arrive_give_the_same_bytes() -> None:
         trace.add(part)  # as targets end; a span of someone else's is left out
     doc, data = trace.document(main_pid=case["main_pid"])
     assert data == (CASE / "profile.json").read_bytes()
-    assert doc == case_document()[1]
+    assert doc == case_document()[1]  # handed over in parts or at once
 
 
 def test_the_build_history_keeps_its_bytes() -> None:
-    case, doc = case_document()
+    case, doc, _ = case_document()
     events = doc["traceEvents"]
     assert isinstance(events, list)
     record = new_record((), events, finished_ns=case["finished_ns"], words=case["words"])
