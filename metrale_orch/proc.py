@@ -229,19 +229,21 @@ def start_process(
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
     new_session: bool = False,
+    output: tuple[int, int] | None = None,
 ) -> tuple[list[str], Measured]:
-    """Start ``argv`` (no standard input, output piped; with ``new_session`` in a process
-    group of its own) and return its argv as text with the process. Raises
-    :class:`ProcessError` when it cannot be started."""
+    """Start ``argv`` (no standard input, output piped, or written to the two descriptors
+    ``output``; with ``new_session`` in a process group of its own) and return its argv as
+    text with the process. Raises :class:`ProcessError` when it cannot be started."""
     args = [str(a) for a in argv]
+    out, err = output or (subprocess.PIPE, subprocess.PIPE)
     try:
         proc = Measured(
             args,
             cwd=cwd,
             env=None if env is None else dict(env),
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stdout=out,
+            stderr=err,
             start_new_session=new_session,
         )
     except FileNotFoundError:

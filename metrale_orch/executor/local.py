@@ -26,7 +26,7 @@ from pathlib import Path
 
 from metrale_orch.executor.action import Action, ActionStopped
 from metrale_orch.executor.memory import KILLED_FOR_MEMORY, available_memory, killed_for_memory
-from metrale_orch.executor.reaping import reap
+from metrale_orch.executor.reaping import OutputFiles, reap
 from metrale_orch.executor.slots import MachineSlots, PrioritySlots
 from metrale_orch.proc import (
     Completed,
@@ -151,7 +151,7 @@ class LocalExecutor:
         # it watched was seen 0.4 s late), so 64 jobs ran a third of the time.
         spawning = asyncio.get_running_loop().run_in_executor(None, _start, action)
         try:
-            args, proc = await asyncio.shield(spawning)
+            args, proc, files = await asyncio.shield(spawning)
         except asyncio.CancelledError:
             spawning.add_done_callback(_kill_started)  # never left running, nor a zombie
             raise
@@ -162,12 +162,14 @@ class LocalExecutor:
         try:
             if self._stopped.is_set():  # stop() ran between the slot and the registration
                 _signal_group(proc, signal.SIGKILL)
-            out, err, expired = await reap(
+            expired = await reap(
                 proc,
                 timeout=action.timeout,
                 kill=lambda: _signal_group(proc, signal.SIGKILL),
             )
+            out, err = files.read()
         finally:
+            files.close()
             reaped.set()
             with self._lock:
                 self._running.pop(proc.pid, None)
@@ -183,26 +185,32 @@ class LocalExecutor:
         return finished(args, proc.returncode, out, err, seconds, proc.peak, proc.bound)
 
 
-def _start(action: Action) -> tuple[list[str], Measured]:
+def _start(action: Action) -> tuple[list[str], Measured, OutputFiles]:
     if action.scratch is not None:
         _make_scratch(action)
-    return start_process(action.argv, cwd=action.cwd, env=action.env, new_session=True)
+    try:
+        output = OutputFiles()
+    except OSError as exc:
+        reason = f"cannot make the files for its output: {exc.strerror or exc}"
+        raise ProcessError(action.argv, None, reason=reason) from None
+    try:
+        args, proc = start_process(
+            action.argv, cwd=action.cwd, env=action.env, new_session=True, output=output.fds
+        )
+    except BaseException:
+        output.close()
+        raise
+    return args, proc, output
 
 
-def _kill_started(spawning: asyncio.Future[tuple[list[str], Measured]]) -> None:
+def _kill_started(spawning: asyncio.Future[tuple[list[str], Measured, OutputFiles]]) -> None:
     """Kill and reap a compiler whose start finished after its action was cancelled."""
     if spawning.cancelled() or spawning.exception() is not None:
         return
-    _args, proc = spawning.result()
+    _args, proc, output = spawning.result()
+    output.close()
     _signal_group(proc, signal.SIGKILL)
-    asyncio.get_running_loop().run_in_executor(None, _reap_killed, proc)
-
-
-def _reap_killed(proc: Measured) -> None:
-    proc.wait()
-    for pipe in (proc.stdout, proc.stderr):
-        if pipe is not None:
-            pipe.close()
+    asyncio.get_running_loop().run_in_executor(None, proc.wait)
 
 
 def _make_scratch(action: Action) -> None:

@@ -194,3 +194,25 @@ def test_each_action_runs_in_a_process_group_of_its_own(tmp_path: Path) -> None:
         ),
     )
     assert int(done.stdout.split()[0]) != os.getpgid(0)
+
+
+def test_an_action_ends_when_its_process_exits_though_a_child_keeps_its_output(
+    tmp_path: Path,
+) -> None:
+    """A compiler that leaves a process behind holding its output (a cache daemon) ends
+    when it exits, with what both printed by then, apart: its output is read from files
+    once it exited, not from pipes to their end."""
+    executor = LocalExecutor(1)
+    script = "echo out; echo err >&2; sleep 30 & echo $! > pid"
+    begin = time.monotonic()
+    done = run_action(
+        executor, Action(argv=("sh", "-c", script), cwd=tmp_path, env=dict(os.environ))
+    )
+    took = time.monotonic() - begin
+    left = int((tmp_path / "pid").read_text())
+    try:
+        assert (done.stdout, done.stderr) == ("out\n", "err\n")
+        assert took < 10, took
+        assert _alive(left)  # still holding the output files: not waited for
+    finally:
+        os.kill(left, 9)
