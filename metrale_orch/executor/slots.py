@@ -171,8 +171,11 @@ class MachineSlots:
 
     async def _acquire(self, stopped: threading.Event) -> tuple[int, int] | None:
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            st = os.lstat(self.directory)
+            try:
+                st = os.lstat(self.directory)
+            except FileNotFoundError:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                st = os.lstat(self.directory)
         except OSError:
             return (-1, -1)
         if not stat.S_ISDIR(st.st_mode) or not_own(st, directory=True):
