@@ -35,6 +35,7 @@ from metrale_orch.tree.beyond import TREE_DIR, Beyond, IncludeMemo, find_beyond_
 __all__ = [
     "TREE_DIR",
     "Beyond",
+    "SourceBytes",
     "StagedTarget",
     "beyond_layout",
     "check_contained",
@@ -273,11 +274,13 @@ def stage(
     extra: Mapping[str, Path] | None = None,
     dirs: Iterable[str] = (),
     same: SameBytes | None = None,
+    read: Callable[[Path], bytes] | None = None,
 ) -> StagedTarget:
     """Make ``stage_dir`` hold exactly :func:`plan_stage`'s files with their current bytes,
     and the (possibly empty) directories ``dirs`` (stage-relative): a compile's ``-I``
     directory must exist for ``..`` to be walked through it. A file is written through
-    ``same`` when given (a link to the run's earlier file of the same bytes).
+    ``same`` when given (a link to the run's earlier file of the same bytes), and read
+    through ``read`` when given (:class:`SourceBytes`: what the include walk read).
 
     Raises :class:`StageError` when a source cannot be read or the stage
     cannot be written.
@@ -299,9 +302,10 @@ def stage(
             (stage_dir / rel).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StageError(target, rel, f"cannot create the directory: {exc}") from None
+    read = read or Path.read_bytes
     for rel, source in plan.items():
         try:
-            data = source.read_bytes()
+            data = read(source)
         except OSError as exc:
             raise StageError(target, rel, f"cannot read {source}: {exc}") from None
         hashes[rel] = bytes_hash(data)
@@ -325,6 +329,25 @@ def stage(
         written=tuple(written),
         removed=tuple(sorted(removed)),
     )
+
+
+class SourceBytes:
+    """The bytes of each tree file as first read while one target is prepared: its include
+    walk and its stage read each file once, and see the same bytes (a ``read`` for
+    :func:`beyond_layout` and :func:`stage`). Raises OSError as ``Path.read_bytes``."""
+
+    __slots__ = ("_got",)
+
+    def __init__(self) -> None:
+        self._got: dict[str, bytes] = {}
+
+    def __call__(self, path: Path) -> bytes:
+        name = os.path.abspath(path)
+        data = self._got.get(name)
+        if data is None:
+            with open(name, "rb") as fh:
+                data = self._got[name] = fh.read()
+        return data
 
 
 def _same_bytes(dest: Path, data: bytes) -> bool:

@@ -74,6 +74,7 @@ from metrale_orch.steps.results import KeyedModule, KeyedTarget, TargetResult
 from metrale_orch.steps.scratch import sweep_tmp
 from metrale_orch.steps.session import BuildSession
 from metrale_orch.steps.staging import (
+    SourceBytes,
     check_contained,
     stage,
 )
@@ -361,7 +362,8 @@ def _prepare(
             hip_compat=compat,
         )
         check_contained(root, layout)
-        beyond = reach_beyond(root, layout, compat)
+        read = SourceBytes()  # the walk's reads, staged as they were read
+        beyond = reach_beyond(root, layout, compat, read)
         exempt = shadow_exemptions((memo.rel(p), doc) for p, doc in config_docs(layout))
         if exempt.problems:
             raise BuildConfigError(*exempt.problems[0])
@@ -380,6 +382,7 @@ def _prepare(
             beyond.files,
             dirs=[f"{TREE_DIR}/{d}" for d in layer_dirs_of(root, layout)] if beyond.files else (),
             same=session.same_bytes,
+            read=read,
         )
         # SPEC 3.3.2: what leaf forks drop from their common namesakes, read from the stage
         # with each root's own -I directories (a leaf module's are its compile's).

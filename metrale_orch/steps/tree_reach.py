@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from metrale_orch.fsutil import FileState
@@ -47,13 +47,19 @@ __all__ = [
 ]
 
 
-def reach_beyond(root: Path, layout: Layout, compat: HipCompat | None) -> Beyond:
+def reach_beyond(
+    root: Path,
+    layout: Layout,
+    compat: HipCompat | None,
+    read: Callable[[Path], bytes] | None = None,
+) -> Beyond:
     """SPEC 3.3.1: the tree files this target's compiles reach beyond its layout (to be
-    staged under ``.tree/``). Raises the first escaping include (naming the file and line)
-    and :class:`~metrale_orch.steps.staging.ContainmentError` for a file reached through a
+    staged under ``.tree/``), its sources read through ``read`` when given. Raises the
+    first escaping include (naming the file and line) and
+    :class:`~metrale_orch.steps.staging.ContainmentError` for a file reached through a
     symlink."""
     allow = () if compat is None or compat.dir is None else (str(compat.dir),)
-    beyond = beyond_layout(root, layout, allow=allow)
+    beyond = beyond_layout(root, layout, read, allow=allow)
     if beyond.errors:
         raise beyond.errors[0]
     bad = uncontained(Path(root) / "kernels", beyond.files.values())

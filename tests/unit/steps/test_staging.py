@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from metrale_orch.fsutil import bytes_hash
 from metrale_orch.steps.errors import StageError
-from metrale_orch.steps.staging import plan_stage, stage
+from metrale_orch.steps.staging import SourceBytes, beyond_layout, plan_stage, stage
 from metrale_orch.tree import Target, discover
 from tests.support.build import small_tree, write
 
@@ -128,3 +129,20 @@ def test_a_link_in_the_stage_is_replaced_by_the_file(tmp_path: Path) -> None:
     assert not (out / "common/add.cu").is_symlink()
     assert "common/add.cu" in staged.written
     assert elsewhere.read_bytes() == (out / "common/add.cu").read_bytes()
+
+
+def test_the_stage_holds_the_bytes_the_include_walk_read(tmp_path: Path) -> None:
+    """A target's include walk and its stage read each file once, through one
+    :class:`SourceBytes`: a file edited between the two is staged as the walk read it."""
+    small_tree(tmp_path)
+    layout = discover(tmp_path, T)
+    read = SourceBytes()
+    beyond_layout(tmp_path, layout, read)
+    walked = (tmp_path / "kernels/hw1/m1/q1/leaf.cu").read_bytes()
+    write(tmp_path, "kernels/hw1/m1/q1/leaf.cu", "// edited after the walk\n")
+    out = tmp_path / "build/stage/hw1/m1/q1"
+    staged = stage(layout, out, read=read)
+    assert (out / "m1/q1/leaf.cu").read_bytes() == walked
+    assert staged.hashes["m1/q1/leaf.cu"] == bytes_hash(walked)
+    # Without it, the stage reads the file as it is now.
+    assert stage(layout, out).hashes["m1/q1/leaf.cu"] != bytes_hash(walked)
