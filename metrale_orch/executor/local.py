@@ -218,8 +218,11 @@ def _make_scratch(action: Action) -> None:
     not. A second step of the same compile finds it made by the first."""
     assert action.scratch is not None
     try:
-        os.makedirs(action.scratch.parent, exist_ok=True)
-        os.mkdir(action.scratch)
+        try:
+            os.mkdir(action.scratch)
+        except FileNotFoundError:  # the first compile's: its parent is made first
+            os.makedirs(action.scratch.parent, exist_ok=True)
+            os.mkdir(action.scratch)
     except FileExistsError:
         if not action.scratch.is_dir() or action.scratch.is_symlink():
             raise ProcessError(
