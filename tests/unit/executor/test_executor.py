@@ -8,6 +8,7 @@ These are the tests of this topic that run in-process; the others are in
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from pathlib import Path
 
@@ -59,14 +60,28 @@ def test_actions_of_one_process_try_no_slot_they_hold(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each action locks a slot file no other action of its process holds: one try each
-    when no other process competes (every try is three system calls)."""
+    when no other process competes, through the slot file opened the first time (a try
+    is one system call, a release another); a released slot is free for other processes."""
     import fcntl
 
+    from metrale_orch.executor import slots as slots_module
     from metrale_orch.executor.slots import MachineSlots
 
     tries: list[int] = []
-    real = fcntl.flock
-    monkeypatch.setattr(fcntl, "flock", lambda fd, op: (tries.append(fd), real(fd, op))[1])
+    opened: list[str] = []
+    real_flock, real_open = fcntl.flock, os.open
+
+    def flock(fd: int, op: int) -> None:
+        if op & fcntl.LOCK_EX:
+            tries.append(fd)
+        real_flock(fd, op)
+
+    def open_(path: str, *args: int) -> int:
+        opened.append(os.fspath(path))
+        return real_open(path, *args)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    monkeypatch.setattr(slots_module.os, "open", open_)
     slots = MachineSlots(tmp_path / "slots", 4)
     stopped = threading.Event()
     held: list[set[int]] = []
@@ -87,4 +102,11 @@ def test_actions_of_one_process_try_no_slot_they_hold(
     asyncio.run(main())
     assert held and all(h == {0, 1, 2, 3} for h in held)
     assert len(tries) == 12
+    assert sorted(opened) == sorted(str(tmp_path / "slots" / f"slot-{i}") for i in range(4))
     assert not slots._held
+    for i in range(4):  # released: another open file (another process's) locks it at once
+        fd = real_open(tmp_path / "slots" / f"slot-{i}", os.O_RDWR)
+        try:
+            real_flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
