@@ -45,7 +45,8 @@ class OutputFiles:
 
     def close(self) -> None:
         for fd in self.fds:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
         self.fds = (-1, -1)
 
 
