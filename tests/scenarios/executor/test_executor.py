@@ -6,6 +6,7 @@ The tests of this topic that run in-process are in ``tests/unit/executor/test_ex
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import os
 import subprocess
@@ -18,6 +19,7 @@ import pytest
 
 from metrale_orch.executor import Action, ActionStopped, LocalExecutor
 from metrale_orch.executor.loop import ActionLoop
+from metrale_orch.executor.slots import MachineSlots
 from metrale_orch.proc import ProcessError
 from tests.support.executor import run_action, run_actions
 
@@ -216,3 +218,50 @@ def test_an_action_ends_when_its_process_exits_though_a_child_keeps_its_output(
         assert _alive(left)  # still holding the output files: not waited for
     finally:
         os.kill(left, 9)
+
+
+def test_a_forked_child_takes_no_slot_its_parent_holds(tmp_path: Path) -> None:
+    """The slot files stay open, and a forked child inherits their descriptors: through
+    one, a lock its parent holds would be taken again at once. The child opens its own."""
+    slots = MachineSlots(tmp_path / "slots", 1)
+
+    async def take(stop_after: float) -> bool:
+        stopped = threading.Event()
+        asyncio.get_running_loop().call_later(stop_after, stopped.set)
+        async with slots.slot(stopped) as got:
+            return got
+
+    assert asyncio.run(take(5.0))  # the slot file is open from now on
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: once the parent holds the slot, it must wait, then give up
+        try:
+            os.read(ready_r, 1)
+            code = 1 if asyncio.run(take(0.5)) else 0
+        except BaseException:
+            code = 2
+        os._exit(code)
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        async def hold() -> None:
+            async with slots.slot(threading.Event()) as got:
+                assert got
+                held.set()
+                await asyncio.to_thread(release.wait, 30)
+
+        asyncio.run(hold())
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert held.wait(10)
+        os.write(ready_w, b"x")
+        _pid, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        thread.join(10)
+        os.close(ready_r)
+        os.close(ready_w)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert asyncio.run(take(5.0))  # released: taken at once
