@@ -14,6 +14,7 @@ running (a cache daemon in a session of its own) that keeps them open delays not
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import tempfile
 from collections.abc import Callable
@@ -25,7 +26,10 @@ __all__ = ["OutputFiles", "reap"]
 
 class OutputFiles:
     """Two anonymous files for a process's standard output and standard error (memory
-    files where the system has them). Raises OSError when they cannot be made."""
+    files where the system has them), opened to append: a tool that opens ``/dev/stderr``
+    again to append (``>>``) adds to what was written, as to a pipe. One that opens it
+    again to replace it (``>``) empties it: with a pipe its earlier lines would have stayed
+    (Bazel's action output files behave the same). Raises OSError when they cannot be made."""
 
     __slots__ = ("fds",)
 
@@ -51,10 +55,16 @@ class OutputFiles:
 
 
 def _anonymous() -> int:
-    if hasattr(os, "memfd_create"):
-        return os.memfd_create("metrale-output", os.MFD_CLOEXEC)
-    fd, name = tempfile.mkstemp(prefix="metrale-output-")  # no memory files: unlinked
-    os.unlink(name)
+    try:
+        fd = os.memfd_create("metrale-output", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):  # no memory files here: a temporary file, unlinked
+        fd, name = tempfile.mkstemp(prefix="metrale-output-")
+        os.unlink(name)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
+    except BaseException:
+        os.close(fd)
+        raise
     return fd
 
 

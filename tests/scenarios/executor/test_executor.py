@@ -220,6 +220,16 @@ def test_an_action_ends_when_its_process_exits_though_a_child_keeps_its_output(
         os.kill(left, 9)
 
 
+def test_a_tool_that_appends_to_dev_stderr_adds_to_the_output(tmp_path: Path) -> None:
+    """Its output files are opened to append: what a tool writes by opening
+    ``/dev/stderr`` again (``>>``) lands after what came before, and nothing overwrites it."""
+    script = "echo a >&2; echo b >>/dev/stderr; echo c >&2; echo d; echo e >>/dev/stdout"
+    done = run_action(
+        LocalExecutor(1), Action(argv=("sh", "-c", script), cwd=tmp_path, env=dict(os.environ))
+    )
+    assert (done.stdout, done.stderr) == ("d\ne\n", "a\nb\nc\n")
+
+
 def test_a_forked_child_takes_no_slot_its_parent_holds(tmp_path: Path) -> None:
     """The slot files stay open, and a forked child inherits their descriptors: through
     one, a lock its parent holds would be taken again at once. The child opens its own."""
