@@ -167,7 +167,11 @@ class LocalExecutor:
                 timeout=action.timeout,
                 kill=lambda: _signal_group(proc, signal.SIGKILL),
             )
-            out, err = files.read()
+            try:
+                out, err = files.read()
+            except OSError as exc:
+                reason = f"its output cannot be read: {exc.strerror or exc}"
+                raise ProcessError(args, proc.returncode, reason=reason) from None
         finally:
             files.close()
             reaped.set()
