@@ -136,8 +136,11 @@ class MachineSlots:
     A slot file this process opened stays open until the slots are collected (a build
     run's end): taking a slot is one ``flock``, giving it back another. Opening, checking
     and closing it each time was five system calls on the event loop per compile, each
-    one handing the interpreter over (E3 at 64 jobs: 1.5 s of the loop's 8.5 s). A forked
-    child opens its own: the descriptors it inherited share the parent's locks."""
+    one handing the interpreter over (E3 at 64 jobs: 1.5 s of the loop's 8.5 s). So a
+    slot directory removed during a run is made again by the processes that start after,
+    and this run keeps the files it opened: until it ends, the two share no budget.
+    A forked child closes what it inherited and opens its own: those descriptors share
+    the parent's locks."""
 
     #: Seconds between tries while every slot is held by another process.
     POLL = 0.005
@@ -150,10 +153,11 @@ class MachineSlots:
         self._lock = threading.Lock()
         self._held: set[int] = set()
         self._next = os.getpid() % jobs
-        #: Each slot file opened, by index (closed with this object), and by which process.
+        #: Each slot file opened, by index: closed with this object (not at the
+        #: interpreter's exit, when the loop may still take or give back a slot).
         self._fds: dict[int, int] = {}
-        self._pid = os.getpid()
-        weakref.finalize(self, _close_all, self._fds)
+        weakref.finalize(self, _close_all, self._fds).atexit = False
+        _ALL.add(self)
 
     @contextlib.asynccontextmanager
     async def slot(self, stopped: threading.Event) -> AsyncIterator[bool]:
@@ -184,10 +188,6 @@ class MachineSlots:
             return [i for i in order if i not in self._held]
 
     async def _acquire(self, stopped: threading.Event) -> tuple[int, int] | None:
-        if self._pid != os.getpid():  # a forked child: nothing of the parent's is its own
-            with self._lock:
-                self._pid, self._fds, self._held = os.getpid(), {}, set()
-            weakref.finalize(self, _close_all, self._fds)
         delay = self.POLL
         while not stopped.is_set():
             for index in self._candidates():
@@ -251,3 +251,19 @@ def _close_all(fds: dict[int, int]) -> None:
         with contextlib.suppress(OSError):
             os.close(fd)
     fds.clear()
+
+
+#: Every :class:`MachineSlots` of this process (a forked child forgets what they hold).
+_ALL: weakref.WeakSet[MachineSlots] = weakref.WeakSet()
+
+
+def _forget_in_child() -> None:
+    """In a forked child: close the slot files inherited (they share the parent's locks;
+    closing the child's copies leaves those held) and hold nothing."""
+    for slots in list(_ALL):
+        _close_all(slots._fds)
+        slots._held.clear()
+        slots._lock = threading.Lock()  # a thread of the parent may have held it
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
