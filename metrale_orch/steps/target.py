@@ -384,6 +384,7 @@ def _prepare(
             same=session.same_bytes,
             read=read,
         )
+        del read  # the staged files' bytes: not kept while the target is prepared
         # SPEC 3.3.2: what leaf forks drop from their common namesakes, read from the stage
         # with each root's own -I directories (a leaf module's are its compile's).
         argv_of = {m.source: m.argv for m in plan.modules}
