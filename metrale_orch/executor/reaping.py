@@ -61,7 +61,7 @@ def _anonymous() -> int:
         fd, name = tempfile.mkstemp(prefix="metrale-output-")
         os.unlink(name)
     try:
-        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
+        fcntl.fcntl(fd, fcntl.F_SETFL, os.O_APPEND)  # a new file has no other status flag
     except BaseException:
         os.close(fd)
         raise
