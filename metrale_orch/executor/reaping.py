@@ -99,11 +99,15 @@ async def reap(proc: Measured, *, timeout: float | None, kill: Callable[[], None
 
     pidfd = -1
 
-    def on_exit() -> None:
+    def forget_pidfd() -> None:
         nonlocal pidfd
-        loop.remove_reader(pidfd)
-        os.close(pidfd)
-        pidfd = -1
+        if pidfd >= 0:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+            pidfd = -1
+
+    def on_exit() -> None:
+        forget_pidfd()
         if proc.reap_now():
             check()
         else:  # reaped by no one yet (a wait() elsewhere holds it): a pool thread waits
@@ -128,9 +132,7 @@ async def reap(proc: Measured, *, timeout: float | None, kill: Callable[[], None
     finally:
         if timer is not None:
             timer.cancel()
-        if pidfd >= 0:
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
+        forget_pidfd()
         if proc.returncode is None:  # cancelled: never leave it running, nor a zombie
             kill()
             await loop.run_in_executor(None, proc.wait)
