@@ -56,7 +56,7 @@ class LocalExecutor:
 
     :meth:`run` is a coroutine of the build's event loop: an action waiting for a slot or
     for its compiler holds no thread (the loop reaps each compiler through a pidfd,
-    :func:`~metrale_orch.proc.reap`). :meth:`stop` may be called from any thread."""
+    :func:`~metrale_orch.executor.reaping.reap`). :meth:`stop` may be called from any thread."""
 
     def __init__(self, jobs: int, *, slot_dir: Path | None = None, memory: int = 0) -> None:
         self._jobs = jobs

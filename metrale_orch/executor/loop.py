@@ -2,7 +2,7 @@
 
 :class:`ActionLoop` is one asyncio event loop on a thread of its own, started with the
 first coroutine it is given. Module pipelines run on it as coroutines: one waiting for a
-compile slot, a compiler (reaped through a pidfd, :func:`~metrale_orch.proc.reap`) or a
+compile slot, a compiler (reaped through a pidfd, :func:`~metrale_orch.executor.reaping.reap`) or a
 remote engine holds no thread, so a thousand actions in flight cost a thousand small
 objects, not a thousand threads handing the interpreter lock to each other on every
 system call. Work that would hold the loop (a cache lookup or store: file and network
